@@ -1,0 +1,2 @@
+pub mod netns;
+pub mod traffic;

@@ -1,0 +1,865 @@
+//! Operations → one libnftnl batch: a contiguous buffer of netlink messages between a batch
+//! begin and end, every message asking for an ACK, and a record of which object each
+//! sequence number carries so a kernel error can name it.
+
+use crate::model::*;
+use crate::ops::{Op, TableRef};
+use crate::sys::{self, NlChain, NlElem, NlExpr, NlRule, NlSet, NlTable};
+use crate::types::{encode_value, Layout};
+use crate::udata::{set as ud, Udata};
+use nftnl::nftnl_sys as nsys;
+use std::fmt;
+
+const NFT_MSG_NEWTABLE: u16 = 0;
+const NFT_MSG_DELTABLE: u16 = 2;
+const NFT_MSG_NEWCHAIN: u16 = 3;
+const NFT_MSG_DELCHAIN: u16 = 5;
+const NFT_MSG_NEWRULE: u16 = 6;
+const NFT_MSG_DELRULE: u16 = 8;
+const NFT_MSG_NEWSET: u16 = 9;
+const NFT_MSG_DELSET: u16 = 11;
+const NFT_MSG_NEWSETELEM: u16 = 12;
+const NFT_MSG_DELSETELEM: u16 = 14;
+
+const F_ACK: u16 = libc::NLM_F_ACK as u16;
+const F_CREATE: u16 = libc::NLM_F_CREATE as u16;
+const F_APPEND: u16 = libc::NLM_F_APPEND as u16;
+
+const NFT_SET_ANONYMOUS: u32 = 0x1;
+const NFT_SET_CONSTANT: u32 = 0x2;
+const NFT_SET_INTERVAL: u32 = 0x4;
+const NFT_SET_MAP: u32 = 0x8;
+const NFT_SET_ELEM_INTERVAL_END: u32 = 0x1;
+
+const NFT_REG_VERDICT: u32 = 0;
+const NFT_REG_1: u32 = 1;
+const NFT_REG_2: u32 = 2;
+
+const NF_DROP: i32 = 0;
+const NF_ACCEPT: i32 = 1;
+const NFT_JUMP: i32 = -3;
+const NFT_GOTO: i32 = -4;
+const NFT_RETURN: i32 = -5;
+
+/// Keeps a set-element message comfortably under the 64 KiB netlink attribute limit.
+const ELEM_MSG_BUDGET: usize = 48 * 1024;
+
+/// The object a message in a batch creates, deletes or flushes; how errors name their cause.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectRef {
+    pub action: &'static str,
+    pub what: String,
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.action, self.what)
+    }
+}
+
+/// Why a model could not be encoded (a value that does not fit its key, say).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot encode {object}: {reason}")]
+pub struct EncodeError {
+    pub object: String,
+    pub reason: String,
+}
+
+/// An encoded batch, ready to send.
+pub struct Batch {
+    buf: Vec<u8>,
+    first_seq: u32,
+    next_seq: u32,
+    objects: Vec<ObjectRef>,
+    next_set_id: u32,
+}
+
+impl Batch {
+    pub fn new(first_seq: u32) -> Batch {
+        let mut b = Batch {
+            buf: Vec::with_capacity(64 * 1024),
+            first_seq,
+            next_seq: first_seq + 1,
+            objects: Vec::new(),
+            next_set_id: 1,
+        };
+        sys::append_batch_marker(&mut b.buf, true, first_seq);
+        b
+    }
+
+    /// Encode operations into a finished batch.
+    pub fn encode(first_seq: u32, ops: &[Op]) -> Result<Batch, EncodeError> {
+        let mut b = Batch::new(first_seq);
+        for op in ops {
+            b.push_op(op)?;
+        }
+        b.finish();
+        Ok(b)
+    }
+
+    fn finish(&mut self) {
+        let seq = self.next_seq;
+        sys::append_batch_marker(&mut self.buf, false, seq);
+        self.next_seq += 1;
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// Messages carrying objects (batch markers excluded).
+    pub fn message_count(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn first_seq(&self) -> u32 {
+        self.first_seq
+    }
+
+    /// Sequence numbers of the messages that expect an ACK.
+    pub fn acked_seqs(&self) -> std::ops::Range<u32> {
+        self.first_seq + 1..self.first_seq + 1 + self.objects.len() as u32
+    }
+
+    /// The object a sequence number carries.
+    pub fn object(&self, seq: u32) -> Option<&ObjectRef> {
+        seq.checked_sub(self.first_seq + 1)
+            .and_then(|i| self.objects.get(i as usize))
+    }
+
+    /// The sequence number one past this batch, for the next one.
+    pub fn end_seq(&self) -> u32 {
+        self.next_seq
+    }
+
+    fn msg(
+        &mut self,
+        ty: u16,
+        family: Family,
+        flags: u16,
+        payload: sys::Payload<'_>,
+        obj: ObjectRef,
+    ) {
+        let seq = self.next_seq;
+        sys::append_msg(
+            &mut self.buf,
+            ty,
+            family.nfproto(),
+            flags | F_ACK,
+            seq,
+            payload,
+        );
+        self.next_seq += 1;
+        self.objects.push(obj);
+    }
+
+    fn push_op(&mut self, op: &Op) -> Result<(), EncodeError> {
+        match op {
+            Op::AddTable(t) => {
+                let nt = NlTable::with(t.family.nfproto(), &t.name);
+                self.msg(
+                    NFT_MSG_NEWTABLE,
+                    t.family,
+                    F_CREATE,
+                    sys::Payload::Table(&nt),
+                    obj("add", format!("table {t}")),
+                );
+            }
+            Op::DelTable(t) => {
+                let nt = NlTable::with(t.family.nfproto(), &t.name);
+                self.msg(
+                    NFT_MSG_DELTABLE,
+                    t.family,
+                    0,
+                    sys::Payload::Table(&nt),
+                    obj("delete", format!("table {t}")),
+                );
+            }
+            Op::AddChain(t, c) => {
+                let nc = NlChain::with(t.family.nfproto(), &t.name, &c.name);
+                if let Some(b) = &c.base {
+                    let policy = match b.policy {
+                        Policy::Accept => NF_ACCEPT as u32,
+                        Policy::Drop => NF_DROP as u32,
+                    };
+                    nc.set_base(b.chain_type.keyword(), b.hook.number(), b.priority, policy);
+                }
+                self.msg(
+                    NFT_MSG_NEWCHAIN,
+                    t.family,
+                    F_CREATE,
+                    sys::Payload::Chain(&nc),
+                    obj("add", format!("chain {t} {}", c.name)),
+                );
+            }
+            Op::FlushChain(t, name) => {
+                let r = NlRule::with(t.family.nfproto(), &t.name, name);
+                self.msg(
+                    NFT_MSG_DELRULE,
+                    t.family,
+                    0,
+                    sys::Payload::Rule(&r),
+                    obj("flush", format!("chain {t} {name}")),
+                );
+            }
+            Op::DelChain(t, name) => {
+                let nc = NlChain::with(t.family.nfproto(), &t.name, name);
+                self.msg(
+                    NFT_MSG_DELCHAIN,
+                    t.family,
+                    0,
+                    sys::Payload::Chain(&nc),
+                    obj("delete", format!("chain {t} {name}")),
+                );
+            }
+            Op::AddRule {
+                table,
+                chain,
+                index,
+                rule,
+            } => self.push_rule(table, chain, *index, rule)?,
+            Op::AddSet(t, s) => {
+                let id = self.set_id();
+                let ns = encode_set_decl(t, s, id)?;
+                let kind = if s.data.is_some() { "map" } else { "set" };
+                self.msg(
+                    NFT_MSG_NEWSET,
+                    t.family,
+                    F_CREATE,
+                    sys::Payload::Set(&ns),
+                    obj("add", format!("{kind} {t} {}", s.name)),
+                );
+            }
+            Op::DelSet(t, name) => {
+                let ns = NlSet::with(t.family.nfproto(), &t.name, name);
+                self.msg(
+                    NFT_MSG_DELSET,
+                    t.family,
+                    0,
+                    sys::Payload::Set(&ns),
+                    obj("delete", format!("set {t} {name}")),
+                );
+            }
+            Op::AddElems { table, set, elems } => {
+                let items: Vec<(&Key, Option<&Element>)> =
+                    elems.iter().map(|(k, e)| (k, Some(e))).collect();
+                self.push_elems(table, set, &items, true)?;
+            }
+            Op::DelElems { table, set, keys } => {
+                let items: Vec<(&Key, Option<&Element>)> = keys.iter().map(|k| (k, None)).collect();
+                self.push_elems(table, set, &items, false)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn set_id(&mut self) -> u32 {
+        let id = self.next_set_id;
+        self.next_set_id += 1;
+        id
+    }
+
+    fn push_elems(
+        &mut self,
+        t: &TableRef,
+        set: &Set,
+        items: &[(&Key, Option<&Element>)],
+        add: bool,
+    ) -> Result<(), EncodeError> {
+        let key_layout = Layout::of(&set.key, t.family);
+        let data_layout = match &set.data {
+            Some(MapData::Value(ty)) => Some(Layout::of(ty, t.family)),
+            _ => None,
+        };
+        let what = |n: usize| format!("{n} elements of set {t} {}", set.name);
+        let mut encoded: Vec<EncodedElem> =
+            Vec::with_capacity(items.len() * if set.interval { 2 } else { 1 });
+        for (k, e) in items {
+            let comment = e.and_then(|e| e.comment.clone());
+            let (key, end) = match k {
+                Key::Values(vals) => (
+                    key_layout.encode(vals).map_err(|r| EncodeError {
+                        object: what(items.len()),
+                        reason: r,
+                    })?,
+                    None,
+                ),
+                Key::Prefix(addr, len) => {
+                    if !set.interval {
+                        return Err(EncodeError {
+                            object: what(items.len()),
+                            reason: format!("prefix {addr}/{len} in a set without flags interval"),
+                        });
+                    }
+                    let (start, end) = prefix_bounds(*addr, *len);
+                    if start.len() != key_layout.len() {
+                        return Err(EncodeError {
+                            object: what(items.len()),
+                            reason: format!("prefix {addr}/{len} does not fit the set's key"),
+                        });
+                    }
+                    (start, end)
+                }
+            };
+            let mut el = EncodedElem {
+                key,
+                comment,
+                ..Default::default()
+            };
+            if let Some(e) = e {
+                match (&e.data, &data_layout, &set.data) {
+                    (Some(ElemData::Verdict(v)), _, Some(MapData::Verdict)) => {
+                        el.verdict = Some(v.clone())
+                    }
+                    (Some(ElemData::Values(vals)), Some(l), _) => {
+                        el.data = Some(l.encode(vals).map_err(|r| EncodeError {
+                            object: what(items.len()),
+                            reason: r,
+                        })?)
+                    }
+                    (None, None, None) => {}
+                    (d, _, _) => {
+                        return Err(EncodeError {
+                            object: what(items.len()),
+                            reason: format!(
+                                "element data {d:?} does not match the set's declaration"
+                            ),
+                        })
+                    }
+                }
+            }
+            encoded.push(el);
+            if let Some(end) = end {
+                encoded.push(EncodedElem {
+                    key: end,
+                    flags: NFT_SET_ELEM_INTERVAL_END,
+                    ..Default::default()
+                });
+            }
+        }
+        // Chunk into messages that stay under the attribute size limit.
+        let ty = if add {
+            NFT_MSG_NEWSETELEM
+        } else {
+            NFT_MSG_DELSETELEM
+        };
+        let flags = if add { F_CREATE } else { 0 };
+        let mut start = 0;
+        while start < encoded.len() {
+            let mut size = 0;
+            let mut end = start;
+            while end < encoded.len()
+                && (end == start || size + encoded[end].size() <= ELEM_MSG_BUDGET)
+            {
+                size += encoded[end].size();
+                end += 1;
+            }
+            let ns = NlSet::with(t.family.nfproto(), &t.name, &set.name);
+            for el in &encoded[start..end] {
+                ns.add(el.to_nl());
+            }
+            let action = if add { "add" } else { "delete" };
+            self.msg(
+                ty,
+                t.family,
+                flags,
+                sys::Payload::SetElems(&ns),
+                obj(action, what(end - start)),
+            );
+            start = end;
+        }
+        Ok(())
+    }
+
+    fn push_rule(
+        &mut self,
+        t: &TableRef,
+        chain: &str,
+        index: usize,
+        rule: &Rule,
+    ) -> Result<(), EncodeError> {
+        let what = || match &rule.comment {
+            Some(c) => format!("rule {index} of chain {t} {chain} ({c:?})"),
+            None => format!("rule {index} of chain {t} {chain}"),
+        };
+        let nr = NlRule::with(t.family.nfproto(), &t.name, chain);
+        let mut ctx = RuleCtx {
+            family: t.family,
+            l4: None,
+            nf: None,
+        };
+        for s in &rule.stmts {
+            ctx.stmt(self, t, &nr, s).map_err(|reason| EncodeError {
+                object: what(),
+                reason,
+            })?;
+        }
+        if let Some(c) = &rule.comment {
+            nr.set_userdata(Udata::comment(c).as_bytes());
+        }
+        self.msg(
+            NFT_MSG_NEWRULE,
+            t.family,
+            F_CREATE | F_APPEND,
+            sys::Payload::Rule(&nr),
+            obj("add", what()),
+        );
+        Ok(())
+    }
+}
+
+fn obj(action: &'static str, what: String) -> ObjectRef {
+    ObjectRef { action, what }
+}
+
+#[derive(Default)]
+struct EncodedElem {
+    key: Vec<u8>,
+    flags: u32,
+    data: Option<Vec<u8>>,
+    verdict: Option<Verdict>,
+    comment: Option<String>,
+}
+
+impl EncodedElem {
+    fn size(&self) -> usize {
+        64 + self.key.len()
+            + self.data.as_ref().map_or(0, |d| d.len())
+            + self
+                .verdict
+                .as_ref()
+                .and_then(|v| v.target())
+                .map_or(0, |c| c.len() + 8)
+            + self.comment.as_ref().map_or(0, |c| c.len() + 8)
+    }
+
+    fn to_nl(&self) -> NlElem {
+        let mut e = NlElem::new().bytes(nsys::NFTNL_SET_ELEM_KEY, &self.key);
+        if self.flags != 0 {
+            e = e.u32(nsys::NFTNL_SET_ELEM_FLAGS, self.flags);
+        }
+        if let Some(d) = &self.data {
+            e = e.bytes(nsys::NFTNL_SET_ELEM_DATA, d);
+        }
+        if let Some(v) = &self.verdict {
+            e = e.u32(nsys::NFTNL_SET_ELEM_VERDICT, verdict_code(v) as u32);
+            if let Some(c) = v.target() {
+                e = e.str(nsys::NFTNL_SET_ELEM_CHAIN, c);
+            }
+        }
+        if let Some(c) = &self.comment {
+            e = e.bytes(nsys::NFTNL_SET_ELEM_USERDATA, Udata::comment(c).as_bytes());
+        }
+        e
+    }
+}
+
+/// First address of a prefix and the first address after it (`None` past the top).
+fn prefix_bounds(addr: std::net::IpAddr, len: u8) -> (Vec<u8>, Option<Vec<u8>>) {
+    match addr {
+        std::net::IpAddr::V4(a) => {
+            let bits = u32::from(a);
+            let host = 32 - u32::from(len.min(32));
+            let mask = if host == 32 { 0 } else { u32::MAX << host };
+            let start = bits & mask;
+            let end = (start as u64) + (1u64 << host);
+            let end = (end <= u32::MAX as u64).then(|| (end as u32).to_be_bytes().to_vec());
+            (start.to_be_bytes().to_vec(), end)
+        }
+        std::net::IpAddr::V6(a) => {
+            let bits = u128::from(a);
+            let host = 128 - u32::from(len.min(128));
+            let mask = if host == 128 { 0 } else { u128::MAX << host };
+            let start = bits & mask;
+            let end = if host == 128 {
+                None
+            } else {
+                start.checked_add(1u128 << host)
+            };
+            (
+                start.to_be_bytes().to_vec(),
+                end.map(|e| e.to_be_bytes().to_vec()),
+            )
+        }
+    }
+}
+
+fn verdict_code(v: &Verdict) -> i32 {
+    match v {
+        Verdict::Accept => NF_ACCEPT,
+        Verdict::Drop => NF_DROP,
+        Verdict::Return => NFT_RETURN,
+        Verdict::Jump(_) => NFT_JUMP,
+        Verdict::Goto(_) => NFT_GOTO,
+    }
+}
+
+fn encode_set_decl(t: &TableRef, s: &Set, id: u32) -> Result<NlSet, EncodeError> {
+    let err = |reason: String| EncodeError {
+        object: format!("set {t} {}", s.name),
+        reason,
+    };
+    let key = Layout::of(&s.key, t.family);
+    let ns = NlSet::with(t.family.nfproto(), &t.name, &s.name);
+    let mut flags = 0;
+    if s.interval {
+        flags |= NFT_SET_INTERVAL;
+    }
+    if s.data.is_some() {
+        flags |= NFT_SET_MAP;
+    }
+    ns.u32(nsys::NFTNL_SET_FLAGS, flags);
+    ns.u32(nsys::NFTNL_SET_KEY_TYPE, key.datatype());
+    ns.u32(nsys::NFTNL_SET_KEY_LEN, key.len() as u32);
+    let mut u = Udata::new();
+    u.put_u32(ud::KEYBYTEORDER, key.byteorder() as u32);
+    match &s.data {
+        None => {}
+        Some(MapData::Verdict) => {
+            ns.u32(nsys::NFTNL_SET_DATA_TYPE, crate::types::dt::VERDICT_DATA);
+            ns.u32(nsys::NFTNL_SET_DATA_LEN, 0);
+            u.put_u32(ud::DATABYTEORDER, 0);
+        }
+        Some(MapData::Value(ty)) => {
+            let data = Layout::of(ty, t.family);
+            ns.u32(nsys::NFTNL_SET_DATA_TYPE, data.datatype());
+            ns.u32(nsys::NFTNL_SET_DATA_LEN, data.len() as u32);
+            u.put_u32(ud::DATABYTEORDER, data.byteorder() as u32);
+        }
+    }
+    crate::types::typeof_udata(&mut u, ud::KEY_TYPEOF, &s.key).map_err(err)?;
+    if let Some(MapData::Value(ty)) = &s.data {
+        crate::types::typeof_udata(&mut u, ud::DATA_TYPEOF, ty).map_err(err)?;
+    }
+    if s.data.is_some() {
+        u.put_u32(ud::DATA_INTERVAL, 0);
+    }
+    if let Some(c) = &s.comment {
+        u.put_strz(ud::COMMENT, c);
+    }
+    ns.userdata(u.as_bytes());
+    ns.u32(nsys::NFTNL_SET_ID, id);
+    Ok(ns)
+}
+
+/// What a rule has established so far, so dependencies are emitted once, as nft does.
+struct RuleCtx {
+    family: Family,
+    l4: Option<L4Proto>,
+    nf: Option<Family>,
+}
+
+impl RuleCtx {
+    fn dependency(&mut self, nr: &NlRule, e: Expr) {
+        let (l4, nf) = match e {
+            Expr::Payload(p) => {
+                let d = p.desc();
+                (d.l4_dependency, d.nf_dependency)
+            }
+            _ => (None, None),
+        };
+        if let Some(fam) = nf {
+            if self.family == Family::Inet && self.nf != Some(fam) {
+                nr.add(meta_load(MetaKey::NfProto, NFT_REG_1));
+                nr.add(cmp(NFT_REG_1, 0, &[fam.nfproto()]));
+                self.nf = Some(fam);
+            }
+        }
+        if let Some(p) = l4 {
+            if self.l4 != Some(p) {
+                nr.add(meta_load(MetaKey::L4Proto, NFT_REG_1));
+                nr.add(cmp(NFT_REG_1, 0, &[p.number()]));
+                self.l4 = Some(p);
+            }
+        }
+    }
+
+    fn load(&self, e: Expr, reg: u32) -> NlExpr {
+        match e {
+            Expr::Payload(p) => {
+                let d = p.desc();
+                NlExpr::new("payload")
+                    .u32(nsys::NFTNL_EXPR_PAYLOAD_DREG, reg)
+                    .u32(nsys::NFTNL_EXPR_PAYLOAD_BASE, d.base)
+                    .u32(nsys::NFTNL_EXPR_PAYLOAD_OFFSET, d.offset)
+                    .u32(nsys::NFTNL_EXPR_PAYLOAD_LEN, d.field.len as u32)
+            }
+            Expr::Meta(k) => meta_load(k, reg),
+            Expr::Ct(k) => {
+                let mut x = NlExpr::new("ct")
+                    .u32(nsys::NFTNL_EXPR_CT_DREG, reg)
+                    .u32(nsys::NFTNL_EXPR_CT_KEY, k.number(self.family));
+                if k.is_original() {
+                    x = x.bytes(nsys::NFTNL_EXPR_CT_DIR, &[0]);
+                }
+                x
+            }
+            Expr::Numgen { modulus } => NlExpr::new("numgen")
+                .u32(nsys::NFTNL_EXPR_NG_DREG, reg)
+                .u32(nsys::NFTNL_EXPR_NG_MODULUS, modulus)
+                .u32(nsys::NFTNL_EXPR_NG_TYPE, 1)
+                .u32(nsys::NFTNL_EXPR_NG_OFFSET, 0),
+        }
+    }
+
+    /// Load a (possibly concatenated) key into registers starting at `NFT_REG_1`.
+    fn load_keys(&mut self, nr: &NlRule, keys: &[Expr]) -> Layout {
+        for k in keys {
+            self.dependency(nr, *k);
+        }
+        let layout = Layout::of_exprs(keys, self.family);
+        for (k, reg) in keys.iter().zip(layout.registers()) {
+            nr.add(self.load(*k, reg));
+        }
+        layout
+    }
+
+    fn stmt(&mut self, b: &mut Batch, t: &TableRef, nr: &NlRule, s: &Stmt) -> Result<(), String> {
+        match s {
+            Stmt::Cmp { left, op, right } => {
+                self.dependency(nr, *left);
+                let data = encode_value(left.field(self.family), *right)?;
+                nr.add(self.load(*left, NFT_REG_1));
+                let op_code = match op {
+                    CmpOp::Eq => 0,
+                    CmpOp::Neq => 1,
+                };
+                nr.add(cmp(NFT_REG_1, op_code, &data));
+                if *op == CmpOp::Eq {
+                    match (left, right) {
+                        (
+                            Expr::Meta(MetaKey::L4Proto)
+                            | Expr::Payload(Payload::IpProtocol | Payload::Ip6Nexthdr),
+                            Value::Proto(p),
+                        ) => self.l4 = Some(*p),
+                        (Expr::Meta(MetaKey::NfProto), Value::NfProto(f)) => self.nf = Some(*f),
+                        _ => {}
+                    }
+                }
+            }
+            Stmt::Masked { left, mask, value } => {
+                nr.add(self.load(*left, NFT_REG_1));
+                nr.add(bitwise(*mask, 0));
+                nr.add(cmp(NFT_REG_1, 0, &value.to_ne_bytes()));
+            }
+            Stmt::AnyBits { left, bits } => {
+                nr.add(self.load(*left, NFT_REG_1));
+                nr.add(bitwise(*bits, 0));
+                nr.add(cmp(NFT_REG_1, 1, &0u32.to_ne_bytes()));
+            }
+            Stmt::Lookup { keys, set, negate } => {
+                self.load_keys(nr, keys);
+                let mut x = NlExpr::new("lookup")
+                    .u32(nsys::NFTNL_EXPR_LOOKUP_SREG, NFT_REG_1)
+                    .str(nsys::NFTNL_EXPR_LOOKUP_SET, set);
+                if *negate {
+                    x = x.u32(nsys::NFTNL_EXPR_LOOKUP_FLAGS, 1);
+                }
+                nr.add(x);
+            }
+            Stmt::Vmap { keys, map } => {
+                self.load_keys(nr, keys);
+                nr.add(
+                    NlExpr::new("lookup")
+                        .u32(nsys::NFTNL_EXPR_LOOKUP_SREG, NFT_REG_1)
+                        .str(nsys::NFTNL_EXPR_LOOKUP_SET, map)
+                        .u32(nsys::NFTNL_EXPR_LOOKUP_DREG, NFT_REG_VERDICT),
+                );
+            }
+            Stmt::AnonVmap { keys, map } => {
+                let layout = self.load_keys(nr, keys);
+                let id = b.set_id();
+                let name = "__map%d";
+                let ns = NlSet::with(t.family.nfproto(), &t.name, name);
+                ns.u32(
+                    nsys::NFTNL_SET_FLAGS,
+                    NFT_SET_ANONYMOUS | NFT_SET_CONSTANT | NFT_SET_MAP,
+                );
+                ns.u32(nsys::NFTNL_SET_KEY_TYPE, layout.datatype());
+                ns.u32(nsys::NFTNL_SET_KEY_LEN, layout.len() as u32);
+                ns.u32(nsys::NFTNL_SET_DATA_TYPE, crate::types::dt::VERDICT_DATA);
+                ns.u32(nsys::NFTNL_SET_DATA_LEN, 0);
+                ns.u32(nsys::NFTNL_SET_ID, id);
+                ns.u32(nsys::NFTNL_SET_DESC_SIZE, map.elements.len() as u32);
+                let mut u = Udata::new();
+                u.put_u32(ud::KEYBYTEORDER, layout.byteorder() as u32);
+                u.put_u32(ud::DATABYTEORDER, 0);
+                ns.userdata(u.as_bytes());
+                b.msg(
+                    NFT_MSG_NEWSET,
+                    t.family,
+                    F_CREATE,
+                    sys::Payload::Set(&ns),
+                    obj("add", format!("anonymous map in {t}")),
+                );
+                let elems = NlSet::with(t.family.nfproto(), &t.name, name);
+                elems.u32(nsys::NFTNL_SET_ID, id);
+                for (k, v) in &map.elements {
+                    let key = layout.encode(k)?;
+                    elems.add(
+                        EncodedElem {
+                            key,
+                            verdict: Some(v.clone()),
+                            ..Default::default()
+                        }
+                        .to_nl(),
+                    );
+                }
+                b.msg(
+                    NFT_MSG_NEWSETELEM,
+                    t.family,
+                    F_CREATE,
+                    sys::Payload::SetElems(&elems),
+                    obj("add", format!("elements of anonymous map in {t}")),
+                );
+                nr.add(
+                    NlExpr::new("lookup")
+                        .u32(nsys::NFTNL_EXPR_LOOKUP_SREG, NFT_REG_1)
+                        .str(nsys::NFTNL_EXPR_LOOKUP_SET, name)
+                        .u32(nsys::NFTNL_EXPR_LOOKUP_SET_ID, id)
+                        .u32(nsys::NFTNL_EXPR_LOOKUP_DREG, NFT_REG_VERDICT),
+                );
+            }
+            Stmt::Counter { packets, bytes } => nr.add(
+                NlExpr::new("counter")
+                    .u64(nsys::NFTNL_EXPR_CTR_PACKETS, *packets)
+                    .u64(nsys::NFTNL_EXPR_CTR_BYTES, *bytes),
+            ),
+            Stmt::Nat { kind, addr, port } => {
+                let (fam, bytes) = match addr {
+                    std::net::IpAddr::V4(a) => (Family::Ip, a.octets().to_vec()),
+                    std::net::IpAddr::V6(a) => (Family::Ip6, a.octets().to_vec()),
+                };
+                nr.add(immediate(NFT_REG_1, &bytes));
+                let mut x = nat(*kind, fam).u32(nsys::NFTNL_EXPR_NAT_REG_ADDR_MIN, NFT_REG_1);
+                if let Some(p) = port {
+                    nr.add(immediate(NFT_REG_2, &p.to_be_bytes()));
+                    x = x
+                        .u32(nsys::NFTNL_EXPR_NAT_REG_PROTO_MIN, NFT_REG_2)
+                        .u32(nsys::NFTNL_EXPR_NAT_FLAGS, 0x2); // NF_NAT_RANGE_PROTO_SPECIFIED
+                }
+                nr.add(x);
+            }
+            Stmt::NatMap { kind, keys, map } => {
+                self.load_keys(nr, keys);
+                nr.add(
+                    NlExpr::new("lookup")
+                        .u32(nsys::NFTNL_EXPR_LOOKUP_SREG, NFT_REG_1)
+                        .str(nsys::NFTNL_EXPR_LOOKUP_SET, map)
+                        .u32(nsys::NFTNL_EXPR_LOOKUP_DREG, NFT_REG_1),
+                );
+                let fam = if self.family == Family::Ip6 {
+                    Family::Ip6
+                } else {
+                    Family::Ip
+                };
+                let port_reg = if fam == Family::Ip6 { 8 + 4 } else { 8 + 1 };
+                nr.add(
+                    nat(*kind, fam)
+                        .u32(nsys::NFTNL_EXPR_NAT_REG_ADDR_MIN, NFT_REG_1)
+                        .u32(nsys::NFTNL_EXPR_NAT_REG_PROTO_MIN, port_reg),
+                );
+            }
+            Stmt::Masquerade => nr.add(NlExpr::new("masq")),
+            Stmt::Reject(r) => {
+                let (ty, code) = match (r, self.family) {
+                    // NFT_REJECT_ICMP_UNREACH with the family's own port-unreachable code.
+                    (Reject::PortUnreachable, Family::Ip) => (0, 3),
+                    (Reject::PortUnreachable, Family::Ip6) => (0, 4),
+                    // NFT_REJECT_ICMPX_UNREACH, NFT_REJECT_ICMPX_PORT_UNREACH
+                    (Reject::PortUnreachable, Family::Inet) => (2, 1),
+                    (Reject::TcpReset, _) => {
+                        if self.l4 != Some(L4Proto::Tcp) {
+                            nr.add(meta_load(MetaKey::L4Proto, NFT_REG_1));
+                            nr.add(cmp(NFT_REG_1, 0, &[L4Proto::Tcp.number()]));
+                            self.l4 = Some(L4Proto::Tcp);
+                        }
+                        (1, 0)
+                    }
+                };
+                nr.add(
+                    NlExpr::new("reject")
+                        .u32(nsys::NFTNL_EXPR_REJECT_TYPE, ty)
+                        .bytes(nsys::NFTNL_EXPR_REJECT_CODE, &[code]),
+                );
+            }
+            Stmt::MarkOr(bits) => {
+                nr.add(meta_load(MetaKey::Mark, NFT_REG_1));
+                nr.add(bitwise(!*bits, *bits));
+                nr.add(
+                    NlExpr::new("meta")
+                        .u32(nsys::NFTNL_EXPR_META_KEY, MetaKey::Mark.number())
+                        .u32(nsys::NFTNL_EXPR_META_SREG, NFT_REG_1),
+                );
+            }
+            Stmt::Verdict(v) => {
+                let mut x = NlExpr::new("immediate")
+                    .u32(nsys::NFTNL_EXPR_IMM_DREG, NFT_REG_VERDICT)
+                    .u32(nsys::NFTNL_EXPR_IMM_VERDICT, verdict_code(v) as u32);
+                if let Some(c) = v.target() {
+                    x = x.str(nsys::NFTNL_EXPR_IMM_CHAIN, c);
+                }
+                nr.add(x);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn meta_load(k: MetaKey, reg: u32) -> NlExpr {
+    NlExpr::new("meta")
+        .u32(nsys::NFTNL_EXPR_META_KEY, k.number())
+        .u32(nsys::NFTNL_EXPR_META_DREG, reg)
+}
+
+fn cmp(reg: u32, op: u32, data: &[u8]) -> NlExpr {
+    NlExpr::new("cmp")
+        .u32(nsys::NFTNL_EXPR_CMP_SREG, reg)
+        .u32(nsys::NFTNL_EXPR_CMP_OP, op)
+        .bytes(nsys::NFTNL_EXPR_CMP_DATA, data)
+}
+
+fn bitwise(mask: u32, xor: u32) -> NlExpr {
+    NlExpr::new("bitwise")
+        .u32(nsys::NFTNL_EXPR_BITWISE_SREG, NFT_REG_1)
+        .u32(nsys::NFTNL_EXPR_BITWISE_DREG, NFT_REG_1)
+        .u32(nsys::NFTNL_EXPR_BITWISE_LEN, 4)
+        .bytes(nsys::NFTNL_EXPR_BITWISE_MASK, &mask.to_ne_bytes())
+        .bytes(nsys::NFTNL_EXPR_BITWISE_XOR, &xor.to_ne_bytes())
+}
+
+fn immediate(reg: u32, data: &[u8]) -> NlExpr {
+    NlExpr::new("immediate")
+        .u32(nsys::NFTNL_EXPR_IMM_DREG, reg)
+        .bytes(nsys::NFTNL_EXPR_IMM_DATA, data)
+}
+
+fn nat(kind: NatKind, fam: Family) -> NlExpr {
+    let ty = match kind {
+        NatKind::Snat => 0,
+        NatKind::Dnat => 1,
+    };
+    NlExpr::new("nat")
+        .u32(nsys::NFTNL_EXPR_NAT_TYPE, ty)
+        .u32(nsys::NFTNL_EXPR_NAT_FAMILY, fam.nfproto() as u32)
+}
+
+/// How many elements the kernel holds for a set of the model: an interval is a start and,
+/// unless it runs to the top of the address space, an end.
+pub fn expected_element_count(s: &Set) -> usize {
+    s.elements
+        .keys()
+        .map(|k| match k {
+            Key::Prefix(a, l) => 1 + usize::from(prefix_bounds(*a, *l).1.is_some()),
+            Key::Values(_) => 1,
+        })
+        .sum()
+}

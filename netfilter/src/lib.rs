@@ -1,0 +1,23 @@
+//! `nodelb-netfilter`: a typed nftables model, compiled into atomic libnftnl batches and sent
+//! over netlink; read back, watched for foreign changes, and rendered as `nft -f` text.
+//! Knows nothing of Kubernetes.
+
+pub mod encode;
+pub mod model;
+pub mod netlink;
+pub mod ops;
+pub mod readback;
+pub mod render;
+mod sys;
+pub mod transact;
+pub mod types;
+pub mod udata;
+pub mod watch;
+
+pub use encode::{Batch, EncodeError, ObjectRef};
+pub use model::*;
+pub use ops::{diff, full_replace, Diff, Op, TableRef};
+pub use readback::{Drift, TableSummary};
+pub use render::{render_replace, render_table};
+pub use transact::{CommitStats, Committer, Error, Nft};
+pub use watch::{ForeignChange, WatchEvent, Watcher};

@@ -1,0 +1,598 @@
+//! Plain data describing an nftables table: what nodelb wants the kernel to hold.
+//!
+//! The model is deliberately closed: every expression here has one encoding (see `encode`) and
+//! one text form (see `render`), and the differential tests prove the two agree with `nft`.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// Address family of a table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    Ip,
+    Ip6,
+    /// Only used where a test needs `meta nfproto`; nodelb itself programs `ip` and `ip6`.
+    Inet,
+}
+
+impl Family {
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Family::Ip => "ip",
+            Family::Ip6 => "ip6",
+            Family::Inet => "inet",
+        }
+    }
+
+    /// The NFPROTO_* value.
+    pub fn nfproto(self) -> u8 {
+        match self {
+            Family::Ip => libc::NFPROTO_IPV4 as u8,
+            Family::Ip6 => libc::NFPROTO_IPV6 as u8,
+            Family::Inet => libc::NFPROTO_INET as u8,
+        }
+    }
+
+    pub fn from_nfproto(v: u8) -> Option<Family> {
+        match v as i32 {
+            libc::NFPROTO_IPV4 => Some(Family::Ip),
+            libc::NFPROTO_IPV6 => Some(Family::Ip6),
+            libc::NFPROTO_INET => Some(Family::Inet),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.keyword())
+    }
+}
+
+/// A whole table. Chains and sets are keyed by name, so two models diff cheaply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Table {
+    pub family: Family,
+    pub name: String,
+    pub chains: BTreeMap<String, Chain>,
+    pub sets: BTreeMap<String, Set>,
+}
+
+impl Table {
+    pub fn new(family: Family, name: impl Into<String>) -> Table {
+        Table {
+            family,
+            name: name.into(),
+            chains: BTreeMap::new(),
+            sets: BTreeMap::new(),
+        }
+    }
+
+    pub fn add_chain(&mut self, chain: Chain) -> &mut Chain {
+        let name = chain.name.clone();
+        self.chains.insert(name.clone(), chain);
+        self.chains.get_mut(&name).expect("just inserted")
+    }
+
+    pub fn add_set(&mut self, set: Set) -> &mut Set {
+        let name = set.name.clone();
+        self.sets.insert(name.clone(), set);
+        self.sets.get_mut(&name).expect("just inserted")
+    }
+
+    pub fn chain_mut(&mut self, name: &str) -> Option<&mut Chain> {
+        self.chains.get_mut(name)
+    }
+
+    pub fn set_mut(&mut self, name: &str) -> Option<&mut Set> {
+        self.sets.get_mut(name)
+    }
+
+    /// Number of objects the table holds: table, chains, rules, sets and elements.
+    pub fn object_count(&self) -> usize {
+        1 + self
+            .chains
+            .values()
+            .map(|c| 1 + c.rules.len())
+            .sum::<usize>()
+            + self
+                .sets
+                .values()
+                .map(|s| 1 + s.elements.len())
+                .sum::<usize>()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChainType {
+    Filter,
+    Nat,
+    Route,
+}
+
+impl ChainType {
+    pub fn keyword(self) -> &'static str {
+        match self {
+            ChainType::Filter => "filter",
+            ChainType::Nat => "nat",
+            ChainType::Route => "route",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    Prerouting,
+    Input,
+    Forward,
+    Output,
+    Postrouting,
+}
+
+impl Hook {
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Hook::Prerouting => "prerouting",
+            Hook::Input => "input",
+            Hook::Forward => "forward",
+            Hook::Output => "output",
+            Hook::Postrouting => "postrouting",
+        }
+    }
+
+    /// NF_INET_* hook number.
+    pub fn number(self) -> u32 {
+        match self {
+            Hook::Prerouting => 0,
+            Hook::Input => 1,
+            Hook::Forward => 2,
+            Hook::Output => 3,
+            Hook::Postrouting => 4,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    Accept,
+    Drop,
+}
+
+/// What makes a chain a base chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BaseChain {
+    pub chain_type: ChainType,
+    pub hook: Hook,
+    pub priority: i32,
+    pub policy: Policy,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chain {
+    pub name: String,
+    pub base: Option<BaseChain>,
+    pub rules: Vec<Rule>,
+}
+
+impl Chain {
+    pub fn regular(name: impl Into<String>) -> Chain {
+        Chain {
+            name: name.into(),
+            base: None,
+            rules: Vec::new(),
+        }
+    }
+
+    pub fn base(
+        name: impl Into<String>,
+        chain_type: ChainType,
+        hook: Hook,
+        priority: i32,
+        policy: Policy,
+    ) -> Chain {
+        Chain {
+            name: name.into(),
+            base: Some(BaseChain {
+                chain_type,
+                hook,
+                priority,
+                policy,
+            }),
+            rules: Vec::new(),
+        }
+    }
+
+    pub fn rule(mut self, rule: Rule) -> Chain {
+        self.rules.push(rule);
+        self
+    }
+
+    pub fn push(&mut self, rule: Rule) {
+        self.rules.push(rule);
+    }
+}
+
+/// A rule: statements evaluated left to right, and an optional comment `nft list` shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    pub stmts: Vec<Stmt>,
+    pub comment: Option<String>,
+}
+
+impl Rule {
+    pub fn new(stmts: Vec<Stmt>) -> Rule {
+        Rule {
+            stmts,
+            comment: None,
+        }
+    }
+
+    pub fn with_comment(mut self, comment: impl Into<String>) -> Rule {
+        self.comment = Some(comment.into());
+        self
+    }
+}
+
+/// Fields loaded from packet headers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Payload {
+    IpSaddr,
+    IpDaddr,
+    IpProtocol,
+    Ip6Saddr,
+    Ip6Daddr,
+    Ip6Nexthdr,
+    TcpSport,
+    TcpDport,
+    UdpSport,
+    UdpDport,
+    SctpSport,
+    SctpDport,
+    /// Transport header source port, without a protocol dependency.
+    ThSport,
+    ThDport,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MetaKey {
+    Mark,
+    L4Proto,
+    NfProto,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CtKey {
+    State,
+    Status,
+    Mark,
+    /// `ct original ip daddr` / `ct original ip6 daddr`, following the table's family.
+    OriginalDaddr,
+    /// `ct original proto-dst`; the rule must match the l4 protocol before it.
+    OriginalProtoDst,
+}
+
+/// Something that loads a value into a register.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Expr {
+    Payload(Payload),
+    Meta(MetaKey),
+    Ct(CtKey),
+    /// `numgen random mod N`.
+    Numgen {
+        modulus: u32,
+    },
+}
+
+/// Layer 4 protocols nodelb knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum L4Proto {
+    Tcp,
+    Udp,
+    Sctp,
+    Icmp,
+    Icmpv6,
+}
+
+impl L4Proto {
+    pub fn number(self) -> u8 {
+        match self {
+            L4Proto::Tcp => 6,
+            L4Proto::Udp => 17,
+            L4Proto::Sctp => 132,
+            L4Proto::Icmp => 1,
+            L4Proto::Icmpv6 => 58,
+        }
+    }
+
+    pub fn keyword(self) -> &'static str {
+        match self {
+            L4Proto::Tcp => "tcp",
+            L4Proto::Udp => "udp",
+            L4Proto::Sctp => "sctp",
+            L4Proto::Icmp => "icmp",
+            L4Proto::Icmpv6 => "ipv6-icmp",
+        }
+    }
+}
+
+/// `ct state` bits.
+pub mod ct_state {
+    pub const INVALID: u32 = 1;
+    pub const ESTABLISHED: u32 = 2;
+    pub const RELATED: u32 = 4;
+    pub const NEW: u32 = 8;
+    pub const UNTRACKED: u32 = 64;
+}
+
+/// `ct status` bits (IPS_*).
+pub mod ct_status {
+    pub const EXPECTED: u32 = 1;
+    pub const SEEN_REPLY: u32 = 2;
+    pub const ASSURED: u32 = 4;
+    pub const CONFIRMED: u32 = 8;
+    pub const SNAT: u32 = 16;
+    pub const DNAT: u32 = 32;
+}
+
+/// A constant compared with, or stored in, a register.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Value {
+    Ipv4(Ipv4Addr),
+    Ipv6(Ipv6Addr),
+    Proto(L4Proto),
+    Port(u16),
+    /// A 32-bit host-order integer: marks, numgen results, ct state/status bits.
+    U32(u32),
+    /// `meta nfproto` values.
+    NfProto(Family),
+}
+
+impl From<IpAddr> for Value {
+    fn from(ip: IpAddr) -> Value {
+        match ip {
+            IpAddr::V4(a) => Value::Ipv4(a),
+            IpAddr::V6(a) => Value::Ipv6(a),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Verdict {
+    Accept,
+    Drop,
+    Return,
+    Jump(String),
+    Goto(String),
+}
+
+impl Verdict {
+    pub fn target(&self) -> Option<&str> {
+        match self {
+            Verdict::Jump(c) | Verdict::Goto(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmpOp {
+    Eq,
+    Neq,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NatKind {
+    Snat,
+    Dnat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reject {
+    /// ICMP port unreachable (IPv4: type 3 code 3; IPv6: type 1 code 4).
+    PortUnreachable,
+    TcpReset,
+}
+
+/// An anonymous verdict map written inline in a rule: `... vmap { 0 : jump a, 1 : goto b }`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AnonVmap {
+    pub elements: Vec<(Vec<Value>, Verdict)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stmt {
+    /// `left == right` / `left != right`.
+    Cmp {
+        left: Expr,
+        op: CmpOp,
+        right: Value,
+    },
+    /// `left & mask == value` (32-bit keys: marks).
+    Masked {
+        left: Expr,
+        mask: u32,
+        value: u32,
+    },
+    /// Any of the bits set: `ct state established,related`.
+    AnyBits {
+        left: Expr,
+        bits: u32,
+    },
+    /// `keys @set` / `keys != @set`.
+    Lookup {
+        keys: Vec<Expr>,
+        set: String,
+        negate: bool,
+    },
+    /// `keys vmap @map`.
+    Vmap {
+        keys: Vec<Expr>,
+        map: String,
+    },
+    /// `keys vmap { ... }`.
+    AnonVmap {
+        keys: Vec<Expr>,
+        map: AnonVmap,
+    },
+    /// `counter`, optionally seeded with carried-over values.
+    Counter {
+        packets: u64,
+        bytes: u64,
+    },
+    /// `dnat to addr[:port]` / `snat to addr[:port]`.
+    Nat {
+        kind: NatKind,
+        addr: IpAddr,
+        port: Option<u16>,
+    },
+    /// `dnat ip to keys map @map`, where the map's data is `address . port`.
+    NatMap {
+        kind: NatKind,
+        keys: Vec<Expr>,
+        map: String,
+    },
+    Masquerade,
+    Reject(Reject),
+    /// `meta mark set meta mark | bits`.
+    MarkOr(u32),
+    Verdict(Verdict),
+}
+
+impl Stmt {
+    pub fn cmp(left: Expr, right: Value) -> Stmt {
+        Stmt::Cmp {
+            left,
+            op: CmpOp::Eq,
+            right,
+        }
+    }
+
+    pub fn counter() -> Stmt {
+        Stmt::Counter {
+            packets: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Chains this statement can send a packet to.
+    pub fn chain_targets(&self) -> Vec<&str> {
+        match self {
+            Stmt::Verdict(v) => v.target().into_iter().collect(),
+            Stmt::AnonVmap { map, .. } => map
+                .elements
+                .iter()
+                .filter_map(|(_, v)| v.target())
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Named sets this statement refers to.
+    pub fn set_refs(&self) -> Option<&str> {
+        match self {
+            Stmt::Lookup { set, .. } => Some(set),
+            Stmt::Vmap { map, .. } | Stmt::NatMap { map, .. } => Some(map),
+            _ => None,
+        }
+    }
+}
+
+/// Named data types for `type a . b . c` declarations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DataType {
+    Ipv4Addr,
+    Ipv6Addr,
+    InetProto,
+    InetService,
+    Mark,
+}
+
+/// How a set's key or a map's data is declared.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SetType {
+    /// `type ipv4_addr . inet_proto . inet_service`.
+    Type(Vec<DataType>),
+    /// `typeof ip daddr . meta l4proto . th dport`.
+    Typeof(Vec<Expr>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MapData {
+    Verdict,
+    Value(SetType),
+}
+
+/// A key or data item of a set element.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Key {
+    /// One value per concatenated field.
+    Values(Vec<Value>),
+    /// A CIDR in an interval set (single-field keys only).
+    Prefix(IpAddr, u8),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ElemData {
+    Verdict(Verdict),
+    Values(Vec<Value>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Element {
+    pub data: Option<ElemData>,
+    pub comment: Option<String>,
+}
+
+/// A named set or map.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Set {
+    pub name: String,
+    pub key: SetType,
+    pub data: Option<MapData>,
+    pub interval: bool,
+    pub comment: Option<String>,
+    pub elements: BTreeMap<Key, Element>,
+}
+
+impl Set {
+    pub fn new(name: impl Into<String>, key: SetType) -> Set {
+        Set {
+            name: name.into(),
+            key,
+            data: None,
+            interval: false,
+            comment: None,
+            elements: BTreeMap::new(),
+        }
+    }
+
+    pub fn map(name: impl Into<String>, key: SetType, data: MapData) -> Set {
+        Set {
+            data: Some(data),
+            ..Set::new(name, key)
+        }
+    }
+
+    pub fn interval(mut self) -> Set {
+        self.interval = true;
+        self
+    }
+
+    pub fn with_comment(mut self, comment: impl Into<String>) -> Set {
+        self.comment = Some(comment.into());
+        self
+    }
+
+    pub fn insert(&mut self, key: Key, data: Option<ElemData>, comment: Option<String>) {
+        self.elements.insert(key, Element { data, comment });
+    }
+
+    /// Same declaration (everything but the elements).
+    pub fn same_decl(&self, other: &Set) -> bool {
+        self.name == other.name
+            && self.key == other.key
+            && self.data == other.data
+            && self.interval == other.interval
+            && self.comment == other.comment
+    }
+}

@@ -1,0 +1,266 @@
+//! Reading nodelb's tables back from the kernel: which chains and sets exist, how many rules
+//! and elements they hold, and the ruleset generation; and telling whether that matches the
+//! model nodelb last committed.
+
+use crate::encode::expected_element_count;
+use crate::model::{Family, Table};
+use crate::netlink::{messages, Request};
+use crate::ops::TableRef;
+use crate::transact::{Error, Nft};
+use std::collections::BTreeMap;
+
+const NFT_MSG_GETTABLE: u16 = 1;
+const NFT_MSG_GETCHAIN: u16 = 4;
+const NFT_MSG_GETRULE: u16 = 7;
+const NFT_MSG_GETSET: u16 = 10;
+const NFT_MSG_GETSETELEM: u16 = 13;
+const NFT_MSG_GETGEN: u16 = 16;
+
+/// What the kernel holds for one table, in counts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TableSummary {
+    /// Chain name → number of rules.
+    pub chains: BTreeMap<String, usize>,
+    /// Named set → number of kernel elements (an interval counts its start and its end).
+    pub sets: BTreeMap<String, usize>,
+}
+
+impl TableSummary {
+    /// The summary the kernel should show for a model.
+    pub fn expected(t: &Table) -> TableSummary {
+        TableSummary {
+            chains: t
+                .chains
+                .values()
+                .map(|c| (c.name.clone(), c.rules.len()))
+                .collect(),
+            sets: t
+                .sets
+                .values()
+                .map(|s| (s.name.clone(), expected_element_count(s)))
+                .collect(),
+        }
+    }
+}
+
+/// How the kernel's table compares with the model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Drift {
+    None,
+    Missing,
+    /// What differs, one line per object.
+    Changed(Vec<String>),
+}
+
+/// Compare, tolerating chains that were flushed and wait for deletion.
+pub fn compare(
+    expected: &TableSummary,
+    actual: Option<&TableSummary>,
+    stale_chains: &[String],
+) -> Drift {
+    let Some(actual) = actual else {
+        return Drift::Missing;
+    };
+    let mut diffs = Vec::new();
+    for (name, n) in &expected.chains {
+        match actual.chains.get(name) {
+            None => diffs.push(format!("chain {name} is missing")),
+            Some(m) if m != n => diffs.push(format!("chain {name} has {m} rules, expected {n}")),
+            _ => {}
+        }
+    }
+    for (name, m) in &actual.chains {
+        if !expected.chains.contains_key(name) && !(stale_chains.contains(name) && *m == 0) {
+            diffs.push(format!("chain {name} is not nodelb's"));
+        }
+    }
+    for (name, n) in &expected.sets {
+        match actual.sets.get(name) {
+            None => diffs.push(format!("set {name} is missing")),
+            Some(m) if m != n => diffs.push(format!("set {name} has {m} elements, expected {n}")),
+            _ => {}
+        }
+    }
+    for name in actual.sets.keys() {
+        if !expected.sets.contains_key(name) {
+            diffs.push(format!("set {name} is not nodelb's"));
+        }
+    }
+    if diffs.is_empty() {
+        Drift::None
+    } else {
+        Drift::Changed(diffs)
+    }
+}
+
+impl Nft {
+    /// The ruleset generation: it changes with every committed transaction, anyone's.
+    pub fn generation(&mut self) -> Result<u32, Error> {
+        let seq = self.next_seq();
+        let req = Request::new(NFT_MSG_GETGEN, 0, 0, seq).finish();
+        let replies = self.request(&req, "the ruleset generation", false)?;
+        replies
+            .iter()
+            .flat_map(|r| {
+                messages(r)
+                    .map(|m| m.attrs().get_be32(1))
+                    .collect::<Vec<_>>()
+            })
+            .flatten()
+            .next()
+            .ok_or_else(|| Error::Dump {
+                what: "the ruleset generation".into(),
+                source: std::io::Error::other("no NFTA_GEN_ID in the answer"),
+            })
+    }
+
+    /// All tables of a family (or of all families, with `None`).
+    pub fn list_tables(&mut self, family: Option<Family>) -> Result<Vec<TableRef>, Error> {
+        let seq = self.next_seq();
+        let fam = family.map_or(0, |f| f.nfproto());
+        let req = Request::new(NFT_MSG_GETTABLE, libc::NLM_F_DUMP as u16, fam, seq).finish();
+        let mut out = Vec::new();
+        for r in self.request(&req, "tables", true)? {
+            for m in messages(&r) {
+                if let (Some(f), Some(name)) =
+                    (Family::from_nfproto(m.family()), m.attrs().get_str(1))
+                {
+                    out.push(TableRef { family: f, name });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Counts of what a table holds, or `None` when it does not exist.
+    pub fn read_table(&mut self, t: &TableRef) -> Result<Option<TableSummary>, Error> {
+        if !self.list_tables(Some(t.family))?.contains(t) {
+            return Ok(None);
+        }
+        let fam = t.family.nfproto();
+        let dump = libc::NLM_F_DUMP as u16;
+        let mut summary = TableSummary::default();
+
+        let seq = self.next_seq();
+        let req = Request::new(NFT_MSG_GETCHAIN, dump, fam, seq)
+            .attr_str(1, &t.name)
+            .finish();
+        for r in self.request(&req, &format!("chains of {t}"), true)? {
+            for m in messages(&r) {
+                let a = m.attrs();
+                if a.get_str(1).as_deref() == Some(&t.name) {
+                    if let Some(name) = a.get_str(3) {
+                        summary.chains.insert(name, 0);
+                    }
+                }
+            }
+        }
+
+        let seq = self.next_seq();
+        let req = Request::new(NFT_MSG_GETRULE, dump, fam, seq)
+            .attr_str(1, &t.name)
+            .finish();
+        for r in self.request(&req, &format!("rules of {t}"), true)? {
+            for m in messages(&r) {
+                let a = m.attrs();
+                if a.get_str(1).as_deref() == Some(&t.name) {
+                    if let Some(chain) = a.get_str(2) {
+                        *summary.chains.entry(chain).or_default() += 1;
+                    }
+                }
+            }
+        }
+
+        let seq = self.next_seq();
+        let req = Request::new(NFT_MSG_GETSET, dump, fam, seq)
+            .attr_str(1, &t.name)
+            .finish();
+        let mut names = Vec::new();
+        for r in self.request(&req, &format!("sets of {t}"), true)? {
+            for m in messages(&r) {
+                let a = m.attrs();
+                let anonymous = a.get_be32(3).is_some_and(|f| f & 1 != 0);
+                if a.get_str(1).as_deref() == Some(&t.name) && !anonymous {
+                    if let Some(name) = a.get_str(2) {
+                        names.push(name);
+                    }
+                }
+            }
+        }
+        for set in names {
+            let n = self.count_elements(t, &set)?;
+            summary.sets.insert(set, n);
+        }
+        Ok(Some(summary))
+    }
+
+    fn count_elements(&mut self, t: &TableRef, set: &str) -> Result<usize, Error> {
+        let seq = self.next_seq();
+        let req = Request::new(
+            NFT_MSG_GETSETELEM,
+            libc::NLM_F_DUMP as u16,
+            t.family.nfproto(),
+            seq,
+        )
+        .attr_str(1, &t.name)
+        .attr_str(2, set)
+        .finish();
+        let mut n = 0;
+        for r in self.request(&req, &format!("elements of set {t} {set}"), true)? {
+            for m in messages(&r) {
+                // NFTA_SET_ELEM_LIST_ELEMENTS holds one NFTA_LIST_ELEM per element.
+                if let Some(list) = m.attrs().get(3) {
+                    n += crate::netlink::Attrs(list).count();
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Compare the kernel's table with a model.
+    pub fn drift(&mut self, model: &Table, stale_chains: &[String]) -> Result<Drift, Error> {
+        let actual = self.read_table(&TableRef::of(model))?;
+        Ok(compare(
+            &TableSummary::expected(model),
+            actual.as_ref(),
+            stale_chains,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary(chains: &[(&str, usize)], sets: &[(&str, usize)]) -> TableSummary {
+        TableSummary {
+            chains: chains.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
+            sets: sets.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
+        }
+    }
+
+    #[test]
+    fn missing_table_is_missing() {
+        assert_eq!(compare(&summary(&[], &[]), None, &[]), Drift::Missing);
+    }
+
+    #[test]
+    fn extra_rule_is_drift() {
+        let want = summary(&[("pre", 2)], &[("svc", 3)]);
+        let got = summary(&[("pre", 3)], &[("svc", 3)]);
+        assert_eq!(
+            compare(&want, Some(&got), &[]),
+            Drift::Changed(vec!["chain pre has 3 rules, expected 2".into()])
+        );
+    }
+
+    #[test]
+    fn flushed_stale_chain_is_tolerated_but_a_foreign_one_is_not() {
+        let want = summary(&[("pre", 1)], &[]);
+        let got = summary(&[("pre", 1), ("old", 0), ("alien", 0)], &[]);
+        assert_eq!(
+            compare(&want, Some(&got), &["old".into()]),
+            Drift::Changed(vec!["chain alien is not nodelb's".into()])
+        );
+    }
+}

@@ -1,0 +1,250 @@
+//! Model → `nft -f` text. The text is what an operator reads and what the differential tests
+//! feed to `nft` to prove the netlink encoder right.
+
+use crate::model::*;
+use crate::types::{ct_bits_text, set_type_text, value_text, Layout};
+use std::fmt::Write;
+
+/// The table as one `table <family> <name> { ... }` block.
+pub fn render_table(t: &Table) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "table {} {} {{", t.family, t.name);
+    let mut first = true;
+    for s in t.sets.values() {
+        if !first {
+            out.push('\n');
+        }
+        first = false;
+        render_set(&mut out, t.family, s);
+    }
+    for c in t.chains.values() {
+        if !first {
+            out.push('\n');
+        }
+        first = false;
+        render_chain(&mut out, t.family, c);
+    }
+    out.push_str("}\n");
+    out
+}
+
+/// A script that atomically replaces the table, whether or not it exists: `add table` makes
+/// sure the `delete` cannot fail, and `nft -f` commits the file as one transaction.
+pub fn render_replace(t: &Table) -> String {
+    format!(
+        "add table {f} {n}\ndelete table {f} {n}\n{}",
+        render_table(t),
+        f = t.family,
+        n = t.name
+    )
+}
+
+fn quote(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "'"))
+}
+
+fn render_set(out: &mut String, family: Family, s: &Set) {
+    let kind = if s.data.is_some() { "map" } else { "set" };
+    let _ = writeln!(out, "\t{kind} {} {{", s.name);
+    let data_text = match &s.data {
+        None => String::new(),
+        Some(MapData::Verdict) => " : verdict".into(),
+        Some(MapData::Value(SetType::Type(d))) => format!(
+            " : {}",
+            d.iter()
+                .map(|d| d.keyword())
+                .collect::<Vec<_>>()
+                .join(" . ")
+        ),
+        Some(MapData::Value(SetType::Typeof(e))) => format!(
+            " : {}",
+            e.iter()
+                .map(|e| e.text(family))
+                .collect::<Vec<_>>()
+                .join(" . ")
+        ),
+    };
+    let _ = writeln!(out, "\t\t{}{}", set_type_text(&s.key, family), data_text);
+    if s.interval {
+        out.push_str("\t\tflags interval\n");
+    }
+    if let Some(c) = &s.comment {
+        let _ = writeln!(out, "\t\tcomment {}", quote(c));
+    }
+    if !s.elements.is_empty() {
+        let key_layout = Layout::of(&s.key, family);
+        let data_layout = match &s.data {
+            Some(MapData::Value(t)) => Some(Layout::of(t, family)),
+            _ => None,
+        };
+        out.push_str("\t\telements = { ");
+        let mut first = true;
+        for (k, e) in &s.elements {
+            if !first {
+                out.push_str(",\n\t\t\t     ");
+            }
+            first = false;
+            out.push_str(&key_text(&key_layout, k));
+            if let Some(c) = &e.comment {
+                let _ = write!(out, " comment {}", quote(c));
+            }
+            match (&e.data, &data_layout) {
+                (Some(ElemData::Verdict(v)), _) => {
+                    let _ = write!(out, " : {}", verdict_text(v));
+                }
+                (Some(ElemData::Values(vals)), Some(l)) => {
+                    let _ = write!(out, " : {}", values_text(l, vals));
+                }
+                _ => {}
+            }
+        }
+        out.push_str(" }\n");
+    }
+    out.push_str("\t}\n");
+}
+
+fn values_text(l: &Layout, vals: &[Value]) -> String {
+    l.fields
+        .iter()
+        .zip(vals)
+        .map(|(f, v)| value_text(*f, *v))
+        .collect::<Vec<_>>()
+        .join(" . ")
+}
+
+fn key_text(l: &Layout, k: &Key) -> String {
+    match k {
+        Key::Values(vals) => values_text(l, vals),
+        Key::Prefix(addr, len) => format!("{addr}/{len}"),
+    }
+}
+
+fn verdict_text(v: &Verdict) -> String {
+    match v {
+        Verdict::Accept => "accept".into(),
+        Verdict::Drop => "drop".into(),
+        Verdict::Return => "return".into(),
+        Verdict::Jump(c) => format!("jump {c}"),
+        Verdict::Goto(c) => format!("goto {c}"),
+    }
+}
+
+fn render_chain(out: &mut String, family: Family, c: &Chain) {
+    let _ = writeln!(out, "\tchain {} {{", c.name);
+    if let Some(b) = &c.base {
+        let policy = match b.policy {
+            Policy::Accept => "accept",
+            Policy::Drop => "drop",
+        };
+        let _ = writeln!(
+            out,
+            "\t\ttype {} hook {} priority {}; policy {policy};",
+            b.chain_type.keyword(),
+            b.hook.keyword(),
+            b.priority
+        );
+    }
+    for r in &c.rules {
+        let _ = writeln!(out, "\t\t{}", rule_text(family, r));
+    }
+    out.push_str("\t}\n");
+}
+
+/// One rule in nft syntax.
+pub fn rule_text(family: Family, r: &Rule) -> String {
+    let mut parts: Vec<String> = r.stmts.iter().map(|s| stmt_text(family, s)).collect();
+    if let Some(c) = &r.comment {
+        parts.push(format!("comment {}", quote(c)));
+    }
+    parts.join(" ")
+}
+
+fn keys_text(family: Family, keys: &[Expr]) -> String {
+    keys.iter()
+        .map(|k| k.text(family))
+        .collect::<Vec<_>>()
+        .join(" . ")
+}
+
+fn nat_family_kw(family: Family, addr_is_v6: bool) -> &'static str {
+    if addr_is_v6 {
+        "ip6"
+    } else if family == Family::Ip6 {
+        // an ip6 table can only NAT to IPv6; keep the keyword for clarity
+        "ip6"
+    } else {
+        "ip"
+    }
+}
+
+fn stmt_text(family: Family, s: &Stmt) -> String {
+    match s {
+        Stmt::Cmp { left, op, right } => {
+            let v = value_text(left.field(family), *right);
+            match op {
+                CmpOp::Eq => format!("{} {v}", left.text(family)),
+                CmpOp::Neq => format!("{} != {v}", left.text(family)),
+            }
+        }
+        Stmt::Masked { left, mask, value } => {
+            format!("{} & 0x{mask:08x} == 0x{value:08x}", left.text(family))
+        }
+        Stmt::AnyBits { left, bits } => {
+            let key = match left {
+                Expr::Ct(k) => *k,
+                _ => CtKey::State,
+            };
+            format!("{} {}", left.text(family), ct_bits_text(key, *bits))
+        }
+        Stmt::Lookup { keys, set, negate } => {
+            let op = if *negate { "!= " } else { "" };
+            format!("{} {op}@{set}", keys_text(family, keys))
+        }
+        Stmt::Vmap { keys, map } => format!("{} vmap @{map}", keys_text(family, keys)),
+        Stmt::AnonVmap { keys, map } => {
+            let layout = Layout::of_exprs(keys, family);
+            let elems: Vec<_> = map
+                .elements
+                .iter()
+                .map(|(k, v)| format!("{} : {}", values_text(&layout, k), verdict_text(v)))
+                .collect();
+            format!(
+                "{} vmap {{ {} }}",
+                keys_text(family, keys),
+                elems.join(", ")
+            )
+        }
+        Stmt::Counter { packets, bytes } => format!("counter packets {packets} bytes {bytes}"),
+        Stmt::Nat { kind, addr, port } => {
+            let k = nat_kind(*kind);
+            let fam = if family == Family::Inet {
+                format!(" {}", nat_family_kw(family, addr.is_ipv6()))
+            } else {
+                String::new()
+            };
+            match (addr, port) {
+                (std::net::IpAddr::V6(a), Some(p)) => format!("{k}{fam} to [{a}]:{p}"),
+                (a, Some(p)) => format!("{k}{fam} to {a}:{p}"),
+                (a, None) => format!("{k}{fam} to {a}"),
+            }
+        }
+        Stmt::NatMap { kind, keys, map } => format!(
+            "{}{} to {} map @{map}",
+            nat_kind(*kind),
+            if family == Family::Ip6 { " ip6" } else { " ip" },
+            keys_text(family, keys)
+        ),
+        Stmt::Masquerade => "masquerade".into(),
+        Stmt::Reject(Reject::PortUnreachable) => "reject".into(),
+        Stmt::Reject(Reject::TcpReset) => "reject with tcp reset".into(),
+        Stmt::MarkOr(bits) => format!("meta mark set meta mark | 0x{bits:08x}"),
+        Stmt::Verdict(v) => verdict_text(v),
+    }
+}
+
+fn nat_kind(k: NatKind) -> &'static str {
+    match k {
+        NatKind::Snat => "snat",
+        NatKind::Dnat => "dnat",
+    }
+}

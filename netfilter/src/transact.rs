@@ -1,0 +1,456 @@
+//! Sending batches: one netfilter netlink socket per handle, sized for batches of 10,000
+//! Services, every ACK matched to its sequence number, every kernel error mapped to the object
+//! that caused it.
+
+use crate::encode::{Batch, EncodeError};
+use crate::model::Table;
+use crate::netlink::{self, messages};
+use crate::ops::{self, Op, TableRef};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+use tracing::{debug, warn};
+
+/// Socket buffers large enough for a full replace of 10,000 Services × 5 endpoints (about
+/// 8 MB of messages) with room to spare.
+pub const SOCKET_BUFFER_BYTES: usize = 64 << 20;
+const RECV_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("opening a netfilter netlink socket")]
+    Open(#[source] io::Error),
+    #[error("setting netlink socket option {option}")]
+    SocketOption {
+        option: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
+    #[error("invalid model: {0}")]
+    Invalid(String),
+    #[error("sending a {bytes}-byte batch")]
+    Send {
+        bytes: usize,
+        #[source]
+        source: io::Error,
+    },
+    #[error("receiving the kernel's answer to batch {seq}")]
+    Recv {
+        seq: u32,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the kernel rejected {object}{}", .detail.as_ref().map(|d| format!(" ({d})")).unwrap_or_default())]
+    Rejected {
+        object: String,
+        detail: Option<String>,
+        #[source]
+        source: io::Error,
+    },
+    #[error("dumping {what}")]
+    Dump {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Error {
+    /// The errno the kernel answered with, for rejected batches.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Rejected { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
+/// Sizes and times of one committed batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    pub messages: usize,
+    pub bytes: usize,
+    pub encode: Duration,
+    pub commit: Duration,
+}
+
+impl CommitStats {
+    fn add(&mut self, o: CommitStats) {
+        self.messages += o.messages;
+        self.bytes += o.bytes;
+        self.encode += o.encode;
+        self.commit += o.commit;
+    }
+}
+
+/// A netfilter netlink socket, bound in the network namespace of the thread that opened it.
+pub struct Nft {
+    sock: mnl::Socket,
+    seq: u32,
+}
+
+fn setsockopt_int(
+    fd: RawFd,
+    level: i32,
+    opt: i32,
+    name: &'static str,
+    v: i32,
+) -> Result<(), Error> {
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            &v as *const i32 as *const libc::c_void,
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(Error::SocketOption {
+            option: name,
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn mnl_fd(sock: &mnl::Socket) -> RawFd {
+    unsafe { mnl::mnl_sys::mnl_socket_get_fd(sock.as_raw_socket()) }
+}
+
+impl Nft {
+    /// Open a socket in the current thread's network namespace.
+    pub fn open() -> Result<Nft, Error> {
+        let sock = mnl::Socket::new(mnl::Bus::Netfilter).map_err(Error::Open)?;
+        let fd = mnl_fd(&sock);
+        let big = SOCKET_BUFFER_BYTES as i32;
+        setsockopt_int(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUFFORCE,
+            "SO_SNDBUFFORCE",
+            big,
+        )?;
+        setsockopt_int(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            "SO_RCVBUFFORCE",
+            big,
+        )?;
+        // Errors echo only the header of the failed message, and carry the kernel's text.
+        setsockopt_int(
+            fd,
+            libc::SOL_NETLINK,
+            libc::NETLINK_CAP_ACK,
+            "NETLINK_CAP_ACK",
+            1,
+        )?;
+        setsockopt_int(
+            fd,
+            libc::SOL_NETLINK,
+            libc::NETLINK_EXT_ACK,
+            "NETLINK_EXT_ACK",
+            1,
+        )?;
+        let tv = libc::timeval {
+            tv_sec: RECV_TIMEOUT.as_secs() as libc::time_t,
+            tv_usec: 0,
+        };
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                &tv as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            return Err(Error::SocketOption {
+                option: "SO_RCVTIMEO",
+                source: io::Error::last_os_error(),
+            });
+        }
+        // Sequence numbers only need to be distinct per socket; start from the clock so two
+        // handles in one process are easy to tell apart in a trace.
+        let seq = (std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as u32)
+            .unwrap_or(1))
+            & 0x7fff_ffff;
+        Ok(Nft { sock, seq })
+    }
+
+    pub fn portid(&self) -> u32 {
+        self.sock.portid()
+    }
+
+    pub(crate) fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        self.seq
+    }
+
+    /// Encode `ops` as one batch and commit it: all of it or nothing.
+    pub fn apply(&mut self, ops: &[Op]) -> Result<CommitStats, Error> {
+        let t0 = Instant::now();
+        let batch = Batch::encode(self.seq.wrapping_add(1), ops)?;
+        let encode = t0.elapsed();
+        let mut stats = self.commit(&batch)?;
+        stats.encode = encode;
+        Ok(stats)
+    }
+
+    /// Send an encoded batch and wait for every ACK.
+    pub fn commit(&mut self, batch: &Batch) -> Result<CommitStats, Error> {
+        let t0 = Instant::now();
+        self.seq = batch.end_seq();
+        if batch.is_empty() {
+            return Ok(CommitStats::default());
+        }
+        let bytes = batch.bytes();
+        let sent = self.sock.send(bytes).map_err(|source| Error::Send {
+            bytes: bytes.len(),
+            source,
+        })?;
+        if sent != bytes.len() {
+            return Err(Error::Send {
+                bytes: bytes.len(),
+                source: io::Error::other(format!("only {sent} bytes sent")),
+            });
+        }
+        let mut pending: BTreeSet<u32> = batch.acked_seqs().collect();
+        let mut first_error: Option<Error> = None;
+        let mut buf = vec![0u8; 1 << 20];
+        while !pending.is_empty() {
+            let n = match self.sock.recv_raw(&mut buf) {
+                Ok(n) => n,
+                Err(source) => {
+                    return Err(first_error.unwrap_or(Error::Recv {
+                        seq: batch.first_seq(),
+                        source,
+                    }))
+                }
+            };
+            for m in messages(&buf[..n]) {
+                let Some((code, seq, text)) = m.error() else {
+                    continue;
+                };
+                if seq == batch.first_seq() && code != 0 {
+                    // The batch as a whole was refused (or its commit failed).
+                    pending.clear();
+                    first_error.get_or_insert(Error::Rejected {
+                        object: "the batch".into(),
+                        detail: text,
+                        source: io::Error::from_raw_os_error(-code),
+                    });
+                    continue;
+                }
+                if !pending.remove(&seq) {
+                    debug!(seq, "answer to a message of another batch");
+                    continue;
+                }
+                if code != 0 && first_error.is_none() {
+                    let object = batch
+                        .object(seq)
+                        .map(|o| o.to_string())
+                        .unwrap_or_else(|| format!("message {seq}"));
+                    first_error = Some(Error::Rejected {
+                        object,
+                        detail: text,
+                        source: io::Error::from_raw_os_error(-code),
+                    });
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        Ok(CommitStats {
+            messages: batch.message_count(),
+            bytes: bytes.len(),
+            encode: Duration::ZERO,
+            commit: t0.elapsed(),
+        })
+    }
+
+    /// Send a request and collect every reply message's raw bytes until `NLMSG_DONE` (for
+    /// dumps) or the first reply (for plain requests).
+    pub(crate) fn request(
+        &mut self,
+        req: &[u8],
+        what: &str,
+        dump: bool,
+    ) -> Result<Vec<Vec<u8>>, Error> {
+        let seq = u32::from_ne_bytes(req[8..12].try_into().expect("header"));
+        self.sock.send(req).map_err(|source| Error::Dump {
+            what: what.into(),
+            source,
+        })?;
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = self.sock.recv_raw(&mut buf).map_err(|source| Error::Dump {
+                what: what.into(),
+                source,
+            })?;
+            for m in messages(&buf[..n]) {
+                if m.seq != seq {
+                    continue;
+                }
+                if m.ty == netlink::NLMSG_DONE {
+                    return Ok(out);
+                }
+                if let Some((code, _, _)) = m.error() {
+                    if code != 0 {
+                        return Err(Error::Dump {
+                            what: what.into(),
+                            source: io::Error::from_raw_os_error(-code),
+                        });
+                    }
+                    return Ok(out);
+                }
+                let len = 16 + m.body.len();
+                let mut raw = Vec::with_capacity(len);
+                raw.extend_from_slice(&(len as u32).to_ne_bytes());
+                raw.extend_from_slice(&m.ty.to_ne_bytes());
+                raw.extend_from_slice(&m.flags.to_ne_bytes());
+                raw.extend_from_slice(&m.seq.to_ne_bytes());
+                raw.extend_from_slice(&m.pid.to_ne_bytes());
+                raw.extend_from_slice(m.body);
+                out.push(raw);
+                if !dump {
+                    return Ok(out);
+                }
+            }
+        }
+    }
+}
+
+/// Keeps what was last committed per table, so each sync sends only the difference, and
+/// deletes chains that fell out of the model in a later batch of their own.
+pub struct Committer {
+    nft: Nft,
+    committed: BTreeMap<TableRef, Table>,
+    stale: BTreeMap<TableRef, BTreeSet<String>>,
+}
+
+impl Committer {
+    pub fn new(nft: Nft) -> Committer {
+        Committer {
+            nft,
+            committed: BTreeMap::new(),
+            stale: BTreeMap::new(),
+        }
+    }
+
+    pub fn nft(&mut self) -> &mut Nft {
+        &mut self.nft
+    }
+
+    /// What the kernel holds for a table, as far as this committer knows.
+    pub fn committed(&self, t: &TableRef) -> Option<&Table> {
+        self.committed.get(t)
+    }
+
+    /// Chains flushed but not yet deleted.
+    pub fn stale_chains(&self, t: &TableRef) -> Vec<String> {
+        self.stale
+            .get(t)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Atomically replace every given table in one batch (counters start from the values the
+    /// model carries).
+    pub fn replace(&mut self, tables: &[Table]) -> Result<CommitStats, Error> {
+        let mut ops = Vec::new();
+        for t in tables {
+            ops::validate(t).map_err(Error::Invalid)?;
+            ops.extend(ops::full_replace(t));
+        }
+        let stats = self.nft.apply(&ops)?;
+        for t in tables {
+            let tr = TableRef::of(t);
+            self.stale.remove(&tr);
+            self.committed.insert(tr, t.clone());
+        }
+        Ok(stats)
+    }
+
+    /// Bring the kernel from the last committed models to `tables` in one batch: only what
+    /// changed is sent; a table not committed before is replaced whole.
+    pub fn sync(&mut self, tables: &[Table]) -> Result<CommitStats, Error> {
+        let mut ops = Vec::new();
+        let mut new_stale: Vec<(TableRef, Vec<String>)> = Vec::new();
+        for t in tables {
+            ops::validate(t).map_err(Error::Invalid)?;
+            let tr = TableRef::of(t);
+            match self.committed.get(&tr) {
+                Some(old) => {
+                    let d = ops::diff(old, t);
+                    ops.extend(d.ops);
+                    new_stale.push((tr, d.stale_chains));
+                }
+                None => ops.extend(ops::full_replace(t)),
+            }
+        }
+        let mut stats = self.nft.apply(&ops)?;
+        for t in tables {
+            let tr = TableRef::of(t);
+            // A chain that came back is no longer stale.
+            if let Some(s) = self.stale.get_mut(&tr) {
+                s.retain(|c| !t.chains.contains_key(c));
+            }
+            self.committed.insert(tr, t.clone());
+        }
+        for (tr, chains) in new_stale {
+            self.stale.entry(tr).or_default().extend(chains);
+        }
+        stats.add(self.delete_stale_chains());
+        Ok(stats)
+    }
+
+    /// Try to delete flushed chains; one that is still busy is retried on the next sync.
+    fn delete_stale_chains(&mut self) -> CommitStats {
+        let mut total = CommitStats::default();
+        let tables: Vec<TableRef> = self.stale.keys().cloned().collect();
+        for tr in tables {
+            let chains: Vec<String> = self.stale[&tr].iter().cloned().collect();
+            for c in chains {
+                // One chain per batch, so a busy chain does not hold back the others.
+                match self.nft.apply(&[Op::DelChain(tr.clone(), c.clone())]) {
+                    Ok(s) => {
+                        total.add(s);
+                        self.stale.get_mut(&tr).map(|s| s.remove(&c));
+                    }
+                    Err(e) if e.errno() == Some(libc::ENOENT) => {
+                        self.stale.get_mut(&tr).map(|s| s.remove(&c));
+                    }
+                    Err(e) => {
+                        warn!(table = %tr, chain = %c, error = %e, "stale chain not deleted yet; will retry")
+                    }
+                }
+            }
+        }
+        self.stale.retain(|_, s| !s.is_empty());
+        total
+    }
+
+    /// Delete a table (if it exists) and forget it.
+    pub fn delete(&mut self, t: &TableRef) -> Result<CommitStats, Error> {
+        let stats = self.nft.apply(&ops::delete_table(t))?;
+        self.committed.remove(t);
+        self.stale.remove(t);
+        Ok(stats)
+    }
+
+    /// Forget what was committed, so the next sync replaces tables whole (after drift).
+    pub fn forget(&mut self, t: &TableRef) {
+        self.committed.remove(t);
+        self.stale.remove(t);
+    }
+}
