@@ -1,2 +1,4 @@
+pub mod models;
 pub mod netns;
+pub mod nft;
 pub mod traffic;

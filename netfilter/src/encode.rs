@@ -774,8 +774,13 @@ impl RuleCtx {
                     // NFT_REJECT_ICMP_UNREACH with the family's own port-unreachable code.
                     (Reject::PortUnreachable, Family::Ip) => (0, 3),
                     (Reject::PortUnreachable, Family::Ip6) => (0, 4),
-                    // NFT_REJECT_ICMPX_UNREACH, NFT_REJECT_ICMPX_PORT_UNREACH
-                    (Reject::PortUnreachable, Family::Inet) => (2, 1),
+                    // In inet, nft uses the family's own code once the rule has fixed the family,
+                    // and NFT_REJECT_ICMPX_UNREACH / ICMPX_PORT_UNREACH otherwise.
+                    (Reject::PortUnreachable, Family::Inet) => match self.nf {
+                        Some(Family::Ip) => (0, 3),
+                        Some(Family::Ip6) => (0, 4),
+                        _ => (2, 1),
+                    },
                     (Reject::TcpReset, _) => {
                         if self.l4 != Some(L4Proto::Tcp) {
                             nr.add(meta_load(MetaKey::L4Proto, NFT_REG_1));

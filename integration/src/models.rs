@@ -1,0 +1,499 @@
+//! Models shared by the differential tests, the dataplane tests, the benchmark and the demo.
+
+use nodelb_netfilter::*;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// Addresses and field spellings for one family.
+#[derive(Clone, Copy, Debug)]
+pub struct Fam {
+    pub family: Family,
+}
+
+impl Fam {
+    pub const V4: Fam = Fam { family: Family::Ip };
+    pub const V6: Fam = Fam {
+        family: Family::Ip6,
+    };
+
+    pub fn saddr(self) -> Expr {
+        Expr::Payload(if self.v6() {
+            Payload::Ip6Saddr
+        } else {
+            Payload::IpSaddr
+        })
+    }
+    pub fn daddr(self) -> Expr {
+        Expr::Payload(if self.v6() {
+            Payload::Ip6Daddr
+        } else {
+            Payload::IpDaddr
+        })
+    }
+    pub fn proto(self) -> Expr {
+        Expr::Payload(if self.v6() {
+            Payload::Ip6Nexthdr
+        } else {
+            Payload::IpProtocol
+        })
+    }
+    pub fn addr_type(self) -> DataType {
+        if self.v6() {
+            DataType::Ipv6Addr
+        } else {
+            DataType::Ipv4Addr
+        }
+    }
+    pub fn v6(self) -> bool {
+        self.family == Family::Ip6
+    }
+    /// A documentation address: `net` picks 192.0.2/198.51.100/203.0.113 (v4) or
+    /// 2001:db8:<net>:: (v6), `host` the last part.
+    pub fn addr(self, net: u8, host: u16) -> IpAddr {
+        if self.v6() {
+            IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, net as u16, 0, 0, 0, 0, host))
+        } else {
+            let (a, b, c) = match net {
+                0 => (192, 0, 2),
+                1 => (198, 51, 100),
+                _ => (203, 0, 113),
+            };
+            IpAddr::V4(Ipv4Addr::new(a, b, c, host as u8))
+        }
+    }
+    pub fn prefix_len(self) -> u8 {
+        if self.v6() {
+            64
+        } else {
+            24
+        }
+    }
+}
+
+fn v(ip: IpAddr) -> Value {
+    Value::from(ip)
+}
+
+fn rule(stmts: Vec<Stmt>) -> Rule {
+    Rule::new(stmts)
+}
+
+fn verdict(v: Verdict) -> Stmt {
+    Stmt::Verdict(v)
+}
+
+/// A table that uses every expression, statement and object kind the model has, in one family.
+pub fn kitchen_sink(f: Fam, name: &str) -> Table {
+    let mut t = Table::new(f.family, name);
+    let th_dport = Expr::Payload(Payload::ThDport);
+    let l4 = Expr::Meta(MetaKey::L4Proto);
+
+    let mut allowed = Set::new("allowed", SetType::Type(vec![f.addr_type()])).interval();
+    allowed.insert(
+        Key::Prefix(f.addr(0, 0), f.prefix_len()),
+        None,
+        Some("clients".into()),
+    );
+    allowed.insert(
+        Key::Prefix(f.addr(1, 7), if f.v6() { 128 } else { 32 }),
+        None,
+        None,
+    );
+    t.add_set(allowed);
+
+    let mut sources = Set::new("sources", SetType::Typeof(vec![f.saddr()]))
+        .interval()
+        .with_comment("typeof interval");
+    sources.insert(
+        Key::Prefix(f.addr(2, 0), if f.v6() { 56 } else { 25 }),
+        None,
+        None,
+    );
+    t.add_set(sources);
+
+    let mut services = Set::map(
+        "services",
+        SetType::Type(vec![
+            f.addr_type(),
+            DataType::InetProto,
+            DataType::InetService,
+        ]),
+        MapData::Verdict,
+    )
+    .with_comment("dispatch");
+    services.insert(
+        Key::Values(vec![
+            v(f.addr(2, 1)),
+            Value::Proto(L4Proto::Tcp),
+            Value::Port(80),
+        ]),
+        Some(ElemData::Verdict(Verdict::Goto("svc-a".into()))),
+        Some("default/web:http".into()),
+    );
+    services.insert(
+        Key::Values(vec![
+            v(f.addr(2, 1)),
+            Value::Proto(L4Proto::Udp),
+            Value::Port(53),
+        ]),
+        Some(ElemData::Verdict(Verdict::Jump("svc-b".into()))),
+        None,
+    );
+    t.add_set(services);
+
+    let mut endpoints = Set::map(
+        "endpoints",
+        SetType::Typeof(vec![l4, th_dport, Expr::Numgen { modulus: 2 }]),
+        MapData::Value(SetType::Typeof(vec![f.daddr(), th_dport])),
+    );
+    for i in 0..2u32 {
+        endpoints.insert(
+            Key::Values(vec![
+                Value::Proto(L4Proto::Tcp),
+                Value::Port(80),
+                Value::U32(i),
+            ]),
+            Some(ElemData::Values(vec![
+                v(f.addr(1, 10 + i as u16)),
+                Value::Port(8080),
+            ])),
+            Some(format!("default/web:http endpoint {i}")),
+        );
+    }
+    t.add_set(endpoints);
+
+    let mut marks = Set::new("marks", SetType::Type(vec![DataType::Mark]));
+    marks.insert(Key::Values(vec![Value::U32(1)]), None, None);
+    t.add_set(marks);
+
+    let mut ports = Set::new("ports", SetType::Typeof(vec![th_dport]));
+    ports.insert(Key::Values(vec![Value::Port(22)]), None, Some("ssh".into()));
+    ports.insert(Key::Values(vec![Value::Port(6443)]), None, None);
+    t.add_set(ports);
+
+    let mut portmap = Set::map(
+        "portmap",
+        SetType::Type(vec![DataType::InetService]),
+        MapData::Verdict,
+    );
+    portmap.insert(
+        Key::Values(vec![Value::Port(443)]),
+        Some(ElemData::Verdict(Verdict::Accept)),
+        None,
+    );
+    portmap.insert(
+        Key::Values(vec![Value::Port(444)]),
+        Some(ElemData::Verdict(Verdict::Drop)),
+        None,
+    );
+    t.add_set(portmap);
+
+    let mut addrmap = Set::map(
+        "addrmap",
+        SetType::Type(vec![f.addr_type()]),
+        MapData::Value(SetType::Type(vec![f.addr_type()])),
+    );
+    addrmap.insert(
+        Key::Values(vec![v(f.addr(2, 5))]),
+        Some(ElemData::Values(vec![v(f.addr(1, 5))])),
+        None,
+    );
+    t.add_set(addrmap);
+
+    let mut pre = Chain::base(
+        "prerouting",
+        ChainType::Nat,
+        Hook::Prerouting,
+        -100,
+        Policy::Accept,
+    );
+    pre.push(
+        rule(vec![Stmt::Vmap {
+            keys: vec![f.daddr(), l4, th_dport],
+            map: "services".into(),
+        }])
+        .with_comment("dispatch by destination"),
+    );
+    pre.push(rule(vec![
+        Stmt::Lookup {
+            keys: vec![f.saddr()],
+            set: "allowed".into(),
+            negate: true,
+        },
+        Stmt::counter(),
+        verdict(Verdict::Drop),
+    ]));
+    pre.push(rule(vec![
+        Stmt::Cmp {
+            left: Expr::Payload(Payload::TcpDport),
+            op: CmpOp::Eq,
+            right: Value::Port(8081),
+        },
+        Stmt::Nat {
+            kind: NatKind::Dnat,
+            addr: f.addr(1, 2),
+            port: Some(80),
+        },
+    ]));
+    pre.push(rule(vec![
+        Stmt::Cmp {
+            left: Expr::Payload(Payload::UdpDport),
+            op: CmpOp::Eq,
+            right: Value::Port(5353),
+        },
+        Stmt::Nat {
+            kind: NatKind::Dnat,
+            addr: f.addr(1, 2),
+            port: None,
+        },
+    ]));
+    pre.push(rule(vec![
+        Stmt::Cmp {
+            left: Expr::Payload(Payload::SctpDport),
+            op: CmpOp::Neq,
+            right: Value::Port(9),
+        },
+        verdict(Verdict::Return),
+    ]));
+    t.add_chain(pre);
+
+    t.add_chain(
+        Chain::regular("svc-a").rule(
+            rule(vec![Stmt::NatMap {
+                kind: NatKind::Dnat,
+                keys: vec![l4, th_dport, Expr::Numgen { modulus: 2 }],
+                map: "endpoints".into(),
+            }])
+            .with_comment("default/web:http"),
+        ),
+    );
+    t.add_chain(Chain::regular("svc-b").rule(rule(vec![
+        Stmt::cmp(l4, Value::Proto(L4Proto::Udp)),
+        Stmt::Nat {
+            kind: NatKind::Dnat,
+            addr: f.addr(1, 3),
+            port: Some(5353),
+        },
+    ])));
+
+    let mut out = Chain::base("output", ChainType::Nat, Hook::Output, -100, Policy::Accept);
+    out.push(rule(vec![
+        Stmt::Cmp {
+            left: Expr::Payload(Payload::TcpSport),
+            op: CmpOp::Eq,
+            right: Value::Port(1),
+        },
+        verdict(Verdict::Accept),
+    ]));
+    out.push(rule(vec![
+        Stmt::Cmp {
+            left: Expr::Payload(Payload::UdpSport),
+            op: CmpOp::Eq,
+            right: Value::Port(2),
+        },
+        verdict(Verdict::Accept),
+    ]));
+    out.push(rule(vec![
+        Stmt::Cmp {
+            left: Expr::Payload(Payload::SctpSport),
+            op: CmpOp::Eq,
+            right: Value::Port(3),
+        },
+        verdict(Verdict::Accept),
+    ]));
+    t.add_chain(out);
+
+    let mut post = Chain::base(
+        "postrouting",
+        ChainType::Nat,
+        Hook::Postrouting,
+        100,
+        Policy::Accept,
+    );
+    post.push(rule(vec![
+        Stmt::AnyBits {
+            left: Expr::Ct(CtKey::Status),
+            bits: ct_status::DNAT,
+        },
+        Stmt::Masquerade,
+    ]));
+    post.push(rule(vec![
+        Stmt::Masked {
+            left: Expr::Meta(MetaKey::Mark),
+            mask: 0x4000,
+            value: 0x4000,
+        },
+        Stmt::Masquerade,
+    ]));
+    post.push(rule(vec![
+        Stmt::cmp(Expr::Ct(CtKey::Mark), Value::U32(1)),
+        Stmt::cmp(l4, Value::Proto(L4Proto::Tcp)),
+        Stmt::Nat {
+            kind: NatKind::Snat,
+            addr: f.addr(2, 1),
+            port: Some(1000),
+        },
+    ]));
+    t.add_chain(post);
+
+    let mut fwd = Chain::base(
+        "forward",
+        ChainType::Filter,
+        Hook::Forward,
+        0,
+        Policy::Accept,
+    );
+    fwd.push(rule(vec![
+        Stmt::AnyBits {
+            left: Expr::Ct(CtKey::State),
+            bits: ct_state::ESTABLISHED | ct_state::RELATED,
+        },
+        verdict(Verdict::Accept),
+    ]));
+    fwd.push(rule(vec![
+        Stmt::cmp(l4, Value::Proto(L4Proto::Tcp)),
+        Stmt::cmp(Expr::Ct(CtKey::OriginalDaddr), v(f.addr(2, 1))),
+        Stmt::cmp(Expr::Ct(CtKey::OriginalProtoDst), Value::Port(80)),
+        Stmt::counter(),
+        verdict(Verdict::Accept),
+    ]));
+    fwd.push(rule(vec![
+        Stmt::cmp(l4, Value::Proto(L4Proto::Udp)),
+        Stmt::Reject(Reject::PortUnreachable),
+    ]));
+    fwd.push(rule(vec![
+        Stmt::cmp(Expr::Payload(Payload::TcpDport), Value::Port(81)),
+        Stmt::Reject(Reject::TcpReset),
+    ]));
+    fwd.push(rule(vec![Stmt::MarkOr(0x4000)]));
+    fwd.push(rule(vec![
+        Stmt::cmp(Expr::Meta(MetaKey::Mark), Value::U32(0x10)),
+        verdict(Verdict::Drop),
+    ]));
+    fwd.push(rule(vec![
+        Stmt::Lookup {
+            keys: vec![Expr::Meta(MetaKey::Mark)],
+            set: "marks".into(),
+            negate: false,
+        },
+        verdict(Verdict::Accept),
+    ]));
+    fwd.push(rule(vec![
+        Stmt::Lookup {
+            keys: vec![th_dport],
+            set: "ports".into(),
+            negate: false,
+        },
+        verdict(Verdict::Jump("count".into())),
+    ]));
+    fwd.push(rule(vec![
+        Stmt::Lookup {
+            keys: vec![f.saddr()],
+            set: "sources".into(),
+            negate: false,
+        },
+        verdict(Verdict::Goto("count".into())),
+    ]));
+    fwd.push(rule(vec![Stmt::Vmap {
+        keys: vec![th_dport],
+        map: "portmap".into(),
+    }]));
+    fwd.push(rule(vec![
+        Stmt::cmp(f.proto(), Value::Proto(L4Proto::Tcp)),
+        Stmt::AnonVmap {
+            keys: vec![Expr::Numgen { modulus: 2 }],
+            map: AnonVmap {
+                elements: vec![
+                    (vec![Value::U32(0)], Verdict::Jump("count".into())),
+                    (vec![Value::U32(1)], Verdict::Return),
+                ],
+            },
+        },
+    ]));
+    fwd.push(rule(vec![Stmt::AnonVmap {
+        keys: vec![f.daddr(), th_dport],
+        map: AnonVmap {
+            elements: vec![(vec![v(f.addr(1, 9)), Value::Port(9)], Verdict::Drop)],
+        },
+    }]));
+    fwd.push(rule(vec![
+        Stmt::cmp(f.saddr(), v(f.addr(0, 9))),
+        Stmt::Cmp {
+            left: f.daddr(),
+            op: CmpOp::Neq,
+            right: v(f.addr(1, 9)),
+        },
+        verdict(Verdict::Drop),
+    ]));
+    t.add_chain(fwd);
+
+    t.add_chain(Chain::regular("count").rule(rule(vec![
+        Stmt::Counter {
+            packets: 7,
+            bytes: 700,
+        },
+        verdict(Verdict::Return),
+    ])));
+
+    let mut input = Chain::base("input", ChainType::Filter, Hook::Input, 10, Policy::Drop);
+    input.push(rule(vec![
+        Stmt::cmp(Expr::Payload(Payload::ThSport), Value::Port(7)),
+        verdict(Verdict::Accept),
+    ]));
+    t.add_chain(input);
+    t
+}
+
+/// An `inet` table for what only `inet` can say (`meta nfproto`, ICMPX reject).
+pub fn inet_sink(name: &str) -> Table {
+    let mut t = Table::new(Family::Inet, name);
+    let mut c = Chain::base("input", ChainType::Filter, Hook::Input, 0, Policy::Accept);
+    c.push(Rule::new(vec![
+        Stmt::cmp(Expr::Meta(MetaKey::NfProto), Value::NfProto(Family::Ip)),
+        Stmt::cmp(Expr::Meta(MetaKey::L4Proto), Value::Proto(L4Proto::Tcp)),
+        Stmt::Verdict(Verdict::Accept),
+    ]));
+    c.push(Rule::new(vec![
+        Stmt::cmp(Expr::Meta(MetaKey::NfProto), Value::NfProto(Family::Ip6)),
+        Stmt::Reject(Reject::PortUnreachable),
+    ]));
+    c.push(Rule::new(vec![
+        Stmt::cmp(
+            Expr::Payload(Payload::IpSaddr),
+            Value::Ipv4(Ipv4Addr::new(192, 0, 2, 1)),
+        ),
+        Stmt::Verdict(Verdict::Drop),
+    ]));
+    c.push(Rule::new(vec![
+        Stmt::cmp(
+            Expr::Payload(Payload::Ip6Daddr),
+            Value::Ipv6("2001:db8::1".parse().unwrap()),
+        ),
+        Stmt::Verdict(Verdict::Drop),
+    ]));
+    c.push(Rule::new(vec![
+        Stmt::cmp(Expr::Meta(MetaKey::L4Proto), Value::Proto(L4Proto::Udp)),
+        Stmt::Reject(Reject::PortUnreachable),
+    ]));
+    t.add_chain(c);
+    let mut nat = Chain::base(
+        "pre",
+        ChainType::Nat,
+        Hook::Prerouting,
+        -100,
+        Policy::Accept,
+    );
+    nat.push(Rule::new(vec![
+        Stmt::cmp(
+            Expr::Payload(Payload::IpDaddr),
+            Value::Ipv4(Ipv4Addr::new(203, 0, 113, 1)),
+        ),
+        Stmt::cmp(Expr::Payload(Payload::TcpDport), Value::Port(80)),
+        Stmt::Nat {
+            kind: NatKind::Dnat,
+            addr: IpAddr::V4(Ipv4Addr::new(198, 51, 100, 2)),
+            port: Some(8080),
+        },
+    ]));
+    t.add_chain(nat);
+    t
+}

@@ -1,0 +1,59 @@
+//! The encoder against the reference: the same model applied through nodelb's netlink batch
+//! in one namespace and through `nft -f` of its rendered text in another must list the same.
+
+use nodelb_integration::models::{inet_sink, kitchen_sink, Fam};
+use nodelb_integration::netns::{require_root, Netns};
+use nodelb_integration::nft::{list_table, nft_check, nft_replace, nodelb_replace};
+use nodelb_netfilter::{render_replace, Table};
+
+fn assert_same_listing(t: &Table) {
+    let ours = Netns::new("diff-ours");
+    let theirs = Netns::new("diff-nft");
+    let script = render_replace(t);
+    nft_check(&theirs, &script)
+        .unwrap_or_else(|e| panic!("nft -c rejects the rendered text:\n{e}\n{script}"));
+    nodelb_replace(&ours, std::slice::from_ref(t))
+        .unwrap_or_else(|e| panic!("nodelb batch failed: {e:#}"));
+    nft_replace(&theirs, t).unwrap_or_else(|e| panic!("nft -f failed:\n{e}\n{script}"));
+    let fam = t.family.keyword();
+    let a = list_table(&ours, fam, &t.name).expect("list nodelb's table");
+    let b = list_table(&theirs, fam, &t.name).expect("list nft's table");
+    if a != b {
+        let diff: Vec<String> = a
+            .lines()
+            .zip(b.lines())
+            .filter(|(x, y)| x != y)
+            .map(|(x, y)| format!("nodelb: {x}\n   nft: {y}"))
+            .collect();
+        panic!(
+            "listings differ:\n{}\n--- nodelb ---\n{a}\n--- nft ---\n{b}",
+            diff.join("\n")
+        );
+    }
+    // The listing really holds the model, not two empty tables.
+    assert!(a.lines().count() > 10, "suspiciously short listing:\n{a}");
+}
+
+#[test]
+fn ipv4_kitchen_sink_lists_identically() {
+    if !require_root("ipv4_kitchen_sink_lists_identically") {
+        return;
+    }
+    assert_same_listing(&kitchen_sink(Fam::V4, "nodelb"));
+}
+
+#[test]
+fn ipv6_kitchen_sink_lists_identically() {
+    if !require_root("ipv6_kitchen_sink_lists_identically") {
+        return;
+    }
+    assert_same_listing(&kitchen_sink(Fam::V6, "nodelb"));
+}
+
+#[test]
+fn inet_only_expressions_list_identically() {
+    if !require_root("inet_only_expressions_list_identically") {
+        return;
+    }
+    assert_same_listing(&inet_sink("nodelb"));
+}
