@@ -497,3 +497,243 @@ pub fn inet_sink(name: &str) -> Table {
     t.add_chain(nat);
     t
 }
+
+/// One Service port as the dataplane sees it, for the load-balancer shaped model below.
+#[derive(Clone, Debug)]
+pub struct LbService {
+    /// `namespace/name:port`, the comment on every rule and element of this Service.
+    pub key: String,
+    pub proto: L4Proto,
+    pub port: u16,
+    pub endpoints: Vec<(IpAddr, u16)>,
+    /// Rewrite the client's source to the node's address.
+    pub masquerade: bool,
+    /// Allowed client prefixes; empty allows everyone.
+    pub source_ranges: Vec<(IpAddr, u8)>,
+}
+
+/// Name of the regular chain that picks one of `n` endpoints.
+pub fn endpoint_chain(n: usize) -> String {
+    format!("endpoints-{n}")
+}
+
+/// The load-balancer shape nodelb programs: one dispatch verdict map keyed
+/// `daddr . l4proto . dport`, one global endpoint map keyed `l4proto . dport . numgen`, one small
+/// chain per distinct endpoint count, masquerade decided from conntrack's original
+/// destination, rejects in filter hooks every kernel from 5.10 allows.
+pub fn lb_table(f: Fam, name: &str, node_addrs: &[IpAddr], services: &[LbService]) -> Table {
+    let mut t = Table::new(f.family, name);
+    let l4 = Expr::Meta(MetaKey::L4Proto);
+    let th_dport = Expr::Payload(Payload::ThDport);
+    let svc_key = || {
+        SetType::Type(vec![
+            f.addr_type(),
+            DataType::InetProto,
+            DataType::InetService,
+        ])
+    };
+
+    let mut dispatch = Set::map("services", svc_key(), MapData::Verdict);
+    let mut endpoints = Set::map(
+        "endpoints",
+        SetType::Typeof(vec![l4, th_dport, Expr::Numgen { modulus: 1 }]),
+        MapData::Value(SetType::Typeof(vec![f.daddr(), th_dport])),
+    );
+    let mut masq = Set::new("masq-services", svc_key());
+    let mut no_endpoints = Set::new("no-endpoints", svc_key());
+    let mut counts = std::collections::BTreeSet::new();
+
+    for (i, s) in services.iter().enumerate() {
+        let n = s.endpoints.len();
+        for (idx, (addr, port)) in s.endpoints.iter().enumerate() {
+            endpoints.insert(
+                Key::Values(vec![
+                    Value::Proto(s.proto),
+                    Value::Port(s.port),
+                    Value::U32(idx as u32),
+                ]),
+                Some(ElemData::Values(vec![v(*addr), Value::Port(*port)])),
+                Some(s.key.clone()),
+            );
+        }
+        let target = if n == 0 {
+            None
+        } else if s.source_ranges.is_empty() {
+            counts.insert(n);
+            Some(endpoint_chain(n))
+        } else {
+            counts.insert(n);
+            let set = format!("sources-{i}");
+            let mut src = Set::new(&set, SetType::Type(vec![f.addr_type()])).interval();
+            for (a, l) in &s.source_ranges {
+                src.insert(Key::Prefix(*a, *l), None, None);
+            }
+            t.add_set(src);
+            let chain = format!("firewall-{i}");
+            t.add_chain(
+                Chain::regular(&chain).rule(
+                    rule(vec![
+                        Stmt::Lookup {
+                            keys: vec![f.saddr()],
+                            set,
+                            negate: true,
+                        },
+                        Stmt::counter(),
+                        verdict(Verdict::Drop),
+                    ])
+                    .with_comment(&s.key),
+                ),
+            );
+            t.chain_mut(&chain)
+                .expect("added")
+                .push(rule(vec![verdict(Verdict::Goto(endpoint_chain(n)))]));
+            Some(chain)
+        };
+        for addr in node_addrs {
+            let key = Key::Values(vec![v(*addr), Value::Proto(s.proto), Value::Port(s.port)]);
+            match &target {
+                Some(chain) => {
+                    dispatch.insert(
+                        key.clone(),
+                        Some(ElemData::Verdict(Verdict::Goto(chain.clone()))),
+                        Some(s.key.clone()),
+                    );
+                    if s.masquerade {
+                        masq.insert(key, None, Some(s.key.clone()));
+                    }
+                }
+                None => no_endpoints.insert(key, None, Some(s.key.clone())),
+            }
+        }
+    }
+    for n in counts {
+        t.add_chain(
+            Chain::regular(endpoint_chain(n)).rule(rule(vec![Stmt::NatMap {
+                kind: NatKind::Dnat,
+                keys: vec![l4, th_dport, Expr::Numgen { modulus: n as u32 }],
+                map: "endpoints".into(),
+            }])),
+        );
+    }
+    t.add_set(dispatch);
+    t.add_set(endpoints);
+    t.add_set(masq);
+    t.add_set(no_endpoints);
+
+    let dispatch_rule = || {
+        rule(vec![Stmt::Vmap {
+            keys: vec![f.daddr(), l4, th_dport],
+            map: "services".into(),
+        }])
+    };
+    t.add_chain(
+        Chain::base(
+            "prerouting",
+            ChainType::Nat,
+            Hook::Prerouting,
+            -100,
+            Policy::Accept,
+        )
+        .rule(dispatch_rule()),
+    );
+    t.add_chain(
+        Chain::base("output", ChainType::Nat, Hook::Output, -100, Policy::Accept)
+            .rule(dispatch_rule()),
+    );
+
+    let mut post = Chain::base(
+        "postrouting",
+        ChainType::Nat,
+        Hook::Postrouting,
+        100,
+        Policy::Accept,
+    );
+    for p in [L4Proto::Tcp, L4Proto::Udp, L4Proto::Sctp] {
+        post.push(rule(vec![
+            Stmt::cmp(l4, Value::Proto(p)),
+            Stmt::AnyBits {
+                left: Expr::Ct(CtKey::Status),
+                bits: ct_status::DNAT,
+            },
+            Stmt::Lookup {
+                keys: vec![
+                    Expr::Ct(CtKey::OriginalDaddr),
+                    l4,
+                    Expr::Ct(CtKey::OriginalProtoDst),
+                ],
+                set: "masq-services".into(),
+                negate: false,
+            },
+            Stmt::Masquerade,
+        ]));
+    }
+    t.add_chain(post);
+
+    let reject_rules = || {
+        vec![
+            rule(vec![
+                Stmt::cmp(l4, Value::Proto(L4Proto::Tcp)),
+                Stmt::Lookup {
+                    keys: vec![f.daddr(), l4, th_dport],
+                    set: "no-endpoints".into(),
+                    negate: false,
+                },
+                Stmt::Reject(Reject::TcpReset),
+            ]),
+            rule(vec![
+                Stmt::Lookup {
+                    keys: vec![f.daddr(), l4, th_dport],
+                    set: "no-endpoints".into(),
+                    negate: false,
+                },
+                Stmt::Reject(Reject::PortUnreachable),
+            ]),
+        ]
+    };
+    let mut input = Chain::base("input", ChainType::Filter, Hook::Input, 0, Policy::Accept);
+    input.rules = reject_rules();
+    t.add_chain(input);
+    let mut out = Chain::base(
+        "filter-output",
+        ChainType::Filter,
+        Hook::Output,
+        0,
+        Policy::Accept,
+    );
+    out.rules = reject_rules();
+    t.add_chain(out);
+    t
+}
+
+/// `n` TCP Services with `eps` endpoints each, on one node address: the benchmark's ruleset.
+/// Ports 1024.. are the Services'; endpoints cycle through documentation addresses.
+pub fn bench_services(n: usize, eps: usize) -> Vec<LbService> {
+    (0..n)
+        .map(|i| LbService {
+            key: format!("bench/svc-{i}:http"),
+            proto: L4Proto::Tcp,
+            port: 1024 + i as u16,
+            endpoints: (0..eps)
+                .map(|e| {
+                    let host = ((i * eps + e) % 250 + 2) as u8;
+                    (
+                        IpAddr::V4(Ipv4Addr::new(198, 51, 100, host)),
+                        8000 + (e as u16),
+                    )
+                })
+                .collect(),
+            masquerade: true,
+            source_ranges: Vec::new(),
+        })
+        .collect()
+}
+
+/// The benchmark's table: `bench_services` on the node address 203.0.113.1.
+pub fn bench_table(n: usize, eps: usize) -> Table {
+    lb_table(
+        Fam::V4,
+        "nodelb",
+        &[IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1))],
+        &bench_services(n, eps),
+    )
+}

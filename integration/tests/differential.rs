@@ -57,3 +57,46 @@ fn inet_only_expressions_list_identically() {
     }
     assert_same_listing(&inet_sink("nodelb"));
 }
+
+#[test]
+fn load_balancer_shape_lists_identically_v4_and_v6() {
+    use nodelb_integration::models::{lb_table, LbService};
+    use nodelb_netfilter::L4Proto;
+    if !require_root("load_balancer_shape_lists_identically_v4_and_v6") {
+        return;
+    }
+    for f in [Fam::V4, Fam::V6] {
+        let services = vec![
+            LbService {
+                key: "default/web:http".into(),
+                proto: L4Proto::Tcp,
+                port: 80,
+                endpoints: vec![(f.addr(1, 2), 8080), (f.addr(1, 3), 8080)],
+                masquerade: true,
+                source_ranges: vec![],
+            },
+            LbService {
+                key: "default/dns:dns".into(),
+                proto: L4Proto::Udp,
+                port: 53,
+                endpoints: vec![(f.addr(1, 2), 5353)],
+                masquerade: false,
+                source_ranges: vec![(f.addr(2, 0), f.prefix_len())],
+            },
+            LbService {
+                key: "default/empty:x".into(),
+                proto: L4Proto::Sctp,
+                port: 9,
+                endpoints: vec![],
+                masquerade: true,
+                source_ranges: vec![],
+            },
+        ];
+        assert_same_listing(&lb_table(
+            f,
+            "nodelb",
+            &[f.addr(2, 1), f.addr(0, 1)],
+            &services,
+        ));
+    }
+}
