@@ -121,6 +121,27 @@ pub(crate) fn mnl_fd(sock: &mnl::Socket) -> RawFd {
     unsafe { mnl::mnl_sys::mnl_socket_get_fd(sock.as_raw_socket()) }
 }
 
+/// Netlink port ids of this process's open `Nft` sockets: a watcher tells nodelb's own
+/// commits from anyone else's by the port id the kernel puts on every change event.
+pub(crate) fn own_portids() -> &'static std::sync::Mutex<std::collections::HashSet<u32>> {
+    static IDS: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<u32>>> =
+        std::sync::OnceLock::new();
+    IDS.get_or_init(Default::default)
+}
+
+impl Drop for Nft {
+    fn drop(&mut self) {
+        if let Ok(mut ids) = own_portids().lock() {
+            ids.remove(&self.sock.portid());
+        }
+    }
+}
+
+// SAFETY: an mnl_socket is an fd plus its bound address, with no thread-affine state; `Nft`
+// is used through `&mut self`, so one thread at a time. The socket stays in the network
+// namespace it was opened in whichever thread uses it later.
+unsafe impl Send for Nft {}
+
 impl Nft {
     /// Open a socket in the current thread's network namespace.
     pub fn open() -> Result<Nft, Error> {
@@ -182,6 +203,10 @@ impl Nft {
             .map(|d| d.as_secs() as u32)
             .unwrap_or(1))
             & 0x7fff_ffff;
+        own_portids()
+            .lock()
+            .expect("portid registry")
+            .insert(sock.portid());
         Ok(Nft { sock, seq })
     }
 

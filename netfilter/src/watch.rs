@@ -6,7 +6,7 @@
 use crate::model::Family;
 use crate::netlink::{messages, Msg};
 use crate::ops::TableRef;
-use crate::transact::{mnl_fd, Error, SOCKET_BUFFER_BYTES};
+use crate::transact::{mnl_fd, own_portids, Error, SOCKET_BUFFER_BYTES};
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -33,10 +33,12 @@ pub enum WatchEvent {
 pub struct Watcher {
     sock: mnl::Socket,
     tables: Vec<TableRef>,
-    own_pid: u32,
     pending: Vec<(TableRef, String)>,
     buf: Vec<u8>,
 }
+
+// SAFETY: as for `Nft`: an fd and its address, used through `&mut self`.
+unsafe impl Send for Watcher {}
 
 fn kind_text(kind: u16) -> Option<(&'static str, &'static str)> {
     Some(match kind {
@@ -99,7 +101,7 @@ impl Watcher {
         Ok(Watcher {
             sock,
             tables,
-            own_pid: std::process::id(),
+
             pending: Vec::new(),
             buf: vec![0; 1 << 20],
         })
@@ -169,7 +171,13 @@ impl Watcher {
             let pid = a.get_be32(2);
             let process = a.get_str(3);
             let pending = std::mem::take(&mut self.pending);
-            if pending.is_empty() || pid == Some(self.own_pid) {
+            // The kernel stamps change events with the committing socket's port id; the
+            // process id it reports is the committing thread's, so it cannot tell ours apart.
+            let ours = own_portids()
+                .lock()
+                .map(|ids| ids.contains(&m.pid))
+                .unwrap_or(false);
+            if pending.is_empty() || ours {
                 return None;
             }
             let mut tables: Vec<TableRef> = pending.iter().map(|(t, _)| t.clone()).collect();

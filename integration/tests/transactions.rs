@@ -1,0 +1,392 @@
+//! Transactions against the kernel: atomic failure, incremental syncs, foreign state left
+//! alone, reading back, and watching for other writers.
+
+use nodelb_integration::models::{bench_table, kitchen_sink, lb_table, Fam, LbService};
+use nodelb_integration::netns::{require_root, Netns};
+use nodelb_integration::nft::{list_ruleset, list_table, nft_f, nodelb_replace};
+use nodelb_netfilter::*;
+use std::net::IpAddr;
+use std::time::Duration;
+
+fn node() -> IpAddr {
+    "203.0.113.1".parse().unwrap()
+}
+
+/// Change the first endpoint of Service `i` in a benchmark-shaped table.
+fn move_one_endpoint(t: &mut Table, i: u16, to_port: u16) {
+    let eps = t.set_mut("endpoints").expect("endpoints map");
+    let key = Key::Values(vec![
+        Value::Proto(L4Proto::Tcp),
+        Value::Port(1024 + i),
+        Value::U32(0),
+    ]);
+    let e = eps
+        .elements
+        .get_mut(&key)
+        .expect("endpoint 0 of the service");
+    let Some(ElemData::Values(vals)) = &mut e.data else {
+        panic!("endpoint data")
+    };
+    vals[1] = Value::Port(to_port);
+}
+
+#[test]
+fn failing_batch_leaves_previous_ruleset_byte_identical_and_names_the_rule() {
+    if !require_root("failing_batch_leaves_previous_ruleset_byte_identical_and_names_the_rule") {
+        return;
+    }
+    let ns = Netns::new("atomic");
+    let good = kitchen_sink(Fam::V4, "nodelb");
+    nodelb_replace(&ns, std::slice::from_ref(&good)).expect("install");
+    let before = list_ruleset(&ns);
+
+    // A replacement whose last rule jumps to a chain that does not exist: the kernel refuses
+    // it only after table, chains, sets, elements and most rules were already in the batch.
+    let mut bad = kitchen_sink(Fam::V4, "nodelb");
+    bad.chain_mut("forward").unwrap().push(
+        Rule::new(vec![Stmt::Verdict(Verdict::Jump("nowhere".into()))]).with_comment("the bad one"),
+    );
+    let ops = full_replace(&bad);
+    let err = ns
+        .run(|| Nft::open().unwrap().apply(&ops))
+        .expect_err("the kernel must refuse");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("chain ip nodelb forward") && msg.contains("the bad one"),
+        "error names the rule: {msg}"
+    );
+    assert_eq!(err.errno(), Some(libc::ENOENT), "{err:?}");
+    assert_eq!(
+        list_ruleset(&ns),
+        before,
+        "a failed batch must change nothing"
+    );
+
+    // The Committer validates before sending and keeps what it had committed.
+    let mut c = ns.run(|| Committer::new(Nft::open().unwrap()));
+    let e = c
+        .replace(std::slice::from_ref(&bad))
+        .expect_err("validation refuses it");
+    assert!(e.to_string().contains("missing chain nowhere"), "{e}");
+    assert_eq!(list_ruleset(&ns), before);
+}
+
+#[test]
+fn one_endpoint_change_sends_the_same_batch_at_100_and_10000_services() {
+    if !require_root("one_endpoint_change_sends_the_same_batch_at_100_and_10000_services") {
+        return;
+    }
+    let mut sizes = Vec::new();
+    for n in [100usize, 10_000] {
+        let ns = Netns::new("incr");
+        let base = bench_table(n, 5);
+        let (stats, listing) = ns.run(|| {
+            let mut c = Committer::new(Nft::open().unwrap());
+            c.sync(std::slice::from_ref(&base))
+                .expect("first sync installs the table");
+            let mut changed = base.clone();
+            move_one_endpoint(&mut changed, 42, 9999);
+            let stats = c
+                .sync(std::slice::from_ref(&changed))
+                .expect("incremental sync");
+            (stats, ())
+        });
+        let _ = listing;
+        let map = ns.sh("nft list map ip nodelb endpoints");
+        assert!(
+            map.contains("tcp . 1066 . 0 comment \"bench/svc-42:http\" : 198.51.100.")
+                && map.contains(". 9999"),
+            "the kernel holds the moved endpoint"
+        );
+        let moved = map
+            .lines()
+            .filter_map(|l| l.rsplit_once(" : "))
+            .filter(|(_, data)| data.trim_end_matches([',', ' ', '}']).ends_with(" . 9999"))
+            .count();
+        assert_eq!(moved, 1, "exactly one endpoint moved");
+        assert!(
+            stats.messages <= 3,
+            "one delete and one add of an element: {stats:?}"
+        );
+        sizes.push((n, stats.bytes, stats.messages));
+    }
+    assert_eq!(
+        sizes[0].1, sizes[1].1,
+        "batch size must not grow with the ruleset: {sizes:?}"
+    );
+    assert_eq!(sizes[0].2, sizes[1].2, "{sizes:?}");
+}
+
+#[test]
+fn sync_sends_only_the_difference_and_the_kernel_follows() {
+    if !require_root("sync_sends_only_the_difference_and_the_kernel_follows") {
+        return;
+    }
+    let ns = Netns::new("sync");
+    let f = Fam::V4;
+    let svc = |port: u16, eps: usize, masq: bool| LbService {
+        key: format!("default/s{port}:p"),
+        proto: L4Proto::Tcp,
+        port,
+        endpoints: (0..eps).map(|i| (f.addr(1, 10 + i as u16), 8080)).collect(),
+        masquerade: masq,
+        source_ranges: vec![],
+    };
+    let a = lb_table(
+        f,
+        "nodelb",
+        &[node()],
+        &[svc(80, 2, true), svc(81, 3, false)],
+    );
+    // b: endpoint counts change (chain endpoints-2 goes away, endpoints-4 comes), masquerade
+    // flips, a Service is added.
+    let b = lb_table(
+        f,
+        "nodelb",
+        &[node()],
+        &[svc(80, 4, false), svc(81, 3, true), svc(82, 1, true)],
+    );
+    let mut c = ns.run(|| Committer::new(Nft::open().unwrap()));
+    c.sync(std::slice::from_ref(&a)).unwrap();
+    let full = ns.run(|| Batch::encode(1, &full_replace(&b)).unwrap().len());
+    let stats = ns.run(|| c.sync(std::slice::from_ref(&b))).unwrap();
+    assert!(
+        stats.bytes < full / 2,
+        "incremental batch {} bytes vs full {full}",
+        stats.bytes
+    );
+
+    // The kernel now lists exactly what a fresh install of b lists.
+    let fresh = Netns::new("sync-fresh");
+    nodelb_replace(&fresh, std::slice::from_ref(&b)).unwrap();
+    // Chains list in creation order, so compare the blocks as a set.
+    assert_eq!(
+        normalized(&list_table(&ns, "ip", "nodelb").unwrap()),
+        normalized(&list_table(&fresh, "ip", "nodelb").unwrap())
+    );
+    assert!(
+        c.stale_chains(&TableRef::of(&b)).is_empty(),
+        "endpoints-2 was deleted after being flushed"
+    );
+}
+
+/// A listing's chain and set blocks, sorted: the kernel lists chains in creation order.
+fn normalized(listing: &str) -> Vec<String> {
+    let mut blocks: Vec<String> = listing
+        .split("\n\n")
+        .map(|b| b.trim_matches(['\n', '}']).to_string())
+        .collect();
+    blocks.sort();
+    blocks
+}
+
+#[test]
+fn busy_stale_chain_does_not_fail_the_sync_and_is_deleted_later() {
+    if !require_root("busy_stale_chain_does_not_fail_the_sync_and_is_deleted_later") {
+        return;
+    }
+    let ns = Netns::new("stale");
+    let mut a = Table::new(Family::Ip, "nodelb");
+    a.add_chain(Chain::regular("keep"));
+    a.add_chain(Chain::regular("old").rule(Rule::new(vec![Stmt::counter()])));
+    let mut b = a.clone();
+    b.chains.remove("old");
+    let tr = TableRef::of(&a);
+    let mut c = ns.run(|| Committer::new(Nft::open().unwrap()));
+    c.sync(std::slice::from_ref(&a)).unwrap();
+    // Someone else makes `old` busy: a jump to it from a chain the diff does not touch.
+    nft_f(&ns, "add rule ip nodelb keep jump old").unwrap();
+    ns.run(|| c.sync(std::slice::from_ref(&b)))
+        .expect("a busy stale chain must not fail the sync");
+    assert_eq!(c.stale_chains(&tr), vec!["old".to_string()]);
+    let listing = list_table(&ns, "ip", "nodelb").unwrap();
+    assert!(
+        listing.contains("chain old {\n\t}"),
+        "old was flushed:\n{listing}"
+    );
+    // Once it is free, the next sync deletes it.
+    nft_f(&ns, "flush chain ip nodelb keep").unwrap();
+    ns.run(|| c.sync(std::slice::from_ref(&b))).unwrap();
+    assert!(c.stale_chains(&tr).is_empty());
+    assert!(!list_table(&ns, "ip", "nodelb")
+        .unwrap()
+        .contains("chain old"));
+}
+
+const FOREIGN: &str = "table ip foreign {
+	set blocked {
+		type ipv4_addr
+		elements = { 192.0.2.99 }
+	}
+	chain forward {
+		type filter hook forward priority 0; policy drop;
+		ct state established accept
+		ip saddr @blocked drop
+	}
+	chain prerouting {
+		type nat hook prerouting priority -150; policy accept;
+		tcp dport 2222 dnat to 198.51.100.5:22
+	}
+}
+table inet other {
+	chain input {
+		type filter hook input priority -5; policy accept;
+		meta l4proto udp counter accept
+	}
+	chain output {
+		type filter hook output priority 5; policy accept;
+	}
+}
+";
+
+#[test]
+fn foreign_tables_and_base_chains_are_untouched_by_every_operation() {
+    if !require_root("foreign_tables_and_base_chains_are_untouched_by_every_operation") {
+        return;
+    }
+    let ns = Netns::new("foreign");
+    nft_f(&ns, FOREIGN).unwrap();
+    let foreign = || {
+        format!(
+            "{}{}",
+            list_table(&ns, "ip", "foreign").unwrap(),
+            list_table(&ns, "inet", "other").unwrap()
+        )
+    };
+    let before = foreign();
+    let t1 = kitchen_sink(Fam::V4, "nodelb");
+    let t6 = kitchen_sink(Fam::V6, "nodelb");
+    let mut c = ns.run(|| Committer::new(Nft::open().unwrap()));
+    c.sync(&[t1.clone(), t6.clone()]).unwrap();
+    assert_eq!(foreign(), before, "after install");
+    let mut t1b = t1.clone();
+    t1b.chains.remove("input");
+    t1b.set_mut("ports").unwrap().elements.clear();
+    c.sync(&[t1b.clone(), t6.clone()]).unwrap();
+    assert_eq!(foreign(), before, "after incremental sync");
+    c.replace(&[t1b.clone()]).unwrap();
+    assert_eq!(foreign(), before, "after full replace");
+    ns.run(|| c.delete(&TableRef::of(&t1b))).unwrap();
+    ns.run(|| c.delete(&TableRef::of(&t6))).unwrap();
+    assert_eq!(foreign(), before, "after deleting nodelb's tables");
+    assert_eq!(list_ruleset(&ns), before, "only foreign tables remain");
+    // Deleting tables that are already gone is not an error and still touches nothing else.
+    ns.run(|| c.delete(&TableRef::of(&t1b))).unwrap();
+    assert_eq!(foreign(), before);
+}
+
+#[test]
+fn readback_counts_match_the_model_and_detect_foreign_changes() {
+    if !require_root("readback_counts_match_the_model_and_detect_foreign_changes") {
+        return;
+    }
+    let ns = Netns::new("readback");
+    let t = kitchen_sink(Fam::V4, "nodelb");
+    let tr = TableRef::of(&t);
+    ns.run(|| {
+        let mut c = Committer::new(Nft::open().unwrap());
+        assert_eq!(c.nft().drift(&t, &[]).unwrap(), Drift::Missing);
+        let g0 = c.nft().generation().unwrap();
+        c.replace(std::slice::from_ref(&t)).unwrap();
+        let g1 = c.nft().generation().unwrap();
+        assert_ne!(g0, g1, "a commit bumps the generation");
+        let summary = c.nft().read_table(&tr).unwrap().expect("table exists");
+        assert_eq!(summary, TableSummary::expected(&t));
+        assert_eq!(
+            summary.sets["allowed"], 4,
+            "two prefixes, a start and an end each"
+        );
+        assert_eq!(summary.chains["forward"], t.chains["forward"].rules.len());
+        assert_eq!(c.nft().drift(&t, &[]).unwrap(), Drift::None);
+    });
+    nft_f(&ns, "add rule ip nodelb forward accept").unwrap();
+    nft_f(&ns, "add element ip nodelb ports { 8443 }").unwrap();
+    let drift = ns.run(|| Nft::open().unwrap().drift(&t, &[]).unwrap());
+    assert_eq!(
+        drift,
+        Drift::Changed(vec![
+            format!(
+                "chain forward has {} rules, expected {}",
+                t.chains["forward"].rules.len() + 1,
+                t.chains["forward"].rules.len()
+            ),
+            "set ports has 3 elements, expected 2".into(),
+        ])
+    );
+    nft_f(&ns, "delete table ip nodelb").unwrap();
+    assert_eq!(
+        ns.run(|| Nft::open().unwrap().drift(&t, &[]).unwrap()),
+        Drift::Missing
+    );
+}
+
+#[test]
+fn watcher_reports_foreign_changes_to_nodelb_tables_only() {
+    if !require_root("watcher_reports_foreign_changes_to_nodelb_tables_only") {
+        return;
+    }
+    let ns = Netns::new("watch");
+    let t = kitchen_sink(Fam::V4, "nodelb");
+    let tr = TableRef::of(&t);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let watched = tr.clone();
+    let ns_for_thread = ns.name().to_string();
+    let handle = std::thread::spawn(move || {
+        let f = std::fs::File::open(format!("/run/netns/{ns_for_thread}")).unwrap();
+        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let mut w = Watcher::open(vec![watched]).unwrap();
+        ready_tx.send(()).unwrap();
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Some(ev) = w.next(Duration::from_millis(100)).unwrap() {
+                tx.send(ev).unwrap();
+            }
+        }
+    });
+    ready_rx.recv().unwrap();
+    // Our own commits are not reported.
+    let mut c = ns.run(|| Committer::new(Nft::open().unwrap()));
+    c.replace(std::slice::from_ref(&t)).unwrap();
+    let mut t2 = t.clone();
+    t2.set_mut("ports").unwrap().elements.clear();
+    c.sync(std::slice::from_ref(&t2)).unwrap();
+    assert!(
+        rx.recv_timeout(Duration::from_millis(500)).is_err(),
+        "own commits are not drift"
+    );
+    // Changes to other tables are not reported.
+    nft_f(
+        &ns,
+        "add table ip someone-else\nadd chain ip someone-else c",
+    )
+    .unwrap();
+    assert!(
+        rx.recv_timeout(Duration::from_millis(500)).is_err(),
+        "foreign tables are not ours to watch"
+    );
+    // A change to nodelb's table by another process is reported within a second.
+    nft_f(
+        &ns,
+        "delete rule ip nodelb forward handle 1\nadd rule ip nodelb forward drop",
+    )
+    .ok();
+    nft_f(&ns, "flush chain ip nodelb input").unwrap();
+    let ev = rx
+        .recv_timeout(Duration::from_secs(1))
+        .expect("drift reported within a second");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    handle.join().unwrap();
+    match ev {
+        WatchEvent::Foreign(fc) => {
+            assert_eq!(fc.tables, vec![tr]);
+            assert_eq!(fc.process.as_deref(), Some("nft"), "{fc:?}");
+            assert!(
+                fc.events.iter().any(|e| e.contains("rule ip nodelb")),
+                "{fc:?}"
+            );
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
