@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what nodelb builds and tests with on Debian/Ubuntu: libnftnl and libmnl headers for
+# the netlink encoder, nftables (`nft`, the reference the tests compare against) and iproute2
+# (`ip netns`). Runs apt-get only when something is missing.
+set -euo pipefail
+packages=(libnftnl-dev libmnl-dev pkg-config nftables iproute2 gcc)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update
+  apt-get install -y "${missing[@]}"
+fi
+command -v cargo >/dev/null || { echo "deps: cargo not found; install a Rust toolchain (rustup) first" >&2; exit 1; }

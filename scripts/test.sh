@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The whole test suite: unit, golden and differential tests, kernel tests in network
+# namespaces with real traffic. Run as root; without root the namespace tests skip with a
+# message, and with CI=true they fail instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+cargo build --workspace --locked --all-targets
+cargo test --workspace --locked -- --test-threads=2
