@@ -304,3 +304,129 @@ pub fn validate(t: &Table) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn table(port: u16, extra_chain: bool) -> Table {
+        let mut t = Table::new(Family::Ip, "nodelb");
+        let mut m = Set::map(
+            "services",
+            SetType::Type(vec![DataType::InetService]),
+            MapData::Verdict,
+        );
+        m.insert(
+            Key::Values(vec![Value::Port(port)]),
+            Some(ElemData::Verdict(Verdict::Goto("ep".into()))),
+            None,
+        );
+        t.add_set(m);
+        t.add_chain(Chain::regular("ep").rule(Rule::new(vec![Stmt::Nat {
+            kind: NatKind::Dnat,
+            addr: Ipv4Addr::new(198, 51, 100, 2).into(),
+            port: None,
+        }])));
+        if extra_chain {
+            t.add_chain(Chain::regular("extra"));
+        }
+        t
+    }
+
+    fn kinds(ops: &[Op]) -> Vec<&'static str> {
+        ops.iter()
+            .map(|o| match o {
+                Op::AddTable(_) => "add table",
+                Op::DelTable(_) => "delete table",
+                Op::AddChain(..) => "add chain",
+                Op::FlushChain(..) => "flush chain",
+                Op::DelChain(..) => "delete chain",
+                Op::AddRule { .. } => "add rule",
+                Op::AddSet(..) => "add set",
+                Op::DelSet(..) => "delete set",
+                Op::AddElems { .. } => "add elements",
+                Op::DelElems { .. } => "delete elements",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn unchanged_model_sends_nothing() {
+        let d = diff(&table(80, false), &table(80, false));
+        assert!(d.ops.is_empty() && d.stale_chains.is_empty() && !d.replaced);
+    }
+
+    #[test]
+    fn changed_element_is_deleted_then_added_and_nothing_else() {
+        let d = diff(&table(80, false), &table(81, false));
+        assert_eq!(kinds(&d.ops), vec!["delete elements", "add elements"]);
+    }
+
+    #[test]
+    fn changed_rule_refills_only_its_chain() {
+        let old = table(80, false);
+        let mut new = old.clone();
+        new.chain_mut("ep")
+            .unwrap()
+            .push(Rule::new(vec![Stmt::counter()]));
+        assert_eq!(
+            kinds(&diff(&old, &new).ops),
+            vec!["flush chain", "add rule", "add rule"]
+        );
+    }
+
+    #[test]
+    fn removed_chain_is_flushed_now_and_deleted_later() {
+        let d = diff(&table(80, true), &table(80, false));
+        assert_eq!(kinds(&d.ops), vec!["flush chain"]);
+        assert_eq!(d.stale_chains, vec!["extra".to_string()]);
+    }
+
+    #[test]
+    fn new_chain_is_declared_before_elements_that_jump_to_it() {
+        let old = table(80, false);
+        let mut new = old.clone();
+        new.add_chain(Chain::regular("ep2"));
+        new.set_mut("services").unwrap().insert(
+            Key::Values(vec![Value::Port(90)]),
+            Some(ElemData::Verdict(Verdict::Jump("ep2".into()))),
+            None,
+        );
+        assert_eq!(
+            kinds(&diff(&old, &new).ops),
+            vec!["add chain", "add elements"]
+        );
+    }
+
+    #[test]
+    fn changed_set_declaration_falls_back_to_a_full_replace() {
+        let old = table(80, false);
+        let mut new = old.clone();
+        new.set_mut("services").unwrap().comment = Some("now with a comment".into());
+        let d = diff(&old, &new);
+        assert!(d.replaced);
+        assert_eq!(
+            &kinds(&d.ops)[..3],
+            &["add table", "delete table", "add table"]
+        );
+    }
+
+    #[test]
+    fn validate_names_missing_chains_and_sets() {
+        let mut t = table(80, false);
+        t.chain_mut("ep")
+            .unwrap()
+            .push(Rule::new(vec![Stmt::Verdict(Verdict::Goto("gone".into()))]));
+        assert_eq!(
+            validate(&t).unwrap_err(),
+            "rule 1 of chain ip ep jumps to missing chain gone"
+        );
+        let mut t = table(80, false);
+        t.chain_mut("ep").unwrap().push(Rule::new(vec![Stmt::Vmap {
+            keys: vec![],
+            map: "nope".into(),
+        }]));
+        assert!(validate(&t).unwrap_err().contains("missing set nope"));
+    }
+}

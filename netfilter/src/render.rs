@@ -248,3 +248,79 @@ fn nat_kind(k: NatKind) -> &'static str {
         NatKind::Dnat => "dnat",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_a_small_table_as_nft_text() {
+        let mut t = Table::new(Family::Ip, "nodelb");
+        let mut s = Set::map(
+            "services",
+            SetType::Type(vec![
+                DataType::Ipv4Addr,
+                DataType::InetProto,
+                DataType::InetService,
+            ]),
+            MapData::Verdict,
+        );
+        s.insert(
+            Key::Values(vec![
+                Value::Ipv4("203.0.113.1".parse().unwrap()),
+                Value::Proto(L4Proto::Tcp),
+                Value::Port(80),
+            ]),
+            Some(ElemData::Verdict(Verdict::Goto("ep".into()))),
+            Some("default/web:http".into()),
+        );
+        t.add_set(s);
+        t.add_chain(
+            Chain::base(
+                "prerouting",
+                ChainType::Nat,
+                Hook::Prerouting,
+                -100,
+                Policy::Accept,
+            )
+            .rule(
+                Rule::new(vec![Stmt::Vmap {
+                    keys: vec![
+                        Expr::Payload(Payload::IpDaddr),
+                        Expr::Meta(MetaKey::L4Proto),
+                        Expr::Payload(Payload::ThDport),
+                    ],
+                    map: "services".into(),
+                }])
+                .with_comment("dispatch"),
+            ),
+        );
+        t.add_chain(Chain::regular("ep").rule(Rule::new(vec![
+            Stmt::cmp(Expr::Meta(MetaKey::L4Proto), Value::Proto(L4Proto::Tcp)),
+            Stmt::Nat {
+                kind: NatKind::Dnat,
+                addr: "198.51.100.2".parse().unwrap(),
+                port: Some(8080),
+            },
+        ])));
+        let want = "table ip nodelb {
+\tmap services {
+\t\ttype ipv4_addr . inet_proto . inet_service : verdict
+\t\telements = { 203.0.113.1 . tcp . 80 comment \"default/web:http\" : goto ep }
+\t}
+
+\tchain ep {
+\t\tmeta l4proto tcp dnat to 198.51.100.2:8080
+\t}
+
+\tchain prerouting {
+\t\ttype nat hook prerouting priority -100; policy accept;
+\t\tip daddr . meta l4proto . th dport vmap @services comment \"dispatch\"
+\t}
+}
+";
+        assert_eq!(render_table(&t), want);
+        assert!(render_replace(&t)
+            .starts_with("add table ip nodelb\ndelete table ip nodelb\ntable ip nodelb {"));
+    }
+}
