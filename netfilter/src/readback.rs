@@ -70,7 +70,8 @@ pub fn compare(
         }
     }
     for (name, m) in &actual.chains {
-        if !expected.chains.contains_key(name) && !(stale_chains.contains(name) && *m == 0) {
+        let flushed_stale = stale_chains.contains(name) && *m == 0;
+        if !expected.chains.contains_key(name) && !flushed_stale {
             diffs.push(format!("chain {name} is not nodelb's"));
         }
     }

@@ -387,6 +387,10 @@ impl Layout {
         }
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.fields.is_empty()
+    }
+
     pub fn is_concat(&self) -> bool {
         self.fields.len() > 1
     }
