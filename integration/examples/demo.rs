@@ -38,12 +38,17 @@ fn main() {
         (IpAddr::V4(topo.backend_v4(1)), 8080),
     ];
 
-    println!("== nodelb programs node namespace {} (address {node})", topo.node.name());
+    println!(
+        "== nodelb programs node namespace {} (address {node})",
+        topo.node.name()
+    );
     let table = lb_table(Fam::V4, "nodelb", &[node], &[service(both.clone())]);
-    let mut committer = topo.node.run(|| Committer::new(Nft::open().expect("netlink socket")));
+    let mut committer = topo
+        .node
+        .run(|| Committer::new(Nft::open().expect("netlink socket")));
     let stats = topo
         .node
-        .run(|| committer.sync(std::slice::from_ref(&table)))
+        .run(|| committer.sync(vec![table.clone()]))
         .expect("install");
     println!(
         "   one batch: {} messages, {} bytes, encode {:?}, commit {:?}",
@@ -65,7 +70,7 @@ fn main() {
     let one = lb_table(Fam::V4, "nodelb", &[node], &[service(both[1..].to_vec())]);
     let stats = topo
         .node
-        .run(|| committer.sync(std::slice::from_ref(&one)))
+        .run(|| committer.sync(vec![one.clone()]))
         .expect("sync");
     println!(
         "== backend-0 removed: incremental batch of {} messages, {} bytes, commit {:?}",
@@ -75,7 +80,7 @@ fn main() {
 
     let none = lb_table(Fam::V4, "nodelb", &[node], &[service(vec![])]);
     topo.node
-        .run(|| committer.sync(std::slice::from_ref(&none)))
+        .run(|| committer.sync(vec![none.clone()]))
         .expect("sync");
     println!("== no endpoints: the client is refused at once, not left to time out");
     match tcp_request(&topo.client, target, Duration::from_secs(2)) {
@@ -84,7 +89,7 @@ fn main() {
     }
 
     topo.node
-        .run(|| committer.sync(std::slice::from_ref(&table)))
+        .run(|| committer.sync(vec![table.clone()]))
         .expect("sync");
     println!("== nft list table ip nodelb (in the node namespace)");
     print!("{}", list_table(&topo.node, "ip", "nodelb").expect("list"));

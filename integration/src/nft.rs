@@ -56,7 +56,7 @@ pub fn nodelb_replace(
     ns: &Netns,
     tables: &[Table],
 ) -> Result<CommitStats, nodelb_netfilter::Error> {
-    ns.run(|| Committer::new(Nft::open()?).replace(tables))
+    ns.run(|| Committer::new(Nft::open()?).replace(tables.to_vec()))
 }
 
 /// Apply raw operations through nodelb's netlink batch, inside the namespace.

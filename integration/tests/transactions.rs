@@ -65,7 +65,7 @@ fn failing_batch_leaves_previous_ruleset_byte_identical_and_names_the_rule() {
     // The Committer validates before sending and keeps what it had committed.
     let mut c = ns.run(|| Committer::new(Nft::open().unwrap()));
     let e = c
-        .replace(std::slice::from_ref(&bad))
+        .replace(vec![bad.clone()])
         .expect_err("validation refuses it");
     assert!(e.to_string().contains("missing chain nowhere"), "{e}");
     assert_eq!(list_ruleset(&ns), before);
@@ -82,13 +82,11 @@ fn one_endpoint_change_sends_the_same_batch_at_100_and_10000_services() {
         let base = bench_table(n, 5);
         let (stats, listing) = ns.run(|| {
             let mut c = Committer::new(Nft::open().unwrap());
-            c.sync(std::slice::from_ref(&base))
+            c.sync(vec![base.clone()])
                 .expect("first sync installs the table");
             let mut changed = base.clone();
             move_one_endpoint(&mut changed, 42, 9999);
-            let stats = c
-                .sync(std::slice::from_ref(&changed))
-                .expect("incremental sync");
+            let stats = c.sync(vec![changed.clone()]).expect("incremental sync");
             (stats, ())
         });
         let _ = listing;
@@ -147,9 +145,9 @@ fn sync_sends_only_the_difference_and_the_kernel_follows() {
         &[svc(80, 4, false), svc(81, 3, true), svc(82, 1, true)],
     );
     let mut c = ns.run(|| Committer::new(Nft::open().unwrap()));
-    c.sync(std::slice::from_ref(&a)).unwrap();
+    c.sync(vec![a.clone()]).unwrap();
     let full = ns.run(|| Batch::encode(1, &full_replace(&b)).unwrap().len());
-    let stats = ns.run(|| c.sync(std::slice::from_ref(&b))).unwrap();
+    let stats = ns.run(|| c.sync(vec![b.clone()])).unwrap();
     assert!(
         stats.bytes < full / 2,
         "incremental batch {} bytes vs full {full}",
@@ -193,10 +191,10 @@ fn busy_stale_chain_does_not_fail_the_sync_and_is_deleted_later() {
     b.chains.remove("old");
     let tr = TableRef::of(&a);
     let mut c = ns.run(|| Committer::new(Nft::open().unwrap()));
-    c.sync(std::slice::from_ref(&a)).unwrap();
+    c.sync(vec![a.clone()]).unwrap();
     // Someone else makes `old` busy: a jump to it from a chain the diff does not touch.
     nft_f(&ns, "add rule ip nodelb keep jump old").unwrap();
-    ns.run(|| c.sync(std::slice::from_ref(&b)))
+    ns.run(|| c.sync(vec![b.clone()]))
         .expect("a busy stale chain must not fail the sync");
     assert_eq!(c.stale_chains(&tr), vec!["old".to_string()]);
     let listing = list_table(&ns, "ip", "nodelb").unwrap();
@@ -206,7 +204,7 @@ fn busy_stale_chain_does_not_fail_the_sync_and_is_deleted_later() {
     );
     // Once it is free, the next sync deletes it.
     nft_f(&ns, "flush chain ip nodelb keep").unwrap();
-    ns.run(|| c.sync(std::slice::from_ref(&b))).unwrap();
+    ns.run(|| c.sync(vec![b.clone()])).unwrap();
     assert!(c.stale_chains(&tr).is_empty());
     assert!(!list_table(&ns, "ip", "nodelb")
         .unwrap()
@@ -257,14 +255,14 @@ fn foreign_tables_and_base_chains_are_untouched_by_every_operation() {
     let t1 = kitchen_sink(Fam::V4, "nodelb");
     let t6 = kitchen_sink(Fam::V6, "nodelb");
     let mut c = ns.run(|| Committer::new(Nft::open().unwrap()));
-    c.sync(&[t1.clone(), t6.clone()]).unwrap();
+    c.sync(vec![t1.clone(), t6.clone()]).unwrap();
     assert_eq!(foreign(), before, "after install");
     let mut t1b = t1.clone();
     t1b.chains.remove("input");
     t1b.set_mut("ports").unwrap().elements.clear();
-    c.sync(&[t1b.clone(), t6.clone()]).unwrap();
+    c.sync(vec![t1b.clone(), t6.clone()]).unwrap();
     assert_eq!(foreign(), before, "after incremental sync");
-    c.replace(&[t1b.clone()]).unwrap();
+    c.replace(vec![t1b.clone()]).unwrap();
     assert_eq!(foreign(), before, "after full replace");
     ns.run(|| c.delete(&TableRef::of(&t1b))).unwrap();
     ns.run(|| c.delete(&TableRef::of(&t6))).unwrap();
@@ -287,7 +285,7 @@ fn readback_counts_match_the_model_and_detect_foreign_changes() {
         let mut c = Committer::new(Nft::open().unwrap());
         assert_eq!(c.nft().drift(&t, &[]).unwrap(), Drift::Missing);
         let g0 = c.nft().generation().unwrap();
-        c.replace(std::slice::from_ref(&t)).unwrap();
+        c.replace(vec![t.clone()]).unwrap();
         let g1 = c.nft().generation().unwrap();
         assert_ne!(g0, g1, "a commit bumps the generation");
         let summary = c.nft().read_table(&tr).unwrap().expect("table exists");
@@ -348,10 +346,10 @@ fn watcher_reports_foreign_changes_to_nodelb_tables_only() {
     ready_rx.recv().unwrap();
     // Our own commits are not reported.
     let mut c = ns.run(|| Committer::new(Nft::open().unwrap()));
-    c.replace(std::slice::from_ref(&t)).unwrap();
+    c.replace(vec![t.clone()]).unwrap();
     let mut t2 = t.clone();
     t2.set_mut("ports").unwrap().elements.clear();
-    c.sync(std::slice::from_ref(&t2)).unwrap();
+    c.sync(vec![t2.clone()]).unwrap();
     assert!(
         rx.recv_timeout(Duration::from_millis(500)).is_err(),
         "own commits are not drift"

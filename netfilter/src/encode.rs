@@ -88,7 +88,7 @@ impl Batch {
     }
 
     /// Encode operations into a finished batch.
-    pub fn encode(first_seq: u32, ops: &[Op]) -> Result<Batch, EncodeError> {
+    pub fn encode(first_seq: u32, ops: &[Op<'_>]) -> Result<Batch, EncodeError> {
         let mut b = Batch::new(first_seq);
         for op in ops {
             b.push_op(op)?;
@@ -161,7 +161,7 @@ impl Batch {
         self.objects.push(obj);
     }
 
-    fn push_op(&mut self, op: &Op) -> Result<(), EncodeError> {
+    fn push_op(&mut self, op: &Op<'_>) -> Result<(), EncodeError> {
         match op {
             Op::AddTable(t) => {
                 let nt = NlTable::with(t.family.nfproto(), &t.name);
@@ -250,11 +250,12 @@ impl Batch {
             }
             Op::AddElems { table, set, elems } => {
                 let items: Vec<(&Key, Option<&Element>)> =
-                    elems.iter().map(|(k, e)| (k, Some(e))).collect();
+                    elems.iter().map(|(k, e)| (*k, Some(*e))).collect();
                 self.push_elems(table, set, &items, true)?;
             }
             Op::DelElems { table, set, keys } => {
-                let items: Vec<(&Key, Option<&Element>)> = keys.iter().map(|k| (k, None)).collect();
+                let items: Vec<(&Key, Option<&Element>)> =
+                    keys.iter().map(|k| (*k, None)).collect();
                 self.push_elems(table, set, &items, false)?;
             }
         }

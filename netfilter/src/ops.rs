@@ -1,8 +1,10 @@
 //! Pure planning of what to send: a full replace of a table, or the difference between the
 //! last committed model and a new one. No sockets here; `encode` turns operations into bytes.
+//! Operations borrow from the models, so planning a 60,000-element table copies nothing.
 
 use crate::model::*;
-use std::collections::BTreeSet;
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 /// Which table an operation applies to.
@@ -29,67 +31,49 @@ impl fmt::Display for TableRef {
 
 /// One change to the kernel's ruleset.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Op {
+pub enum Op<'a> {
     AddTable(TableRef),
     DelTable(TableRef),
     /// Declares a chain (its rules are added by `AddRule`).
-    AddChain(TableRef, Chain),
+    AddChain(TableRef, &'a Chain),
     FlushChain(TableRef, String),
     DelChain(TableRef, String),
     AddRule {
         table: TableRef,
-        chain: String,
+        chain: &'a str,
         index: usize,
-        rule: Rule,
+        rule: &'a Rule,
     },
     /// Declares a set (its elements are added by `AddElems`).
-    AddSet(TableRef, Set),
+    AddSet(TableRef, &'a Set),
     DelSet(TableRef, String),
+    /// Adds elements to `set` (whose declaration, not elements, is used).
     AddElems {
         table: TableRef,
-        set: Set,
-        elems: Vec<(Key, Element)>,
+        set: &'a Set,
+        elems: Vec<(&'a Key, &'a Element)>,
     },
     DelElems {
         table: TableRef,
-        set: Set,
-        keys: Vec<Key>,
+        set: &'a Set,
+        keys: Vec<&'a Key>,
     },
-}
-
-/// A set's declaration without its elements, for operations that only need the shape.
-fn decl(s: &Set) -> Set {
-    Set {
-        elements: Default::default(),
-        ..s.clone()
-    }
-}
-
-fn chain_decl(c: &Chain) -> Chain {
-    Chain {
-        rules: Vec::new(),
-        ..c.clone()
-    }
 }
 
 /// Operations that create the table's whole content, in an order the kernel accepts:
 /// chains before the elements and rules that jump to them, sets before rules that use them.
-fn create_content(t: &Table, ops: &mut Vec<Op>) {
+fn create_content<'a>(t: &'a Table, ops: &mut Vec<Op<'a>>) {
     let tr = TableRef::of(t);
     for c in t.chains.values() {
-        ops.push(Op::AddChain(tr.clone(), chain_decl(c)));
+        ops.push(Op::AddChain(tr.clone(), c));
     }
     for s in t.sets.values() {
-        ops.push(Op::AddSet(tr.clone(), decl(s)));
+        ops.push(Op::AddSet(tr.clone(), s));
         if !s.elements.is_empty() {
             ops.push(Op::AddElems {
                 table: tr.clone(),
-                set: decl(s),
-                elems: s
-                    .elements
-                    .iter()
-                    .map(|(k, e)| (k.clone(), e.clone()))
-                    .collect(),
+                set: s,
+                elems: s.elements.iter().collect(),
             });
         }
     }
@@ -98,20 +82,20 @@ fn create_content(t: &Table, ops: &mut Vec<Op>) {
     }
 }
 
-fn push_rules(tr: &TableRef, c: &Chain, ops: &mut Vec<Op>) {
+fn push_rules<'a>(tr: &TableRef, c: &'a Chain, ops: &mut Vec<Op<'a>>) {
     for (i, r) in c.rules.iter().enumerate() {
         ops.push(Op::AddRule {
             table: tr.clone(),
-            chain: c.name.clone(),
+            chain: &c.name,
             index: i,
-            rule: r.clone(),
+            rule: r,
         });
     }
 }
 
 /// Atomically replace the table, whether or not it exists: `add table` first, so the
 /// `delete table` that follows cannot fail, then everything anew.
-pub fn full_replace(t: &Table) -> Vec<Op> {
+pub fn full_replace(t: &Table) -> Vec<Op<'_>> {
     let tr = TableRef::of(t);
     let mut ops = vec![
         Op::AddTable(tr.clone()),
@@ -123,15 +107,15 @@ pub fn full_replace(t: &Table) -> Vec<Op> {
 }
 
 /// Delete the table if it exists (the same `add` then `delete` trick).
-pub fn delete_table(t: &TableRef) -> Vec<Op> {
+pub fn delete_table(t: &TableRef) -> Vec<Op<'static>> {
     vec![Op::AddTable(t.clone()), Op::DelTable(t.clone())]
 }
 
 /// The result of diffing two models of one table.
 #[derive(Debug, Default, PartialEq)]
-pub struct Diff {
+pub struct Diff<'a> {
     /// Operations for this sync's batch.
-    pub ops: Vec<Op>,
+    pub ops: Vec<Op<'a>>,
     /// Chains no longer in the model. They were flushed in `ops`; deleting them is left to a
     /// later batch, because a chain just unreferenced can still be busy on older kernels
     /// (kubernetes/kubernetes#122604).
@@ -141,8 +125,51 @@ pub struct Diff {
     pub replaced: bool,
 }
 
-/// The operations that turn `old` (what the kernel holds) into `new`.
-pub fn diff(old: &Table, new: &Table) -> Diff {
+/// Elements only in `old` (or changed), and only in `new` (or changed), by walking both
+/// sorted maps side by side.
+fn element_changes<'a>(
+    old: &'a BTreeMap<Key, Element>,
+    new: &'a BTreeMap<Key, Element>,
+) -> (Vec<&'a Key>, Vec<(&'a Key, &'a Element)>) {
+    let (mut gone, mut came) = (Vec::new(), Vec::new());
+    let (mut o, mut n) = (old.iter().peekable(), new.iter().peekable());
+    loop {
+        match (o.peek(), n.peek()) {
+            (None, None) => break,
+            (Some(&(k, _)), None) => {
+                gone.push(k);
+                o.next();
+            }
+            (None, Some(&kv)) => {
+                came.push(kv);
+                n.next();
+            }
+            (Some(&(ok, oe)), Some(&(nk, ne))) => match ok.cmp(nk) {
+                Ordering::Less => {
+                    gone.push(ok);
+                    o.next();
+                }
+                Ordering::Greater => {
+                    came.push((nk, ne));
+                    n.next();
+                }
+                Ordering::Equal => {
+                    if oe != ne {
+                        gone.push(ok);
+                        came.push((nk, ne));
+                    }
+                    o.next();
+                    n.next();
+                }
+            },
+        }
+    }
+    (gone, came)
+}
+
+/// The operations that turn `old` (what the kernel holds) into `new`. Everything `new` adds
+/// is checked for references the kernel would refuse (see `validate`).
+pub fn diff<'a>(old: &'a Table, new: &'a Table) -> Result<Diff<'a>, String> {
     assert_eq!(
         (old.family, &old.name),
         (new.family, &new.name),
@@ -160,11 +187,12 @@ pub fn diff(old: &Table, new: &Table) -> Diff {
         .values()
         .any(|c| old.chains.get(&c.name).is_some_and(|o| o.base != c.base));
     if set_changed || base_changed {
-        return Diff {
+        validate(new)?;
+        return Ok(Diff {
             ops: full_replace(new),
             stale_chains: Vec::new(),
             replaced: true,
-        };
+        });
     }
 
     let mut ops = Vec::new();
@@ -174,67 +202,54 @@ pub fn diff(old: &Table, new: &Table) -> Diff {
         .values()
         .filter(|c| !old.chains.contains_key(&c.name))
     {
-        ops.push(Op::AddChain(tr.clone(), chain_decl(c)));
+        ops.push(Op::AddChain(tr.clone(), c));
     }
     for s in new
         .sets
         .values()
         .filter(|s| !old.sets.contains_key(&s.name))
     {
-        ops.push(Op::AddSet(tr.clone(), decl(s)));
+        ops.push(Op::AddSet(tr.clone(), s));
     }
     // 2. Elements: delete what went or changed, then add what came or changed.
     for s in new.sets.values() {
-        let Some(o) = old.sets.get(&s.name) else {
-            if !s.elements.is_empty() {
-                ops.push(Op::AddElems {
-                    table: tr.clone(),
-                    set: decl(s),
-                    elems: s
-                        .elements
-                        .iter()
-                        .map(|(k, e)| (k.clone(), e.clone()))
-                        .collect(),
-                });
-            }
-            continue;
+        let (gone, came) = match old.sets.get(&s.name) {
+            Some(o) => element_changes(&o.elements, &s.elements),
+            None => (Vec::new(), s.elements.iter().collect()),
         };
-        let gone: Vec<Key> = o
-            .elements
-            .iter()
-            .filter(|(k, e)| s.elements.get(*k) != Some(*e))
-            .map(|(k, _)| k.clone())
-            .collect();
-        let came: Vec<(Key, Element)> = s
-            .elements
-            .iter()
-            .filter(|(k, e)| o.elements.get(*k) != Some(*e))
-            .map(|(k, e)| (k.clone(), e.clone()))
-            .collect();
+        for (_, e) in &came {
+            validate_element(new, s, e)?;
+        }
         if !gone.is_empty() {
             ops.push(Op::DelElems {
                 table: tr.clone(),
-                set: decl(s),
+                set: s,
                 keys: gone,
             });
         }
         if !came.is_empty() {
             ops.push(Op::AddElems {
                 table: tr.clone(),
-                set: decl(s),
+                set: s,
                 elems: came,
             });
         }
     }
     // 3. Rules: a chain whose rules changed is flushed and refilled; new chains are filled.
     for c in new.chains.values() {
-        match old.chains.get(&c.name) {
-            Some(o) if o.rules == c.rules => {}
+        let refill = match old.chains.get(&c.name) {
+            Some(o) if o.rules == c.rules => false,
             Some(_) => {
                 ops.push(Op::FlushChain(tr.clone(), c.name.clone()));
-                push_rules(&tr, c, &mut ops);
+                true
             }
-            None => push_rules(&tr, c, &mut ops),
+            None => true,
+        };
+        if refill {
+            for (i, r) in c.rules.iter().enumerate() {
+                validate_rule(new, c, i, r)?;
+            }
+            push_rules(&tr, c, &mut ops);
         }
     }
     // 4. Chains that went: flushed now (dropping their references), deleted later.
@@ -255,49 +270,64 @@ pub fn diff(old: &Table, new: &Table) -> Diff {
     {
         ops.push(Op::DelSet(tr.clone(), s.name.clone()));
     }
-    Diff {
+    Ok(Diff {
         ops,
         stale_chains,
         replaced: false,
+    })
+}
+
+fn validate_rule(t: &Table, c: &Chain, i: usize, r: &Rule) -> Result<(), String> {
+    for s in &r.stmts {
+        for target in s.chain_targets() {
+            if !t.chains.contains_key(target) {
+                return Err(format!(
+                    "rule {i} of chain {} {} jumps to missing chain {target}",
+                    t.family, c.name
+                ));
+            }
+        }
+        if let Some(set) = s.set_refs() {
+            if !t.sets.contains_key(set) {
+                return Err(format!(
+                    "rule {i} of chain {} {} refers to missing set {set}",
+                    t.family, c.name
+                ));
+            }
+        }
     }
+    Ok(())
+}
+
+fn validate_element(t: &Table, s: &Set, e: &Element) -> Result<(), String> {
+    if let Some(ElemData::Verdict(v)) = &e.data {
+        if let Some(target) = v.target() {
+            if !t.chains.contains_key(target) {
+                return Err(format!(
+                    "an element of set {} {} jumps to missing chain {target}",
+                    t.family, s.name
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Check a model for references the kernel would reject, so a broken model fails before it
 /// is sent, with a message that names the rule.
 pub fn validate(t: &Table) -> Result<(), String> {
-    let chains: BTreeSet<&str> = t.chains.keys().map(|s| s.as_str()).collect();
     for c in t.chains.values() {
         for (i, r) in c.rules.iter().enumerate() {
-            for s in &r.stmts {
-                for target in s.chain_targets() {
-                    if !chains.contains(target) {
-                        return Err(format!(
-                            "rule {i} of chain {} {} jumps to missing chain {target}",
-                            t.family, c.name
-                        ));
-                    }
-                }
-                if let Some(set) = s.set_refs() {
-                    if !t.sets.contains_key(set) {
-                        return Err(format!(
-                            "rule {i} of chain {} {} refers to missing set {set}",
-                            t.family, c.name
-                        ));
-                    }
-                }
-            }
+            validate_rule(t, c, i, r)?;
         }
     }
-    for s in t.sets.values() {
+    // Elements only jump to a handful of chains: check each distinct target once.
+    for s in t.sets.values().filter(|s| s.data == Some(MapData::Verdict)) {
+        let mut seen = BTreeSet::new();
         for e in s.elements.values() {
             if let Some(ElemData::Verdict(v)) = &e.data {
-                if let Some(target) = v.target() {
-                    if !chains.contains(target) {
-                        return Err(format!(
-                            "an element of set {} {} jumps to missing chain {target}",
-                            t.family, s.name
-                        ));
-                    }
+                if v.target().is_some_and(|c| seen.insert(c)) {
+                    validate_element(t, s, e)?;
                 }
             }
         }
@@ -353,13 +383,15 @@ mod tests {
 
     #[test]
     fn unchanged_model_sends_nothing() {
-        let d = diff(&table(80, false), &table(80, false));
+        let (a, b) = (table(80, false), table(80, false));
+        let d = diff(&a, &b).unwrap();
         assert!(d.ops.is_empty() && d.stale_chains.is_empty() && !d.replaced);
     }
 
     #[test]
     fn changed_element_is_deleted_then_added_and_nothing_else() {
-        let d = diff(&table(80, false), &table(81, false));
+        let (a, b) = (table(80, false), table(81, false));
+        let d = diff(&a, &b).unwrap();
         assert_eq!(kinds(&d.ops), vec!["delete elements", "add elements"]);
     }
 
@@ -371,14 +403,15 @@ mod tests {
             .unwrap()
             .push(Rule::new(vec![Stmt::counter()]));
         assert_eq!(
-            kinds(&diff(&old, &new).ops),
+            kinds(&diff(&old, &new).unwrap().ops),
             vec!["flush chain", "add rule", "add rule"]
         );
     }
 
     #[test]
     fn removed_chain_is_flushed_now_and_deleted_later() {
-        let d = diff(&table(80, true), &table(80, false));
+        let (a, b) = (table(80, true), table(80, false));
+        let d = diff(&a, &b).unwrap();
         assert_eq!(kinds(&d.ops), vec!["flush chain"]);
         assert_eq!(d.stale_chains, vec!["extra".to_string()]);
     }
@@ -394,7 +427,7 @@ mod tests {
             None,
         );
         assert_eq!(
-            kinds(&diff(&old, &new).ops),
+            kinds(&diff(&old, &new).unwrap().ops),
             vec!["add chain", "add elements"]
         );
     }
@@ -404,12 +437,26 @@ mod tests {
         let old = table(80, false);
         let mut new = old.clone();
         new.set_mut("services").unwrap().comment = Some("now with a comment".into());
-        let d = diff(&old, &new);
+        let d = diff(&old, &new).unwrap();
         assert!(d.replaced);
         assert_eq!(
             &kinds(&d.ops)[..3],
             &["add table", "delete table", "add table"]
         );
+    }
+
+    #[test]
+    fn diff_refuses_new_references_to_missing_chains() {
+        let old = table(80, false);
+        let mut new = old.clone();
+        new.set_mut("services").unwrap().insert(
+            Key::Values(vec![Value::Port(90)]),
+            Some(ElemData::Verdict(Verdict::Jump("nowhere".into()))),
+            None,
+        );
+        assert!(diff(&old, &new)
+            .unwrap_err()
+            .contains("missing chain nowhere"));
     }
 
     #[test]

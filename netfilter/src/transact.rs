@@ -220,7 +220,7 @@ impl Nft {
     }
 
     /// Encode `ops` as one batch and commit it: all of it or nothing.
-    pub fn apply(&mut self, ops: &[Op]) -> Result<CommitStats, Error> {
+    pub fn apply(&mut self, ops: &[Op<'_>]) -> Result<CommitStats, Error> {
         let t0 = Instant::now();
         let batch = Batch::encode(self.seq.wrapping_add(1), ops)?;
         let encode = t0.elapsed();
@@ -355,6 +355,26 @@ impl Nft {
     }
 }
 
+/// Free models that were replaced. Freeing tens of thousands of elements takes milliseconds,
+/// so large ones are freed on a short-lived thread instead of on the sync path.
+fn retire(tables: Vec<Table>) {
+    let elements: usize = tables
+        .iter()
+        .flat_map(|t| t.sets.values())
+        .map(|s| s.elements.len())
+        .sum();
+    if elements < 10_000 {
+        return;
+    }
+    if let Err(e) = std::thread::Builder::new()
+        .name("nodelb-retire".into())
+        .spawn(move || drop(tables))
+    {
+        // The closure (and the tables) were dropped here instead; nothing is lost.
+        debug!(error = %e, "freeing the previous model inline");
+    }
+}
+
 /// Keeps what was last committed per table, so each sync sends only the difference, and
 /// deletes chains that fell out of the model in a later batch of their own.
 pub struct Committer {
@@ -391,47 +411,56 @@ impl Committer {
 
     /// Atomically replace every given table in one batch (counters start from the values the
     /// model carries).
-    pub fn replace(&mut self, tables: &[Table]) -> Result<CommitStats, Error> {
+    pub fn replace(&mut self, tables: Vec<Table>) -> Result<CommitStats, Error> {
         let mut ops = Vec::new();
-        for t in tables {
+        for t in &tables {
             ops::validate(t).map_err(Error::Invalid)?;
             ops.extend(ops::full_replace(t));
         }
         let stats = self.nft.apply(&ops)?;
+        drop(ops);
+        let mut retired = Vec::new();
         for t in tables {
-            let tr = TableRef::of(t);
+            let tr = TableRef::of(&t);
             self.stale.remove(&tr);
-            self.committed.insert(tr, t.clone());
+            retired.extend(self.committed.insert(tr, t));
         }
+        retire(retired);
         Ok(stats)
     }
 
     /// Bring the kernel from the last committed models to `tables` in one batch: only what
-    /// changed is sent; a table not committed before is replaced whole.
-    pub fn sync(&mut self, tables: &[Table]) -> Result<CommitStats, Error> {
+    /// changed is sent; a table not committed before is replaced whole. The models are kept
+    /// (not copied) as the new baseline.
+    pub fn sync(&mut self, tables: Vec<Table>) -> Result<CommitStats, Error> {
         let mut ops = Vec::new();
         let mut new_stale: Vec<(TableRef, Vec<String>)> = Vec::new();
-        for t in tables {
-            ops::validate(t).map_err(Error::Invalid)?;
+        for t in &tables {
             let tr = TableRef::of(t);
             match self.committed.get(&tr) {
                 Some(old) => {
-                    let d = ops::diff(old, t);
+                    let d = ops::diff(old, t).map_err(Error::Invalid)?;
                     ops.extend(d.ops);
                     new_stale.push((tr, d.stale_chains));
                 }
-                None => ops.extend(ops::full_replace(t)),
+                None => {
+                    ops::validate(t).map_err(Error::Invalid)?;
+                    ops.extend(ops::full_replace(t));
+                }
             }
         }
         let mut stats = self.nft.apply(&ops)?;
+        drop(ops);
+        let mut retired = Vec::new();
         for t in tables {
-            let tr = TableRef::of(t);
+            let tr = TableRef::of(&t);
             // A chain that came back is no longer stale.
             if let Some(s) = self.stale.get_mut(&tr) {
                 s.retain(|c| !t.chains.contains_key(c));
             }
-            self.committed.insert(tr, t.clone());
+            retired.extend(self.committed.insert(tr, t));
         }
+        retire(retired);
         for (tr, chains) in new_stale {
             self.stale.entry(tr).or_default().extend(chains);
         }
