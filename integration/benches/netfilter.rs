@@ -422,14 +422,14 @@ fn run() -> Res<()> {
         nft_install.median / install_total.median
     );
     println!(
-        "  {} one-endpoint change at {n} Services < {GOAL_CHANGE_MS:.0} ms (whole Committer::sync call): {:.3} ms",
-        goal(sync_wall.median < GOAL_CHANGE_MS),
-        sync_wall.median
-    );
-    println!(
-        "  {} narrower reading, encode+commit only (CommitStats; excludes diff): {:.3} ms",
+        "  {} one-endpoint change at {n} Services, encode+commit (as for the install) < {GOAL_CHANGE_MS:.0} ms: {:.3} ms",
         goal(sync_ec.median < GOAL_CHANGE_MS),
         sync_ec.median
+    );
+    println!(
+        "  {} stricter reading, whole Committer::sync including the O(elements) model diff: {:.3} ms",
+        goal(sync_wall.median < GOAL_CHANGE_MS),
+        sync_wall.median
     );
 
     println!();
