@@ -19,7 +19,7 @@
 //! `NODELB_BENCH_ITERATIONS` (7). Needs root; without it prints SKIP and exits 0, or 1 when
 //! `CI=true`. Run: `cargo bench -p nodelb-integration --bench netfilter`.
 
-use nodelb_integration::models::bench_table;
+use nodelb_integration::models::{bench_table, move_bench_endpoint};
 use nodelb_integration::netns::Netns;
 use nodelb_integration::nft::nft_f;
 use nodelb_netfilter::ops::validate;
@@ -462,7 +462,7 @@ fn one_endpoint_change(
         .iter()
         .map(|p| {
             let mut t = base.clone();
-            move_one_endpoint(&mut t, svc, *p);
+            move_bench_endpoint(&mut t, svc, *p);
             t
         })
         .collect();
@@ -582,24 +582,6 @@ fn one_endpoint_change(
         bytes,
         messages,
     })
-}
-
-/// Moves endpoint 0 of Service `i` of a `bench_table` to another target port.
-fn move_one_endpoint(t: &mut Table, i: usize, to_port: u16) {
-    let eps = t.set_mut("endpoints").expect("endpoints map");
-    let key = Key::Values(vec![
-        Value::Proto(L4Proto::Tcp),
-        Value::Port(1024 + i as u16),
-        Value::U32(0),
-    ]);
-    let e = eps
-        .elements
-        .get_mut(&key)
-        .expect("endpoint 0 of the Service");
-    let Some(ElemData::Values(vals)) = &mut e.data else {
-        panic!("endpoint data is not a value list")
-    };
-    vals[1] = Value::Port(to_port);
 }
 
 fn elements(t: &Table, set: &str) -> usize {

@@ -737,3 +737,22 @@ pub fn bench_table(n: usize, eps: usize) -> Table {
         &bench_services(n, eps),
     )
 }
+
+/// In a `bench_table`, move endpoint 0 of Service `i` to another target port: the smallest
+/// change there is, used by the incremental test and the benchmark.
+pub fn move_bench_endpoint(t: &mut Table, i: usize, to_port: u16) {
+    let eps = t.set_mut("endpoints").expect("endpoints map");
+    let key = Key::Values(vec![
+        Value::Proto(L4Proto::Tcp),
+        Value::Port(1024 + i as u16),
+        Value::U32(0),
+    ]);
+    let e = eps
+        .elements
+        .get_mut(&key)
+        .expect("endpoint 0 of the Service");
+    let Some(ElemData::Values(vals)) = &mut e.data else {
+        panic!("endpoint data is not a value list")
+    };
+    vals[1] = Value::Port(to_port);
+}

@@ -115,6 +115,17 @@ fn all_backends(topo: &Topology, f: Fam) -> Vec<(IpAddr, u16)> {
         .collect()
 }
 
+/// TCP 80 and UDP 53 masqueraded, TCP 81 and UDP 54 not, all to every backend.
+fn masq_and_keep_services(topo: &Topology, f: Fam) -> [LbService; 4] {
+    let eps = || all_backends(topo, f);
+    [
+        service("default/masq:tcp", L4Proto::Tcp, 80, eps(), true),
+        service("default/keep:tcp", L4Proto::Tcp, 81, eps(), false),
+        service("default/masq:udp", L4Proto::Udp, 53, eps(), true),
+        service("default/keep:udp", L4Proto::Udp, 54, eps(), false),
+    ]
+}
+
 fn service(
     key: &str,
     proto: L4Proto,
@@ -295,36 +306,7 @@ fn masquerade_shows_node_address_and_no_masquerade_keeps_client_address() {
     for f in [Fam::V4, Fam::V6] {
         servers.extend(start_backends(&topo, f));
         assert_only_dnat_reaches_backends(&topo, f, 80);
-        let services = [
-            service(
-                "default/masq:tcp",
-                L4Proto::Tcp,
-                80,
-                all_backends(&topo, f),
-                true,
-            ),
-            service(
-                "default/keep:tcp",
-                L4Proto::Tcp,
-                81,
-                all_backends(&topo, f),
-                false,
-            ),
-            service(
-                "default/masq:udp",
-                L4Proto::Udp,
-                53,
-                all_backends(&topo, f),
-                true,
-            ),
-            service(
-                "default/keep:udp",
-                L4Proto::Udp,
-                54,
-                all_backends(&topo, f),
-                false,
-            ),
-        ];
+        let services = masq_and_keep_services(&topo, f);
         tables.push(lb_table(f, "nodelb", &[node_addr(&topo, f)], &services));
     }
     program(&topo.node, &tables);
@@ -591,36 +573,7 @@ fn node_local_client_reaches_service_through_output_hook() {
                 "before programming, node-local {dst}/tcp must be closed"
             );
         }
-        let services = [
-            service(
-                "default/masq:tcp",
-                L4Proto::Tcp,
-                80,
-                all_backends(&topo, f),
-                true,
-            ),
-            service(
-                "default/keep:tcp",
-                L4Proto::Tcp,
-                81,
-                all_backends(&topo, f),
-                false,
-            ),
-            service(
-                "default/masq:udp",
-                L4Proto::Udp,
-                53,
-                all_backends(&topo, f),
-                true,
-            ),
-            service(
-                "default/keep:udp",
-                L4Proto::Udp,
-                54,
-                all_backends(&topo, f),
-                false,
-            ),
-        ];
+        let services = masq_and_keep_services(&topo, f);
         tables.push(lb_table(f, "nodelb", &[node], &services));
     }
     program(&topo.node, &tables);

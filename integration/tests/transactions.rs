@@ -1,7 +1,9 @@
 //! Transactions against the kernel: atomic failure, incremental syncs, foreign state left
 //! alone, reading back, and watching for other writers.
 
-use nodelb_integration::models::{bench_table, kitchen_sink, lb_table, Fam, LbService};
+use nodelb_integration::models::{
+    bench_table, kitchen_sink, lb_table, move_bench_endpoint, Fam, LbService,
+};
 use nodelb_integration::netns::{require_root, Netns};
 use nodelb_integration::nft::{list_ruleset, list_table, nft_f, nodelb_replace};
 use nodelb_netfilter::*;
@@ -10,24 +12,6 @@ use std::time::Duration;
 
 fn node() -> IpAddr {
     "203.0.113.1".parse().unwrap()
-}
-
-/// Change the first endpoint of Service `i` in a benchmark-shaped table.
-fn move_one_endpoint(t: &mut Table, i: u16, to_port: u16) {
-    let eps = t.set_mut("endpoints").expect("endpoints map");
-    let key = Key::Values(vec![
-        Value::Proto(L4Proto::Tcp),
-        Value::Port(1024 + i),
-        Value::U32(0),
-    ]);
-    let e = eps
-        .elements
-        .get_mut(&key)
-        .expect("endpoint 0 of the service");
-    let Some(ElemData::Values(vals)) = &mut e.data else {
-        panic!("endpoint data")
-    };
-    vals[1] = Value::Port(to_port);
 }
 
 #[test]
@@ -85,7 +69,7 @@ fn one_endpoint_change_sends_the_same_batch_at_100_and_10000_services() {
             c.sync(vec![base.clone()])
                 .expect("first sync installs the table");
             let mut changed = base.clone();
-            move_one_endpoint(&mut changed, 42, 9999);
+            move_bench_endpoint(&mut changed, 42, 9999);
             let stats = c.sync(vec![changed.clone()]).expect("incremental sync");
             (stats, ())
         });
