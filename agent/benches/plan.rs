@@ -1,0 +1,78 @@
+//! How long `plan()` takes for N Services × M endpoints (the pure step of every sync).
+//! `cargo bench -p nodelb-agent --bench plan`; NODELB_BENCH_SERVICES / NODELB_BENCH_ENDPOINTS.
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use nodelb_agent::plan::{config::Config, node, plan, Families, Input};
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::time::Instant;
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let n = env("NODELB_BENCH_SERVICES", 10_000);
+    let m = env("NODELB_BENCH_ENDPOINTS", 5);
+    let mut services: Vec<Service> = Vec::new();
+    let mut slices: Vec<EndpointSlice> = Vec::new();
+    for i in 0..n {
+        services.push(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"namespace": "bench", "name": format!("svc-{i}"), "creationTimestamp": "2024-01-01T00:00:00Z"},
+                "spec": {"type": "LoadBalancer", "ports": [{"name": "http", "port": 1024 + i, "protocol": "TCP"}]}
+            }))
+            .unwrap(),
+        );
+        let eps: Vec<_> = (0..m)
+            .map(|e| serde_json::json!({"addresses": [format!("198.51.100.{}", (i * m + e) % 250 + 2)], "nodeName": "node-a"}))
+            .collect();
+        slices.push(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"namespace": "bench", "name": format!("svc-{i}-1"), "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
+                "addressType": "IPv4",
+                "ports": [{"name": "http", "port": 8080 + (i % 7), "protocol": "TCP"}],
+                "endpoints": eps,
+            }))
+            .unwrap(),
+        );
+    }
+    let node = node::NodeInfo {
+        name: "node-a".into(),
+        labels: Default::default(),
+        addresses: vec![(
+            node::AddressKind::InternalIP,
+            "203.0.113.1".parse().unwrap(),
+        )],
+    };
+    let local: BTreeSet<IpAddr> = ["203.0.113.1".parse().unwrap()].into();
+    let config = Config::default();
+    let mut times = Vec::new();
+    for _ in 0..7 {
+        let t0 = Instant::now();
+        let p = plan(&Input {
+            services: services.iter().collect(),
+            slices: slices.iter().collect(),
+            node: &node,
+            local_addresses: &local,
+            families: Families {
+                v4: true,
+                v6: false,
+            },
+            config: &config,
+        });
+        times.push(t0.elapsed());
+        assert_eq!(p.services.len(), n);
+        drop(p);
+    }
+    times.sort();
+    println!(
+        "plan: {n} Services x {m} endpoints: median {:.1} ms, min {:.1} ms",
+        times[times.len() / 2].as_secs_f64() * 1e3,
+        times[0].as_secs_f64() * 1e3
+    );
+}
