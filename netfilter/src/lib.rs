@@ -2,6 +2,7 @@
 //! over netlink; read back, watched for foreign changes, and rendered as `nft -f` text.
 //! Knows nothing of Kubernetes.
 
+pub mod edit;
 pub mod encode;
 pub mod model;
 pub mod netlink;
@@ -14,6 +15,7 @@ pub mod types;
 pub mod udata;
 pub mod watch;
 
+pub use edit::{Edit, ElemEdit};
 pub use encode::{Batch, EncodeError, ObjectRef};
 pub use model::*;
 pub use ops::{diff, full_replace, Diff, Op, TableRef};

@@ -2,6 +2,7 @@
 //! Services, every ACK matched to its sequence number, every kernel error mapped to the object
 //! that caused it.
 
+use crate::edit::Edit;
 use crate::encode::{Batch, EncodeError};
 use crate::model::Table;
 use crate::netlink::{self, messages};
@@ -461,6 +462,44 @@ impl Committer {
             retired.extend(self.committed.insert(tr, t));
         }
         retire(retired);
+        for (tr, chains) in new_stale {
+            self.stale.entry(tr).or_default().extend(chains);
+        }
+        stats.add(self.delete_stale_chains());
+        Ok(stats)
+    }
+
+    /// Commit edits to tables committed before, in one batch: the cost follows the size of
+    /// the edits, not of the tables. On success the edits become part of the baseline; on
+    /// failure nothing changed (the caller may fall back to `replace`).
+    pub fn edit(&mut self, edits: Vec<(TableRef, Edit)>) -> Result<CommitStats, Error> {
+        let edits: Vec<(TableRef, Edit)> =
+            edits.into_iter().filter(|(_, e)| !e.is_empty()).collect();
+        if edits.is_empty() {
+            return Ok(CommitStats::default());
+        }
+        let mut ops = Vec::new();
+        let mut new_stale: Vec<(TableRef, Vec<String>)> = Vec::new();
+        for (tr, e) in &edits {
+            let base = self.committed.get(tr).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "table {tr} was not committed before; replace it first"
+                ))
+            })?;
+            let (o, stale) = e.ops(base).map_err(Error::Invalid)?;
+            ops.extend(o);
+            new_stale.push((tr.clone(), stale));
+        }
+        let mut stats = self.nft.apply(&ops)?;
+        drop(ops);
+        for (tr, e) in edits {
+            if let Some(s) = self.stale.get_mut(&tr) {
+                s.retain(|c| !e.put_chains.iter().any(|p| &p.name == c));
+            }
+            if let Some(t) = self.committed.get_mut(&tr) {
+                e.apply(t);
+            }
+        }
         for (tr, chains) in new_stale {
             self.stale.entry(tr).or_default().extend(chains);
         }

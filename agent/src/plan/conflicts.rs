@@ -1,61 +1,71 @@
 //! Port conflicts on this node: two Services served here on the same (family, protocol, port).
 //! The oldest (creationTimestamp, then namespace/name) wins; the other gets no rules for it.
+//!
+//! Claims are kept per slot, so a change to one Service re-decides only the slots it touches.
 
-use super::endpoints::Selection;
-use super::service::{ServiceKey, ServicePortId};
+use super::service::{Protocol, ServiceKey};
 use super::IpFamily;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::collections::{BTreeMap, BTreeSet};
 
-/// A Service port that would be programmed on this node for one family.
-#[derive(Clone, Debug)]
-pub struct Wanted<'a> {
-    pub service: &'a ServiceKey,
-    pub created: Option<&'a Time>,
-    pub family: IpFamily,
-    pub port: &'a ServicePortId,
-    pub addresses: &'a [IpAddr],
-    pub selection: Selection,
+/// What two Services can conflict on.
+pub type Slot = (IpFamily, Protocol, u16);
+
+/// A Service's claim on a slot, ordered oldest first: a Service without a creationTimestamp
+/// (only in files) counts as newest; ties go by namespace/name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Claim {
+    pub no_timestamp: bool,
+    pub created: Option<Time>,
+    pub service: ServiceKey,
 }
 
-/// A `Wanted` with the decision: `winner` is `None` when it keeps the port, else the Service
-/// that holds it.
-#[derive(Clone, Debug)]
-pub struct Decided<'a> {
-    pub wanted: Wanted<'a>,
-    pub winner: Option<ServiceKey>,
+impl Claim {
+    pub fn new(created: Option<&Time>, service: &ServiceKey) -> Claim {
+        Claim {
+            no_timestamp: created.is_none(),
+            created: created.cloned(),
+            service: service.clone(),
+        }
+    }
 }
 
-/// Age order: older first; a Service without a creationTimestamp (only in files) counts as
-/// newest; ties by namespace/name.
-fn age_key<'a>(w: &Wanted<'a>) -> (bool, Option<&'a Time>, &'a ServiceKey) {
-    (w.created.is_none(), w.created, w.service)
+#[derive(Clone, Debug, Default)]
+pub struct Claims {
+    slots: BTreeMap<Slot, BTreeSet<Claim>>,
 }
 
-/// Decide every conflict. Order of the result follows the input.
-pub fn decide(wanted: Vec<Wanted<'_>>) -> Vec<Decided<'_>> {
-    let mut holder: BTreeMap<(IpFamily, super::service::Protocol, u16), usize> = BTreeMap::new();
-    for (i, w) in wanted.iter().enumerate() {
-        let slot = (w.family, w.port.protocol, w.port.port);
-        match holder.get(&slot) {
-            Some(&j) if age_key(&wanted[j]) <= age_key(w) => {}
-            _ => {
-                holder.insert(slot, i);
+impl Claims {
+    pub fn clear(&mut self) {
+        self.slots.clear();
+    }
+
+    /// The Service holding a slot.
+    pub fn winner(&self, slot: &Slot) -> Option<&ServiceKey> {
+        self.slots
+            .get(slot)
+            .and_then(|c| c.first())
+            .map(|c| &c.service)
+    }
+
+    /// Every Service claiming a slot.
+    pub fn claimants(&self, slot: &Slot) -> impl Iterator<Item = &ServiceKey> {
+        self.slots
+            .get(slot)
+            .into_iter()
+            .flat_map(|c| c.iter().map(|c| &c.service))
+    }
+
+    pub fn add(&mut self, slot: Slot, claim: Claim) {
+        self.slots.entry(slot).or_default().insert(claim);
+    }
+
+    pub fn remove(&mut self, slot: &Slot, claim: &Claim) {
+        if let Some(c) = self.slots.get_mut(slot) {
+            c.remove(claim);
+            if c.is_empty() {
+                self.slots.remove(slot);
             }
         }
     }
-    let winners: Vec<Option<ServiceKey>> = wanted
-        .iter()
-        .enumerate()
-        .map(|(i, w)| {
-            let j = holder[&(w.family, w.port.protocol, w.port.port)];
-            (j != i).then(|| wanted[j].service.clone())
-        })
-        .collect();
-    wanted
-        .into_iter()
-        .zip(winners)
-        .map(|(wanted, winner)| Decided { wanted, winner })
-        .collect()
 }

@@ -84,6 +84,9 @@ impl fmt::Display for Warning {
 pub enum ServiceOutcome {
     /// `--allowed-namespaces` does not list the Service's namespace: no rules.
     NamespaceNotAllowed,
+    /// Namespace or name is not a DNS label (only possible outside a real API server): no
+    /// rules, since nodelb's chain and set names are made from them.
+    InvalidName,
     /// No port nodelb can program (the warnings say what is wrong with each): no rules.
     NoValidPorts,
     /// The Service asks for ports in `--reserved-ports`: no rules at all, on any node.
@@ -209,6 +212,7 @@ impl fmt::Display for ServiceOutcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ServiceOutcome::NamespaceNotAllowed => f.write_str("namespace not allowed"),
+            ServiceOutcome::InvalidName => f.write_str("namespace or name is not a DNS label"),
             ServiceOutcome::NoValidPorts => f.write_str("no valid port"),
             ServiceOutcome::ReservedPorts { ports } => {
                 f.write_str("reserved ports:")?;

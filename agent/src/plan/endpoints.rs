@@ -46,43 +46,6 @@ pub enum Selection {
     Reject,
 }
 
-/// The EndpointSlices of each Service, by `kubernetes.io/service-name`. FQDN slices are left
-/// out (nodelb forwards to addresses only); slices of unknown address types get a warning.
-pub fn index<'a>(
-    slices: &[&'a EndpointSlice],
-    warnings: &mut Vec<Warning>,
-) -> BTreeMap<ServiceKey, Vec<&'a EndpointSlice>> {
-    let mut by_service: BTreeMap<ServiceKey, Vec<&'a EndpointSlice>> = BTreeMap::new();
-    for s in slices {
-        let Some(service) = s
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(SERVICE_NAME_LABEL))
-            .filter(|n| !n.is_empty())
-        else {
-            continue;
-        };
-        let ns = s.metadata.namespace.as_deref().unwrap_or("default");
-        match s.address_type.as_str() {
-            "IPv4" | "IPv6" => {}
-            "FQDN" => continue,
-            other => {
-                warnings.push(Warning::new(
-                    slice_ref(s),
-                    format!("addressType {other:?} is not IPv4, IPv6 or FQDN; slice skipped"),
-                ));
-                continue;
-            }
-        }
-        by_service
-            .entry(ServiceKey::new(ns, service.as_str()))
-            .or_default()
-            .push(s);
-    }
-    by_service
-}
-
 fn slice_ref(s: &EndpointSlice) -> ObjectRef {
     ObjectRef::new(
         ObjectKind::EndpointSlice,

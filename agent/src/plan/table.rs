@@ -18,15 +18,19 @@
 //! - filter `forward` accepts DNATed traffic of nodelb's Services (`set lb-services`).
 //!
 //! Every rule and element carries the comment `namespace/name:port`.
+//!
+//! A table is assembled from a skeleton (declarations, base chains, host addresses) and one
+//! [`Part`] per Service; between two syncs only the Parts of changed Services are compared.
 
 use super::endpoints::Endpoint;
 use super::service::{Cidr, Protocol, ServiceKey, ServicePortId, TrafficPolicy};
 use super::IpFamily;
 use nodelb_netfilter::{
-    ct_status, Chain, ChainType, CtKey, DataType, ElemData, Expr, Hook, Key, L4Proto, MapData,
-    MetaKey, NatKind, Payload, Policy, Reject, Rule, Set, SetType, Stmt, Table, Value, Verdict,
+    ct_status, Chain, ChainType, CtKey, DataType, Edit, ElemData, ElemEdit, Element, Expr, Hook,
+    Key, L4Proto, MapData, MetaKey, NatKind, Payload, Policy, Reject, Rule, Set, SetType, Stmt,
+    Table, Value, Verdict,
 };
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 /// Priority of nodelb's nat chains: kube-proxy's and Docker's DNAT sit at -100 too.
@@ -63,6 +67,18 @@ pub struct PortProgram<'a> {
     /// `None`: every source; `Some`: only these prefixes (of any family; others are ignored).
     pub source_ranges: Option<&'a [Cidr]>,
     pub action: Action,
+}
+
+/// What one Service owns in one family's table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Part {
+    /// Elements of the shared sets and maps, by set name and key.
+    pub elements: BTreeMap<(&'static str, Key), Element>,
+    pub chains: BTreeMap<String, Chain>,
+    /// The Service's own source-range set.
+    pub source_set: Option<Set>,
+    /// Endpoint addresses for the shared `hairpin` set, with this Service port's comment.
+    pub hairpin: BTreeMap<IpAddr, String>,
 }
 
 /// `namespace/name:port`, the comment on everything a Service port owns.
@@ -132,110 +148,100 @@ fn service_key(addr: IpAddr, port: &ServicePortId) -> Key {
     ])
 }
 
-/// Build one family's table. `local_addresses` are every address assigned on the host (other
-/// families are ignored). Ports must not collide on (protocol, port): conflicts are decided
-/// before this.
-pub fn build(
-    family: IpFamily,
-    name: &str,
-    local_addresses: &BTreeSet<IpAddr>,
-    ports: &[PortProgram<'_>],
-) -> Table {
-    let f = Fam(family);
-    let mut t = Table::new(family.netfilter(), name);
-
-    let mut dispatch = Set::map(SERVICES_MAP, f.service_key_type(), MapData::Verdict)
-        .with_comment("node address . protocol . port: the Service port's chain");
-    let mut endpoints = Set::map(
-        ENDPOINTS_MAP,
-        SetType::Typeof(vec![L4, TH_DPORT, Expr::Numgen { modulus: 1 }]),
-        MapData::Value(SetType::Typeof(vec![f.daddr(), TH_DPORT])),
-    )
-    .with_comment("protocol . port . random index: endpoint");
-    let mut masq = Set::new(MASQ_SET, f.service_key_type())
-        .with_comment("Cluster policy: clients are masqueraded");
-    let mut lb = Set::new(LB_SET, f.service_key_type()).with_comment("dispatched Service ports");
-    let mut no_endpoints = Set::new(NO_ENDPOINTS_SET, f.service_key_type())
-        .with_comment("Service ports without endpoints: rejected");
-    let mut local = Set::new(LOCAL_ADDRESSES_SET, SetType::Type(vec![f.addr_type()]))
-        .with_comment("addresses of this host: its own clients are masqueraded");
-    let mut hairpin = Set::new(
-        HAIRPIN_SET,
-        SetType::Type(vec![f.addr_type(), f.addr_type()]),
-    )
-    .with_comment("endpoint . endpoint: hairpin connections are masqueraded");
-
-    for a in local_addresses.iter().filter(|a| IpFamily::of(a) == family) {
-        local.insert(
-            Key::Values(vec![value(*a)]),
-            None,
-            Some("host address".into()),
-        );
+fn element(data: Option<ElemData>, comment: &str) -> Element {
+    Element {
+        data,
+        comment: Some(comment.to_string()),
     }
+}
 
-    for p in ports {
-        let note = comment(p.service, p.port);
-        let target = match &p.action {
-            Action::Reject => {
-                for a in p.addresses {
-                    no_endpoints.insert(service_key(*a, p.port), None, Some(note.clone()));
-                }
-                continue;
+/// Add one Service port to a Service's Part.
+pub fn add_port(part: &mut Part, family: IpFamily, p: &PortProgram<'_>) {
+    let f = Fam(family);
+    let note = comment(p.service, p.port);
+    let target = match &p.action {
+        Action::Reject => {
+            for a in p.addresses {
+                part.elements.insert(
+                    (NO_ENDPOINTS_SET, service_key(*a, p.port)),
+                    element(None, &note),
+                );
             }
-            Action::Drop => service_port_chain(&mut t, &f, p, &note, None),
-            Action::Forward(eps) => {
-                for (i, e) in eps.iter().enumerate() {
-                    endpoints.insert(
+            // Clients outside the source ranges are dropped and counted, not told the
+            // Service exists: its chain drops them and lets the others on to the reject.
+            if p.source_ranges.is_some() {
+                let chain = service_port_chain(part, &f, p, &note, Last::Nothing);
+                for a in p.addresses {
+                    part.elements.insert(
+                        (SERVICES_MAP, service_key(*a, p.port)),
+                        element(Some(ElemData::Verdict(Verdict::Jump(chain.clone()))), &note),
+                    );
+                }
+            }
+            return;
+        }
+        Action::Drop => service_port_chain(part, &f, p, &note, Last::Drop),
+        Action::Forward(eps) => {
+            for (i, e) in eps.iter().enumerate() {
+                part.elements.insert(
+                    (
+                        ENDPOINTS_MAP,
                         Key::Values(vec![
                             Value::Proto(p.port.protocol.l4()),
                             Value::Port(p.port.port),
                             Value::U32(i as u32),
                         ]),
+                    ),
+                    element(
                         Some(ElemData::Values(vec![value(e.addr), Value::Port(e.port)])),
-                        Some(note.clone()),
-                    );
-                    let pair = Key::Values(vec![value(e.addr), value(e.addr)]);
-                    if !hairpin.elements.contains_key(&pair) {
-                        hairpin.insert(pair, None, Some(note.clone()));
-                    }
-                }
-                service_port_chain(&mut t, &f, p, &note, Some(eps.len()))
+                        &note,
+                    ),
+                );
+                part.hairpin.entry(e.addr).or_insert_with(|| note.clone());
             }
-        };
-        for a in p.addresses {
-            let key = service_key(*a, p.port);
-            dispatch.insert(
-                key.clone(),
+            service_port_chain(part, &f, p, &note, Last::Dnat(eps.len()))
+        }
+    };
+    for a in p.addresses {
+        let key = service_key(*a, p.port);
+        part.elements.insert(
+            (SERVICES_MAP, key.clone()),
+            element(
                 Some(ElemData::Verdict(Verdict::Goto(target.clone()))),
-                Some(note.clone()),
-            );
-            lb.insert(key.clone(), None, Some(note.clone()));
-            if p.policy == TrafficPolicy::Cluster {
-                masq.insert(key, None, Some(note.clone()));
-            }
+                &note,
+            ),
+        );
+        part.elements
+            .insert((LB_SET, key.clone()), element(None, &note));
+        if p.policy == TrafficPolicy::Cluster {
+            part.elements.insert((MASQ_SET, key), element(None, &note));
         }
     }
-    for s in [dispatch, endpoints, masq, lb, no_endpoints, local, hairpin] {
-        t.add_set(s);
-    }
-    base_chains(&mut t, &f);
-    t
 }
 
-/// The chain of one Service port: source ranges, then DNAT to one of `n` endpoints, or drop
-/// when `n` is `None`. Returns its name.
+/// How a Service port's chain ends, after the source-range check.
+enum Last {
+    /// DNAT to one of `n` endpoints.
+    Dnat(usize),
+    /// `Local` policy without a local endpoint.
+    Drop,
+    /// Nothing: allowed clients go on (to the no-endpoints reject).
+    Nothing,
+}
+
+/// The chain of one Service port: source ranges, then what `last` says. Returns its name.
 fn service_port_chain(
-    t: &mut Table,
+    part: &mut Part,
     f: &Fam,
     p: &PortProgram<'_>,
     note: &str,
-    n: Option<usize>,
+    last: Last,
 ) -> String {
     let name = service_chain(p.service, p.port);
     let mut chain = Chain::regular(&name);
     if let Some(ranges) = p.source_ranges {
         let set_name = source_set(p.service);
-        if !t.sets.contains_key(&set_name) {
+        if part.source_set.is_none() {
             let mut set = Set::new(&set_name, SetType::Type(vec![f.addr_type()]))
                 .interval()
                 .with_comment(format!("{}: loadBalancerSourceRanges", p.service));
@@ -246,7 +252,7 @@ fn service_port_chain(
                     Some(p.service.to_string()),
                 );
             }
-            t.add_set(set);
+            part.source_set = Some(set);
         }
         chain.push(
             Rule::new(vec![
@@ -261,8 +267,8 @@ fn service_port_chain(
             .with_comment(format!("{note}: source not in loadBalancerSourceRanges")),
         );
     }
-    match n {
-        Some(n) => chain.push(
+    match last {
+        Last::Dnat(n) => chain.push(
             Rule::new(vec![
                 Stmt::counter(),
                 Stmt::NatMap {
@@ -273,13 +279,178 @@ fn service_port_chain(
             ])
             .with_comment(note),
         ),
-        None => chain.push(
+        Last::Drop => chain.push(
             Rule::new(vec![Stmt::counter(), Stmt::Verdict(Verdict::Drop)])
                 .with_comment(format!("{note}: Local policy, no endpoint on this node")),
         ),
+        Last::Nothing => {}
     }
-    t.add_chain(chain);
+    part.chains.insert(name.clone(), chain);
     name
+}
+
+/// Who uses each hairpin address, by the comment of each user; the element's comment is the
+/// first user's, so it does not depend on the order Services were added.
+pub type HairpinUsers = BTreeMap<IpAddr, BTreeSet<String>>;
+
+fn hairpin_key(addr: IpAddr) -> Key {
+    Key::Values(vec![value(addr), value(addr)])
+}
+
+/// The table with no Service in it: declarations, base chains and the host's addresses.
+pub fn skeleton(family: IpFamily, name: &str, local_addresses: &BTreeSet<IpAddr>) -> Table {
+    let f = Fam(family);
+    let mut t = Table::new(family.netfilter(), name);
+    t.add_set(
+        Set::map(SERVICES_MAP, f.service_key_type(), MapData::Verdict)
+            .with_comment("node address . protocol . port: the Service port's chain"),
+    );
+    t.add_set(
+        Set::map(
+            ENDPOINTS_MAP,
+            SetType::Typeof(vec![L4, TH_DPORT, Expr::Numgen { modulus: 1 }]),
+            MapData::Value(SetType::Typeof(vec![f.daddr(), TH_DPORT])),
+        )
+        .with_comment("protocol . port . random index: endpoint"),
+    );
+    t.add_set(
+        Set::new(MASQ_SET, f.service_key_type())
+            .with_comment("Cluster policy: clients are masqueraded"),
+    );
+    t.add_set(Set::new(LB_SET, f.service_key_type()).with_comment("dispatched Service ports"));
+    t.add_set(
+        Set::new(NO_ENDPOINTS_SET, f.service_key_type())
+            .with_comment("Service ports without endpoints: rejected"),
+    );
+    let mut local = Set::new(LOCAL_ADDRESSES_SET, SetType::Type(vec![f.addr_type()]))
+        .with_comment("addresses of this host: its own clients are masqueraded");
+    for a in local_addresses.iter().filter(|a| IpFamily::of(a) == family) {
+        local.insert(
+            Key::Values(vec![value(*a)]),
+            None,
+            Some("host address".into()),
+        );
+    }
+    t.add_set(local);
+    t.add_set(
+        Set::new(
+            HAIRPIN_SET,
+            SetType::Type(vec![f.addr_type(), f.addr_type()]),
+        )
+        .with_comment("endpoint . endpoint: hairpin connections are masqueraded"),
+    );
+    base_chains(&mut t, &f);
+    t
+}
+
+/// The whole table: the skeleton with every Service's Part and the hairpin users.
+pub fn assemble<'a>(
+    mut t: Table,
+    parts: impl IntoIterator<Item = &'a Part>,
+    hairpin: &HairpinUsers,
+) -> Table {
+    for part in parts {
+        for ((set, key), e) in &part.elements {
+            if let Some(s) = t.sets.get_mut(*set) {
+                s.elements.insert(key.clone(), e.clone());
+            }
+        }
+        for c in part.chains.values() {
+            t.chains.insert(c.name.clone(), c.clone());
+        }
+        if let Some(s) = &part.source_set {
+            t.sets.insert(s.name.clone(), s.clone());
+        }
+    }
+    if let Some(s) = t.sets.get_mut(HAIRPIN_SET) {
+        for (addr, users) in hairpin {
+            if let Some(first) = users.first() {
+                s.insert(hairpin_key(*addr), None, Some(first.clone()));
+            }
+        }
+    }
+    t
+}
+
+/// Record in `edit` what changes when a Service's Part goes from `old` to `new` (hairpin
+/// elements are shared and handled by [`edit_hairpin`]).
+pub fn edit_part(old: Option<&Part>, new: Option<&Part>, edit: &mut Edit) {
+    let empty = Part::default();
+    let (old, new) = (old.unwrap_or(&empty), new.unwrap_or(&empty));
+    if old == new {
+        return;
+    }
+    for ((set, key), e) in &old.elements {
+        match new.elements.get(&(*set, key.clone())) {
+            Some(n) if n == e => {}
+            _ => elem_edit(edit, set).del.push(key.clone()),
+        }
+    }
+    for ((set, key), e) in &new.elements {
+        match old.elements.get(&(*set, key.clone())) {
+            Some(o) if o == e => {}
+            _ => elem_edit(edit, set).add.push((key.clone(), e.clone())),
+        }
+    }
+    for (name, c) in &new.chains {
+        if old.chains.get(name) != Some(c) {
+            edit.put_chains.push(c.clone());
+        }
+    }
+    for name in old.chains.keys() {
+        if !new.chains.contains_key(name) {
+            edit.del_chains.push(name.clone());
+        }
+    }
+    match (&old.source_set, &new.source_set) {
+        (None, None) => {}
+        (None, Some(n)) => edit.add_sets.push(n.clone()),
+        (Some(o), None) => edit.del_sets.push(o.name.clone()),
+        (Some(o), Some(n)) if o == n => {}
+        (Some(o), Some(n)) => {
+            // Same name, so the same Service and declaration: only elements differ.
+            let e = elem_edit(edit, &n.name);
+            for k in o.elements.keys() {
+                if n.elements.get(k) != o.elements.get(k) {
+                    e.del.push(k.clone());
+                }
+            }
+            for (k, v) in &n.elements {
+                if o.elements.get(k) != Some(v) {
+                    e.add.push((k.clone(), v.clone()));
+                }
+            }
+        }
+    }
+}
+
+fn elem_edit<'e>(edit: &'e mut Edit, set: &str) -> &'e mut ElemEdit {
+    edit.elements.entry(set.to_string()).or_default()
+}
+
+/// Record in `edit` the hairpin elements that change for `addrs`, given the first user of
+/// each before the update and the users after it.
+pub fn edit_hairpin(
+    addrs: &BTreeSet<IpAddr>,
+    before: &BTreeMap<IpAddr, Option<String>>,
+    after: &HairpinUsers,
+    edit: &mut Edit,
+) {
+    for a in addrs {
+        let old = before.get(a).cloned().flatten();
+        let new = after.get(a).and_then(|u| u.first()).cloned();
+        if old == new {
+            continue;
+        }
+        if old.is_some() {
+            elem_edit(edit, HAIRPIN_SET).del.push(hairpin_key(*a));
+        }
+        if let Some(c) = new {
+            elem_edit(edit, HAIRPIN_SET)
+                .add
+                .push((hairpin_key(*a), element(None, &c)));
+        }
+    }
 }
 
 fn base_chains(t: &mut Table, f: &Fam) {

@@ -1,0 +1,119 @@
+//! One Service after port conflicts: its outcome on this node and what it owns in each
+//! family's table.
+
+use super::conflicts::Claims;
+use super::diagnosis::{
+    FamilyOutcome, FamilySkip, FamilyState, PortOutcome, PortResult, ServiceOutcome,
+};
+use super::endpoints::Selection;
+use super::prepare::{Context, Prepared, Stage};
+use super::table::{self, Action, Part, PortProgram};
+use super::IpFamily;
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fragment {
+    pub outcome: ServiceOutcome,
+    pub parts: BTreeMap<IpFamily, Part>,
+}
+
+pub fn build(prep: &Prepared, claims: &Claims, ctx: &Context) -> Fragment {
+    let Stage::Ports {
+        policy,
+        source_ranges,
+        families,
+        ports,
+        ..
+    } = &prep.stage
+    else {
+        let Stage::Done(outcome) = &prep.stage else {
+            unreachable!()
+        };
+        return Fragment {
+            outcome: outcome.clone(),
+            parts: BTreeMap::new(),
+        };
+    };
+    let key = &prep.key;
+    let mut parts: BTreeMap<IpFamily, Part> = BTreeMap::new();
+    let mut outcomes = Vec::new();
+    for (family, skip) in families {
+        if let Some(skip) = skip {
+            outcomes.push(FamilyOutcome {
+                family: *family,
+                state: FamilyState::Skipped(*skip),
+            });
+            continue;
+        }
+        let addresses = &ctx.served[family];
+        let mut results = Vec::new();
+        for p in ports.iter().filter(|p| p.family == *family) {
+            let slot = (*family, p.port.protocol, p.port.port);
+            let result = match claims.winner(&slot) {
+                Some(w) if w != key => PortResult::Conflict { winner: w.clone() },
+                _ => {
+                    let (result, action) = match &p.selection {
+                        Selection::Forward {
+                            endpoints,
+                            terminating,
+                        } => (
+                            PortResult::Forwards {
+                                endpoints: endpoints.len(),
+                                terminating: *terminating,
+                            },
+                            Action::Forward(endpoints.clone()),
+                        ),
+                        Selection::DropNotLocal { elsewhere } => (
+                            PortResult::DropsNoLocalEndpoint {
+                                elsewhere: *elsewhere,
+                            },
+                            Action::Drop,
+                        ),
+                        Selection::Reject => (PortResult::RejectsNoEndpoints, Action::Reject),
+                    };
+                    table::add_port(
+                        parts.entry(*family).or_default(),
+                        *family,
+                        &PortProgram {
+                            service: key,
+                            port: &p.port,
+                            policy: *policy,
+                            addresses,
+                            source_ranges: source_ranges.as_deref(),
+                            action,
+                        },
+                    );
+                    result
+                }
+            };
+            results.push(PortOutcome {
+                port: p.port.clone(),
+                result,
+            });
+        }
+        outcomes.push(FamilyOutcome {
+            family: *family,
+            state: FamilyState::Served {
+                addresses: addresses.clone(),
+                ports: results,
+            },
+        });
+    }
+    let outcome = if outcomes
+        .iter()
+        .all(|f| matches!(f.state, FamilyState::Skipped(_)))
+    {
+        ServiceOutcome::NoServedAddress {
+            families: outcomes
+                .into_iter()
+                .filter_map(|f| match f.state {
+                    FamilyState::Skipped(s) => Some((f.family, s)),
+                    FamilyState::Served { .. } => None,
+                })
+                .collect::<Vec<(IpFamily, FamilySkip)>>(),
+        }
+    } else {
+        ServiceOutcome::Served { families: outcomes }
+    };
+    Fragment { outcome, parts }
+}

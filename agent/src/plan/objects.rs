@@ -1,0 +1,131 @@
+//! The cluster objects the planner reads, indexed the way it reads them: Services by key, and
+//! each Service's EndpointSlices by the `kubernetes.io/service-name` label. Watch events update
+//! it in one place and say which Service they touched, so a sync replans only those.
+
+use super::endpoints::SERVICE_NAME_LABEL;
+use super::service::ServiceKey;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// `namespace/name` of an EndpointSlice.
+type SliceId = (String, String);
+
+#[derive(Clone, Debug, Default)]
+pub struct Objects {
+    services: BTreeMap<ServiceKey, Arc<Service>>,
+    slices: BTreeMap<ServiceKey, BTreeMap<String, Arc<EndpointSlice>>>,
+    /// Which Service each slice was filed under, to move it when its label changes.
+    slice_owner: BTreeMap<SliceId, ServiceKey>,
+}
+
+fn namespace(ns: Option<&str>) -> &str {
+    ns.filter(|n| !n.is_empty()).unwrap_or("default")
+}
+
+impl Objects {
+    /// From plain lists (files, tests). Of two Services with one key the first is kept.
+    pub fn from_lists<'a>(
+        services: impl IntoIterator<Item = &'a Service>,
+        slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    ) -> Objects {
+        let mut o = Objects::default();
+        for s in services {
+            if let Some(key) = ServiceKey::of(s) {
+                o.services.entry(key).or_insert_with(|| Arc::new(s.clone()));
+            }
+        }
+        for s in slices {
+            o.put_slice(Arc::new(s.clone()));
+        }
+        o
+    }
+
+    pub fn services(&self) -> impl Iterator<Item = (&ServiceKey, &Service)> {
+        self.services.iter().map(|(k, v)| (k, v.as_ref()))
+    }
+
+    pub fn service(&self, key: &ServiceKey) -> Option<&Service> {
+        self.services.get(key).map(Arc::as_ref)
+    }
+
+    pub fn service_count(&self) -> usize {
+        self.services.len()
+    }
+
+    /// The slices labelled with this Service's name, in name order.
+    pub fn slices_of(&self, key: &ServiceKey) -> Vec<&EndpointSlice> {
+        self.slices
+            .get(key)
+            .map(|m| m.values().map(Arc::as_ref).collect())
+            .unwrap_or_default()
+    }
+
+    /// Add or replace a Service; returns its key (`None` for a nameless object).
+    pub fn put_service(&mut self, svc: Arc<Service>) -> Option<ServiceKey> {
+        let key = ServiceKey::of(&svc)?;
+        self.services.insert(key.clone(), svc);
+        Some(key)
+    }
+
+    pub fn delete_service(&mut self, svc: &Service) -> Option<ServiceKey> {
+        let key = ServiceKey::of(svc)?;
+        self.services.remove(&key);
+        Some(key)
+    }
+
+    /// Add or replace a slice; returns the Services whose endpoints may have changed (the one
+    /// it is filed under, and the one it was filed under before if its label moved).
+    pub fn put_slice(&mut self, slice: Arc<EndpointSlice>) -> Vec<ServiceKey> {
+        let mut touched = self.delete_slice(&slice);
+        let ns = namespace(slice.metadata.namespace.as_deref()).to_string();
+        let name = slice.metadata.name.clone().unwrap_or_default();
+        let Some(service) = slice
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SERVICE_NAME_LABEL))
+            .filter(|n| !n.is_empty())
+        else {
+            return touched;
+        };
+        let key = ServiceKey::new(ns.clone(), service.clone());
+        self.slices
+            .entry(key.clone())
+            .or_default()
+            .insert(name.clone(), slice);
+        self.slice_owner.insert((ns, name), key.clone());
+        if !touched.contains(&key) {
+            touched.push(key);
+        }
+        touched
+    }
+
+    /// Remove a slice; returns the Service it was filed under, if any.
+    pub fn delete_slice(&mut self, slice: &EndpointSlice) -> Vec<ServiceKey> {
+        let id = (
+            namespace(slice.metadata.namespace.as_deref()).to_string(),
+            slice.metadata.name.clone().unwrap_or_default(),
+        );
+        let Some(key) = self.slice_owner.remove(&id) else {
+            return Vec::new();
+        };
+        if let Some(m) = self.slices.get_mut(&key) {
+            m.remove(&id.1);
+            if m.is_empty() {
+                self.slices.remove(&key);
+            }
+        }
+        vec![key]
+    }
+
+    /// Every Service key that has a Service or slices.
+    pub fn keys(&self) -> std::collections::BTreeSet<ServiceKey> {
+        self.services
+            .keys()
+            .chain(self.slices.keys())
+            .cloned()
+            .collect()
+    }
+}

@@ -1,0 +1,243 @@
+//! The planner with memory: what it decided for each Service last time, so that a sync after
+//! one EndpointSlice changed replans that Service (and any Service whose port conflict it
+//! changes) and describes the kernel change as an [`Edit`] of the size of the change.
+//!
+//! Still pure: objects and context in, decisions out; no clock, no I/O. `plan()` is this
+//! planner run once from nothing, so the incremental and the full path share every rule, and
+//! a test checks that a sequence of updates always equals planning from scratch.
+
+use super::conflicts::{Claim, Claims, Slot};
+use super::diagnosis::{ServiceOutcome, Warning};
+use super::fragment::{self, Fragment};
+use super::objects::Objects;
+use super::prepare::{prepare, Context, Prepared, Stage};
+use super::service::ServiceKey;
+use super::table::{self, HairpinUsers};
+use super::IpFamily;
+use nodelb_netfilter::{Edit, Table, TableRef};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+/// What the kernel must do after an update.
+#[derive(Debug)]
+pub enum TableChange {
+    /// Everything was replanned (first update, or the node, its addresses, the families or
+    /// the configuration changed): program [`Planner::tables`] whole.
+    Rebuild,
+    /// Only these edits, one per table that changed.
+    Edit(Vec<(TableRef, Edit)>),
+}
+
+#[derive(Debug)]
+pub struct Update {
+    pub change: TableChange,
+    /// Services whose outcome changed, appeared or went away.
+    pub changed: BTreeSet<ServiceKey>,
+    /// Services that were planned again (for logging what was looked at).
+    pub replanned: usize,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Planner {
+    ctx: Option<Context>,
+    prepared: BTreeMap<ServiceKey, Prepared>,
+    claims: Claims,
+    fragments: BTreeMap<ServiceKey, Fragment>,
+    hairpin: BTreeMap<IpFamily, HairpinUsers>,
+}
+
+fn claims_of(p: Option<&Prepared>) -> Vec<(Slot, Claim)> {
+    let Some(Prepared {
+        key,
+        stage: Stage::Ports { created, ports, .. },
+        ..
+    }) = p
+    else {
+        return Vec::new();
+    };
+    ports
+        .iter()
+        .map(|pp| {
+            (
+                (pp.family, pp.port.protocol, pp.port.port),
+                Claim::new(created.as_ref(), key),
+            )
+        })
+        .collect()
+}
+
+impl Planner {
+    pub fn new() -> Planner {
+        Planner::default()
+    }
+
+    /// Bring the plan up to date. `dirty` lists the Services whose Service object or slices
+    /// changed since the last update; `None` (or a changed context) replans everything.
+    pub fn update(
+        &mut self,
+        objects: &Objects,
+        ctx: &Context,
+        dirty: Option<&BTreeSet<ServiceKey>>,
+    ) -> Update {
+        let rebuild = dirty.is_none() || self.ctx.as_ref() != Some(ctx);
+        let keys: BTreeSet<ServiceKey> = if rebuild {
+            let mut keys = objects.keys();
+            keys.extend(self.fragments.keys().cloned());
+            *self = Planner {
+                ctx: Some(ctx.clone()),
+                ..Planner::default()
+            };
+            keys
+        } else {
+            dirty.cloned().unwrap_or_default()
+        };
+
+        // 1. Prepare the dirty Services; track the slots whose claims move.
+        let mut refresh: BTreeSet<ServiceKey> = BTreeSet::new();
+        let mut winners_before: BTreeMap<Slot, Option<ServiceKey>> = BTreeMap::new();
+        for key in keys {
+            let slices = objects.slices_of(&key);
+            let new = prepare(&key, objects.service(&key), &slices, ctx);
+            let old = self.prepared.get(&key);
+            if old == new.as_ref() && (old.is_some() || !self.fragments.contains_key(&key)) {
+                continue;
+            }
+            for (slot, claim) in claims_of(old) {
+                let w = self.claims.winner(&slot).cloned();
+                winners_before.entry(slot).or_insert(w);
+                self.claims.remove(&slot, &claim);
+            }
+            for (slot, claim) in claims_of(new.as_ref()) {
+                let w = self.claims.winner(&slot).cloned();
+                winners_before.entry(slot).or_insert(w);
+                self.claims.add(slot, claim);
+            }
+            match new {
+                Some(p) => self.prepared.insert(key.clone(), p),
+                None => self.prepared.remove(&key),
+            };
+            refresh.insert(key);
+        }
+        // 2. A slot with a new holder changes every Service claiming it.
+        // (A holder that lost its slot is a claimant still, or was dirty itself.)
+        for (slot, before) in winners_before {
+            if self.claims.winner(&slot) != before.as_ref() {
+                refresh.extend(self.claims.claimants(&slot).cloned());
+            }
+        }
+
+        // 3. New fragments, and what they change in each table.
+        let replanned = refresh.len();
+        let mut edits: BTreeMap<IpFamily, Edit> = BTreeMap::new();
+        let mut hairpin_before: BTreeMap<IpFamily, BTreeMap<IpAddr, Option<String>>> =
+            BTreeMap::new();
+        let mut changed = BTreeSet::new();
+        for key in refresh {
+            let new = self
+                .prepared
+                .get(&key)
+                .map(|p| fragment::build(p, &self.claims, ctx));
+            let old = self.fragments.remove(&key);
+            if old.as_ref().map(|f| &f.outcome) != new.as_ref().map(|f| &f.outcome) {
+                changed.insert(key.clone());
+            }
+            for family in ctx.families.iter() {
+                let op = old.as_ref().and_then(|f| f.parts.get(&family));
+                let np = new.as_ref().and_then(|f| f.parts.get(&family));
+                if !rebuild {
+                    table::edit_part(op, np, edits.entry(family).or_default());
+                }
+                let users = self.hairpin.entry(family).or_default();
+                let before = hairpin_before.entry(family).or_default();
+                for (addr, c) in op.iter().flat_map(|p| &p.hairpin) {
+                    before
+                        .entry(*addr)
+                        .or_insert_with(|| users.get(addr).and_then(|u| u.first()).cloned());
+                    if let Some(u) = users.get_mut(addr) {
+                        u.remove(c);
+                        if u.is_empty() {
+                            users.remove(addr);
+                        }
+                    }
+                }
+                for (addr, c) in np.iter().flat_map(|p| &p.hairpin) {
+                    before
+                        .entry(*addr)
+                        .or_insert_with(|| users.get(addr).and_then(|u| u.first()).cloned());
+                    users.entry(*addr).or_default().insert(c.clone());
+                }
+            }
+            if let Some(n) = new {
+                self.fragments.insert(key, n);
+            }
+        }
+        if rebuild {
+            return Update {
+                change: TableChange::Rebuild,
+                changed,
+                replanned,
+            };
+        }
+        for (family, before) in &hairpin_before {
+            let addrs: BTreeSet<IpAddr> = before.keys().copied().collect();
+            table::edit_hairpin(
+                &addrs,
+                before,
+                self.hairpin.get(family).unwrap_or(&HairpinUsers::new()),
+                edits.entry(*family).or_default(),
+            );
+        }
+        let name = &ctx.config.table_name;
+        Update {
+            change: TableChange::Edit(
+                edits
+                    .into_iter()
+                    .filter(|(_, e)| !e.is_empty())
+                    .map(|(f, e)| {
+                        (
+                            TableRef {
+                                family: f.netfilter(),
+                                name: name.clone(),
+                            },
+                            e,
+                        )
+                    })
+                    .collect(),
+            ),
+            changed,
+            replanned,
+        }
+    }
+
+    /// Every table as planned now, one per programmed family.
+    pub fn tables(&self) -> Vec<Table> {
+        let Some(ctx) = &self.ctx else {
+            return Vec::new();
+        };
+        let empty = HairpinUsers::new();
+        ctx.families
+            .iter()
+            .map(|family| {
+                table::assemble(
+                    table::skeleton(family, &ctx.config.table_name, &ctx.local_addresses),
+                    self.fragments.values().filter_map(|f| f.parts.get(&family)),
+                    self.hairpin.get(&family).unwrap_or(&empty),
+                )
+            })
+            .collect()
+    }
+
+    /// What this node does for each Service nodelb handles.
+    pub fn outcomes(&self) -> impl Iterator<Item = (&ServiceKey, &ServiceOutcome)> {
+        self.fragments.iter().map(|(k, f)| (k, &f.outcome))
+    }
+
+    pub fn outcome(&self, key: &ServiceKey) -> Option<&ServiceOutcome> {
+        self.fragments.get(key).map(|f| &f.outcome)
+    }
+
+    /// Every problem found in the input, Service by Service.
+    pub fn warnings(&self) -> impl Iterator<Item = &Warning> {
+        self.prepared.values().flat_map(|p| &p.warnings)
+    }
+}

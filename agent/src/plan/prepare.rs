@@ -1,0 +1,206 @@
+//! One Service on this node, up to (not including) port conflicts: is it nodelb's, may it be
+//! programmed at all, is this a serving node, which families and addresses, and which
+//! endpoints each port would forward to. Depends only on the Service, its slices and the
+//! node-wide context, so it is cached per Service between syncs.
+
+use super::config::Config;
+use super::diagnosis::{FamilySkip, ObjectKind, ObjectRef, ServiceOutcome, Warning};
+use super::endpoints::{self, Selection};
+use super::node::NodeInfo;
+use super::service::{self, Cidr, ServiceKey, ServicePortId, TrafficPolicy};
+use super::{Families, IpFamily};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+/// What every Service on this node shares. When it changes, everything is replanned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Context {
+    pub node: NodeInfo,
+    pub local_addresses: BTreeSet<IpAddr>,
+    pub families: Families,
+    pub config: Config,
+    /// The node's InternalIP/ExternalIP addresses that are on the host, per family, sorted.
+    pub served: BTreeMap<IpFamily, Vec<IpAddr>>,
+}
+
+impl Context {
+    pub fn new(
+        node: NodeInfo,
+        local_addresses: BTreeSet<IpAddr>,
+        families: Families,
+        config: Config,
+    ) -> Context {
+        let mut served: BTreeMap<IpFamily, Vec<IpAddr>> = BTreeMap::new();
+        for (_, a) in &node.addresses {
+            if local_addresses.contains(a) {
+                let v = served.entry(IpFamily::of(a)).or_default();
+                if !v.contains(a) {
+                    v.push(*a);
+                }
+            }
+        }
+        for v in served.values_mut() {
+            v.sort();
+        }
+        Context {
+            node,
+            local_addresses,
+            families,
+            config,
+            served,
+        }
+    }
+}
+
+/// One port of one family that this node would program, before conflicts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreparedPort {
+    pub family: IpFamily,
+    pub port: ServicePortId,
+    pub selection: Selection,
+}
+
+/// How far a Service got.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Decided already: no rules (namespace, ports, reserved ports, not a serving node).
+    Done(ServiceOutcome),
+    /// Wants ports on this node.
+    Ports {
+        created: Option<Time>,
+        policy: TrafficPolicy,
+        source_ranges: Option<Vec<Cidr>>,
+        /// The Service's families in `ipFamilies` order, with why a family is skipped here.
+        families: Vec<(IpFamily, Option<FamilySkip>)>,
+        /// Ports of the families not skipped, family by family in the order above.
+        ports: Vec<PreparedPort>,
+    },
+}
+
+/// A Service nodelb handles, prepared for conflicts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Prepared {
+    pub key: ServiceKey,
+    pub stage: Stage,
+    /// Problems found in the Service and its slices.
+    pub warnings: Vec<Warning>,
+}
+
+/// Prepare one Service, or `None` when it is not nodelb's (type, class) and slices alone.
+pub fn prepare(
+    key: &ServiceKey,
+    svc: Option<&Service>,
+    slices: &[&EndpointSlice],
+    ctx: &Context,
+) -> Option<Prepared> {
+    let svc = svc?;
+    let config: &Config = &ctx.config;
+    if !service::is_handled(svc, config) {
+        return None;
+    }
+    let mut warnings = Vec::new();
+    if !service::valid_key(key) {
+        warnings.push(Warning::new(
+            ObjectRef::service(key),
+            "namespace or name is not a DNS label; skipped",
+        ));
+        return Some(Prepared {
+            key: key.clone(),
+            stage: Stage::Done(ServiceOutcome::InvalidName),
+            warnings,
+        });
+    }
+    let done = |stage: ServiceOutcome, warnings: Vec<Warning>| {
+        Some(Prepared {
+            key: key.clone(),
+            stage: Stage::Done(stage),
+            warnings,
+        })
+    };
+    if !config.namespace_allowed(&key.namespace) {
+        return done(ServiceOutcome::NamespaceNotAllowed, warnings);
+    }
+    let lb = service::read(svc, key.clone(), &mut warnings);
+    if lb.ports.is_empty() {
+        return done(ServiceOutcome::NoValidPorts, warnings);
+    }
+    let reserved: Vec<_> = lb
+        .ports
+        .iter()
+        .filter(|p| config.reserved_ports.contains(p.port))
+        .map(|p| (p.protocol, p.port))
+        .collect();
+    if !reserved.is_empty() {
+        return done(ServiceOutcome::ReservedPorts { ports: reserved }, warnings);
+    }
+    if let Err(why) = service::serving(&lb, &ctx.node, &mut warnings) {
+        return done(ServiceOutcome::NotServed(why), warnings);
+    }
+
+    check_slices(slices, &mut warnings);
+    let mut families = Vec::new();
+    let mut ports = Vec::new();
+    for family in &lb.families {
+        let skip = if !ctx.families.contains(*family) {
+            Some(FamilySkip::FamilyNotProgrammed)
+        } else if !ctx.served.contains_key(family) {
+            Some(FamilySkip::NoServedAddress)
+        } else {
+            None
+        };
+        families.push((*family, skip));
+        if skip.is_some() {
+            continue;
+        }
+        for port in &lb.ports {
+            let c = endpoints::candidates(slices, port, *family, &mut warnings);
+            let selection =
+                endpoints::select(&c, lb.policy, &ctx.node.name, key, port, &mut warnings);
+            ports.push(PreparedPort {
+                family: *family,
+                port: port.clone(),
+                selection,
+            });
+        }
+    }
+    dedup(&mut warnings);
+    Some(Prepared {
+        key: key.clone(),
+        stage: Stage::Ports {
+            created: lb.created.cloned(),
+            policy: lb.policy,
+            source_ranges: lb.source_ranges,
+            families,
+            ports,
+        },
+        warnings,
+    })
+}
+
+/// Slices nodelb cannot use at all: an address type it does not know.
+fn check_slices(slices: &[&EndpointSlice], warnings: &mut Vec<Warning>) {
+    for s in slices {
+        if !matches!(s.address_type.as_str(), "IPv4" | "IPv6" | "FQDN") {
+            warnings.push(Warning::new(
+                ObjectRef::new(
+                    ObjectKind::EndpointSlice,
+                    Some(s.metadata.namespace.as_deref().unwrap_or("default")),
+                    s.metadata.name.as_deref().unwrap_or(""),
+                ),
+                format!(
+                    "addressType {:?} is not IPv4, IPv6 or FQDN; slice skipped",
+                    s.address_type
+                ),
+            ));
+        }
+    }
+}
+
+/// The same problem found twice (once per family or port) is one warning.
+fn dedup(warnings: &mut Vec<Warning>) {
+    let mut seen = std::collections::HashSet::new();
+    warnings.retain(|w| seen.insert((w.object.clone(), w.message.clone())));
+}

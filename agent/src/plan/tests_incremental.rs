@@ -1,0 +1,279 @@
+//! The incremental planner against planning from scratch: after every change in a long
+//! random sequence, the edit it returns, applied to the previous tables, must give exactly the
+//! tables `plan()` computes anew, and the outcomes must be the same.
+
+use super::config::Config;
+use super::node::{AddressKind, NodeInfo};
+use super::service::ServiceKey;
+use super::*;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// A small deterministic generator (no dependency, same sequence every run).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+fn service(i: u64, rng: &mut Lcg) -> Service {
+    let policy = if rng.next(2) == 0 { "Cluster" } else { "Local" };
+    let port = 80 + rng.next(4); // few ports: many conflicts
+    let proto = ["TCP", "UDP"][rng.next(2) as usize];
+    let fams = [vec!["IPv4"], vec!["IPv6"], vec!["IPv4", "IPv6"]][rng.next(3) as usize].clone();
+    let mut spec = serde_json::json!({
+        "type": "LoadBalancer",
+        "externalTrafficPolicy": policy,
+        "ipFamilies": fams,
+        "ports": [{"name": "p", "port": port, "protocol": proto}, {"name": "q", "port": 90 + rng.next(2), "protocol": "TCP"}],
+    });
+    if rng.next(3) == 0 {
+        spec["loadBalancerSourceRanges"] = serde_json::json!(["192.0.2.0/24", "2001:db8:c::/64"]);
+    }
+    if rng.next(10) == 0 {
+        spec["ports"][0]["port"] = serde_json::json!(22); // reserved
+    }
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"namespace": "ns", "name": format!("s{i}"),
+                      "creationTimestamp": format!("2024-01-{:02}T00:00:00Z", 1 + rng.next(3))},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn slice(i: u64, name: &str, family: &str, rng: &mut Lcg) -> EndpointSlice {
+    let n = rng.next(4);
+    let eps: Vec<_> = (0..n)
+        .map(|_| {
+            let host = 10 + rng.next(6);
+            let addr = if family == "IPv4" {
+                format!("198.51.100.{host}")
+            } else {
+                format!("2001:db8:b::{host:x}")
+            };
+            let node = ["node-a", "node-b"][rng.next(2) as usize];
+            serde_json::json!({
+                "addresses": [addr],
+                "nodeName": node,
+                "conditions": {"ready": rng.next(4) != 0, "serving": true, "terminating": rng.next(2) == 0},
+            })
+        })
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"namespace": "ns", "name": name, "labels": {"kubernetes.io/service-name": format!("s{i}")}},
+        "addressType": family,
+        "ports": [{"name": "p", "port": 8080, "protocol": "TCP"}, {"name": "p", "port": 8081, "protocol": "UDP"}, {"name": "q", "port": 9090, "protocol": "TCP"}],
+        "endpoints": eps,
+    }))
+    .unwrap()
+}
+
+#[test]
+fn incremental_updates_equal_planning_from_scratch() {
+    let node = NodeInfo {
+        name: "node-a".into(),
+        labels: Default::default(),
+        addresses: vec![
+            (AddressKind::InternalIP, "203.0.113.1".parse().unwrap()),
+            (AddressKind::InternalIP, "2001:db8::1".parse().unwrap()),
+        ],
+    };
+    let local: BTreeSet<IpAddr> = node.addresses.iter().map(|a| a.1).collect();
+    let config = Config::default();
+    let families = Families { v4: true, v6: true };
+    let ctx = Context::new(node.clone(), local.clone(), families, config.clone());
+
+    let mut rng = Lcg(7);
+    let mut objects = Objects::default();
+    let mut services: Vec<Option<Service>> = Vec::new();
+    let mut slices: Vec<EndpointSlice> = Vec::new();
+    for i in 0..12 {
+        let s = service(i, &mut rng);
+        objects.put_service(Arc::new(s.clone()));
+        services.push(Some(s));
+        for (k, fam) in ["IPv4", "IPv6"].iter().enumerate() {
+            let sl = slice(i, &format!("s{i}-{k}"), fam, &mut rng);
+            objects.put_slice(Arc::new(sl.clone()));
+            slices.push(sl);
+        }
+    }
+    let mut planner = Planner::new();
+    assert!(matches!(
+        planner
+            .update(&objects, &ctx, Some(&BTreeSet::new()))
+            .change,
+        TableChange::Rebuild
+    ));
+    let mut tables = planner.tables();
+
+    let mut edits_seen = 0;
+    for step in 0..400 {
+        let mut dirty = BTreeSet::new();
+        for _ in 0..1 + rng.next(3) {
+            let i = rng.next(services.len() as u64);
+            match rng.next(5) {
+                0 => {
+                    // The Service changes or goes away and comes back.
+                    let s = if rng.next(4) == 0 {
+                        None
+                    } else {
+                        Some(service(i, &mut rng))
+                    };
+                    match &s {
+                        Some(s) => dirty.extend(objects.put_service(Arc::new(s.clone()))),
+                        None => {
+                            if let Some(old) = &services[i as usize] {
+                                dirty.extend(objects.delete_service(old));
+                            }
+                        }
+                    }
+                    services[i as usize] = s;
+                }
+                1 => {
+                    // A slice is deleted.
+                    let j = rng.next(slices.len() as u64) as usize;
+                    dirty.extend(objects.delete_slice(&slices[j]));
+                }
+                2 => {
+                    // A slice moves to another Service.
+                    let j = rng.next(slices.len() as u64) as usize;
+                    let mut sl = slices[j].clone();
+                    sl.metadata.labels.as_mut().unwrap().insert(
+                        "kubernetes.io/service-name".into(),
+                        format!("s{}", rng.next(services.len() as u64)),
+                    );
+                    dirty.extend(objects.put_slice(Arc::new(sl.clone())));
+                    slices[j] = sl;
+                }
+                _ => {
+                    // Endpoints change.
+                    let j = rng.next(slices.len() as u64) as usize;
+                    let owner = slices[j].metadata.labels.as_ref().unwrap()
+                        ["kubernetes.io/service-name"][1..]
+                        .parse::<u64>()
+                        .unwrap();
+                    let name = slices[j].metadata.name.clone().unwrap();
+                    let fam = slices[j].address_type.clone();
+                    let sl = slice(owner, &name, &fam, &mut rng);
+                    dirty.extend(objects.put_slice(Arc::new(sl.clone())));
+                    slices[j] = sl;
+                }
+            }
+        }
+        let update = planner.update(&objects, &ctx, Some(&dirty));
+        let TableChange::Edit(edits) = update.change else {
+            panic!("step {step}: an unchanged context must not rebuild")
+        };
+        for (tr, edit) in edits {
+            edits_seen += 1;
+            let t = tables
+                .iter_mut()
+                .find(|t| t.family == tr.family)
+                .expect("edited table exists");
+            if let Err(e) = edit.ops(t) {
+                panic!("step {step}: edit does not fit the previous table: {e}\n{edit:#?}");
+            }
+            edit.apply(t);
+        }
+
+        let live: Vec<&Service> = services.iter().flatten().collect();
+        let current: Vec<EndpointSlice> = objects
+            .keys()
+            .iter()
+            .flat_map(|k| objects.slices_of(k).into_iter().cloned())
+            .collect();
+        let fresh = plan(&Input {
+            services: live,
+            slices: current.iter().collect(),
+            node: &node,
+            local_addresses: &local,
+            families,
+            config: &config,
+        });
+        for (a, b) in tables.iter().zip(&fresh.tables) {
+            if a != b {
+                panic!(
+                    "step {step}: incremental table differs from a fresh plan\n--- incremental\n{}\n--- fresh\n{}",
+                    nodelb_netfilter::render_table(a),
+                    nodelb_netfilter::render_table(b)
+                );
+            }
+        }
+        let outcomes: std::collections::BTreeMap<ServiceKey, diagnosis::ServiceOutcome> = planner
+            .outcomes()
+            .map(|(k, o)| (k.clone(), o.clone()))
+            .collect();
+        assert_eq!(outcomes, fresh.services, "step {step}");
+    }
+    assert!(
+        edits_seen > 300,
+        "the sequence exercised {edits_seen} edits"
+    );
+}
+
+#[test]
+fn one_endpoint_change_replans_one_service() {
+    let node = NodeInfo {
+        name: "node-a".into(),
+        labels: Default::default(),
+        addresses: vec![(AddressKind::InternalIP, "203.0.113.1".parse().unwrap())],
+    };
+    let local: BTreeSet<IpAddr> = node.addresses.iter().map(|a| a.1).collect();
+    let ctx = Context::new(
+        node,
+        local,
+        Families {
+            v4: true,
+            v6: false,
+        },
+        Config::default(),
+    );
+    let mut objects = Objects::default();
+    for i in 0..200u16 {
+        let s: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "ns", "name": format!("s{i}"), "creationTimestamp": "2024-01-01T00:00:00Z"},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 1000 + i}]},
+        }))
+        .unwrap();
+        objects.put_service(Arc::new(s));
+    }
+    let mut planner = Planner::new();
+    planner.update(&objects, &ctx, None);
+    let sl: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "metadata": {"namespace": "ns", "name": "s7-1", "labels": {"kubernetes.io/service-name": "s7"}},
+        "addressType": "IPv4",
+        "ports": [{"port": 8080, "protocol": "TCP"}],
+        "endpoints": [{"addresses": ["198.51.100.10"]}],
+    }))
+    .unwrap();
+    let dirty: BTreeSet<ServiceKey> = objects.put_slice(Arc::new(sl)).into_iter().collect();
+    let u = planner.update(&objects, &ctx, Some(&dirty));
+    assert_eq!(u.replanned, 1);
+    assert_eq!(u.changed, dirty);
+    let TableChange::Edit(edits) = u.change else {
+        panic!("expected an edit")
+    };
+    assert_eq!(edits.len(), 1);
+    let e = &edits[0].1;
+    // Reject → forward: out of no-endpoints, into the dispatch, lb and masquerade sets, the
+    // endpoint map and the hairpin set, and one new chain.
+    assert_eq!(e.put_chains.len(), 1);
+    assert_eq!(e.elements["no-endpoints"].del.len(), 1);
+    for set in [
+        "services",
+        "lb-services",
+        "masq-services",
+        "endpoints",
+        "hairpin",
+    ] {
+        assert_eq!(e.elements[set].add.len(), 1, "{set}");
+    }
+}
