@@ -11,8 +11,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{
-    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent,
-    WatchParams,
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
@@ -146,7 +145,15 @@ async fn create_get_list_with_selectors_and_pagination() {
 
     // Cluster-wide list sees the same objects.
     let everywhere: Api<Service> = Api::all(client(addr, ADMIN).await);
-    assert_eq!(everywhere.list(&ListParams::default()).await.unwrap().items.len(), 5);
+    assert_eq!(
+        everywhere
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        5
+    );
 }
 
 /// Collects watcher events until `done` says so.
@@ -229,7 +236,10 @@ async fn too_old_resource_version_gets_410_and_watcher_relists() {
 
     // A raw watch from resourceVersion 1, long compacted: one ERROR event.
     for n in 0..10 {
-        leases.create(&PostParams::default(), &lease(n)).await.unwrap();
+        leases
+            .create(&PostParams::default(), &lease(n))
+            .await
+            .unwrap();
     }
     let mut raw = leases
         .watch(&WatchParams::default().timeout(5), "1")
@@ -259,7 +269,10 @@ async fn too_old_resource_version_gets_410_and_watcher_relists() {
     // Ten lease writes evict a's event from the five-event history; the
     // watcher's next watch (from a's resourceVersion) is too old.
     for n in 10..20 {
-        leases.create(&PostParams::default(), &lease(n)).await.unwrap();
+        leases
+            .create(&PostParams::default(), &lease(n))
+            .await
+            .unwrap();
     }
     let relisted = watch_until(&mut stream, |s| s.last().is_some_and(|l| l == "InitDone")).await;
     assert_eq!(
@@ -284,8 +297,14 @@ async fn stale_resource_version_put_conflicts() {
         .unwrap();
     let mut newer = original.clone();
     newer.metadata.labels = Some([("x".to_string(), "1".to_string())].into());
-    let stored = svcs.replace("a", &PostParams::default(), &newer).await.unwrap();
-    assert_ne!(stored.metadata.resource_version, original.metadata.resource_version);
+    let stored = svcs
+        .replace("a", &PostParams::default(), &newer)
+        .await
+        .unwrap();
+    assert_ne!(
+        stored.metadata.resource_version,
+        original.metadata.resource_version
+    );
     let mut stale = original.clone();
     stale.metadata.labels = Some([("x".to_string(), "2".to_string())].into());
     assert_eq!(
@@ -301,10 +320,9 @@ async fn status_subresource_is_isolated() {
     let (_api, addr) = start(config()).await;
     let svcs: Api<Service> = Api::namespaced(client(addr, ADMIN).await, "default");
     let mut created = service("a", json!({}));
-    created.status = serde_json::from_value(
-        json!({"loadBalancer": {"ingress": [{"ip": "203.0.113.99"}]}}),
-    )
-    .unwrap();
+    created.status =
+        serde_json::from_value(json!({"loadBalancer": {"ingress": [{"ip": "203.0.113.99"}]}}))
+            .unwrap();
     let created = svcs.create(&PostParams::default(), &created).await.unwrap();
     assert_eq!(
         serde_json::to_value(&created.status).unwrap(),
@@ -314,19 +332,20 @@ async fn status_subresource_is_isolated() {
 
     // A status write changes only .status.
     let mut body = created.clone();
-    body.status = serde_json::from_value(
-        json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}]}}),
-    )
-    .unwrap();
+    body.status =
+        serde_json::from_value(json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}]}}))
+            .unwrap();
     body.spec.as_mut().unwrap().type_ = Some("NodePort".into());
     let after = svcs
         .replace_status("a", &PostParams::default(), &body)
         .await
         .unwrap();
-    assert_eq!(after.spec.as_ref().unwrap().type_.as_deref(), Some("LoadBalancer"));
+    assert_eq!(
+        after.spec.as_ref().unwrap().type_.as_deref(),
+        Some("LoadBalancer")
+    );
     let ingress = |s: &Service| {
-        serde_json::to_value(&s.status.as_ref().unwrap().load_balancer).unwrap()["ingress"][0]
-            ["ip"]
+        serde_json::to_value(&s.status.as_ref().unwrap().load_balancer).unwrap()["ingress"][0]["ip"]
             .clone()
     };
     assert_eq!(ingress(&after), "192.0.2.10");
@@ -341,7 +360,10 @@ async fn status_subresource_is_isolated() {
         )
         .await
         .unwrap();
-    assert_eq!(after2.spec.as_ref().unwrap().type_.as_deref(), Some("ClusterIP"));
+    assert_eq!(
+        after2.spec.as_ref().unwrap().type_.as_deref(),
+        Some("ClusterIP")
+    );
     assert_eq!(ingress(&after2), "192.0.2.10");
 
     // Nodes keep the status they are created with (the kubelet's way).
@@ -350,16 +372,22 @@ async fn status_subresource_is_isolated() {
         "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.1"}]}}))
     .unwrap();
     let node = nodes.create(&PostParams::default(), &node).await.unwrap();
-    assert_eq!(node.status.unwrap().addresses.unwrap()[0].address, "192.0.2.1");
+    assert_eq!(
+        node.status.unwrap().addresses.unwrap()[0].address,
+        "192.0.2.1"
+    );
 }
 
 #[tokio::test]
 async fn merge_strategic_and_json_patches() {
     let (_api, addr) = start(config()).await;
     let svcs: Api<Service> = Api::namespaced(client(addr, ADMIN).await, "default");
-    svcs.create(&PostParams::default(), &service("a", json!({"keep": "1", "drop": "1"})))
-        .await
-        .unwrap();
+    svcs.create(
+        &PostParams::default(),
+        &service("a", json!({"keep": "1", "drop": "1"})),
+    )
+    .await
+    .unwrap();
     let pp = PatchParams::default();
     let merged = svcs
         .patch(
@@ -370,10 +398,7 @@ async fn merge_strategic_and_json_patches() {
         .await
         .unwrap();
     let labels = merged.metadata.labels.clone().unwrap();
-    assert_eq!(
-        labels.keys().cloned().collect::<Vec<_>>(),
-        ["keep", "new"]
-    );
+    assert_eq!(labels.keys().cloned().collect::<Vec<_>>(), ["keep", "new"]);
 
     let strategic = svcs
         .patch(
@@ -392,10 +417,21 @@ async fn merge_strategic_and_json_patches() {
     ]))
     .unwrap();
     let patched = svcs.patch("a", &pp, &Patch::<()>::Json(jp)).await.unwrap();
-    let ports: Vec<i32> = patched.spec.unwrap().ports.unwrap().iter().map(|p| p.port).collect();
+    let ports: Vec<i32> = patched
+        .spec
+        .unwrap()
+        .ports
+        .unwrap()
+        .iter()
+        .map(|p| p.port)
+        .collect();
     assert_eq!(ports, [80, 443]);
     assert_eq!(patched.metadata.labels.unwrap()["keep"], "3");
-    assert_eq!(patched.metadata.generation, Some(2), "spec change bumps generation");
+    assert_eq!(
+        patched.metadata.generation,
+        Some(2),
+        "spec change bumps generation"
+    );
 
     let failing: json_patch::Patch = serde_json::from_value(json!([
         {"op": "test", "path": "/metadata/labels/keep", "value": "1"}
@@ -445,7 +481,11 @@ async fn apply_records_managed_fields() {
             "status": {"loadBalancer": {"ingress": [{"ip": ip, "ipMode": "Proxy"}]}}}))
     };
     let applied = svcs
-        .patch_status("a", &PatchParams::apply("nodelb").force(), &status("192.0.2.1"))
+        .patch_status(
+            "a",
+            &PatchParams::apply("nodelb").force(),
+            &status("192.0.2.1"),
+        )
         .await
         .unwrap();
     let value = serde_json::to_value(&applied).unwrap();
@@ -488,7 +528,9 @@ async fn apply_records_managed_fields() {
     assert_eq!(managers, ["tests", "intruder"]);
 
     // Apply without a field manager is refused, as on kube-apiserver.
-    let raw = svcs.patch("a", &PatchParams::default(), &status("192.0.2.3")).await;
+    let raw = svcs
+        .patch("a", &PatchParams::default(), &status("192.0.2.3"))
+        .await;
     assert_eq!(api_error(raw).0, 400);
 }
 
@@ -511,7 +553,15 @@ async fn rbac_from_manifests_limits_the_agent() {
 
     // Allowed: what the ClusterRole lists.
     let all_svcs: Api<Service> = Api::all(agent.clone());
-    assert_eq!(all_svcs.list(&ListParams::default()).await.unwrap().items.len(), 1);
+    assert_eq!(
+        all_svcs
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
     let svcs: Api<Service> = Api::namespaced(agent.clone(), "default");
     svcs.patch_status(
         "a",
@@ -562,7 +612,11 @@ async fn rbac_from_manifests_limits_the_agent() {
     // No token, or an unknown one: 401.
     let stranger = client(addr, "who-knows").await;
     assert_eq!(
-        api_error(Api::<Service>::all(stranger).list(&ListParams::default()).await),
+        api_error(
+            Api::<Service>::all(stranger)
+                .list(&ListParams::default())
+                .await
+        ),
         (401, "Unauthorized".into())
     );
     let denied = api
@@ -570,7 +624,10 @@ async fn rbac_from_manifests_limits_the_agent() {
         .iter()
         .filter(|r| r.user == AGENT_USER && r.code == 403)
         .count();
-    assert_eq!(denied, 4, "get svc, update svc, delete node, create lease in default");
+    assert_eq!(
+        denied, 4,
+        "get svc, update svc, delete node, create lease in default"
+    );
 }
 
 #[tokio::test]
@@ -586,10 +643,13 @@ async fn audit_records_user_source_and_object() {
     let agent = client(addr, AGENT).await;
     let leases: Api<Lease> = Api::namespaced(agent, "nodelb-system");
     let lease: Lease =
-        serde_json::from_value(json!({"metadata": {"name": "nodelb-node-n1"}, "spec": {}})).unwrap();
+        serde_json::from_value(json!({"metadata": {"name": "nodelb-node-n1"}, "spec": {}}))
+            .unwrap();
     leases.create(&PostParams::default(), &lease).await.unwrap();
     leases.get("nodelb-node-n1").await.unwrap();
-    let _ = leases.delete("nodelb-node-n1", &DeleteParams::default()).await;
+    let _ = leases
+        .delete("nodelb-node-n1", &DeleteParams::default())
+        .await;
 
     let records = api.audit();
     assert_eq!(records.len(), 3, "{records:#?}");
@@ -598,12 +658,24 @@ async fn audit_records_user_source_and_object() {
     for r in &records {
         assert_eq!(r.user, AGENT_USER);
         assert!(r.source.ip().is_loopback() && r.source.port() != 0);
-        assert_ne!(r.source.port(), addr.port(), "client side of the connection");
+        assert_ne!(
+            r.source.port(),
+            addr.port(),
+            "client side of the connection"
+        );
     }
     let created = records[0].object.as_ref().unwrap();
     assert_eq!(
-        (created.resource.as_str(), created.namespace.as_str(), created.name.as_str()),
-        ("leases.coordination.k8s.io", "nodelb-system", "nodelb-node-n1")
+        (
+            created.resource.as_str(),
+            created.namespace.as_str(),
+            created.name.as_str()
+        ),
+        (
+            "leases.coordination.k8s.io",
+            "nodelb-system",
+            "nodelb-node-n1"
+        )
     );
     assert!(records[1].object.is_none(), "reads carry no object");
     assert_eq!(
@@ -639,11 +711,19 @@ async fn watch_selectors_bookmarks_and_timeout() {
     let wp = WatchParams::default().labels("app=web").timeout(2); // bookmarks on by default
     let mut stream = svcs.watch(&wp, &start_rv).await.unwrap().boxed();
     let pp = PostParams::default();
-    svcs.create(&pp, &service("a", json!({"app": "web"}))).await.unwrap();
-    svcs.create(&pp, &service("b", json!({"app": "db"}))).await.unwrap();
+    svcs.create(&pp, &service("a", json!({"app": "web"})))
+        .await
+        .unwrap();
+    svcs.create(&pp, &service("b", json!({"app": "db"})))
+        .await
+        .unwrap();
     let relabel = |app: &str| Patch::Merge(json!({"metadata": {"labels": {"app": app}}}));
-    svcs.patch("a", &PatchParams::default(), &relabel("db")).await.unwrap();
-    svcs.patch("b", &PatchParams::default(), &relabel("web")).await.unwrap();
+    svcs.patch("a", &PatchParams::default(), &relabel("db"))
+        .await
+        .unwrap();
+    svcs.patch("b", &PatchParams::default(), &relabel("web"))
+        .await
+        .unwrap();
 
     let mut seen = Vec::new();
     let mut bookmarks = 0;
@@ -709,9 +789,18 @@ async fn binary_serves_with_written_kubeconfig() {
     let c = Client::try_from(cfg).unwrap();
     assert_eq!(c.apiserver_version().await.unwrap().git_version, "v1.30.0");
     let svcs: Api<Service> = Api::all(c.clone());
-    assert!(svcs.list(&ListParams::default()).await.unwrap().items.is_empty());
+    assert!(svcs
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .is_empty());
     assert_eq!(
-        api_error(Api::<Node>::all(c).delete("n1", &DeleteParams::default()).await),
+        api_error(
+            Api::<Node>::all(c)
+                .delete("n1", &DeleteParams::default())
+                .await
+        ),
         (403, "Forbidden".into())
     );
     child.kill().await.unwrap();

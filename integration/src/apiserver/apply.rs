@@ -263,12 +263,11 @@ pub fn apply(
     // an atomic leaf (a list or scalar) that contains the longer one. An
     // empty map owned by someone does not own its future children.
     let is_map = |obj: &Value, p: &[String]| {
-        lookup(obj, p).is_none_or(Value::is_object) && lookup(applied, p).is_none_or(Value::is_object)
+        lookup(obj, p).is_none_or(Value::is_object)
+            && lookup(applied, p).is_none_or(Value::is_object)
     };
     let related = |obj: &Value, a: &[String], b: &[String]| {
-        a == b
-            || (b.starts_with(a) && !is_map(obj, a))
-            || (a.starts_with(b) && !is_map(obj, b))
+        a == b || (b.starts_with(a) && !is_map(obj, a)) || (a.starts_with(b) && !is_map(obj, b))
     };
     let changes = |obj: &Value, a: &[String], b: &[String]| {
         let longer = if a.len() >= b.len() { a } else { b };
@@ -316,7 +315,11 @@ pub fn apply(
         let owned_elsewhere = list
             .iter()
             .filter(|e| !e.same_owner(who.manager, "Apply", who.subresource))
-            .any(|e| e.fields.iter().any(|p| related(&object, p, gone) || p.starts_with(gone)));
+            .any(|e| {
+                e.fields
+                    .iter()
+                    .any(|p| related(&object, p, gone) || p.starts_with(gone))
+            });
         if !owned_elsewhere && !still_applied {
             remove_path(&mut object, gone);
         }
@@ -452,10 +455,16 @@ mod tests {
         let err = apply(Some(&owned), &mine, &who("nodelb", "status"), false).unwrap_err();
         assert_eq!(
             err.0,
-            vec![("other".to_string(), ".status.loadBalancer.ingress".to_string())]
+            vec![(
+                "other".to_string(),
+                ".status.loadBalancer.ingress".to_string()
+            )]
         );
         let forced = apply(Some(&owned), &mine, &who("nodelb", "status"), true).unwrap();
-        assert_eq!(forced["status"]["loadBalancer"]["ingress"][0]["ip"], "192.0.2.1");
+        assert_eq!(
+            forced["status"]["loadBalancer"]["ingress"][0]["ip"],
+            "192.0.2.1"
+        );
         let managers: Vec<&Value> = forced["metadata"]["managedFields"]
             .as_array()
             .unwrap()

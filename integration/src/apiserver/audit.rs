@@ -131,8 +131,10 @@ mod tests {
         log.record(rec(409));
         assert_eq!(log.records().len(), 2);
         let text = std::fs::read_to_string(&path).unwrap();
-        let lines: Vec<serde_json::Value> =
-            text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[1]["code"], 409);
         assert_eq!(lines[0]["source"], "127.0.0.1:4000");

@@ -100,8 +100,17 @@ impl Authorizer {
             verbs: vec!["get".into()],
             non_resource_urls: Some(
                 [
-                    "/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/readyz",
-                    "/openapi", "/openapi/*", "/version", "/version/",
+                    "/api",
+                    "/api/*",
+                    "/apis",
+                    "/apis/*",
+                    "/healthz",
+                    "/livez",
+                    "/readyz",
+                    "/openapi",
+                    "/openapi/*",
+                    "/version",
+                    "/version/",
                 ]
                 .map(String::from)
                 .to_vec(),
@@ -177,7 +186,11 @@ impl Authorizer {
             if v.get("apiVersion").and_then(Value::as_str) != Some(RBAC_API_VERSION) {
                 continue;
             }
-            let kind = v.get("kind").and_then(Value::as_str).unwrap_or("").to_string();
+            let kind = v
+                .get("kind")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
             let name = v
                 .pointer("/metadata/name")
                 .and_then(Value::as_str)
@@ -192,7 +205,8 @@ impl Authorizer {
             match kind.as_str() {
                 "ClusterRole" => {
                     let r: ClusterRole = serde_json::from_value(v).map_err(decode_err)?;
-                    self.cluster_roles.insert(name.clone(), r.rules.unwrap_or_default());
+                    self.cluster_roles
+                        .insert(name.clone(), r.rules.unwrap_or_default());
                     self.cluster_role_labels
                         .insert(name.clone(), r.metadata.labels.unwrap_or_default());
                     if let Some(agg) = r.aggregation_rule {
@@ -209,7 +223,8 @@ impl Authorizer {
                 "Role" => {
                     let r: Role = serde_json::from_value(v).map_err(decode_err)?;
                     let ns = r.metadata.namespace.unwrap_or_default();
-                    self.roles.insert((ns, name.clone()), r.rules.unwrap_or_default());
+                    self.roles
+                        .insert((ns, name.clone()), r.rules.unwrap_or_default());
                 }
                 "ClusterRoleBinding" => {
                     let b: ClusterRoleBinding = serde_json::from_value(v).map_err(decode_err)?;
@@ -232,9 +247,9 @@ impl Authorizer {
         for (name, selectors) in &self.aggregations {
             let mut rules = Vec::new();
             for (other, labels) in &self.cluster_role_labels {
-                let selected = selectors
-                    .iter()
-                    .any(|sel| !sel.is_empty() && sel.iter().all(|(k, v)| labels.get(k) == Some(v)));
+                let selected = selectors.iter().any(|sel| {
+                    !sel.is_empty() && sel.iter().all(|(k, v)| labels.get(k) == Some(v))
+                });
                 if other != name && selected {
                     rules.extend(self.cluster_roles.get(other).cloned().unwrap_or_default());
                 }
@@ -283,7 +298,9 @@ impl Authorizer {
             }
             let rules = match b.role_ref.kind.as_str() {
                 "ClusterRole" => self.cluster_roles.get(&b.role_ref.name),
-                "Role" => self.roles.get(&(binding_ns.to_string(), b.role_ref.name.clone())),
+                "Role" => self
+                    .roles
+                    .get(&(binding_ns.to_string(), b.role_ref.name.clone())),
                 _ => None,
             };
             if rules.is_some_and(|rules| rules.iter().any(|r| rule_allows(r, req))) {
@@ -311,10 +328,7 @@ fn collect_yaml_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), RbacErro
         let path = entry.path();
         if path.is_dir() {
             collect_yaml_files(&path, out)?;
-        } else if path
-            .extension()
-            .is_some_and(|e| e == "yaml" || e == "yml")
-        {
+        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
             out.push(path);
         }
     }
@@ -326,7 +340,7 @@ fn collect_yaml_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), RbacErro
 fn applies_to(subject: &Subject, user: &UserInfo, binding_namespace: &str) -> bool {
     match subject.kind.as_str() {
         "User" => subject.name == user.name,
-        "Group" => user.groups.iter().any(|g| *g == subject.name),
+        "Group" => user.groups.contains(&subject.name),
         "ServiceAccount" => {
             let ns = subject
                 .namespace
@@ -371,7 +385,8 @@ pub fn rule_allows(rule: &PolicyRule, req: &Request<'_>) -> bool {
                 && urls.iter().any(|u| {
                     u == "*"
                         || u == path
-                        || u.strip_suffix('*').is_some_and(|prefix| path.starts_with(prefix))
+                        || u.strip_suffix('*')
+                            .is_some_and(|prefix| path.starts_with(prefix))
                 })
         }
     }
@@ -450,7 +465,13 @@ subjects:
         UserInfo::new("system:serviceaccount:app:sa", &[])
     }
 
-    fn res<'a>(verb: &'a str, group: &'a str, resource: &'a str, ns: &'a str, name: &'a str) -> Request<'a> {
+    fn res<'a>(
+        verb: &'a str,
+        group: &'a str,
+        resource: &'a str,
+        ns: &'a str,
+        name: &'a str,
+    ) -> Request<'a> {
         Request::Resource {
             verb,
             group,
@@ -475,7 +496,10 @@ subjects:
 
     #[test]
     fn subresource_is_its_own_resource() {
-        assert!(allowed(&sa(), res("patch", "", "services/status", "a", "x")));
+        assert!(allowed(
+            &sa(),
+            res("patch", "", "services/status", "a", "x")
+        ));
         assert!(!allowed(&sa(), res("patch", "", "services", "a", "x")));
     }
 
@@ -490,13 +514,22 @@ subjects:
         let lease = |ns| res("create", "coordination.k8s.io", "leases", ns, "");
         assert!(allowed(&sa(), lease("app")));
         assert!(!allowed(&sa(), lease("default")));
-        assert!(!allowed(&UserInfo::new("system:serviceaccount:other:sa", &[]), lease("app")));
+        assert!(!allowed(
+            &UserInfo::new("system:serviceaccount:other:sa", &[]),
+            lease("app")
+        ));
     }
 
     #[test]
     fn group_subjects_and_aggregation() {
-        assert!(allowed(&sa(), res("create", "events.k8s.io", "events", "x", "")));
-        assert!(!allowed(&sa(), res("delete", "events.k8s.io", "events", "x", "e")));
+        assert!(allowed(
+            &sa(),
+            res("create", "events.k8s.io", "events", "x", "")
+        ));
+        assert!(!allowed(
+            &sa(),
+            res("delete", "events.k8s.io", "events", "x", "e")
+        ));
     }
 
     #[test]
@@ -524,7 +557,10 @@ subjects:
             verbs: vec!["update".into()],
             ..Default::default()
         };
-        assert!(rule_allows(&rule, &res("update", "", "nodes/status", "", "n")));
+        assert!(rule_allows(
+            &rule,
+            &res("update", "", "nodes/status", "", "n")
+        ));
         assert!(!rule_allows(&rule, &res("update", "", "nodes", "", "n")));
     }
 
@@ -537,7 +573,19 @@ subjects:
         assert!(ok(res("list", "", "services", "", "")));
         assert!(ok(res("patch", "", "services/status", "a", "b")));
         assert!(!ok(res("update", "", "services", "a", "b")));
-        assert!(ok(res("create", "coordination.k8s.io", "leases", "nodelb-system", "")));
-        assert!(!ok(res("create", "coordination.k8s.io", "leases", "default", "")));
+        assert!(ok(res(
+            "create",
+            "coordination.k8s.io",
+            "leases",
+            "nodelb-system",
+            ""
+        )));
+        assert!(!ok(res(
+            "create",
+            "coordination.k8s.io",
+            "leases",
+            "default",
+            ""
+        )));
     }
 }

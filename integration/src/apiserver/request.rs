@@ -37,7 +37,9 @@ impl ResourceRequest {
 pub enum RequestInfo {
     /// Discovery and other paths outside `/api/v1/…` and `/apis/g/v/…`
     /// resource trees.
-    NonResource { path: String },
+    NonResource {
+        path: String,
+    },
     Resource(ResourceRequest),
 }
 
@@ -131,14 +133,22 @@ mod tests {
             res("GET", "/api/v1/watch/namespaces/a/services", &[]).verb,
             "watch"
         );
-        assert_eq!(res("GET", "/api/v1/namespaces/a/services/b", &[]).verb, "get");
+        assert_eq!(
+            res("GET", "/api/v1/namespaces/a/services/b", &[]).verb,
+            "get"
+        );
     }
 
     #[test]
     fn namespaced_subresource() {
         let r = res("PATCH", "/api/v1/namespaces/a/services/b/status", &[]);
         assert_eq!(
-            (r.verb, r.namespace.as_str(), r.name.as_str(), r.rbac_resource()),
+            (
+                r.verb,
+                r.namespace.as_str(),
+                r.name.as_str(),
+                r.rbac_resource()
+            ),
             ("patch", "a", "b", "services/status".to_string())
         );
     }
@@ -170,9 +180,18 @@ mod tests {
 
     #[test]
     fn discovery_is_non_resource() {
-        for p in ["/api", "/apis", "/version", "/api/v1", "/apis/discovery.k8s.io/v1"] {
+        for p in [
+            "/api",
+            "/apis",
+            "/version",
+            "/api/v1",
+            "/apis/discovery.k8s.io/v1",
+        ] {
             assert!(
-                matches!(classify("GET", p, &Query::new()), RequestInfo::NonResource { .. }),
+                matches!(
+                    classify("GET", p, &Query::new()),
+                    RequestInfo::NonResource { .. }
+                ),
                 "{p}"
             );
         }

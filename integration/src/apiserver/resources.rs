@@ -108,7 +108,15 @@ pub const RESOURCES: &[ResourceDef] = &[
         false,
         None,
     ),
-    def("coordination.k8s.io", "v1", "leases", "Lease", true, false, None),
+    def(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        "Lease",
+        true,
+        false,
+        None,
+    ),
     def("events.k8s.io", "v1", "events", "Event", true, false, None),
 ];
 

@@ -45,7 +45,11 @@ impl ApiStatus {
 
     /// The path names no resource the double serves.
     pub fn no_route() -> ApiStatus {
-        ApiStatus::new(404, "NotFound", "the server could not find the requested resource")
+        ApiStatus::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
     }
 
     pub fn already_exists(group: &str, resource: &str, name: &str) -> ApiStatus {
@@ -68,6 +72,16 @@ impl ApiStatus {
             ),
         )
         .with_details(name, group, resource)
+    }
+
+    /// Server-side apply would change fields other managers own.
+    pub fn apply_conflict(
+        group: &str,
+        resource: &str,
+        name: &str,
+        conflict: &impl std::fmt::Display,
+    ) -> ApiStatus {
+        ApiStatus::new(409, "Conflict", conflict.to_string()).with_details(name, group, resource)
     }
 
     pub fn invalid(group: &str, kind: &str, name: &str, causes: &[String]) -> ApiStatus {

@@ -100,7 +100,10 @@ fn parse_requirement(req: &str) -> Result<Requirement, SelectorError> {
         return Ok(Requirement::DoesNotExist(key.to_string()));
     }
     for (op, make) in [
-        ("!=", Requirement::NotEquals as fn(String, String) -> Requirement),
+        (
+            "!=",
+            Requirement::NotEquals as fn(String, String) -> Requirement,
+        ),
         ("==", Requirement::Equals),
         ("=", Requirement::Equals),
     ] {
@@ -239,7 +242,10 @@ impl FieldSelector {
 
     pub fn matches(&self, object: &Value) -> bool {
         self.0.iter().all(|r| {
-            let actual = object.pointer(r.pointer).and_then(Value::as_str).unwrap_or("");
+            let actual = object
+                .pointer(r.pointer)
+                .and_then(Value::as_str)
+                .unwrap_or("");
             (actual == r.value) == r.equal
         })
     }
@@ -299,7 +305,10 @@ mod tests {
 
     #[test]
     fn existence_operators() {
-        assert!(m("kubernetes.io/service-name", json!({"kubernetes.io/service-name": "x"})));
+        assert!(m(
+            "kubernetes.io/service-name",
+            json!({"kubernetes.io/service-name": "x"})
+        ));
         assert!(!m("kubernetes.io/service-name", json!({})));
         assert!(m("!excluded", json!({"other": "1"})));
         assert!(!m("!excluded", json!({"excluded": ""})));

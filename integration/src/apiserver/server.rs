@@ -51,7 +51,10 @@ pub struct Shared {
 }
 
 /// Serves `listener` until it fails.
-pub async fn serve(shared: Arc<Shared>, listener: tokio::net::TcpListener) -> Result<(), ServeError> {
+pub async fn serve(
+    shared: Arc<Shared>,
+    listener: tokio::net::TcpListener,
+) -> Result<(), ServeError> {
     let addr = listener
         .local_addr()
         .map(|a| a.to_string())
@@ -207,7 +210,9 @@ fn dispatch(
                 &req.name,
             ))
         }
-        Decision::Allow(why) => debug!(user = %user.name, verb = req.verb, resource = %rbac_resource, %why, "allowed"),
+        Decision::Allow(why) => {
+            debug!(user = %user.name, verb = req.verb, resource = %rbac_resource, %why, "allowed")
+        }
     }
     if query.contains_key("dryRun") {
         return Outcome::status(ApiStatus::bad_request(
@@ -215,7 +220,11 @@ fn dispatch(
         ));
     }
     // The store keys Namespace objects without a namespace.
-    let namespace = if is_namespace_object { "" } else { req.namespace.as_str() };
+    let namespace = if is_namespace_object {
+        ""
+    } else {
+        req.namespace.as_str()
+    };
     let write = matches!(req.verb, "create" | "update" | "patch" | "delete");
     let mut name = req.name.clone();
     let mut outcome = match resource_verb(shared, res, req, namespace, query, headers, body) {
@@ -364,9 +373,20 @@ fn resource_verb(
             }
             let force = matches!(param(query, "force"), Some("true" | "1"));
             let (obj, created) = lock().patch(
-                res, namespace, &req.name, kind, &body, status, force, &ctx(),
+                res,
+                namespace,
+                &req.name,
+                kind,
+                &body,
+                status,
+                force,
+                &ctx(),
             )?;
-            let code = if created { StatusCode::CREATED } else { StatusCode::OK };
+            let code = if created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
             Ok(Reply::Json(code, obj))
         }
         "delete" => {

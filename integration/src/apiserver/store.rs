@@ -81,31 +81,40 @@ impl From<StoreError> for ApiStatus {
                 name,
                 why,
             } => ApiStatus::conflict(resource.group, resource.resource, &name, &why),
-            StoreError::ApplyConflict { resource, source, .. } => {
-                let mut s = ApiStatus::conflict(resource.group, resource.resource, "", "");
-                s.message = source.to_string();
-                s
-            }
+            StoreError::ApplyConflict {
+                resource,
+                name,
+                source,
+            } => ApiStatus::apply_conflict(resource.group, resource.resource, &name, &source),
             StoreError::Invalid {
                 resource,
                 name,
                 causes,
             } => ApiStatus::invalid(resource.group, resource.kind, &name, &causes),
             StoreError::BadRequest(m) => ApiStatus::bad_request(m),
-            e @ StoreError::Patch { .. } => {
-                let cause = std::error::Error::source(&e)
-                    .and_then(|s| s.source().map(ToString::to_string).or(Some(s.to_string())))
-                    .unwrap_or_default();
-                let mut s = ApiStatus::bad_request(format!("{e}: {cause}"));
-                if matches!(&e, StoreError::Patch { source: PatchError::JsonPatch(_), .. }) {
-                    s.code = 422;
-                    s.reason = "Invalid";
+            StoreError::Patch {
+                resource,
+                name,
+                source,
+            } => {
+                // The innermost cause says what was wrong with the body.
+                let mut cause: &dyn std::error::Error = &source;
+                while let Some(inner) = cause.source() {
+                    cause = inner;
                 }
-                s
+                let message = format!("patching {resource} {name:?}: {source}: {cause}");
+                match source {
+                    // A well-formed JSON patch that cannot be applied (a
+                    // failed `test`, a missing path) is 422, as upstream.
+                    PatchError::JsonPatch(_) => {
+                        ApiStatus::invalid(resource.group, resource.kind, &name, &[message])
+                    }
+                    _ => ApiStatus::bad_request(message),
+                }
             }
-            StoreError::Expired { requested, oldest } => ApiStatus::expired(format!(
-                "too old resource version: {requested} ({oldest})"
-            )),
+            StoreError::Expired { requested, oldest } => {
+                ApiStatus::expired(format!("too old resource version: {requested} ({oldest})"))
+            }
             StoreError::TooLarge { requested, current } => ApiStatus {
                 code: 504,
                 reason: "Timeout",
@@ -387,7 +396,12 @@ impl Store {
         applied: bool,
     ) -> Result<Value, StoreError> {
         let mut obj = self.check_body(resource, path_namespace, None, body)?;
-        if obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").is_empty() {
+        if obj
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .is_empty()
+        {
             let prefix = obj
                 .pointer("/metadata/generateName")
                 .and_then(Value::as_str)
@@ -397,7 +411,9 @@ impl Store {
                 return Err(StoreError::Invalid {
                     resource,
                     name: String::new(),
-                    causes: vec!["metadata.name: Required value: name or generateName is required".into()],
+                    causes: vec![
+                        "metadata.name: Required value: name or generateName is required".into(),
+                    ],
                 });
             }
             let suffix = &self.uid().replace('-', "")[27..32];
@@ -413,7 +429,10 @@ impl Store {
         }
         if resource.namespaced {
             let ns_def = resources::by_path("", "v1", "namespaces").expect("namespaces are served");
-            if !self.objects.contains_key(&self::key(ns_def, "", &key.namespace)) {
+            if !self
+                .objects
+                .contains_key(&self::key(ns_def, "", &key.namespace))
+            {
                 return Err(StoreError::NotFound {
                     resource: ns_def,
                     namespace: String::new(),
@@ -424,14 +443,20 @@ impl Store {
         if let Some(status) = resource.initial_status {
             obj["status"] = serde_json::from_str(status).expect("initial status is JSON");
         }
-        let meta = obj["metadata"].as_object_mut().expect("checked by check_body");
+        let meta = obj["metadata"]
+            .as_object_mut()
+            .expect("checked by check_body");
         if !applied {
             meta.remove("managedFields");
         }
         meta.remove("resourceVersion");
         meta.insert("uid".into(), json!(self.uid()));
         meta.insert("generation".into(), json!(1));
-        if meta.get("creationTimestamp").and_then(Value::as_str).is_none() {
+        if meta
+            .get("creationTimestamp")
+            .and_then(Value::as_str)
+            .is_none()
+        {
             meta.insert("creationTimestamp".into(), json!(ctx.now));
         }
         if !applied {
@@ -451,7 +476,11 @@ impl Store {
         ctx: &WriteContext,
     ) -> Result<Value, StoreError> {
         let key = key(resource, namespace, name);
-        let old = self.objects.get(&key).cloned().ok_or_else(|| not_found(&key))?;
+        let old = self
+            .objects
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| not_found(&key))?;
         let body = self.check_body(resource, namespace, Some(name), body)?;
         check_resource_version(&key, &old, &body)?;
         let mut new = merge_for_subresource(resource, &old, body, status);
@@ -548,8 +577,15 @@ impl Store {
         pre: &Preconditions,
     ) -> Result<Value, StoreError> {
         let key = key(resource, namespace, name);
-        let old = self.objects.get(&key).cloned().ok_or_else(|| not_found(&key))?;
-        let meta = |f: &str| old.pointer(&format!("/metadata/{f}")).and_then(Value::as_str);
+        let old = self
+            .objects
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| not_found(&key))?;
+        let meta = |f: &str| {
+            old.pointer(&format!("/metadata/{f}"))
+                .and_then(Value::as_str)
+        };
         if pre.uid.as_deref().is_some_and(|u| Some(u) != meta("uid")) {
             return Err(StoreError::Conflict {
                 resource,
@@ -602,10 +638,15 @@ impl Store {
         let Some(obj) = body.as_object_mut() else {
             return bad("the request body is not a JSON object".into());
         };
-        for (field, want) in [("apiVersion", resource.api_version()), ("kind", resource.kind.to_string())] {
+        for (field, want) in [
+            ("apiVersion", resource.api_version()),
+            ("kind", resource.kind.to_string()),
+        ] {
             match obj.get(field).and_then(Value::as_str) {
                 Some(got) if got != want => {
-                    return bad(format!("{field} {got:?} does not match the path ({want:?})"))
+                    return bad(format!(
+                        "{field} {got:?} does not match the path ({want:?})"
+                    ))
                 }
                 _ => {
                     obj.insert(field.into(), json!(want));
@@ -675,11 +716,22 @@ impl Store {
             if without_volatile(old) == without_volatile(&new) {
                 return Ok(old.clone());
             }
-            let generation = old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(1);
-            let bumped = if spec_of(old) != spec_of(&new) { generation + 1 } else { generation };
+            let generation = old
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(1);
+            let bumped = if spec_of(old) != spec_of(&new) {
+                generation + 1
+            } else {
+                generation
+            };
             new["metadata"]["generation"] = json!(bumped);
         }
-        let kind = if old.is_some() { EventType::Modified } else { EventType::Added };
+        let kind = if old.is_some() {
+            EventType::Modified
+        } else {
+            EventType::Added
+        };
         Ok(self.record(key, kind, new, old))
     }
 
@@ -717,7 +769,11 @@ impl Store {
 fn key(resource: &'static ResourceDef, namespace: &str, name: &str) -> ObjectKey {
     ObjectKey {
         resource,
-        namespace: if resource.namespaced { namespace.to_string() } else { String::new() },
+        namespace: if resource.namespaced {
+            namespace.to_string()
+        } else {
+            String::new()
+        },
         name: name.to_string(),
     }
 }
@@ -759,8 +815,14 @@ fn parse_rv(s: &str) -> Result<u64, StoreError> {
 
 /// 409 when the body names a resourceVersion other than the stored one.
 fn check_resource_version(key: &ObjectKey, old: &Value, body: &Value) -> Result<(), StoreError> {
-    let sent = body.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or("");
-    let stored = old.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or("");
+    let sent = body
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let stored = old
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("");
     if !sent.is_empty() && sent != stored {
         return Err(StoreError::Conflict {
             resource: key.resource,
@@ -844,7 +906,7 @@ fn encode_continue(rv: u64, namespace: &str, name: &str) -> String {
 }
 
 fn decode_continue(token: &str) -> Option<(u64, String, String)> {
-    if token.len() % 2 != 0 {
+    if !token.len().is_multiple_of(2) {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..token.len())
@@ -862,7 +924,10 @@ mod tests {
     use super::*;
 
     fn res(kind: &str) -> &'static ResourceDef {
-        resources::RESOURCES.iter().find(|r| r.kind == kind).unwrap()
+        resources::RESOURCES
+            .iter()
+            .find(|r| r.kind == kind)
+            .unwrap()
     }
 
     fn ctx() -> WriteContext {
@@ -874,8 +939,13 @@ mod tests {
 
     fn store_with_ns() -> Store {
         let mut s = Store::new(100, vec![], false);
-        s.create(res("Namespace"), "", json!({"metadata": {"name": "ns"}}), &ctx())
-            .unwrap();
+        s.create(
+            res("Namespace"),
+            "",
+            json!({"metadata": {"name": "ns"}}),
+            &ctx(),
+        )
+        .unwrap();
         s
     }
 
@@ -893,7 +963,9 @@ mod tests {
         assert_eq!(a["status"], json!({"loadBalancer": {}}));
         let mut b = a.clone();
         b["spec"]["type"] = json!("ClusterIP");
-        let b = s.update(res("Service"), "ns", "a", b, false, &ctx()).unwrap();
+        let b = s
+            .update(res("Service"), "ns", "a", b, false, &ctx())
+            .unwrap();
         assert_eq!(b["metadata"]["resourceVersion"], "3");
         assert_eq!(b["metadata"]["generation"], 2);
         assert_eq!(b["metadata"]["uid"], a["metadata"]["uid"]);
@@ -905,8 +977,11 @@ mod tests {
         let a = s.create(res("Service"), "ns", svc("a"), &ctx()).unwrap();
         let mut b = a.clone();
         b["spec"]["x"] = json!(1);
-        s.update(res("Service"), "ns", "a", b, false, &ctx()).unwrap();
-        let err = s.update(res("Service"), "ns", "a", a, false, &ctx()).unwrap_err();
+        s.update(res("Service"), "ns", "a", b, false, &ctx())
+            .unwrap();
+        let err = s
+            .update(res("Service"), "ns", "a", a, false, &ctx())
+            .unwrap_err();
         assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
     }
 
@@ -917,30 +992,49 @@ mod tests {
         let mut st = a.clone();
         st["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}]}});
         st["spec"]["type"] = json!("NodePort");
-        let after = s.update(res("Service"), "ns", "a", st, true, &ctx()).unwrap();
+        let after = s
+            .update(res("Service"), "ns", "a", st, true, &ctx())
+            .unwrap();
         assert_eq!(after["spec"]["type"], "LoadBalancer");
-        assert_eq!(after["status"]["loadBalancer"]["ingress"][0]["ip"], "192.0.2.1");
+        assert_eq!(
+            after["status"]["loadBalancer"]["ingress"][0]["ip"],
+            "192.0.2.1"
+        );
         let mut main = after.clone();
         main["status"] = json!({});
-        let after2 = s.update(res("Service"), "ns", "a", main, false, &ctx()).unwrap();
-        assert_eq!(after2["status"]["loadBalancer"]["ingress"][0]["ip"], "192.0.2.1");
+        let after2 = s
+            .update(res("Service"), "ns", "a", main, false, &ctx())
+            .unwrap();
+        assert_eq!(
+            after2["status"]["loadBalancer"]["ingress"][0]["ip"],
+            "192.0.2.1"
+        );
     }
 
     #[test]
     fn no_op_write_keeps_the_resource_version() {
         let mut s = store_with_ns();
         let a = s.create(res("Service"), "ns", svc("a"), &ctx()).unwrap();
-        let again = s.update(res("Service"), "ns", "a", a.clone(), false, &ctx()).unwrap();
-        assert_eq!(again["metadata"]["resourceVersion"], a["metadata"]["resourceVersion"]);
+        let again = s
+            .update(res("Service"), "ns", "a", a.clone(), false, &ctx())
+            .unwrap();
+        assert_eq!(
+            again["metadata"]["resourceVersion"],
+            a["metadata"]["resourceVersion"]
+        );
     }
 
     #[test]
     fn missing_namespace_and_duplicates_are_refused() {
         let mut s = store_with_ns();
-        let e = s.create(res("Service"), "nope", svc("a"), &ctx()).unwrap_err();
+        let e = s
+            .create(res("Service"), "nope", svc("a"), &ctx())
+            .unwrap_err();
         assert!(matches!(e, StoreError::NotFound { name, .. } if name == "nope"));
         s.create(res("Service"), "ns", svc("a"), &ctx()).unwrap();
-        let e = s.create(res("Service"), "ns", svc("a"), &ctx()).unwrap_err();
+        let e = s
+            .create(res("Service"), "ns", svc("a"), &ctx())
+            .unwrap_err();
         assert!(matches!(e, StoreError::AlreadyExists { .. }));
     }
 
@@ -951,9 +1045,14 @@ mod tests {
             s.create(res("Service"), "ns", svc(n), &ctx()).unwrap();
         }
         let mut names = Vec::new();
-        let mut opts = ListOptions { limit: Some(2), ..Default::default() };
+        let mut opts = ListOptions {
+            limit: Some(2),
+            ..Default::default()
+        };
         loop {
-            let page = s.list(res("Service"), "ns", &Selectors::default(), &opts).unwrap();
+            let page = s
+                .list(res("Service"), "ns", &Selectors::default(), &opts)
+                .unwrap();
             assert_eq!(page["metadata"]["resourceVersion"], "6");
             for i in page["items"].as_array().unwrap() {
                 names.push(i["metadata"]["name"].as_str().unwrap().to_string());
@@ -970,12 +1069,20 @@ mod tests {
     fn history_eviction_expires_old_watch_positions() {
         let mut s = Store::new(3, vec![], false);
         for i in 0..5 {
-            s.create(res("Namespace"), "", json!({"metadata": {"name": format!("n{i}")}}), &ctx())
-                .unwrap();
+            s.create(
+                res("Namespace"),
+                "",
+                json!({"metadata": {"name": format!("n{i}")}}),
+                &ctx(),
+            )
+            .unwrap();
         }
         assert!(matches!(
             s.events_after(res("Namespace"), "", 1),
-            Err(StoreError::Expired { requested: 1, oldest: 2 })
+            Err(StoreError::Expired {
+                requested: 1,
+                oldest: 2
+            })
         ));
         let (events, head) = s.events_after(res("Namespace"), "", 2).unwrap();
         assert_eq!((events.len(), head), (3, 5));
@@ -988,7 +1095,13 @@ mod tests {
             vec![DroppedField::parse("status.loadBalancer.ingress[].ipMode").unwrap()],
             false,
         );
-        s.create(res("Namespace"), "", json!({"metadata": {"name": "ns"}}), &ctx()).unwrap();
+        s.create(
+            res("Namespace"),
+            "",
+            json!({"metadata": {"name": "ns"}}),
+            &ctx(),
+        )
+        .unwrap();
         s.create(res("Service"), "ns", svc("a"), &ctx()).unwrap();
         let (out, _) = s
             .patch(
@@ -1002,16 +1115,28 @@ mod tests {
                 &ctx(),
             )
             .unwrap();
-        assert_eq!(out["status"]["loadBalancer"]["ingress"], json!([{"ip": "192.0.2.1"}]));
+        assert_eq!(
+            out["status"]["loadBalancer"]["ingress"],
+            json!([{"ip": "192.0.2.1"}])
+        );
     }
 
     #[test]
     fn validation_only_when_enabled() {
         let bad = json!({"metadata": {"name": "a"}, "spec": {"ports": [{"port": 0}]}});
         let mut lax = store_with_ns();
-        assert!(lax.create(res("Service"), "ns", bad.clone(), &ctx()).is_ok());
+        assert!(lax
+            .create(res("Service"), "ns", bad.clone(), &ctx())
+            .is_ok());
         let mut strict = Store::new(10, vec![], true);
-        strict.create(res("Namespace"), "", json!({"metadata": {"name": "ns"}}), &ctx()).unwrap();
+        strict
+            .create(
+                res("Namespace"),
+                "",
+                json!({"metadata": {"name": "ns"}}),
+                &ctx(),
+            )
+            .unwrap();
         assert!(matches!(
             strict.create(res("Service"), "ns", bad, &ctx()),
             Err(StoreError::Invalid { .. })
@@ -1022,7 +1147,8 @@ mod tests {
     fn deleting_a_namespace_deletes_its_objects() {
         let mut s = store_with_ns();
         s.create(res("Service"), "ns", svc("a"), &ctx()).unwrap();
-        s.delete(res("Namespace"), "", "ns", &Preconditions::default()).unwrap();
+        s.delete(res("Namespace"), "", "ns", &Preconditions::default())
+            .unwrap();
         assert!(s.get(res("Service"), "ns", "a").is_err());
     }
 

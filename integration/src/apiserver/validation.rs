@@ -18,7 +18,9 @@ pub fn validate(res: &ResourceDef, object: &Value) -> Vec<String> {
         .and_then(Value::as_str)
         .unwrap_or("");
     if !is_dns_subdomain(name) {
-        causes.push(format!("metadata.name: Invalid value: {name:?}: must be a lowercase RFC 1123 subdomain"));
+        causes.push(format!(
+            "metadata.name: Invalid value: {name:?}: must be a lowercase RFC 1123 subdomain"
+        ));
     }
     match res.kind {
         "Service" => service(object, &mut causes),
@@ -71,7 +73,9 @@ fn check_protocol(v: Option<&Value>, field: &str, causes: &mut Vec<String>) {
 fn check_ip(v: Option<&Value>, field: &str, causes: &mut Vec<String>) {
     if let Some(s) = v.and_then(Value::as_str) {
         if s.parse::<IpAddr>().is_err() {
-            causes.push(format!("{field}: Invalid value: {s:?}: must be a valid IP address"));
+            causes.push(format!(
+                "{field}: Invalid value: {s:?}: must be a valid IP address"
+            ));
         }
     }
 }
@@ -79,7 +83,11 @@ fn check_ip(v: Option<&Value>, field: &str, causes: &mut Vec<String>) {
 fn service(svc: &Value, causes: &mut Vec<String>) {
     for (i, p) in items(svc, "/spec/ports") {
         check_port(&p["port"], &format!("spec.ports[{i}].port"), causes);
-        check_protocol(p.get("protocol"), &format!("spec.ports[{i}].protocol"), causes);
+        check_protocol(
+            p.get("protocol"),
+            &format!("spec.ports[{i}].protocol"),
+            causes,
+        );
     }
     for (i, ing) in items(svc, "/status/loadBalancer/ingress") {
         let field = format!("status.loadBalancer.ingress[{i}]");
@@ -91,7 +99,9 @@ fn service(svc: &Value, causes: &mut Vec<String>) {
             )),
         }
         if ing.get("ip").is_none() && ing.get("ipMode").is_some() {
-            causes.push(format!("{field}.ipMode: Forbidden: may not be specified when `ip` is not"));
+            causes.push(format!(
+                "{field}.ipMode: Forbidden: may not be specified when `ip` is not"
+            ));
         }
     }
     for (i, range) in items(svc, "/spec/loadBalancerSourceRanges") {
@@ -162,7 +172,11 @@ mod tests {
         assert!(validate(by_kind("v1", "Service").unwrap(), &svc).is_empty());
         let slice = json!({"metadata": {"name": "a-1"}, "addressType": "IPv4",
             "endpoints": [{"addresses": ["198.51.100.7"]}], "ports": [{"port": 8080}]});
-        assert!(validate(by_kind("discovery.k8s.io/v1", "EndpointSlice").unwrap(), &slice).is_empty());
+        assert!(validate(
+            by_kind("discovery.k8s.io/v1", "EndpointSlice").unwrap(),
+            &slice
+        )
+        .is_empty());
     }
 
     #[test]

@@ -46,7 +46,10 @@ pub fn translate(event: &StoredEvent, selectors: &Selectors) -> Option<(EventTyp
     match event.kind {
         EventType::Added | EventType::Deleted => now.then(|| (event.kind, event.object.clone())),
         EventType::Modified => {
-            let before = event.previous.as_ref().is_some_and(|p| selectors.matches(p));
+            let before = event
+                .previous
+                .as_ref()
+                .is_some_and(|p| selectors.matches(p));
             match (before, now) {
                 (true, true) => Some((EventType::Modified, event.object.clone())),
                 (false, true) => Some((EventType::Added, event.object.clone())),
@@ -88,9 +91,10 @@ pub fn stream(
         from = ?req.from,
     );
     tokio::spawn(run(store, req, tx).instrument(span));
-    futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok(b), rx))
-    })
+    futures::stream::unfold(
+        rx,
+        |mut rx| async move { rx.recv().await.map(|b| (Ok(b), rx)) },
+    )
 }
 
 async fn run(store: Arc<Mutex<Store>>, req: WatchRequest, tx: mpsc::Sender<Bytes>) {
@@ -99,7 +103,10 @@ async fn run(store: Arc<Mutex<Store>>, req: WatchRequest, tx: mpsc::Sender<Bytes
     let (lines, mut cursor) = match req.from {
         Some(from) => (Vec::new(), from),
         None => {
-            let (items, rv) = store.lock().expect("store lock").snapshot(req.resource, &req.namespace);
+            let (items, rv) = store
+                .lock()
+                .expect("store lock")
+                .snapshot(req.resource, &req.namespace);
             let lines: Vec<Bytes> = items
                 .iter()
                 .filter(|o| req.selectors.matches(o))
@@ -115,10 +122,11 @@ async fn run(store: Arc<Mutex<Store>>, req: WatchRequest, tx: mpsc::Sender<Bytes
     }
     let mut next_bookmark = Instant::now() + req.bookmark_interval;
     loop {
-        let batch = store
-            .lock()
-            .expect("store lock")
-            .events_after(req.resource, &req.namespace, cursor);
+        let batch =
+            store
+                .lock()
+                .expect("store lock")
+                .events_after(req.resource, &req.namespace, cursor);
         match batch {
             Ok((events, head)) => {
                 for e in &events {

@@ -20,7 +20,10 @@ use nodelb_integration::apiserver::{kubeconfig, ApiServer, ApiServerConfig};
 use tracing::{error, info};
 
 #[derive(Debug, Parser)]
-#[command(name = "nodelb-api-double", about = "In-repo Kubernetes API double for nodelb e2e tests")]
+#[command(
+    name = "nodelb-api-double",
+    about = "In-repo Kubernetes API double for nodelb e2e tests"
+)]
 struct Args {
     /// Address to listen on (repeatable).
     #[arg(long = "listen", required = true)]
@@ -98,8 +101,7 @@ fn parse_token(spec: &str) -> anyhow::Result<(String, String, Vec<String>)> {
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
     let args = Args::parse();
@@ -163,11 +165,19 @@ mod tests {
     fn token_specs() {
         assert_eq!(
             parse_token("t=admin:system:masters").unwrap(),
-            ("t".into(), "admin".into(), vec!["system:masters".to_string()])
+            (
+                "t".into(),
+                "admin".into(),
+                vec!["system:masters".to_string()]
+            )
         );
         assert_eq!(
             parse_token("t=system:serviceaccount:nodelb-system:nodelb").unwrap(),
-            ("t".into(), "system:serviceaccount:nodelb-system:nodelb".into(), vec![])
+            (
+                "t".into(),
+                "system:serviceaccount:nodelb-system:nodelb".into(),
+                vec![]
+            )
         );
         assert_eq!(
             parse_token("t=alice:a,b").unwrap().2,
