@@ -11,7 +11,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{
-    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+    Api, DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams, PostParams, WatchEvent,
+    WatchParams,
 };
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
@@ -143,6 +144,19 @@ async fn create_get_list_with_selectors_and_pagination() {
     assert_eq!(pages.len(), 3);
     assert!(pages.iter().all(|p| p.1 == pages[0].1));
 
+    // Metadata-only lists (kube-rs `list_metadata`, `metadata_watcher`).
+    let meta = svcs.list_metadata(&sel("app=db")).await.unwrap();
+    let meta_names: Vec<String> = meta
+        .items
+        .iter()
+        .map(|m| m.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(meta_names, ["c", "d"]);
+    assert_eq!(
+        meta.items[1].metadata.labels.as_ref().unwrap()["canary"],
+        "yes"
+    );
+
     // Cluster-wide list sees the same objects.
     let everywhere: Api<Service> = Api::all(client(addr, ADMIN).await);
     assert_eq!(
@@ -202,7 +216,7 @@ async fn watcher_sees_create_modify_delete_in_order() {
     svcs.create(&PostParams::default(), &service("old", json!({})))
         .await
         .unwrap();
-    let mut stream = watcher(Api::<Service>::all(c), watcher::Config::default()).boxed();
+    let mut stream = watcher(Api::<Service>::all(c.clone()), watcher::Config::default()).boxed();
     let init = watch_until(&mut stream, |s| s.last().is_some_and(|l| l == "InitDone")).await;
     assert_eq!(init, ["Init", "InitApply old", "InitDone"]);
 
@@ -219,6 +233,24 @@ async fn watcher_sees_create_modify_delete_in_order() {
     svcs.delete("a", &DeleteParams::default()).await.unwrap();
     let events = watch_until(&mut stream, |s| s.len() == 3).await;
     assert_eq!(events, ["Apply a1", "Apply a2", "Delete a2"]);
+
+    // The same through a metadata-only watcher.
+    let meta_api: Api<PartialObjectMeta<Service>> = Api::namespaced(c.clone(), "default");
+    let mut meta = watcher(meta_api, watcher::Config::default()).boxed();
+    let first = timeout(WAIT, async {
+        loop {
+            if let Some(Ok(watcher::Event::InitApply(m))) = meta.next().await {
+                return m;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(first.metadata.name.as_deref(), Some("old"));
+    assert_eq!(
+        first.types.as_ref().map(|t| t.kind.as_str()),
+        Some("PartialObjectMetadata")
+    );
 }
 
 #[tokio::test]

@@ -299,10 +299,17 @@ fn resource_verb(
         now: now(false),
     };
     let status = req.subresource == "status";
+    let metadata_only = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("as=PartialObjectMetadata"));
     let store = &shared.store;
     let lock = || store.lock().expect("store lock");
     let ok = |v| Ok(Reply::Json(StatusCode::OK, v));
     match req.verb {
+        "get" if metadata_only => ok(watch::partial_object_metadata(
+            &lock().get(res, namespace, &req.name)?,
+        )),
         "get" => ok(lock().get(res, namespace, &req.name)?),
         "list" => {
             let limit = match param(query, "limit") {
@@ -318,7 +325,17 @@ fn resource_verb(
                 resource_version: param(query, "resourceVersion").map(String::from),
                 resource_version_match: param(query, "resourceVersionMatch").map(String::from),
             };
-            ok(lock().list(res, namespace, &selectors()?, &opts)?)
+            let mut list = lock().list(res, namespace, &selectors()?, &opts)?;
+            if metadata_only {
+                list["kind"] = json!("PartialObjectMetadataList");
+                list["apiVersion"] = json!("meta.k8s.io/v1");
+                if let Some(items) = list["items"].as_array_mut() {
+                    for item in items {
+                        *item = watch::partial_object_metadata(item);
+                    }
+                }
+            }
+            ok(list)
         }
         "watch" => {
             let from = match param(query, "resourceVersion") {
@@ -341,6 +358,7 @@ fn resource_verb(
                 bookmarks: matches!(param(query, "allowWatchBookmarks"), Some("true" | "1")),
                 bookmark_interval: shared.bookmark_interval,
                 timeout,
+                metadata_only,
             };
             let body = Body::from_stream(watch::stream(store.clone(), wreq));
             let response = Response::builder()

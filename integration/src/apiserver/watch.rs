@@ -37,6 +37,9 @@ pub struct WatchRequest {
     pub bookmarks: bool,
     pub bookmark_interval: Duration,
     pub timeout: Duration,
+    /// Send `PartialObjectMetadata` instead of whole objects (the client
+    /// asked with `Accept: …;as=PartialObjectMetadata…`).
+    pub metadata_only: bool,
 }
 
 /// What a stored event becomes for a watcher with selectors: `None` when
@@ -58,6 +61,24 @@ pub fn translate(event: &StoredEvent, selectors: &Selectors) -> Option<(EventTyp
             }
         }
     }
+}
+
+fn shape(object: &Value, metadata_only: bool) -> Value {
+    if metadata_only {
+        partial_object_metadata(object)
+    } else {
+        object.clone()
+    }
+}
+
+/// The `PartialObjectMetadata` form of an object (`meta.k8s.io/v1`), what
+/// kube-rs metadata-only requests and `metadata_watcher` ask for.
+pub fn partial_object_metadata(object: &Value) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": object.get("metadata").cloned().unwrap_or_else(|| json!({})),
+    })
 }
 
 fn line(kind: &str, object: &Value) -> Bytes {
@@ -131,6 +152,7 @@ async fn run(store: Arc<Mutex<Store>>, req: WatchRequest, tx: mpsc::Sender<Bytes
             Ok((events, head)) => {
                 for e in &events {
                     if let Some((kind, obj)) = translate(e, &req.selectors) {
+                        let obj = shape(&obj, req.metadata_only);
                         if tx.send(line(kind.as_str(), &obj)).await.is_err() {
                             return;
                         }
