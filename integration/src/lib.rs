@@ -1,3 +1,4 @@
+pub mod apiserver;
 pub mod models;
 pub mod netns;
 pub mod nft;
