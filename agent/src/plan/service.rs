@@ -52,6 +52,20 @@ impl fmt::Display for ServiceKey {
     }
 }
 
+/// Whether a key can name nodelb's chains and sets: namespace and name are DNS labels
+/// (lowercase letters, digits and `-`, at most 63), as a real API server guarantees.
+pub fn valid_key(key: &ServiceKey) -> bool {
+    let label = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 63
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !s.starts_with('-')
+            && !s.ends_with('-')
+    };
+    label(&key.namespace) && label(&key.name)
+}
+
 /// The transport protocols a Service port may have.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Protocol {

@@ -1,0 +1,249 @@
+//! From EndpointSlices to the endpoints one Service port forwards to, per family: which slices
+//! belong to the Service, which slice port serves the Service port, which endpoints count.
+
+use super::diagnosis::{ObjectKind, ObjectRef, Warning};
+use super::service::{Protocol, ServiceKey, ServicePortId, TrafficPolicy};
+use super::IpFamily;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+/// Label that ties an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// Most endpoints one Service port forwards to on one family. Kubernetes caps a slice at 1,000
+/// endpoints but not a Service; beyond this the rest are left out, with a warning.
+pub const MAX_ENDPOINTS: usize = 10_000;
+
+/// One backend: address and target port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Endpoint {
+    pub addr: IpAddr,
+    pub port: u16,
+}
+
+/// What one Service port may forward to on one family, before the traffic policy is applied.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Candidates {
+    /// Ready endpoints (`ready` unset counts as ready), with the node each runs on.
+    pub ready: BTreeMap<Endpoint, Option<String>>,
+    /// Serving but terminating endpoints: the fallback when none is ready.
+    pub terminating: BTreeMap<Endpoint, Option<String>>,
+}
+
+/// The endpoints picked for one Service port on one family on this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Selection {
+    /// Forward to these, sorted; `terminating` when no ready endpoint exists and
+    /// serving-and-terminating ones stand in.
+    Forward {
+        endpoints: Vec<Endpoint>,
+        terminating: bool,
+    },
+    /// `Local` policy and every usable endpoint is on another node.
+    DropNotLocal { elsewhere: usize },
+    /// No usable endpoint anywhere.
+    Reject,
+}
+
+/// The EndpointSlices of each Service, by `kubernetes.io/service-name`. FQDN slices are left
+/// out (nodelb forwards to addresses only); slices of unknown address types get a warning.
+pub fn index<'a>(
+    slices: &[&'a EndpointSlice],
+    warnings: &mut Vec<Warning>,
+) -> BTreeMap<ServiceKey, Vec<&'a EndpointSlice>> {
+    let mut by_service: BTreeMap<ServiceKey, Vec<&'a EndpointSlice>> = BTreeMap::new();
+    for s in slices {
+        let Some(service) = s
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SERVICE_NAME_LABEL))
+            .filter(|n| !n.is_empty())
+        else {
+            continue;
+        };
+        let ns = s.metadata.namespace.as_deref().unwrap_or("default");
+        match s.address_type.as_str() {
+            "IPv4" | "IPv6" => {}
+            "FQDN" => continue,
+            other => {
+                warnings.push(Warning::new(
+                    slice_ref(s),
+                    format!("addressType {other:?} is not IPv4, IPv6 or FQDN; slice skipped"),
+                ));
+                continue;
+            }
+        }
+        by_service
+            .entry(ServiceKey::new(ns, service.as_str()))
+            .or_default()
+            .push(s);
+    }
+    by_service
+}
+
+fn slice_ref(s: &EndpointSlice) -> ObjectRef {
+    ObjectRef::new(
+        ObjectKind::EndpointSlice,
+        Some(s.metadata.namespace.as_deref().unwrap_or("default")),
+        s.metadata.name.as_deref().unwrap_or(""),
+    )
+}
+
+fn slice_family(s: &EndpointSlice) -> Option<IpFamily> {
+    match s.address_type.as_str() {
+        "IPv4" => Some(IpFamily::V4),
+        "IPv6" => Some(IpFamily::V6),
+        _ => None,
+    }
+}
+
+/// The endpoints of one Service port on one family, gathered from the Service's slices.
+///
+/// The slice port that serves a Service port has the same name (both unset or empty counts as
+/// the same) and the same protocol. Each endpoint contributes its first address, as kube-proxy
+/// does; an address of the wrong family or that does not parse is skipped with a warning, and
+/// so is an endpoint listed twice (the first one counts).
+pub fn candidates(
+    slices: &[&EndpointSlice],
+    port: &ServicePortId,
+    family: IpFamily,
+    warnings: &mut Vec<Warning>,
+) -> Candidates {
+    let mut out = Candidates::default();
+    let mut seen: BTreeSet<Endpoint> = BTreeSet::new();
+    for s in slices {
+        if slice_family(s) != Some(family) {
+            continue;
+        }
+        let obj = slice_ref(s);
+        let Some(target) = slice_port(s, port, &obj, warnings) else {
+            continue;
+        };
+        for ep in &s.endpoints {
+            let Some(first) = ep.addresses.first() else {
+                continue;
+            };
+            let addr = match first.trim().parse::<IpAddr>() {
+                Ok(a) if IpFamily::of(&a) == family => a,
+                Ok(a) => {
+                    warnings.push(Warning::new(
+                        obj.clone(),
+                        format!("address {a} is not {family} but the slice is {family}; endpoint skipped"),
+                    ));
+                    continue;
+                }
+                Err(_) => {
+                    warnings.push(Warning::new(
+                        obj.clone(),
+                        format!("address {first:?} is not an IP address; endpoint skipped"),
+                    ));
+                    continue;
+                }
+            };
+            let endpoint = Endpoint { addr, port: target };
+            if !seen.insert(endpoint) {
+                warnings.push(Warning::new(
+                    obj.clone(),
+                    format!("endpoint {addr} port {target} is listed more than once; counted once"),
+                ));
+                continue;
+            }
+            let cond = ep.conditions.as_ref();
+            let ready = cond.and_then(|c| c.ready).unwrap_or(true);
+            let serving = cond.and_then(|c| c.serving).unwrap_or(ready);
+            let terminating = cond.and_then(|c| c.terminating).unwrap_or(false);
+            let node = ep.node_name.clone();
+            if ready {
+                out.ready.insert(endpoint, node);
+            } else if serving && terminating {
+                out.terminating.insert(endpoint, node);
+            }
+        }
+    }
+    out
+}
+
+/// The target port a slice gives for a Service port, if it lists one; a matching slice port
+/// whose number is missing or out of range is warned about.
+fn slice_port(
+    s: &EndpointSlice,
+    port: &ServicePortId,
+    obj: &ObjectRef,
+    warnings: &mut Vec<Warning>,
+) -> Option<u16> {
+    let ports = s.ports.as_deref().unwrap_or_default();
+    let matching = ports.iter().find(|p| {
+        let name = p.name.as_deref().filter(|n| !n.is_empty());
+        name == port.name.as_deref()
+            && Protocol::parse(p.protocol.as_deref()) == Some(port.protocol)
+    })?;
+    match matching
+        .port
+        .and_then(|n| u16::try_from(n).ok())
+        .filter(|n| *n > 0)
+    {
+        Some(n) => Some(n),
+        None => {
+            warnings.push(Warning::new(
+                obj.clone(),
+                format!(
+                    "port {:?}: number {:?} is not 1-65535; slice skipped for {}",
+                    matching.name.as_deref().unwrap_or(""),
+                    matching.port,
+                    port
+                ),
+            ));
+            None
+        }
+    }
+}
+
+/// Apply the traffic policy: `Cluster` takes every endpoint, `Local` only this node's. Ready
+/// endpoints first; when none is ready, serving-and-terminating ones.
+pub fn select(
+    c: &Candidates,
+    policy: TrafficPolicy,
+    node: &str,
+    key: &ServiceKey,
+    port: &ServicePortId,
+    warnings: &mut Vec<Warning>,
+) -> Selection {
+    let pick = |m: &BTreeMap<Endpoint, Option<String>>| -> Vec<Endpoint> {
+        m.iter()
+            .filter(|(_, n)| policy == TrafficPolicy::Cluster || n.as_deref() == Some(node))
+            .map(|(e, _)| *e)
+            .collect()
+    };
+    let (mut endpoints, terminating) = match pick(&c.ready) {
+        v if !v.is_empty() => (v, false),
+        _ => (pick(&c.terminating), true),
+    };
+    if endpoints.is_empty() {
+        let elsewhere = if c.ready.is_empty() {
+            c.terminating.len()
+        } else {
+            c.ready.len()
+        };
+        return if elsewhere > 0 {
+            Selection::DropNotLocal { elsewhere }
+        } else {
+            Selection::Reject
+        };
+    }
+    if endpoints.len() > MAX_ENDPOINTS {
+        warnings.push(Warning::new(
+            ObjectRef::service(key),
+            format!(
+                "port {port}: {} endpoints, more than the {MAX_ENDPOINTS} nodelb forwards to; the rest left out",
+                endpoints.len()
+            ),
+        ));
+        endpoints.truncate(MAX_ENDPOINTS);
+    }
+    Selection::Forward {
+        endpoints,
+        terminating,
+    }
+}

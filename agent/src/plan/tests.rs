@@ -1,0 +1,1227 @@
+//! One test per rule of DESIGN.md's "What a Service gets", each built from small YAML fixtures
+//! and named for the rule it proves; then bad input.
+//!
+//! Assertions read the planned table through its `nft` text (what an operator would read with
+//! `nft list table ip nodelb`) or through the outcome the agent logs and reports.
+
+use super::config::Config;
+use super::diagnosis::*;
+use super::node::{AddressKind, NodeInfo};
+use super::service::{Protocol, ServiceKey};
+use super::*;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use std::collections::BTreeSet;
+
+const NODE: &str = "node-a";
+const NODE_V4: &str = "203.0.113.1";
+const NODE_V6: &str = "2001:db8::1";
+
+struct World {
+    services: Vec<Service>,
+    slices: Vec<EndpointSlice>,
+    node: NodeInfo,
+    local: BTreeSet<IpAddr>,
+    families: Families,
+    config: Config,
+}
+
+impl World {
+    fn new() -> World {
+        let node = NodeInfo {
+            name: NODE.into(),
+            labels: [("kubernetes.io/hostname".to_string(), NODE.to_string())].into(),
+            addresses: vec![
+                (AddressKind::InternalIP, NODE_V4.parse().unwrap()),
+                (AddressKind::InternalIP, NODE_V6.parse().unwrap()),
+            ],
+        };
+        let local = [NODE_V4, NODE_V6, "192.0.2.254"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        World {
+            services: Vec::new(),
+            slices: Vec::new(),
+            node,
+            local,
+            families: Families { v4: true, v6: true },
+            config: Config::default(),
+        }
+    }
+
+    fn service(mut self, yaml: &str) -> World {
+        self.services
+            .push(serde_yaml_ng::from_str(yaml).expect("Service fixture"));
+        self
+    }
+
+    fn slice(mut self, yaml: &str) -> World {
+        self.slices
+            .push(serde_yaml_ng::from_str(yaml).expect("EndpointSlice fixture"));
+        self
+    }
+
+    fn plan(&self) -> Plan {
+        plan(&Input {
+            services: self.services.iter().collect(),
+            slices: self.slices.iter().collect(),
+            node: &self.node,
+            local_addresses: &self.local,
+            families: self.families,
+            config: &self.config,
+        })
+    }
+}
+
+impl Plan {
+    fn text(&self, family: IpFamily) -> String {
+        self.tables
+            .iter()
+            .find(|t| t.family == family.netfilter())
+            .map(nodelb_netfilter::render_table)
+            .unwrap_or_default()
+    }
+
+    fn v4(&self) -> String {
+        self.text(IpFamily::V4)
+    }
+
+    fn outcome(&self, ns_name: &str) -> &ServiceOutcome {
+        let (ns, name) = ns_name.split_once('/').unwrap();
+        self.services
+            .get(&ServiceKey::new(ns, name))
+            .unwrap_or_else(|| panic!("no outcome for {ns_name}: {:?}", self.services))
+    }
+
+    fn port(&self, ns_name: &str, family: IpFamily) -> &PortResult {
+        &self.outcome(ns_name).ports(family).expect("family served")[0].result
+    }
+
+    fn warned(&self, needle: &str) -> bool {
+        self.warnings.iter().any(|w| w.to_string().contains(needle))
+    }
+}
+
+/// A LoadBalancer Service `default/web` on TCP port 80 (`http`), extra spec lines appended.
+fn web(extra_spec: &str) -> String {
+    svc(
+        "default",
+        "web",
+        "2024-01-01T00:00:00Z",
+        "- {name: http, port: 80, protocol: TCP}",
+        extra_spec,
+    )
+}
+
+fn svc(ns: &str, name: &str, created: &str, ports: &str, extra_spec: &str) -> String {
+    let ports = ports
+        .lines()
+        .map(|l| format!("    {l}\n"))
+        .collect::<String>();
+    let extra = extra_spec
+        .lines()
+        .map(|l| format!("  {l}\n"))
+        .collect::<String>();
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  namespace: {ns}\n  name: {name}\n  creationTimestamp: \"{created}\"\nspec:\n  type: LoadBalancer\n  ports:\n{ports}{extra}"
+    )
+}
+
+/// An IPv4 slice of `default/web` with port `http` → 8080 and the given endpoints, one per
+/// line: `address [node] [ready=false] [serving=true] [terminating=true]`.
+fn web_slice(name: &str, endpoints: &[&str]) -> String {
+    slice(
+        "default",
+        "web",
+        name,
+        "IPv4",
+        "- {name: http, port: 8080, protocol: TCP}",
+        endpoints,
+    )
+}
+
+fn slice(
+    ns: &str,
+    service: &str,
+    name: &str,
+    family: &str,
+    ports: &str,
+    endpoints: &[&str],
+) -> String {
+    let ports = ports
+        .lines()
+        .map(|l| format!("  {l}\n"))
+        .collect::<String>();
+    let mut eps = String::new();
+    for e in endpoints {
+        let mut parts = e.split_whitespace();
+        let addr = parts.next().unwrap();
+        eps.push_str(&format!("- addresses: [\"{addr}\"]\n"));
+        let mut cond = Vec::new();
+        for p in parts {
+            if let Some((k, v)) = p.split_once('=') {
+                cond.push(format!("{k}: {v}"));
+            } else {
+                eps.push_str(&format!("  nodeName: {p}\n"));
+            }
+        }
+        if !cond.is_empty() {
+            eps.push_str(&format!("  conditions: {{{}}}\n", cond.join(", ")));
+        }
+    }
+    if endpoints.is_empty() {
+        eps.push_str("[]\n");
+    }
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: {ns}\n  name: {name}\n  labels:\n    kubernetes.io/service-name: {service}\naddressType: {family}\nports:\n{ports}endpoints:\n{}",
+        if endpoints.is_empty() { eps } else { eps.lines().map(|l| format!("{l}\n")).collect() }
+    )
+}
+
+fn forwards(n: usize) -> PortResult {
+    PortResult::Forwards {
+        endpoints: n,
+        terminating: false,
+    }
+}
+
+// ---- which Services are nodelb's ---------------------------------------------------------
+
+#[test]
+fn handled_when_class_is_nodelb() {
+    let p = World::new()
+        .service(&web("loadBalancerClass: nodelb.io/nodelb"))
+        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .plan();
+    assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
+    assert!(
+        p.v4().contains(
+            "203.0.113.1 . tcp . 80 comment \"default/web:http\" : goto svc-default/web-tcp-80"
+        ),
+        "{}",
+        p.v4()
+    );
+}
+
+#[test]
+fn other_class_is_ignored() {
+    let p = World::new()
+        .service(&web("loadBalancerClass: example.com/other"))
+        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .plan();
+    assert!(p.services.is_empty());
+    assert!(!p.v4().contains("default/web"));
+}
+
+#[test]
+fn unset_class_is_handled_only_with_default_class() {
+    let mut w = World::new()
+        .service(&web(""))
+        .slice(&web_slice("web-1", &["198.51.100.10"]));
+    assert_eq!(w.plan().port("default/web", IpFamily::V4), &forwards(1));
+    w.config.default_class = false;
+    let p = w.plan();
+    assert!(p.services.is_empty());
+    assert!(!p.v4().contains("default/web"));
+}
+
+#[test]
+fn non_loadbalancer_services_are_ignored() {
+    let p = World::new()
+        .service(&web("").replace("type: LoadBalancer", "type: ClusterIP"))
+        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .plan();
+    assert!(p.services.is_empty());
+    assert!(!p.v4().contains("default/web"));
+}
+
+#[test]
+fn allowed_namespaces_limit_which_services_are_programmed() {
+    let mut w = World::new()
+        .service(&web(""))
+        .slice(&web_slice("web-1", &["198.51.100.10"]));
+    w.config.allowed_namespaces = Some(["prod".to_string()].into());
+    let p = w.plan();
+    assert_eq!(
+        p.outcome("default/web"),
+        &ServiceOutcome::NamespaceNotAllowed
+    );
+    assert!(!p.v4().contains("default/web"));
+}
+
+// ---- serving nodes -----------------------------------------------------------------------
+
+#[test]
+fn node_with_exclusion_label_does_not_serve() {
+    let mut w = World::new()
+        .service(&web(""))
+        .slice(&web_slice("web-1", &["198.51.100.10"]));
+    w.node.labels.insert(
+        "node.kubernetes.io/exclude-from-external-load-balancers".into(),
+        "".into(),
+    );
+    let p = w.plan();
+    assert_eq!(
+        p.outcome("default/web"),
+        &ServiceOutcome::NotServed(NotServed::ExcludedByLabel)
+    );
+    assert!(!p.v4().contains("default/web"));
+}
+
+#[test]
+fn node_selector_annotation_limits_serving_nodes() {
+    let annotated = |sel: &str| {
+        web("").replace(
+            "  creationTimestamp",
+            &format!("  annotations:\n    nodelb.io/node-selector: \"{sel}\"\n  creationTimestamp"),
+        )
+    };
+    let serve = World::new()
+        .service(&annotated("kubernetes.io/hostname in (node-a,node-b)"))
+        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .plan();
+    assert_eq!(serve.port("default/web", IpFamily::V4), &forwards(1));
+
+    let skip = World::new()
+        .service(&annotated("kubernetes.io/hostname=node-b"))
+        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .plan();
+    assert!(matches!(
+        skip.outcome("default/web"),
+        ServiceOutcome::NotServed(NotServed::NodeSelectorMismatch { .. })
+    ));
+    assert!(!skip.v4().contains("default/web"));
+}
+
+#[test]
+fn invalid_node_selector_serves_nowhere_with_a_warning() {
+    let p = World::new()
+        .service(&web("").replace(
+            "  creationTimestamp",
+            "  annotations:\n    nodelb.io/node-selector: \"a in (b\"\n  creationTimestamp",
+        ))
+        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .plan();
+    assert!(matches!(
+        p.outcome("default/web"),
+        ServiceOutcome::NotServed(NotServed::InvalidNodeSelector { .. })
+    ));
+    assert!(p.warned("nodelb.io/node-selector"));
+    assert!(!p.v4().contains("default/web"));
+}
+
+// ---- served addresses --------------------------------------------------------------------
+
+#[test]
+fn only_node_addresses_assigned_on_the_host_are_served() {
+    let mut w = World::new()
+        .service(&web(""))
+        .slice(&web_slice("web-1", &["198.51.100.10"]));
+    // Listed on the Node but not on the host: not served.
+    w.node
+        .addresses
+        .push((AddressKind::ExternalIP, "203.0.113.77".parse().unwrap()));
+    // On the host but not listed on the Node (192.0.2.254): not served either.
+    let p = w.plan();
+    let t = p.v4();
+    assert!(t.contains("203.0.113.1 . tcp . 80"), "{t}");
+    assert!(!t.contains("203.0.113.77 . tcp"), "{t}");
+    assert!(!t.contains("192.0.2.254 . tcp"), "{t}");
+    // Both Node address kinds count once they are on the host.
+    w.local.insert("203.0.113.77".parse().unwrap());
+    let t = w.plan().v4();
+    assert!(
+        t.contains("203.0.113.1 . tcp . 80") && t.contains("203.0.113.77 . tcp . 80"),
+        "{t}"
+    );
+}
+
+#[test]
+fn no_served_address_means_no_rules() {
+    let mut w = World::new()
+        .service(&web(""))
+        .slice(&web_slice("web-1", &["198.51.100.10"]));
+    w.local.clear();
+    let p = w.plan();
+    assert!(matches!(
+        p.outcome("default/web"),
+        ServiceOutcome::NoServedAddress { .. }
+    ));
+    assert!(!p.v4().contains("default/web"));
+}
+
+// ---- endpoints ---------------------------------------------------------------------------
+
+#[test]
+fn slice_port_is_matched_by_name_and_protocol() {
+    let p = World::new()
+        .service(&svc(
+            "default",
+            "web",
+            "2024-01-01T00:00:00Z",
+            "- {name: http, port: 80, protocol: TCP}\n- {name: dns, port: 53, protocol: UDP}",
+            "",
+        ))
+        .slice(&slice(
+            "default",
+            "web",
+            "web-1",
+            "IPv4",
+            "- {name: dns, port: 5353, protocol: TCP}\n- {name: dns, port: 1053, protocol: UDP}\n- {name: http, port: 8080, protocol: TCP}\n- {name: other, port: 9999, protocol: TCP}",
+            &["198.51.100.10"],
+        ))
+        .plan();
+    let t = p.v4();
+    assert!(
+        t.contains("tcp . 80 . 0 comment \"default/web:http\" : 198.51.100.10 . 8080"),
+        "{t}"
+    );
+    assert!(
+        t.contains("udp . 53 . 0 comment \"default/web:dns\" : 198.51.100.10 . 1053"),
+        "{t}"
+    );
+    assert!(!t.contains("5353") && !t.contains("9999"), "{t}");
+}
+
+#[test]
+fn unset_ready_counts_as_ready() {
+    let p = World::new()
+        .service(&web(""))
+        .slice(&web_slice(
+            "web-1",
+            &[
+                "198.51.100.10",
+                "198.51.100.11 ready=false",
+                "198.51.100.12 ready=true",
+            ],
+        ))
+        .plan();
+    assert_eq!(p.port("default/web", IpFamily::V4), &forwards(2));
+    let t = p.v4();
+    assert!(
+        t.contains("198.51.100.10 . 8080") && t.contains("198.51.100.12 . 8080"),
+        "{t}"
+    );
+    assert!(!t.contains("198.51.100.11 . 8080"), "{t}");
+}
+
+#[test]
+fn fqdn_slices_are_skipped() {
+    let p = World::new()
+        .service(&web(""))
+        .slice(&slice(
+            "default",
+            "web",
+            "web-fqdn",
+            "FQDN",
+            "- {name: http, port: 8080, protocol: TCP}",
+            &["backend.example.com"],
+        ))
+        .plan();
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &PortResult::RejectsNoEndpoints
+    );
+    assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+}
+
+#[test]
+fn serving_terminating_endpoints_stand_in_when_none_is_ready() {
+    let w = World::new().service(&web("")).slice(&web_slice(
+        "web-1",
+        &[
+            "198.51.100.10 ready=false serving=true terminating=true",
+            "198.51.100.11 ready=false serving=false terminating=true",
+        ],
+    ));
+    let p = w.plan();
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &PortResult::Forwards {
+            endpoints: 1,
+            terminating: true
+        }
+    );
+    assert!(p.v4().contains("198.51.100.10 . 8080"));
+    assert!(!p.v4().contains("198.51.100.11 . 8080"));
+    // Once one is ready, terminating ones are not used.
+    let p = w.slice(&web_slice("web-2", &["198.51.100.20"])).plan();
+    assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
+    assert!(!p.v4().contains("198.51.100.10 . 8080"));
+}
+
+#[test]
+fn endpoints_from_every_slice_of_the_service_are_used() {
+    let p = World::new()
+        .service(&web(""))
+        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .slice(&web_slice("web-2", &["198.51.100.11"]))
+        .slice(&slice(
+            "default",
+            "other",
+            "other-1",
+            "IPv4",
+            "- {name: http, port: 8080, protocol: TCP}",
+            &["198.51.100.99"],
+        ))
+        .plan();
+    assert_eq!(p.port("default/web", IpFamily::V4), &forwards(2));
+    assert!(p.v4().contains("numgen random mod 2"), "{}", p.v4());
+    assert!(!p.v4().contains("198.51.100.99"));
+}
+
+// ---- traffic policy ----------------------------------------------------------------------
+
+#[test]
+fn cluster_policy_uses_every_endpoint_and_masquerades_clients() {
+    let p = World::new()
+        .service(&web("externalTrafficPolicy: Cluster"))
+        .slice(&web_slice(
+            "web-1",
+            &["198.51.100.10 node-a", "198.51.100.11 node-b"],
+        ))
+        .plan();
+    assert_eq!(p.port("default/web", IpFamily::V4), &forwards(2));
+    let masq = set_block(&p.v4(), "masq-services");
+    assert!(masq.contains("203.0.113.1 . tcp . 80"), "{masq}");
+}
+
+#[test]
+fn local_policy_uses_only_this_nodes_endpoints_and_keeps_client_address() {
+    let p = World::new()
+        .service(&web("externalTrafficPolicy: Local"))
+        .slice(&web_slice(
+            "web-1",
+            &[
+                "198.51.100.10 node-a",
+                "198.51.100.11 node-b",
+                "198.51.100.12",
+            ],
+        ))
+        .plan();
+    assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
+    let t = p.v4();
+    assert!(
+        t.contains("198.51.100.10 . 8080") && !t.contains("198.51.100.11 . 8080"),
+        "{t}"
+    );
+    let masq = set_block(&t, "masq-services");
+    assert!(!masq.contains("203.0.113.1 . tcp . 80"), "{masq}");
+}
+
+#[test]
+fn local_policy_without_local_endpoint_drops() {
+    let p = World::new()
+        .service(&web("externalTrafficPolicy: Local"))
+        .slice(&web_slice("web-1", &["198.51.100.11 node-b"]))
+        .plan();
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &PortResult::DropsNoLocalEndpoint { elsewhere: 1 }
+    );
+    let t = p.v4();
+    let chain = chain_block(&t, "svc-default/web-tcp-80");
+    assert!(chain.contains("counter packets 0 bytes 0 drop"), "{chain}");
+    assert!(
+        !set_block(&t, "no-endpoints").contains("203.0.113.1"),
+        "{t}"
+    );
+}
+
+#[test]
+fn node_and_hairpin_clients_are_masqueraded_under_both_policies() {
+    for policy in ["Cluster", "Local"] {
+        let p = World::new()
+            .service(&web(&format!("externalTrafficPolicy: {policy}")))
+            .slice(&web_slice("web-1", &["198.51.100.10 node-a"]))
+            .plan();
+        let t = p.v4();
+        assert!(
+            set_block(&t, "lb-services").contains("203.0.113.1 . tcp . 80"),
+            "{t}"
+        );
+        let local = set_block(&t, "local-addresses");
+        assert!(
+            local.contains("203.0.113.1") && local.contains("192.0.2.254"),
+            "{local}"
+        );
+        assert!(
+            set_block(&t, "hairpin").contains("198.51.100.10 . 198.51.100.10"),
+            "{t}"
+        );
+        let post = chain_block(&t, "postrouting");
+        assert!(post.contains("ip saddr @local-addresses ct original ip daddr . meta l4proto . ct original proto-dst @lb-services masquerade"), "{post}");
+        assert!(post.contains("ip saddr . ip daddr @hairpin ct original ip daddr . meta l4proto . ct original proto-dst @lb-services masquerade"), "{post}");
+    }
+}
+
+#[test]
+fn service_without_endpoints_rejects() {
+    let p = World::new().service(&web("")).plan();
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &PortResult::RejectsNoEndpoints
+    );
+    let t = p.v4();
+    assert!(
+        set_block(&t, "no-endpoints").contains("203.0.113.1 . tcp . 80"),
+        "{t}"
+    );
+    assert!(
+        !set_block(&t, "services").contains("203.0.113.1 . tcp . 80"),
+        "{t}"
+    );
+    let input = chain_block(&t, "input");
+    assert!(input.contains("reject with tcp reset"), "{input}");
+    assert!(input.contains("@no-endpoints reject"), "{input}");
+}
+
+// ---- source ranges -----------------------------------------------------------------------
+
+#[test]
+fn source_ranges_admit_only_listed_clients_per_family() {
+    let p = World::new()
+        .service(&web("ipFamilies: [IPv4, IPv6]\nipFamilyPolicy: RequireDualStack\nloadBalancerSourceRanges: [\"192.0.2.0/24\", \"2001:db8:c::/64\"]"))
+        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .slice(&slice("default", "web", "web-6", "IPv6", "- {name: http, port: 8080, protocol: TCP}", &["2001:db8:b::10"]))
+        .plan();
+    let v4 = p.v4();
+    let src = set_block(&v4, "src-default/web");
+    assert!(
+        src.contains("192.0.2.0/24") && !src.contains("2001:db8"),
+        "{src}"
+    );
+    let chain = chain_block(&v4, "svc-default/web-tcp-80");
+    assert!(
+        chain.contains("ip saddr != @src-default/web counter packets 0 bytes 0 drop"),
+        "{chain}"
+    );
+    let v6 = p.text(IpFamily::V6);
+    let src6 = set_block(&v6, "src-default/web");
+    assert!(
+        src6.contains("2001:db8:c::/64") && !src6.contains("192.0.2"),
+        "{src6}"
+    );
+    // Without source ranges there is no filter.
+    let open = World::new()
+        .service(&web(""))
+        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .plan();
+    assert!(!open.v4().contains("src-default/web"));
+}
+
+// ---- protocols ---------------------------------------------------------------------------
+
+#[test]
+fn tcp_udp_and_sctp_ports_are_programmed() {
+    let p = World::new()
+        .service(&svc(
+            "default",
+            "web",
+            "2024-01-01T00:00:00Z",
+            "- {name: a, port: 80, protocol: TCP}\n- {name: b, port: 80, protocol: UDP}\n- {name: c, port: 80, protocol: SCTP}",
+            "",
+        ))
+        .slice(&slice(
+            "default",
+            "web",
+            "web-1",
+            "IPv4",
+            "- {name: a, port: 8080, protocol: TCP}\n- {name: b, port: 8081, protocol: UDP}\n- {name: c, port: 8082, protocol: SCTP}",
+            &["198.51.100.10"],
+        ))
+        .plan();
+    let t = p.v4();
+    for (proto, target) in [("tcp", 8080), ("udp", 8081), ("sctp", 8082)] {
+        assert!(
+            t.contains(&format!("203.0.113.1 . {proto} . 80 ")),
+            "{proto}: {t}"
+        );
+        assert!(
+            t.contains(&format!("{proto} . 80 . 0 comment"))
+                && t.contains(&format!("198.51.100.10 . {target}")),
+            "{proto}: {t}"
+        );
+    }
+}
+
+// ---- families ----------------------------------------------------------------------------
+
+#[test]
+fn ip_families_decide_which_tables_carry_the_service() {
+    let w = World::new()
+        .service(&web("ipFamilies: [IPv6]"))
+        .slice(&slice(
+            "default",
+            "web",
+            "web-6",
+            "IPv6",
+            "- {name: http, port: 8080, protocol: TCP}",
+            &["2001:db8:b::10"],
+        ))
+        .slice(&web_slice("web-4", &["198.51.100.10"]));
+    let p = w.plan();
+    assert!(!p.v4().contains("default/web"), "{}", p.v4());
+    let v6 = p.text(IpFamily::V6);
+    assert!(
+        v6.contains("2001:db8::1 . tcp . 80") && v6.contains("2001:db8:b::10 . 8080"),
+        "{v6}"
+    );
+}
+
+#[test]
+fn disabled_or_non_forwarding_family_gets_no_table() {
+    let mut w = World::new()
+        .service(&web("ipFamilies: [IPv4, IPv6]"))
+        .slice(&web_slice("web-4", &["198.51.100.10"]));
+    w.families = Families {
+        v4: true,
+        v6: false,
+    };
+    let p = w.plan();
+    assert_eq!(p.tables.len(), 1);
+    assert_eq!(p.tables[0].family, nodelb_netfilter::Family::Ip);
+    let ServiceOutcome::Served { families } = p.outcome("default/web") else {
+        panic!("{:?}", p.outcome("default/web"))
+    };
+    assert_eq!(
+        families[1].state,
+        FamilyState::Skipped(FamilySkip::FamilyNotProgrammed)
+    );
+
+    w.families = Families {
+        v4: false,
+        v6: false,
+    };
+    let p = w.plan();
+    assert!(p.tables.is_empty());
+    assert!(matches!(
+        p.outcome("default/web"),
+        ServiceOutcome::NoServedAddress { .. }
+    ));
+}
+
+#[test]
+fn missing_ip_families_follow_the_cluster_ip() {
+    let p = World::new()
+        .service(&web("clusterIP: 2001:db8:ffff::10"))
+        .slice(&slice(
+            "default",
+            "web",
+            "web-6",
+            "IPv6",
+            "- {name: http, port: 8080, protocol: TCP}",
+            &["2001:db8:b::10"],
+        ))
+        .plan();
+    assert!(p.text(IpFamily::V6).contains("2001:db8::1 . tcp . 80"));
+    assert!(!p.v4().contains("default/web"));
+}
+
+// ---- conflicts and reserved ports -------------------------------------------------------
+
+#[test]
+fn port_conflict_is_won_by_the_oldest_service() {
+    let p = World::new()
+        .service(&svc(
+            "b",
+            "young",
+            "2024-06-01T00:00:00Z",
+            "- {name: http, port: 80, protocol: TCP}",
+            "",
+        ))
+        .service(&svc(
+            "z",
+            "old",
+            "2023-01-01T00:00:00Z",
+            "- {name: http, port: 80, protocol: TCP}",
+            "",
+        ))
+        .slice(&slice(
+            "b",
+            "young",
+            "y-1",
+            "IPv4",
+            "- {name: http, port: 8080, protocol: TCP}",
+            &["198.51.100.20"],
+        ))
+        .slice(&slice(
+            "z",
+            "old",
+            "o-1",
+            "IPv4",
+            "- {name: http, port: 8080, protocol: TCP}",
+            &["198.51.100.10"],
+        ))
+        .plan();
+    assert_eq!(
+        p.port("b/young", IpFamily::V4),
+        &PortResult::Conflict {
+            winner: ServiceKey::new("z", "old")
+        }
+    );
+    assert_eq!(p.port("z/old", IpFamily::V4), &forwards(1));
+    let t = p.v4();
+    assert!(
+        t.contains("198.51.100.10 . 8080") && !t.contains("198.51.100.20"),
+        "{t}"
+    );
+    assert!(!t.contains("svc-b/young"), "{t}");
+}
+
+#[test]
+fn port_conflict_between_equal_ages_goes_to_namespace_then_name() {
+    let p = World::new()
+        .service(&svc("b", "x", "2024-01-01T00:00:00Z", "- {port: 80}", ""))
+        .service(&svc("a", "y", "2024-01-01T00:00:00Z", "- {port: 80}", ""))
+        .plan();
+    assert_eq!(
+        p.port("b/x", IpFamily::V4),
+        &PortResult::Conflict {
+            winner: ServiceKey::new("a", "y")
+        }
+    );
+    assert_eq!(p.port("a/y", IpFamily::V4), &PortResult::RejectsNoEndpoints);
+}
+
+#[test]
+fn conflicts_are_per_family_and_protocol() {
+    let p = World::new()
+        .service(&svc(
+            "default",
+            "tcp",
+            "2024-01-01T00:00:00Z",
+            "- {port: 53, protocol: TCP}",
+            "ipFamilies: [IPv4]",
+        ))
+        .service(&svc(
+            "default",
+            "udp",
+            "2024-02-01T00:00:00Z",
+            "- {port: 53, protocol: UDP}",
+            "ipFamilies: [IPv4]",
+        ))
+        .service(&svc(
+            "default",
+            "six",
+            "2024-03-01T00:00:00Z",
+            "- {port: 53, protocol: TCP}",
+            "ipFamilies: [IPv6]",
+        ))
+        .plan();
+    assert_eq!(
+        p.port("default/tcp", IpFamily::V4),
+        &PortResult::RejectsNoEndpoints
+    );
+    assert_eq!(
+        p.port("default/udp", IpFamily::V4),
+        &PortResult::RejectsNoEndpoints
+    );
+    assert_eq!(
+        p.port("default/six", IpFamily::V6),
+        &PortResult::RejectsNoEndpoints
+    );
+}
+
+#[test]
+fn a_service_on_other_nodes_does_not_conflict_here() {
+    // The older Service is limited to node-b by its selector: it is not served here, so the
+    // younger one keeps the port on this node.
+    let p = World::new()
+        .service(&svc("default", "old", "2023-01-01T00:00:00Z", "- {port: 80}", "").replace(
+            "  creationTimestamp",
+            "  annotations:\n    nodelb.io/node-selector: kubernetes.io/hostname=node-b\n  creationTimestamp",
+        ))
+        .service(&svc("default", "young", "2024-01-01T00:00:00Z", "- {port: 80}", ""))
+        .plan();
+    assert_eq!(
+        p.port("default/young", IpFamily::V4),
+        &PortResult::RejectsNoEndpoints
+    );
+}
+
+#[test]
+fn reserved_ports_are_refused() {
+    let p = World::new()
+        .service(&svc(
+            "default",
+            "ssh",
+            "2024-01-01T00:00:00Z",
+            "- {name: ssh, port: 22}\n- {name: web, port: 80}",
+            "",
+        ))
+        .slice(&slice(
+            "default",
+            "ssh",
+            "ssh-1",
+            "IPv4",
+            "- {name: ssh, port: 22, protocol: TCP}\n- {name: web, port: 80, protocol: TCP}",
+            &["198.51.100.10"],
+        ))
+        .plan();
+    assert_eq!(
+        p.outcome("default/ssh"),
+        &ServiceOutcome::ReservedPorts {
+            ports: vec![(Protocol::Tcp, 22)]
+        }
+    );
+    assert!(
+        !p.v4().contains("default/ssh"),
+        "no rules at all, not even for port 80"
+    );
+}
+
+#[test]
+fn reserved_ports_flag_replaces_the_list() {
+    let mut w = World::new()
+        .service(&svc(
+            "default",
+            "ssh",
+            "2024-01-01T00:00:00Z",
+            "- {port: 22}",
+            "",
+        ))
+        .service(&svc(
+            "default",
+            "web",
+            "2024-01-01T00:00:00Z",
+            "- {port: 8443}",
+            "",
+        ));
+    w.config.reserved_ports = "8443".parse().unwrap();
+    let p = w.plan();
+    assert_eq!(
+        p.port("default/ssh", IpFamily::V4),
+        &PortResult::RejectsNoEndpoints
+    );
+    assert!(matches!(
+        p.outcome("default/web"),
+        ServiceOutcome::ReservedPorts { .. }
+    ));
+}
+
+#[test]
+fn a_reserved_service_does_not_win_conflicts() {
+    let p = World::new()
+        .service(&svc(
+            "default",
+            "old",
+            "2023-01-01T00:00:00Z",
+            "- {port: 80}\n- {port: 22}",
+            "",
+        ))
+        .service(&svc(
+            "default",
+            "young",
+            "2024-01-01T00:00:00Z",
+            "- {port: 80}",
+            "",
+        ))
+        .plan();
+    assert_eq!(
+        p.port("default/young", IpFamily::V4),
+        &PortResult::RejectsNoEndpoints
+    );
+}
+
+// ---- the table as a whole ----------------------------------------------------------------
+
+#[test]
+fn every_rule_and_element_of_a_service_carries_its_comment() {
+    let p = World::new()
+        .service(&web("loadBalancerSourceRanges: [\"192.0.2.0/24\"]"))
+        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .plan();
+    let t = p.v4();
+    let chain = chain_block(&t, "svc-default/web-tcp-80");
+    for line in chain.lines().filter(|l| l.contains("counter")) {
+        assert!(line.contains("comment \"default/web:http"), "{line}");
+    }
+    for set in [
+        "services",
+        "endpoints",
+        "masq-services",
+        "lb-services",
+        "hairpin",
+    ] {
+        for line in set_block(&t, set)
+            .lines()
+            .filter(|l| l.contains(" . ") && !l.contains("type") && !l.trim_start().starts_with("comment"))
+        {
+            assert!(
+                line.contains("comment \"default/web:http\""),
+                "{set}: {line}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_plan_is_deterministic() {
+    let w = World::new()
+        .service(&web(""))
+        .service(&svc(
+            "default",
+            "b",
+            "2024-01-01T00:00:00Z",
+            "- {port: 81}",
+            "",
+        ))
+        .slice(&web_slice(
+            "web-1",
+            &["198.51.100.12", "198.51.100.10", "198.51.100.11"],
+        ));
+    let a = w.plan();
+    let b = w.plan();
+    assert_eq!(a.tables, b.tables);
+    // Endpoints are indexed in address order whatever the slice's order.
+    assert!(a
+        .v4()
+        .contains("tcp . 80 . 0 comment \"default/web:http\" : 198.51.100.10 . 8080"));
+}
+
+// ---- bad input ---------------------------------------------------------------------------
+
+#[test]
+fn invalid_endpoint_addresses_are_skipped_with_a_warning() {
+    let p = World::new()
+        .service(&web(""))
+        .slice(&web_slice(
+            "web-1",
+            &["198.51.100.10", "not-an-ip", "198.51.100.300"],
+        ))
+        .plan();
+    assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
+    assert!(p.warned("EndpointSlice default/web-1: address \"not-an-ip\" is not an IP address"));
+    assert!(p.warned("\"198.51.100.300\""));
+}
+
+#[test]
+fn ipv6_address_in_an_ipv4_slice_is_skipped_with_a_warning() {
+    let p = World::new()
+        .service(&web(""))
+        .slice(&web_slice("web-1", &["198.51.100.10", "2001:db8:b::10"]))
+        .plan();
+    assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
+    assert!(p.warned("address 2001:db8:b::10 is not IPv4"));
+    assert!(!p.text(IpFamily::V6).contains("2001:db8:b::10"));
+}
+
+#[test]
+fn out_of_range_and_missing_ports_are_skipped_with_a_warning() {
+    let p = World::new()
+        .service(&svc(
+            "default",
+            "web",
+            "2024-01-01T00:00:00Z",
+            "- {name: zero, port: 0}\n- {name: big, port: 70000}\n- {name: ok, port: 80}",
+            "",
+        ))
+        .slice(&slice(
+            "default",
+            "web",
+            "web-1",
+            "IPv4",
+            "- {name: ok, port: 0, protocol: TCP}",
+            &["198.51.100.10"],
+        ))
+        .plan();
+    assert!(p.warned("port \"zero\" (0): port must be 1-65535"));
+    assert!(p.warned("port \"big\" (70000): port must be 1-65535"));
+    assert!(p.warned("EndpointSlice default/web-1: port \"ok\": number Some(0) is not 1-65535"));
+    let ports = p.outcome("default/web").ports(IpFamily::V4).unwrap();
+    assert_eq!(ports.len(), 1);
+    assert_eq!(ports[0].result, PortResult::RejectsNoEndpoints);
+}
+
+#[test]
+fn service_without_ports_gets_no_rules_and_a_warning() {
+    let p = World::new()
+        .service(&"apiVersion: v1\nkind: Service\nmetadata: {namespace: default, name: empty}\nspec: {type: LoadBalancer}\n".to_string())
+        .service(&web(""))
+        .plan();
+    assert_eq!(p.outcome("default/empty"), &ServiceOutcome::NoValidPorts);
+    assert!(p.warned("Service default/empty: no valid port"));
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &PortResult::RejectsNoEndpoints
+    );
+}
+
+#[test]
+fn unknown_protocols_are_skipped_with_a_warning() {
+    let p = World::new()
+        .service(&svc(
+            "default",
+            "web",
+            "2024-01-01T00:00:00Z",
+            "- {name: q, port: 443, protocol: QUIC}\n- {name: http, port: 80}",
+            "",
+        ))
+        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .plan();
+    assert!(p.warned("protocol \"QUIC\" is not TCP, UDP or SCTP"));
+    assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
+    assert!(!p.v4().contains(". 443"));
+}
+
+#[test]
+fn duplicate_endpoints_count_once_with_a_warning() {
+    let p = World::new()
+        .service(&web(""))
+        .slice(&web_slice("web-1", &["198.51.100.10", "198.51.100.10"]))
+        .slice(&web_slice("web-2", &["198.51.100.10", "198.51.100.11"]))
+        .plan();
+    assert_eq!(p.port("default/web", IpFamily::V4), &forwards(2));
+    assert!(p.warned("endpoint 198.51.100.10 port 8080 is listed more than once"));
+}
+
+fn v6_web_slice(name: &str, target: u16, endpoints: &[String]) -> String {
+    let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+    slice(
+        "default",
+        "web",
+        name,
+        "IPv6",
+        &format!("- {{name: http, port: {target}, protocol: TCP}}"),
+        &eps,
+    )
+}
+
+#[test]
+fn a_thousand_endpoint_slice_is_programmed_whole() {
+    let eps: Vec<String> = (0..1000)
+        .map(|i| format!("2001:db8:b::{:x}", i + 1))
+        .collect();
+    let p = World::new()
+        .service(&web("ipFamilies: [IPv6]"))
+        .slice(&v6_web_slice("web-1", 8080, &eps))
+        .plan();
+    assert_eq!(p.port("default/web", IpFamily::V6), &forwards(1000));
+    assert!(p.text(IpFamily::V6).contains("numgen random mod 1000"));
+    let t = p
+        .tables
+        .iter()
+        .find(|t| t.family == nodelb_netfilter::Family::Ip6)
+        .unwrap();
+    assert_eq!(t.sets["endpoints"].elements.len(), 1000);
+}
+
+#[test]
+fn endpoints_beyond_the_cap_are_left_out_with_a_warning() {
+    let mut w = World::new().service(&web("ipFamilies: [IPv6]"));
+    for s in 0..11u16 {
+        let eps: Vec<String> = (0..1000)
+            .map(|i| format!("2001:db8:b:{s:x}::{:x}", i + 1))
+            .collect();
+        w = w.slice(&v6_web_slice(&format!("web-{s}"), 8080, &eps));
+    }
+    let p = w.plan();
+    assert_eq!(
+        p.port("default/web", IpFamily::V6),
+        &forwards(endpoints::MAX_ENDPOINTS)
+    );
+    assert!(p.warned("11000 endpoints, more than the 10000"));
+}
+
+#[test]
+fn a_slice_before_its_service_is_harmless_and_used_once_the_service_arrives() {
+    let w = World::new().slice(&web_slice("web-1", &["198.51.100.10"]));
+    let p = w.plan();
+    assert!(p.services.is_empty() && p.warnings.is_empty());
+    assert!(!p.v4().contains("198.51.100.10"));
+    let p = w.service(&web("")).plan();
+    assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
+}
+
+#[test]
+fn a_bad_service_does_not_disturb_others() {
+    let p = World::new()
+        .service(&svc("default", "bad", "2024-01-01T00:00:00Z", "- {port: 0, protocol: ICMP}", "externalTrafficPolicy: Sometimes\nloadBalancerSourceRanges: [\"nonsense\"]\nipFamilies: [IPv5]"))
+        .service(&web(""))
+        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .plan();
+    assert_eq!(p.outcome("default/bad"), &ServiceOutcome::NoValidPorts);
+    assert!(p.warned("externalTrafficPolicy \"Sometimes\""));
+    assert!(p.warned("\"nonsense\" is not a CIDR"));
+    assert!(p.warned("\"IPv5\" is not IPv4 or IPv6"));
+    assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
+}
+
+#[test]
+fn names_that_are_not_dns_labels_are_skipped_with_a_warning() {
+    let p = World::new()
+        .service(&svc(
+            "default",
+            "Bad_Name",
+            "2024-01-01T00:00:00Z",
+            "- {port: 80}",
+            "",
+        ))
+        .service(&svc(
+            "default",
+            "web",
+            "2024-01-01T00:00:00Z",
+            "- {port: 81}",
+            "",
+        ))
+        .plan();
+    assert!(p.warned("Service default/Bad_Name: namespace or name is not a DNS label"));
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &PortResult::RejectsNoEndpoints
+    );
+}
+
+#[test]
+fn unknown_slice_address_types_are_skipped_with_a_warning() {
+    let p = World::new()
+        .service(&web(""))
+        .slice(&slice(
+            "default",
+            "web",
+            "web-x",
+            "IPX",
+            "- {name: http, port: 8080, protocol: TCP}",
+            &["198.51.100.10"],
+        ))
+        .plan();
+    assert!(p.warned("addressType \"IPX\""));
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &PortResult::RejectsNoEndpoints
+    );
+}
+
+// ---- helpers to read rendered nft text ---------------------------------------------------
+
+/// The text of `set NAME { ... }` or `map NAME { ... }` in a rendered table.
+fn set_block(table: &str, name: &str) -> String {
+    block(table, &format!("set {name} {{"))
+        .or_else(|| block(table, &format!("map {name} {{")))
+        .unwrap_or_else(|| panic!("no set {name} in\n{table}"))
+}
+
+fn chain_block(table: &str, name: &str) -> String {
+    block(table, &format!("chain {name} {{"))
+        .unwrap_or_else(|| panic!("no chain {name} in\n{table}"))
+}
+
+fn block(table: &str, header: &str) -> Option<String> {
+    let start = table.find(header)?;
+    let mut depth = 0usize;
+    for (i, c) in table[start..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(table[start..start + i + 1].to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
