@@ -42,6 +42,9 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             for w in &plan.warnings {
                 eprintln!("warning: {w}");
             }
+            for (key, outcome) in &plan.services {
+                eprintln!("service {key}: {outcome}");
+            }
             print!("{}", oneshot::render(&plan));
             Ok(ExitCode::SUCCESS)
         }

@@ -945,10 +945,9 @@ fn every_rule_and_element_of_a_service_carries_its_comment() {
         "lb-services",
         "hairpin",
     ] {
-        for line in set_block(&t, set)
-            .lines()
-            .filter(|l| l.contains(" . ") && !l.contains("type") && !l.trim_start().starts_with("comment"))
-        {
+        for line in set_block(&t, set).lines().filter(|l| {
+            l.contains(" . ") && !l.contains("type") && !l.trim_start().starts_with("comment")
+        }) {
             assert!(
                 line.contains("comment \"default/web:http\""),
                 "{set}: {line}"

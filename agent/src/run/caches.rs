@@ -28,11 +28,9 @@ pub struct Caches {
 }
 
 /// The valid objects of a store.
-pub fn valid<K: Clone + Resource<DynamicType = ()>>(
-    store: &Store<DeserializeGuard<K>>,
-) -> Vec<Arc<DeserializeGuard<K>>>
+pub fn valid<K>(store: &Store<DeserializeGuard<K>>) -> Vec<Arc<DeserializeGuard<K>>>
 where
-    K: Clone,
+    K: Clone + Resource<DynamicType = ()>,
 {
     store.state().into_iter().filter(|g| g.0.is_ok()).collect()
 }

@@ -70,10 +70,19 @@ impl Backoff {
 }
 
 /// Which enabled families can be programmed, and why the others cannot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FamilyDecision {
+    pub programmed: Families,
+    /// Each enabled family and why it is not programmed (`None`: it is).
+    pub states: Vec<(IpFamily, Option<String>)>,
+    pub problems: Vec<NodeProblem>,
+}
+
+/// Families are programmed when enabled by flag and forwarding.
 pub fn decide_families(
     enabled: Families,
     forwarding: &[(IpFamily, Result<Forwarding, String>)],
-) -> (Families, Vec<(IpFamily, Option<String>)>, Vec<NodeProblem>) {
+) -> FamilyDecision {
     let mut programmed = Families {
         v4: false,
         v6: false,
@@ -119,7 +128,11 @@ pub fn decide_families(
         }
         states.push((*f, why));
     }
-    (programmed, states, problems)
+    FamilyDecision {
+        programmed,
+        states,
+        problems,
+    }
 }
 
 /// Counts for metrics: Services with rules here, and endpoints behind their programmed ports.
@@ -265,7 +278,11 @@ impl SyncLoop {
             .into_iter()
             .map(|f| (f, self.sysctls.forwarding(f).map_err(|e| e.to_string())))
             .collect();
-        let (families, family_states, mut problems) = decide_families(enabled, &forwarding);
+        let FamilyDecision {
+            programmed: families,
+            states: family_states,
+            mut problems,
+        } = decide_families(enabled, &forwarding);
 
         // Inputs from snapshots.
         let services = valid(&self.caches.services);
@@ -513,7 +530,11 @@ mod tests {
                 }),
             ),
         ];
-        let (f, states, problems) = decide_families(Families { v4: true, v6: true }, &fwd);
+        let FamilyDecision {
+            programmed: f,
+            states,
+            problems,
+        } = decide_families(Families { v4: true, v6: true }, &fwd);
         assert_eq!(
             f,
             Families {
@@ -530,7 +551,11 @@ mod tests {
         assert_eq!(problems.len(), 1);
         assert_eq!(problems[0].reason, "ForwardingOff");
 
-        let (f, states, problems) = decide_families(
+        let FamilyDecision {
+            programmed: f,
+            states,
+            problems,
+        } = decide_families(
             Families {
                 v4: true,
                 v6: false,
@@ -555,7 +580,11 @@ mod tests {
             (IpFamily::V4, Ok(Forwarding::Forwarding)),
             (IpFamily::V6, Ok(Forwarding::Absent)),
         ];
-        let (f, _, problems) = decide_families(Families { v4: true, v6: true }, &absent);
+        let FamilyDecision {
+            programmed: f,
+            problems,
+            ..
+        } = decide_families(Families { v4: true, v6: true }, &absent);
         assert!(!f.v6);
         assert_eq!(problems[0].reason, "FamilyAbsent");
         assert!(problems[0].note.contains("--ipv6=false"));
