@@ -246,7 +246,7 @@ impl PlannerArgs {
                         .ranges()
                         .iter()
                         .cloned()
-                        .chain(own_ports.iter().map(|p| *p..=*p)),
+                        .chain(own_ports.iter().filter(|p| **p != 0).map(|p| *p..=*p)),
                 )
             }
         };
@@ -331,6 +331,11 @@ mod tests {
         assert!(ports.contains(8081) && ports.contains(8082) && ports.contains(22));
         let r = run(&["--health-addr", "[::]:8081", "--reserved-ports", "22,80"]);
         assert_eq!(r.config().reserved_ports.to_string(), "22,80");
+        let r = run(&["--health-addr", "127.0.0.1:0"]);
+        assert!(
+            !r.config().reserved_ports.contains(0),
+            "port 0 is not a port to reserve"
+        );
         let r = run(&["--reserved-ports="]);
         assert!(r.config().reserved_ports.is_empty());
     }

@@ -45,15 +45,17 @@ pub fn decide(wanted: Vec<Wanted<'_>>) -> Vec<Decided<'_>> {
             }
         }
     }
-    wanted
+    let winners: Vec<Option<ServiceKey>> = wanted
         .iter()
         .enumerate()
         .map(|(i, w)| {
             let j = holder[&(w.family, w.port.protocol, w.port.port)];
-            Decided {
-                wanted: w.clone(),
-                winner: (j != i).then(|| wanted[j].service.clone()),
-            }
+            (j != i).then(|| wanted[j].service.clone())
         })
+        .collect();
+    wanted
+        .into_iter()
+        .zip(winners)
+        .map(|(wanted, winner)| Decided { wanted, winner })
         .collect()
 }

@@ -219,6 +219,10 @@ pub fn plan(input: &Input<'_>) -> Plan {
     }
 
     let decided = conflicts::decide(wanted);
+    let mut by_service: BTreeMap<&ServiceKey, Vec<&conflicts::Decided<'_>>> = BTreeMap::new();
+    for d in &decided {
+        by_service.entry(d.wanted.service).or_default().push(d);
+    }
 
     // Outcomes and table programs from the decisions.
     let mut programs: BTreeMap<IpFamily, Vec<table::PortProgram<'_>>> = BTreeMap::new();
@@ -229,10 +233,8 @@ pub fn plan(input: &Input<'_>) -> Plan {
                 FamilyState::Skipped(FamilySkip::FamilyNotProgrammed)
             } else if let Some(addresses) = served.get(family) {
                 let mut ports = Vec::new();
-                for d in decided
-                    .iter()
-                    .filter(|d| d.wanted.service == key && d.wanted.family == *family)
-                {
+                let mine = by_service.get(key).map(Vec::as_slice).unwrap_or_default();
+                for d in mine.iter().filter(|d| d.wanted.family == *family) {
                     let w = &d.wanted;
                     let result = match (&d.winner, &w.selection) {
                         (Some(winner), _) => PortResult::Conflict {
