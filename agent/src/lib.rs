@@ -1,3 +1,9 @@
 //! `nodelb-agent`: the node-local agent. Pure decisions live in `plan`; I/O wraps them.
 
+pub mod check;
+pub mod cli;
+pub mod host;
+pub mod objects;
+pub mod oneshot;
 pub mod plan;
+pub mod run;

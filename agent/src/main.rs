@@ -1,4 +1,94 @@
-fn main() {
-    eprintln!("nodelb-agent: not yet implemented (see issue 3)");
-    std::process::exit(2);
+//! The binary's edge: parse flags, run one subcommand, map the outcome to an exit code
+//! (0 ok, 1 failure, 2 usage).
+
+use clap::Parser;
+use nodelb_agent::check;
+use nodelb_agent::cli::{Cli, Command};
+use nodelb_agent::host::sysctl::Sysctls;
+use nodelb_agent::oneshot::{self, OneShot};
+use nodelb_agent::plan::config::DEFAULT_TABLE_NAME;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        // Help and version print to stdout and exit 0; usage errors exit 2.
+        Err(e) => e.exit(),
+    };
+    match dispatch(cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("nodelb-agent: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Run(args) => {
+            nodelb_agent::run::logging::init(args.log_format);
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            rt.block_on(nodelb_agent::run::run(*args))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Render(args) => {
+            let one = OneShot::load(&args)?;
+            report_skipped(&one);
+            let plan = one.plan();
+            for w in &plan.warnings {
+                eprintln!("warning: {w}");
+            }
+            for (key, outcome) in &plan.services {
+                eprintln!("service {key}: {outcome}");
+            }
+            print!("{}", oneshot::render(&plan));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Apply(args) => {
+            let one = OneShot::load(&args)?;
+            report_skipped(&one);
+            let sysctls = Sysctls::default();
+            for f in one.families.iter() {
+                match sysctls.forwarding(f) {
+                    Ok(nodelb_agent::host::sysctl::Forwarding::Forwarding) => {}
+                    Ok(state) => eprintln!("warning: {f} {state}; programming it anyway"),
+                    Err(e) => eprintln!("warning: {e}"),
+                }
+            }
+            let plan = one.plan();
+            for w in &plan.warnings {
+                eprintln!("warning: {w}");
+            }
+            let applied = oneshot::apply(plan, one.families, &one.config)?;
+            println!("{applied}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Cleanup => {
+            let deleted = oneshot::cleanup(DEFAULT_TABLE_NAME)?;
+            if deleted.is_empty() {
+                println!("no nodelb tables");
+            }
+            for t in deleted {
+                println!("deleted table {t}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Check(args) => {
+            let findings = check::run(args.ipv4, args.ipv6, &Sysctls::default());
+            for f in &findings {
+                println!("{f}");
+            }
+            Ok(ExitCode::from(check::exit_code(&findings) as u8))
+        }
+    }
+}
+
+fn report_skipped(one: &OneShot) {
+    for s in &one.objects.skipped {
+        eprintln!("warning: skipped {s}: not a Service, EndpointSlice or Node");
+    }
 }

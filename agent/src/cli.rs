@@ -1,0 +1,473 @@
+//! The command line: subcommands and flags exactly as DESIGN.md spells them, and the planner
+//! [`Config`] they describe.
+
+use crate::plan::config::{Config, PortSet, DEFAULT_LB_CLASS, DEFAULT_RESERVED_PORTS};
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Node-local Kubernetes LoadBalancer agent: answers Services of `type: LoadBalancer` on the
+/// node's own addresses by programming nftables (tables `ip nodelb` and `ip6 nodelb`).
+#[derive(Debug, Parser)]
+#[command(name = "nodelb-agent", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the agent: watch Services, EndpointSlices and this Node, and keep this node's
+    /// nftables tables in step with them. Rules are left in place on exit.
+    Run(Box<RunArgs>),
+    /// Print the nft script (`nft -f` syntax) the agent would apply for the objects in FILEs.
+    Render(FileArgs),
+    /// Plan for the objects in FILEs and program the tables once; print one line of stats.
+    Apply(FileArgs),
+    /// Delete nodelb's tables (`ip nodelb`, `ip6 nodelb`), nothing else.
+    Cleanup,
+    /// Preflight: kernel features, families, sysctls, privileges, foreign forward policies.
+    /// Exits non-zero and says what to fix when the node cannot run nodelb.
+    Check(CheckArgs),
+}
+
+/// Families and which Services nodelb takes: shared by `run`, `render`, `apply`.
+#[derive(Debug, Clone, Args)]
+pub struct PlannerArgs {
+    /// Program IPv4 (table `ip nodelb`). `--ipv4=false` turns it off.
+    #[arg(long, action = ArgAction::Set, default_value_t = true, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub ipv4: bool,
+
+    /// Program IPv6 (table `ip6 nodelb`). Off unless `--ipv6` or `--ipv6=true`.
+    #[arg(long, action = ArgAction::Set, default_value_t = false, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub ipv6: bool,
+
+    /// Also handle LoadBalancer Services that set no `spec.loadBalancerClass`.
+    /// `--default-class=false` handles only Services of class `--lb-class`.
+    #[arg(long, action = ArgAction::Set, default_value_t = true, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub default_class: bool,
+
+    /// The `spec.loadBalancerClass` nodelb answers to.
+    #[arg(long, default_value = DEFAULT_LB_CLASS, value_name = "CLASS")]
+    pub lb_class: String,
+
+    /// Ports (and ranges) no Service may take on this node, comma separated, replacing the
+    /// default list. Default: 22,2379-2380,6443,10250-10259,30000-32767 plus the ports of
+    /// `--health-addr` and `--metrics-addr`. An empty value (`--reserved-ports=`) reserves
+    /// nothing.
+    #[arg(long, value_parser = parse_port_set, value_name = "PORTS")]
+    pub reserved_ports: Option<PortSet>,
+
+    /// Only Services in these namespaces (comma separated) may be nodelb's. Default: all.
+    #[arg(long, value_delimiter = ',', value_name = "NS,...")]
+    pub allowed_namespaces: Option<Vec<String>>,
+}
+
+/// `render` and `apply`: objects from files, this node from flags.
+#[derive(Debug, Clone, Args)]
+pub struct FileArgs {
+    /// YAML or JSON file of Services and EndpointSlices (and optionally Nodes): multi-document
+    /// or `kind: List`. Repeatable; `-` reads standard input.
+    #[arg(short = 'f', long = "filename", required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+
+    /// This node's name. A Node of that name in the files gives labels and addresses too.
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: String,
+
+    /// An address of this node, one per flag (repeatable). Each is taken both as a Node
+    /// InternalIP and as assigned on the host, so it is served.
+    #[arg(long = "node-address", value_name = "IP")]
+    pub node_addresses: Vec<IpAddr>,
+
+    /// This node's labels, `k=v,...` (added to those of a Node in the files).
+    #[arg(long, value_parser = parse_labels, value_name = "K=V,...")]
+    pub node_labels: Option<Labels>,
+
+    #[command(flatten)]
+    pub planner: PlannerArgs,
+}
+
+/// `check`: which families to check.
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    /// Check IPv4.
+    #[arg(long, action = ArgAction::Set, default_value_t = true, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub ipv4: bool,
+
+    /// Check IPv6 too.
+    #[arg(long, action = ArgAction::Set, default_value_t = false, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub ipv6: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IpMode {
+    #[value(name = "Proxy")]
+    Proxy,
+    #[value(name = "VIP")]
+    Vip,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The default period of a full resync when nothing changed.
+pub const DEFAULT_RESYNC_INTERVAL: &str = "5m";
+
+/// `run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// kubeconfig file. Default: `$KUBECONFIG`, else `~/.kube/config`, else the in-cluster
+    /// service account.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// This node's name (the Node object the agent watches and reports Events on).
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: String,
+
+    /// The agent's pod name: the `reportingInstance` of its Events.
+    #[arg(long, env = "POD_NAME", value_name = "NAME")]
+    pub pod_name: Option<String>,
+
+    /// The agent's namespace: where its Leases live.
+    #[arg(long, env = "POD_NAMESPACE", value_name = "NS")]
+    pub pod_namespace: Option<String>,
+
+    #[command(flatten)]
+    pub planner: PlannerArgs,
+
+    /// Turn on forwarding (`net.ipv4.ip_forward`, `net.ipv6.conf.all.forwarding`) for the
+    /// enabled families at start. Without it a family that does not forward is not programmed.
+    /// Setting IPv6 forwarding stops router advertisements from being accepted unless
+    /// `accept_ra` is 2; the agent warns when that applies.
+    #[arg(long, action = ArgAction::Set, default_value_t = false, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub set_sysctls: bool,
+
+    /// Packet mark bit (0-31). Accepted for compatibility and not used: nodelb decides
+    /// masquerading from conntrack state (`ct status dnat` and the original destination), so
+    /// it never sets or tests a mark.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=31), value_name = "BIT")]
+    pub masquerade_bit: Option<u8>,
+
+    /// `ipMode` written in `status.loadBalancer.ingress` (Kubernetes 1.30+), by the status
+    /// writer.
+    #[arg(long, value_enum, default_value = "Proxy", value_name = "MODE")]
+    pub ip_mode: IpMode,
+
+    /// How long to wait after a change for more changes before syncing (humantime: 10ms, 1s).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10ms",
+          value_name = "DURATION")]
+    pub sync_debounce: Duration,
+
+    /// Sync this often even when nothing changed (catches host changes nothing announces).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = DEFAULT_RESYNC_INTERVAL,
+          value_name = "DURATION")]
+    pub resync_interval: Duration,
+
+    /// A node serves while its heartbeat Lease is younger than this.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "15s",
+          value_name = "DURATION")]
+    pub node_lease_duration: Duration,
+
+    /// Status leader election: how long a leader's Lease `nodelb-status` is valid.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "15s",
+          value_name = "DURATION")]
+    pub lease_duration: Duration,
+
+    /// Status leader election: the leader gives up if it cannot renew within this.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s",
+          value_name = "DURATION")]
+    pub renew_deadline: Duration,
+
+    /// Status leader election: how often candidates retry.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2s",
+          value_name = "DURATION")]
+    pub retry_period: Duration,
+
+    /// Address of `/healthz` and `/readyz`.
+    #[arg(long, default_value = "0.0.0.0:9254", value_name = "ADDR:PORT")]
+    pub health_addr: SocketAddr,
+
+    /// Address of `/metrics` (Prometheus text).
+    #[arg(long, default_value = "0.0.0.0:9255", value_name = "ADDR:PORT")]
+    pub metrics_addr: SocketAddr,
+
+    /// Log format on standard error. `RUST_LOG` sets the level (default `info`).
+    #[arg(long, value_enum, default_value = "text", value_name = "FORMAT")]
+    pub log_format: LogFormat,
+}
+
+/// Node labels from `--node-labels k=v,...`.
+pub type Labels = BTreeMap<String, String>;
+
+fn parse_port_set(s: &str) -> Result<PortSet, String> {
+    s.parse::<PortSet>()
+        .map_err(|e| format!("{e} (expected ports and ranges like 22,2379-2380,6443)"))
+}
+
+fn parse_labels(s: &str) -> Result<Labels, String> {
+    let mut out = Labels::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| format!("{item:?}: expected key=value"))?;
+        if k.trim().is_empty() {
+            return Err(format!("{item:?}: empty label key"));
+        }
+        out.insert(k.trim().to_string(), v.trim().to_string());
+    }
+    Ok(out)
+}
+
+impl PlannerArgs {
+    /// The planner's [`Config`]. `own_ports` are the agent's health and metrics ports, reserved
+    /// along with the defaults unless `--reserved-ports` replaces the list.
+    pub fn config(&self, own_ports: &[u16]) -> Config {
+        let reserved_ports = match &self.reserved_ports {
+            Some(p) => p.clone(),
+            None => {
+                let defaults: PortSet = DEFAULT_RESERVED_PORTS
+                    .parse()
+                    .expect("the default reserved ports parse");
+                PortSet::new(
+                    defaults
+                        .ranges()
+                        .iter()
+                        .cloned()
+                        .chain(own_ports.iter().filter(|p| **p != 0).map(|p| *p..=*p)),
+                )
+            }
+        };
+        Config {
+            ipv4: self.ipv4,
+            ipv6: self.ipv6,
+            default_class: self.default_class,
+            lb_class: self.lb_class.clone(),
+            reserved_ports,
+            allowed_namespaces: self.allowed_namespaces.as_ref().map(|ns| {
+                ns.iter()
+                    .map(|n| n.trim().to_string())
+                    .filter(|n| !n.is_empty())
+                    .collect::<BTreeSet<_>>()
+            }),
+            ..Config::default()
+        }
+    }
+}
+
+impl RunArgs {
+    pub fn config(&self) -> Config {
+        self.planner
+            .config(&[self.health_addr.port(), self.metrics_addr.port()])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::error::ErrorKind;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("nodelb-agent").chain(args.iter().copied()))
+    }
+
+    fn run(args: &[&str]) -> RunArgs {
+        let mut all = vec!["run", "--node-name", "n1"];
+        all.extend_from_slice(args);
+        match parse(&all).unwrap().command {
+            Command::Run(r) => *r,
+            c => panic!("not run: {c:?}"),
+        }
+    }
+
+    #[test]
+    fn run_defaults_are_the_designs() {
+        let r = run(&[]);
+        assert!(r.planner.ipv4);
+        assert!(!r.planner.ipv6);
+        assert!(r.planner.default_class);
+        assert_eq!(r.planner.lb_class, "nodelb.io/nodelb");
+        assert!(!r.set_sysctls);
+        assert_eq!(r.masquerade_bit, None);
+        assert_eq!(r.ip_mode, IpMode::Proxy);
+        assert_eq!(r.sync_debounce, Duration::from_millis(10));
+        assert_eq!(r.resync_interval, Duration::from_secs(300));
+        assert_eq!(r.node_lease_duration, Duration::from_secs(15));
+        assert_eq!(r.lease_duration, Duration::from_secs(15));
+        assert_eq!(r.renew_deadline, Duration::from_secs(10));
+        assert_eq!(r.retry_period, Duration::from_secs(2));
+        assert_eq!(r.health_addr, "0.0.0.0:9254".parse().unwrap());
+        assert_eq!(r.metrics_addr, "0.0.0.0:9255".parse().unwrap());
+        assert_eq!(r.log_format, LogFormat::Text);
+        assert_eq!(r.kubeconfig, None);
+        let c = r.config();
+        assert_eq!(c, Config::default());
+        assert_eq!(
+            c.reserved_ports.to_string(),
+            "22,2379-2380,6443,9254-9255,10250-10259,30000-32767"
+        );
+    }
+
+    #[test]
+    fn own_ports_join_the_default_reserved_list_but_not_an_explicit_one() {
+        let r = run(&[
+            "--health-addr",
+            "[::]:8081",
+            "--metrics-addr=127.0.0.1:8082",
+        ]);
+        let ports = r.config().reserved_ports;
+        assert!(ports.contains(8081) && ports.contains(8082) && ports.contains(22));
+        let r = run(&["--health-addr", "[::]:8081", "--reserved-ports", "22,80"]);
+        assert_eq!(r.config().reserved_ports.to_string(), "22,80");
+        let r = run(&["--health-addr", "127.0.0.1:0"]);
+        assert!(
+            !r.config().reserved_ports.contains(0),
+            "port 0 is not a port to reserve"
+        );
+        let r = run(&["--reserved-ports="]);
+        assert!(r.config().reserved_ports.is_empty());
+    }
+
+    #[test]
+    fn boolean_flags_take_three_forms() {
+        assert!(run(&["--ipv6"]).planner.ipv6);
+        assert!(run(&["--ipv6=true"]).planner.ipv6);
+        assert!(!run(&["--ipv6=false"]).planner.ipv6);
+        assert!(!run(&["--ipv4=false"]).planner.ipv4);
+        assert!(!run(&["--default-class=false"]).planner.default_class);
+        assert!(run(&["--set-sysctls"]).set_sysctls);
+        // A separate value is not the flag's value: `--ipv6 false` leaves `false` as a stray
+        // argument, which is an error, never silently "true".
+        assert!(parse(&["run", "--node-name", "n", "--ipv6", "false"]).is_err());
+        assert!(parse(&["run", "--node-name", "n", "--ipv6=yes"]).is_err());
+    }
+
+    #[test]
+    fn bad_reserved_ports_say_what_is_wrong() {
+        let e = parse(&["run", "--node-name", "n", "--reserved-ports", "22,ssh"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ValueValidation);
+        let text = e.to_string();
+        assert!(text.contains("--reserved-ports"), "{text}");
+        assert!(text.contains("\"ssh\" is not a port number"), "{text}");
+        let e = parse(&["run", "--node-name", "n", "--reserved-ports", "90-80"]).unwrap_err();
+        assert!(e.to_string().contains("range starts after it ends"), "{e}");
+    }
+
+    #[test]
+    fn lists_durations_and_enums_parse() {
+        let r = run(&[
+            "--allowed-namespaces",
+            "a,b",
+            "--sync-debounce",
+            "250ms",
+            "--resync-interval=1h",
+            "--ip-mode",
+            "VIP",
+            "--log-format",
+            "json",
+            "--masquerade-bit",
+            "31",
+        ]);
+        assert_eq!(
+            r.config().allowed_namespaces,
+            Some(BTreeSet::from(["a".to_string(), "b".to_string()]))
+        );
+        assert_eq!(r.sync_debounce, Duration::from_millis(250));
+        assert_eq!(r.resync_interval, Duration::from_secs(3600));
+        assert_eq!(r.ip_mode, IpMode::Vip);
+        assert_eq!(r.log_format, LogFormat::Json);
+        assert_eq!(r.masquerade_bit, Some(31));
+        assert!(parse(&["run", "--node-name", "n", "--masquerade-bit", "32"]).is_err());
+        assert!(parse(&["run", "--node-name", "n", "--ip-mode", "proxy"]).is_err());
+    }
+
+    #[test]
+    fn render_takes_files_addresses_and_labels() {
+        let cli = parse(&[
+            "render",
+            "-f",
+            "a.yaml",
+            "-f",
+            "b.json",
+            "--node-name",
+            "n1",
+            "--node-address",
+            "192.0.2.1",
+            "--node-address",
+            "2001:db8::1",
+            "--node-labels",
+            "zone=a,role=edge",
+            "--ipv6",
+        ])
+        .unwrap();
+        let Command::Render(f) = cli.command else {
+            panic!("not render")
+        };
+        assert_eq!(f.files.len(), 2);
+        assert_eq!(f.node_addresses.len(), 2);
+        assert_eq!(f.node_labels.unwrap()["zone"], "a");
+        assert!(f.planner.ipv6 && f.planner.ipv4);
+        assert!(parse(&[
+            "render",
+            "-f",
+            "x",
+            "--node-name",
+            "n",
+            "--node-address",
+            "nope"
+        ])
+        .is_err());
+        assert!(parse(&[
+            "render",
+            "-f",
+            "x",
+            "--node-name",
+            "n",
+            "--node-labels",
+            "novalue"
+        ])
+        .is_err());
+    }
+
+    #[test]
+    fn missing_node_name_is_a_usage_error() {
+        // NODE_NAME may be set in the environment running the tests; only check when it is not.
+        if std::env::var_os("NODE_NAME").is_none() {
+            let e = parse(&["run"]).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+            assert_eq!(e.exit_code(), 2);
+        }
+    }
+
+    #[test]
+    fn every_flag_has_help() {
+        use clap::CommandFactory;
+        let cmd = Cli::command();
+        cmd.clone().debug_assert();
+        for sub in cmd.get_subcommands() {
+            for arg in sub.get_arguments() {
+                if arg.get_id() == "help" || arg.get_id() == "version" {
+                    continue;
+                }
+                assert!(
+                    arg.get_help().is_some(),
+                    "{} --{} has no help",
+                    sub.get_name(),
+                    arg.get_id()
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! The host around the agent: forwarding sysctls, local addresses, other tables' forward
+//! policies, privileges. Thin I/O; decisions are made by the callers from what these return.
+
+pub mod addresses;
+pub mod forward_policy;
+pub mod privileges;
+pub mod sysctl;

@@ -1,0 +1,152 @@
+//! Watch caches: kube-runtime reflectors for Services and EndpointSlices (all namespaces) and
+//! this node's Node. Objects are read through `DeserializeGuard`, so one that does not
+//! deserialize is stored as an error, logged and counted once, and never stops the watch.
+
+use super::metrics::Metrics;
+use super::Trigger;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::core::DeserializeGuard;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::Arc;
+use tokio::sync::mpsc::UnboundedSender;
+use tracing::{info_span, warn, Instrument};
+
+/// Read sides of the watches. Invalid objects are in the stores as `Err`.
+#[derive(Clone)]
+pub struct Caches {
+    pub services: Store<DeserializeGuard<Service>>,
+    pub slices: Store<DeserializeGuard<EndpointSlice>>,
+    pub node: Store<DeserializeGuard<Node>>,
+}
+
+/// The valid objects of a store.
+pub fn valid<K>(store: &Store<DeserializeGuard<K>>) -> Vec<Arc<DeserializeGuard<K>>>
+where
+    K: Clone + Resource<DynamicType = ()>,
+{
+    store.state().into_iter().filter(|g| g.0.is_ok()).collect()
+}
+
+impl Caches {
+    /// Start the three watches; each change sends [`Trigger::Changed`].
+    pub fn start(
+        client: &Client,
+        node_name: &str,
+        tx: UnboundedSender<Trigger>,
+        metrics: Arc<Metrics>,
+    ) -> (Caches, Vec<tokio::task::JoinHandle<()>>) {
+        let (services, t1) = start_one::<Service>(
+            Api::all(client.clone()),
+            watcher::Config::default(),
+            "services",
+            tx.clone(),
+            metrics.clone(),
+        );
+        let (slices, t2) = start_one::<EndpointSlice>(
+            Api::all(client.clone()),
+            watcher::Config::default(),
+            "endpointslices",
+            tx.clone(),
+            metrics.clone(),
+        );
+        let (node, t3) = start_one::<Node>(
+            Api::all(client.clone()),
+            watcher::Config::default().fields(&format!("metadata.name={node_name}")),
+            "nodes",
+            tx,
+            metrics,
+        );
+        (
+            Caches {
+                services,
+                slices,
+                node,
+            },
+            vec![t1, t2, t3],
+        )
+    }
+
+    /// Wait until every watch has listed once.
+    pub async fn ready(&self) -> Result<(), reflector::store::WriterDropped> {
+        self.services.wait_until_ready().await?;
+        self.slices.wait_until_ready().await?;
+        self.node.wait_until_ready().await
+    }
+}
+
+fn start_one<K>(
+    api: Api<DeserializeGuard<K>>,
+    config: watcher::Config,
+    resource: &'static str,
+    tx: UnboundedSender<Trigger>,
+    metrics: Arc<Metrics>,
+) -> (Store<DeserializeGuard<K>>, tokio::task::JoinHandle<()>)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store::<DeserializeGuard<K>>();
+    let stream = reflector::reflector(writer, watcher::watcher(api, config).default_backoff());
+    let kind = K::kind(&()).to_string();
+    let task = tokio::spawn(
+        async move {
+            // Which invalid objects were already reported, with their error, so a re-list does
+            // not report them again.
+            let mut reported: HashMap<(String, String), String> = HashMap::new();
+            let mut stream = std::pin::pin!(stream);
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(ev) => {
+                        match &ev {
+                            Event::Apply(g) | Event::InitApply(g) => {
+                                note_invalid(g, &kind, &mut reported, &metrics)
+                            }
+                            Event::Delete(g) => {
+                                reported.remove(&(g.namespace().unwrap_or_default(), g.name_any()));
+                            }
+                            Event::Init | Event::InitDone => {}
+                        }
+                        if tx.send(Trigger::Changed).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        metrics.watch_error(resource);
+                        warn!(error = %e, "watch failed; retrying with backoff");
+                    }
+                }
+            }
+        }
+        .instrument(info_span!("watch", resource)),
+    );
+    (reader, task)
+}
+
+fn note_invalid<K: Resource<DynamicType = ()>>(
+    g: &DeserializeGuard<K>,
+    kind: &str,
+    reported: &mut HashMap<(String, String), String>,
+    metrics: &Metrics,
+) {
+    let key = (g.namespace().unwrap_or_default(), g.name_any());
+    match &g.0 {
+        Ok(_) => {
+            reported.remove(&key);
+        }
+        Err(invalid) => {
+            if reported.get(&key) != Some(&invalid.error) {
+                warn!(kind, namespace = %key.0, name = %key.1, error = %invalid.error,
+                      "object does not deserialize; skipped");
+                metrics.invalid(kind, "decode");
+                reported.insert(key, invalid.error.clone());
+            }
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! `run`: the agent. Watches feed caches, rtnetlink feeds local addresses, nftables events
+//! report foreign changes; all of them wake one sync loop (see `sync`). HTTP serves health,
+//! readiness and metrics. SIGTERM/SIGINT stop the agent and leave its rules in place.
+
+pub mod caches;
+pub mod http;
+pub mod logging;
+pub mod metrics;
+pub mod node_events;
+pub mod sync;
+
+use crate::cli::RunArgs;
+use crate::host::addresses;
+use crate::host::sysctl::{Forwarding, Sysctls};
+use crate::plan::IpFamily;
+use anyhow::Context;
+use nodelb_netfilter::{Family, TableRef, WatchEvent, Watcher};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tracing::{error, info, warn};
+
+/// Why the sync loop should run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trigger {
+    /// A watched object or a local address changed.
+    Changed,
+    /// Another process changed nodelb's tables (or change events were lost).
+    Drift(String),
+}
+
+/// The kube client: `--kubeconfig`, else `$KUBECONFIG` / `~/.kube/config`, else in-cluster.
+pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("loading kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("finding a kubeconfig ($KUBECONFIG, ~/.kube/config, in-cluster)")?,
+    };
+    info!(cluster = %config.cluster_url, "API server");
+    kube::Client::try_from(config).context("building the Kubernetes client")
+}
+
+/// Watch nftables events for foreign changes to nodelb's tables on a thread of its own (the
+/// watcher blocks); each becomes a [`Trigger::Drift`]. Ends when the receiver is gone.
+fn spawn_drift_watch(table_name: &str, tx: mpsc::UnboundedSender<Trigger>) {
+    let tables = vec![
+        TableRef {
+            family: Family::Ip,
+            name: table_name.to_string(),
+        },
+        TableRef {
+            family: Family::Ip6,
+            name: table_name.to_string(),
+        },
+    ];
+    let spawned = std::thread::Builder::new()
+        .name("nodelb-nft-watch".into())
+        .spawn(move || {
+            let mut watcher = match Watcher::open(tables) {
+                Ok(w) => w,
+                Err(e) => {
+                    warn!(error = %e, "cannot watch nftables events; drift is found by the periodic resync only");
+                    return;
+                }
+            };
+            while !tx.is_closed() {
+                let why = match watcher.next(Duration::from_secs(1)) {
+                    Ok(None) => continue,
+                    Ok(Some(WatchEvent::Foreign(c))) => {
+                        warn!(tables = ?c.tables.iter().map(|t| t.to_string()).collect::<Vec<_>>(),
+                              pid = ?c.pid, process = ?c.process, events = ?c.events,
+                              "another process changed nodelb's tables");
+                        format!(
+                            "{} by {}",
+                            c.events.first().cloned().unwrap_or_default(),
+                            c.process.unwrap_or_else(|| "another process".into())
+                        )
+                    }
+                    Ok(Some(WatchEvent::Overrun)) => "nftables events were lost".to_string(),
+                    Err(e) => {
+                        error!(error = %e, "nftables event watch failed; drift is found by the periodic resync only");
+                        return;
+                    }
+                };
+                if tx.send(Trigger::Drift(why)).is_err() {
+                    return;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        warn!(error = %e, "cannot start the nftables event thread");
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            warn!(error = %e, "cannot handle SIGTERM");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM"),
+        _ = tokio::signal::ctrl_c() => info!("SIGINT"),
+    }
+}
+
+/// The agent, until SIGTERM/SIGINT.
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let config = args.config();
+    info!(node = %args.node_name, ipv4 = config.ipv4, ipv6 = config.ipv6,
+          lb_class = %config.lb_class, default_class = config.default_class,
+          reserved_ports = %config.reserved_ports, "nodelb-agent starting");
+    if args.masquerade_bit.is_some() {
+        info!("--masquerade-bit is accepted for compatibility and not used: masquerading follows conntrack state");
+    }
+    let metrics = Arc::new(metrics::Metrics::new());
+    let readiness: http::SharedReadiness = Default::default();
+    let sysctls = Sysctls::default();
+
+    if args.set_sysctls {
+        for f in [IpFamily::V4, IpFamily::V6] {
+            let on = if f == IpFamily::V4 {
+                config.ipv4
+            } else {
+                config.ipv6
+            };
+            if !on {
+                continue;
+            }
+            match sysctls.enable_forwarding(f) {
+                Ok((Forwarding::Forwarding, warnings)) => {
+                    info!(family = %f, "forwarding on");
+                    for w in warnings {
+                        warn!("{w}");
+                    }
+                }
+                Ok((state, _)) => warn!(family = %f, state = %state, "cannot turn forwarding on"),
+                Err(e) => error!(family = %f, error = %e, "cannot set the forwarding sysctl"),
+            }
+        }
+    }
+
+    let _http = http::serve(
+        args.health_addr,
+        args.metrics_addr,
+        readiness.clone(),
+        metrics.clone(),
+    )
+    .await?;
+
+    let client = kube_client(args.kubeconfig.as_deref()).await?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (caches, _watches) =
+        caches::Caches::start(&client, &args.node_name, tx.clone(), metrics.clone());
+
+    let addrs = addresses::watch(args.resync_interval)
+        .await
+        .context("following the host's addresses over rtnetlink")?;
+    {
+        let mut rx_addr = addrs.rx.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while rx_addr.changed().await.is_ok() {
+                if tx.send(Trigger::Changed).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    spawn_drift_watch(&config.table_name, tx.clone());
+    drop(tx);
+
+    let node_events =
+        node_events::NodeEvents::new(Some(client.clone()), &args.node_name, args.pod_name.clone());
+    let sync = sync::SyncLoop::new(
+        caches,
+        addrs.rx.clone(),
+        args.node_name.clone(),
+        config,
+        sysctls,
+        metrics,
+        readiness,
+        node_events,
+        args.sync_debounce,
+        args.resync_interval,
+    );
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut sync_task = tokio::spawn(sync.run(rx, stop_rx));
+    tokio::select! {
+        _ = shutdown_signal() => {
+            let _ = stop_tx.send(true);
+            let _ = (&mut sync_task).await;
+        }
+        r = &mut sync_task => {
+            r.context("the sync loop panicked")?;
+            anyhow::bail!("the sync loop stopped");
+        }
+    }
+    info!("stopped; nodelb's rules stay in the kernel");
+    Ok(())
+}

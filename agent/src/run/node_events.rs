@@ -1,0 +1,103 @@
+//! Node-level problems (forwarding off, IPv6 absent, nf_tables unusable) as `events.k8s.io/v1`
+//! Events on this node's Node, from this node's agent. One Event when a problem appears; none
+//! while it persists; again if it comes back after going away.
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::Client;
+use std::collections::BTreeSet;
+use tracing::warn;
+
+/// The `reportingController` of nodelb's Events.
+pub const REPORTING_CONTROLLER: &str = "nodelb.io/nodelb";
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct NodeProblem {
+    /// `ForwardingOff`, `FamilyAbsent`, `NfTablesUnavailable`, `SysctlUnreadable`.
+    pub reason: &'static str,
+    pub note: String,
+}
+
+pub struct NodeEvents {
+    recorder: Option<Recorder>,
+    node_name: String,
+    active: BTreeSet<NodeProblem>,
+}
+
+impl NodeEvents {
+    pub fn new(client: Option<Client>, node_name: &str, pod_name: Option<String>) -> NodeEvents {
+        let recorder = client.map(|c| {
+            Recorder::new(
+                c,
+                Reporter {
+                    controller: REPORTING_CONTROLLER.into(),
+                    instance: Some(pod_name.unwrap_or_else(|| format!("nodelb-agent-{node_name}"))),
+                },
+            )
+        });
+        NodeEvents {
+            recorder,
+            node_name: node_name.to_string(),
+            active: BTreeSet::new(),
+        }
+    }
+
+    /// The problems that are new since the last call (and remember `now` as the current set).
+    pub fn new_problems(&mut self, now: Vec<NodeProblem>) -> Vec<NodeProblem> {
+        let now: BTreeSet<NodeProblem> = now.into_iter().collect();
+        let fresh = now.difference(&self.active).cloned().collect();
+        self.active = now;
+        fresh
+    }
+
+    /// Publish an Event per new problem (in the background; a failed publish is logged).
+    /// Returns the new problems.
+    pub fn update(&mut self, now: Vec<NodeProblem>, node_uid: Option<String>) -> Vec<NodeProblem> {
+        let fresh = self.new_problems(now);
+        let Some(recorder) = self.recorder.clone() else {
+            return fresh;
+        };
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(self.node_name.clone()),
+            uid: node_uid,
+            ..Default::default()
+        };
+        for p in fresh.iter().cloned() {
+            let recorder = recorder.clone();
+            let reference = reference.clone();
+            tokio::spawn(async move {
+                let ev = Event {
+                    type_: EventType::Warning,
+                    reason: p.reason.into(),
+                    note: Some(p.note.chars().take(1000).collect()),
+                    action: "Program".into(),
+                    secondary: None,
+                };
+                if let Err(e) = recorder.publish(&ev, &reference).await {
+                    warn!(reason = p.reason, error = %e, "could not publish a Node Event");
+                }
+            });
+        }
+        fresh
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_new_problems_are_published() {
+        let mut e = NodeEvents::new(None, "n1", None);
+        let off = NodeProblem {
+            reason: "ForwardingOff",
+            note: "IPv4".into(),
+        };
+        assert_eq!(e.new_problems(vec![off.clone()]), vec![off.clone()]);
+        assert_eq!(e.new_problems(vec![off.clone()]), vec![]);
+        assert_eq!(e.new_problems(vec![]), vec![]);
+        assert_eq!(e.new_problems(vec![off.clone()]), vec![off]);
+    }
+}

@@ -1,0 +1,592 @@
+//! The one sync loop: woken by watch changes, address changes, drift and a periodic resync;
+//! debounced; builds the planner's input from snapshots, plans, and commits — a full replace
+//! first (only once every cache is synced), after failures and after drift, a diff otherwise.
+
+use super::caches::{valid, Caches};
+use super::http::SharedReadiness;
+use super::metrics::Metrics;
+use super::node_events::{NodeEvents, NodeProblem};
+use super::Trigger;
+use crate::host::addresses::Snapshot;
+use crate::host::forward_policy;
+use crate::host::sysctl::{Forwarding, Sysctls};
+use crate::plan::config::Config;
+use crate::plan::diagnosis::{ObjectKind, ObjectRef, PortResult, Warning};
+use crate::plan::node::NodeInfo;
+use crate::plan::{self, Families, Input, IpFamily, Plan};
+use nodelb_netfilter::{readback::Drift, CommitStats, Committer, Nft, Table, TableRef};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, error, info, info_span, warn, Instrument};
+
+/// Warnings already logged, so each is logged (and counted) once while it lasts.
+#[derive(Debug, Default)]
+pub struct WarningLog {
+    current: BTreeSet<(ObjectRef, String)>,
+}
+
+impl WarningLog {
+    /// Remember `warnings` as the current set; return those not in the previous one.
+    pub fn update<'a>(&mut self, warnings: &'a [Warning]) -> Vec<&'a Warning> {
+        let now: BTreeSet<(ObjectRef, String)> = warnings
+            .iter()
+            .map(|w| (w.object.clone(), w.message.clone()))
+            .collect();
+        let fresh = warnings
+            .iter()
+            .filter(|w| {
+                !self
+                    .current
+                    .contains(&(w.object.clone(), w.message.clone()))
+            })
+            .collect();
+        self.current = now;
+        fresh
+    }
+}
+
+/// Exponential backoff after failed syncs: 100 ms doubling to a 5 s cap.
+#[derive(Debug, Default)]
+pub struct Backoff {
+    failures: u32,
+}
+
+impl Backoff {
+    pub const CAP: Duration = Duration::from_secs(5);
+
+    pub fn next_delay(&mut self) -> Duration {
+        let d = Duration::from_millis(100)
+            .saturating_mul(1u32.checked_shl(self.failures).unwrap_or(u32::MAX))
+            .min(Self::CAP);
+        self.failures = self.failures.saturating_add(1);
+        d
+    }
+
+    pub fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+/// Which enabled families can be programmed, and why the others cannot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FamilyDecision {
+    pub programmed: Families,
+    /// Each enabled family and why it is not programmed (`None`: it is).
+    pub states: Vec<(IpFamily, Option<String>)>,
+    pub problems: Vec<NodeProblem>,
+}
+
+/// Families are programmed when enabled by flag and forwarding.
+pub fn decide_families(
+    enabled: Families,
+    forwarding: &[(IpFamily, Result<Forwarding, String>)],
+) -> FamilyDecision {
+    let mut programmed = Families {
+        v4: false,
+        v6: false,
+    };
+    let mut states = Vec::new();
+    let mut problems = Vec::new();
+    for (f, state) in forwarding {
+        if !enabled.contains(*f) {
+            continue;
+        }
+        let why = match state {
+            Ok(Forwarding::Forwarding) => None,
+            Ok(Forwarding::Off { fix }) => {
+                problems.push(NodeProblem {
+                    reason: "ForwardingOff",
+                    note: format!("{f} forwarding is off, so nodelb does not program {f}: run `{fix}` or start the agent with --set-sysctls"),
+                });
+                Some(format!("forwarding is off (run `{fix}`)"))
+            }
+            Ok(Forwarding::Absent) => {
+                problems.push(NodeProblem {
+                    reason: "FamilyAbsent",
+                    note: format!(
+                        "{f} is enabled but absent on this host; run the agent with --{}=false",
+                        if *f == IpFamily::V4 { "ipv4" } else { "ipv6" }
+                    ),
+                });
+                Some("absent on this host".to_string())
+            }
+            Err(e) => {
+                problems.push(NodeProblem {
+                    reason: "SysctlUnreadable",
+                    note: format!("{f}: {e}"),
+                });
+                Some(e.clone())
+            }
+        };
+        if why.is_none() {
+            match f {
+                IpFamily::V4 => programmed.v4 = true,
+                IpFamily::V6 => programmed.v6 = true,
+            }
+        }
+        states.push((*f, why));
+    }
+    FamilyDecision {
+        programmed,
+        states,
+        problems,
+    }
+}
+
+/// Counts for metrics: Services with rules here, and endpoints behind their programmed ports.
+pub fn programmed_counts(plan: &Plan) -> (usize, usize) {
+    let mut services = 0;
+    let mut endpoints = 0;
+    for outcome in plan.services.values() {
+        let families = outcome.programmed_families();
+        if !families.is_empty() {
+            services += 1;
+        }
+        for f in families {
+            for p in outcome.ports(f).unwrap_or_default() {
+                if let PortResult::Forwards { endpoints: n, .. } = p.result {
+                    endpoints += n;
+                }
+            }
+        }
+    }
+    (services, endpoints)
+}
+
+pub struct SyncLoop {
+    pub caches: Caches,
+    pub addresses: watch::Receiver<Snapshot>,
+    pub node_name: String,
+    pub config: Config,
+    pub sysctls: Sysctls,
+    pub metrics: Arc<Metrics>,
+    pub readiness: SharedReadiness,
+    pub node_events: NodeEvents,
+    pub debounce: Duration,
+    pub resync: Duration,
+    committer: Option<Committer>,
+    replace_next: bool,
+    warnings: WarningLog,
+    backoff: Backoff,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    #[error(transparent)]
+    Netfilter(#[from] nodelb_netfilter::Error),
+    #[error("the commit task panicked")]
+    Panicked,
+}
+
+/// Why a sync runs.
+#[derive(Debug, Default, Clone)]
+struct Wake {
+    drift: Option<String>,
+    resync: bool,
+}
+
+impl SyncLoop {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        caches: Caches,
+        addresses: watch::Receiver<Snapshot>,
+        node_name: String,
+        config: Config,
+        sysctls: Sysctls,
+        metrics: Arc<Metrics>,
+        readiness: SharedReadiness,
+        node_events: NodeEvents,
+        debounce: Duration,
+        resync: Duration,
+    ) -> SyncLoop {
+        SyncLoop {
+            caches,
+            addresses,
+            node_name,
+            config,
+            sysctls,
+            metrics,
+            readiness,
+            node_events,
+            debounce,
+            resync,
+            committer: None,
+            replace_next: true,
+            warnings: WarningLog::default(),
+            backoff: Backoff::default(),
+        }
+    }
+
+    /// Run until `stop` turns true. The first sync waits for every cache.
+    pub async fn run(
+        mut self,
+        mut triggers: mpsc::UnboundedReceiver<Trigger>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        tokio::select! {
+            r = self.caches.ready() => if r.is_err() { error!("a watch stopped before it synced"); return; },
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        self.readiness.lock().expect("readiness").caches_synced = true;
+        info!("watch caches synced");
+        let mut tick = tokio::time::interval(self.resync);
+        tick.reset();
+        let mut wake = Wake::default();
+        loop {
+            let ok = self
+                .sync_once(std::mem::take(&mut wake))
+                .instrument(info_span!("sync"))
+                .await;
+            let delay = if ok {
+                self.backoff.reset();
+                None
+            } else {
+                Some(self.backoff.next_delay())
+            };
+            // Wait for a reason to sync again (after a failure: for the backoff delay).
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                _ = async { tokio::time::sleep(delay.unwrap_or_default()).await }, if delay.is_some() => {}
+                t = triggers.recv(), if delay.is_none() => match t {
+                    Some(t) => wake.add(t),
+                    None => break,
+                },
+                _ = tick.tick(), if delay.is_none() => wake.resync = true,
+            }
+            // Debounce: let a burst of changes arrive, then take them all.
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                _ = tokio::time::sleep(self.debounce) => {}
+            }
+            while let Ok(t) = triggers.try_recv() {
+                wake.add(t);
+            }
+        }
+        info!("sync loop stopped; nodelb's rules stay in place");
+    }
+
+    /// One sync. Returns whether it committed.
+    async fn sync_once(&mut self, wake: Wake) -> bool {
+        let t0 = Instant::now();
+        let enabled = Families {
+            v4: self.config.ipv4,
+            v6: self.config.ipv6,
+        };
+        let forwarding: Vec<(IpFamily, Result<Forwarding, String>)> = [IpFamily::V4, IpFamily::V6]
+            .into_iter()
+            .map(|f| (f, self.sysctls.forwarding(f).map_err(|e| e.to_string())))
+            .collect();
+        let FamilyDecision {
+            programmed: families,
+            states: family_states,
+            mut problems,
+        } = decide_families(enabled, &forwarding);
+
+        // Inputs from snapshots.
+        let services = valid(&self.caches.services);
+        let slices = valid(&self.caches.slices);
+        let node_obj = valid(&self.caches.node).into_iter().next();
+        let node_uid = node_obj
+            .as_ref()
+            .and_then(|n| n.0.as_ref().ok())
+            .and_then(|n| n.metadata.uid.clone());
+        let (node, mut node_warnings) = match node_obj.as_ref().and_then(|n| n.0.as_ref().ok()) {
+            Some(n) => NodeInfo::from_node_checked(n),
+            None => (
+                NodeInfo {
+                    name: self.node_name.clone(),
+                    ..NodeInfo::default()
+                },
+                vec![Warning::new(
+                    ObjectRef::new(ObjectKind::Node, None, &self.node_name),
+                    "Node not found: no addresses to serve on",
+                )],
+            ),
+        };
+        let local = self.addresses.borrow().clone();
+        let plan = {
+            let services: Vec<_> = services.iter().filter_map(|g| g.0.as_ref().ok()).collect();
+            let slices: Vec<_> = slices.iter().filter_map(|g| g.0.as_ref().ok()).collect();
+            plan::plan(&Input {
+                services,
+                slices,
+                node: &node,
+                local_addresses: &local,
+                families,
+                config: &self.config,
+            })
+        };
+        node_warnings.extend(plan.warnings.iter().cloned());
+        for w in self.warnings.update(&node_warnings) {
+            warn!(kind = %w.object.kind, namespace = w.object.namespace.as_deref().unwrap_or(""),
+                  name = %w.object.name, problem = %w.message, "invalid input");
+            self.metrics.invalid(w.object.kind, "plan");
+        }
+        let (n_services, n_endpoints) = programmed_counts(&plan);
+
+        // Commit: drift (another process changed our tables) forces a full replace.
+        if wake.drift.is_some() {
+            self.replace_next = true;
+        }
+        let result = self
+            .commit(plan.tables, families, wake.drift.is_some() || wake.resync)
+            .await;
+        let notes = match forward_policy::drop_chains(&self.config.table_name) {
+            Ok(chains) => chains.iter().map(|c| c.to_string()).collect(),
+            Err(e) => vec![format!("foreign forward policies unknown: {e}")],
+        };
+        let took = t0.elapsed();
+        let ok = match result {
+            Ok((objects, stats, repaired)) => {
+                self.metrics.record_sync(took, true);
+                self.metrics.sync_objects.set(objects as i64);
+                self.metrics.sync_bytes.set(stats.bytes as i64);
+                self.metrics.services_programmed.set(n_services as i64);
+                self.metrics.endpoints_programmed.set(n_endpoints as i64);
+                if let Some(why) = wake.drift.as_ref().or(repaired.as_ref()) {
+                    self.metrics.drift_repairs.inc();
+                    info!(why = %why, "repaired drift with a full replace");
+                }
+                debug!(objects, bytes = stats.bytes, encode = ?stats.encode, commit = ?stats.commit,
+                       services = n_services, endpoints = n_endpoints, took = ?took, "synced");
+                true
+            }
+            Err(e) => {
+                self.metrics.record_sync(took, false);
+                let text = error_text(&e);
+                error!(error = %text, "sync failed; retrying with a full replace");
+                if matches!(e, SyncError::Netfilter(nodelb_netfilter::Error::Open(_))) {
+                    problems.push(NodeProblem {
+                        reason: "NfTablesUnavailable",
+                        note: format!("nodelb cannot use nf_tables: {text}"),
+                    });
+                }
+                let mut r = self.readiness.lock().expect("readiness");
+                r.last_error = Some(text);
+                false
+            }
+        };
+        {
+            let mut r = self.readiness.lock().expect("readiness");
+            r.last_sync_committed = ok;
+            if ok {
+                r.last_error = None;
+            }
+            r.families = family_states;
+            r.notes = notes;
+        }
+        for p in self.node_events.update(problems, node_uid) {
+            warn!(reason = p.reason, problem = %p.note, "node problem");
+        }
+        ok
+    }
+
+    /// Commit the plan's tables and delete nodelb's tables of families not programmed. Returns
+    /// objects, stats and, when a resync found the kernel's tables differing, what differed.
+    async fn commit(
+        &mut self,
+        tables: Vec<Table>,
+        families: Families,
+        verify: bool,
+    ) -> Result<(usize, CommitStats, Option<String>), SyncError> {
+        let mut committer = match self.committer.take() {
+            Some(c) => c,
+            None => Committer::new(Nft::open()?),
+        };
+        let config_table = self.config.table_name.clone();
+        let mut replace = std::mem::replace(&mut self.replace_next, true);
+        let objects: usize = tables.iter().map(Table::object_count).sum();
+        let r = tokio::task::spawn_blocking(move || {
+            let mut drifted = None;
+            if verify && !replace {
+                // Read the tables back: anything changed behind our back forces a replace.
+                for t in &tables {
+                    let tr = TableRef::of(t);
+                    if let Some(model) = committer.committed(&tr) {
+                        let stale = committer.stale_chains(&tr);
+                        let model = model.clone();
+                        match committer.nft().drift(&model, &stale) {
+                            Ok(Drift::None) => {}
+                            Ok(d) => {
+                                drifted = Some(format!("{tr}: {d:?}"));
+                                replace = true;
+                            }
+                            Err(e) => return (committer, Err(e)),
+                        }
+                    }
+                }
+            }
+            let mut stats = match if replace {
+                committer.replace(tables)
+            } else {
+                committer.sync(tables)
+            } {
+                Ok(s) => s,
+                Err(e) => return (committer, Err(e)),
+            };
+            let present = match committer.nft().list_tables(None) {
+                Ok(p) => p,
+                Err(e) => return (committer, Err(e)),
+            };
+            for f in [IpFamily::V4, IpFamily::V6] {
+                let tr = TableRef {
+                    family: f.netfilter(),
+                    name: config_table.clone(),
+                };
+                if !families.contains(f) && present.contains(&tr) {
+                    match committer.delete(&tr) {
+                        Ok(s) => {
+                            info!(table = %tr, "deleted: family not programmed");
+                            stats.bytes += s.bytes;
+                            stats.commit += s.commit;
+                        }
+                        Err(e) => return (committer, Err(e)),
+                    }
+                }
+            }
+            (committer, Ok((stats, drifted)))
+        })
+        .await;
+        match r {
+            Ok((committer, Ok((stats, drifted)))) => {
+                self.committer = Some(committer);
+                self.replace_next = false;
+                Ok((objects, stats, drifted))
+            }
+            // After a failure the committer is dropped: the next try opens a fresh socket and
+            // replaces every table whole.
+            Ok((_, Err(e))) => Err(e.into()),
+            Err(_) => Err(SyncError::Panicked),
+        }
+    }
+}
+
+impl Wake {
+    fn add(&mut self, t: Trigger) {
+        match t {
+            Trigger::Changed => {}
+            Trigger::Drift(why) => self.drift = Some(why),
+        }
+    }
+}
+
+fn error_text(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warnings_are_new_once() {
+        let w = |name: &str, msg: &str| {
+            Warning::new(ObjectRef::new(ObjectKind::Service, Some("ns"), name), msg)
+        };
+        let mut log = WarningLog::default();
+        let a = [w("a", "bad port"), w("b", "bad selector")];
+        assert_eq!(log.update(&a).len(), 2);
+        assert_eq!(log.update(&a).len(), 0);
+        let b = [w("a", "bad port"), w("b", "other problem")];
+        assert_eq!(log.update(&b), vec![&b[1]]);
+        assert_eq!(log.update(&[]).len(), 0);
+        assert_eq!(
+            log.update(&b).len(),
+            2,
+            "a warning that went away and came back is new"
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_to_the_cap_and_resets() {
+        let mut b = Backoff::default();
+        let d: Vec<u128> = (0..9).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(d, vec![100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
+        for _ in 0..100 {
+            b.next_delay();
+        }
+        assert_eq!(b.next_delay(), Backoff::CAP);
+        b.reset();
+        assert_eq!(b.next_delay(), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn families_need_flag_and_forwarding() {
+        let fwd = vec![
+            (IpFamily::V4, Ok(Forwarding::Forwarding)),
+            (
+                IpFamily::V6,
+                Ok(Forwarding::Off {
+                    fix: "sysctl -w net.ipv6.conf.all.forwarding=1".into(),
+                }),
+            ),
+        ];
+        let FamilyDecision {
+            programmed: f,
+            states,
+            problems,
+        } = decide_families(Families { v4: true, v6: true }, &fwd);
+        assert_eq!(
+            f,
+            Families {
+                v4: true,
+                v6: false
+            }
+        );
+        assert_eq!(states[0], (IpFamily::V4, None));
+        assert!(states[1]
+            .1
+            .as_ref()
+            .unwrap()
+            .contains("sysctl -w net.ipv6.conf.all.forwarding=1"));
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].reason, "ForwardingOff");
+
+        let FamilyDecision {
+            programmed: f,
+            states,
+            problems,
+        } = decide_families(
+            Families {
+                v4: true,
+                v6: false,
+            },
+            &fwd,
+        );
+        assert_eq!(
+            f,
+            Families {
+                v4: true,
+                v6: false
+            }
+        );
+        assert_eq!(
+            states.len(),
+            1,
+            "a disabled family is not a readiness condition"
+        );
+        assert!(problems.is_empty());
+
+        let absent = vec![
+            (IpFamily::V4, Ok(Forwarding::Forwarding)),
+            (IpFamily::V6, Ok(Forwarding::Absent)),
+        ];
+        let FamilyDecision {
+            programmed: f,
+            problems,
+            ..
+        } = decide_families(Families { v4: true, v6: true }, &absent);
+        assert!(!f.v6);
+        assert_eq!(problems[0].reason, "FamilyAbsent");
+        assert!(problems[0].note.contains("--ipv6=false"));
+    }
+}
