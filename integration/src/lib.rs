@@ -1,4 +1,5 @@
 pub mod models;
 pub mod netns;
 pub mod nft;
+pub mod objects;
 pub mod traffic;
