@@ -583,6 +583,51 @@ fn source_ranges_admit_the_allowed_client_and_drop_another() {
     }
 }
 
+/// DESIGN.md: "loadBalancerSourceRanges: only those sources reach the Service; others are
+/// dropped". That holds while the Service has no endpoints too: a stranger must not learn from
+/// a reset that the Service exists (kube-proxy checks source ranges before its no-endpoint
+/// reject, too).
+#[test]
+fn source_ranges_drop_strangers_of_a_service_without_endpoints() {
+    if !require_root("source_ranges_drop_strangers_of_a_service_without_endpoints") {
+        return;
+    }
+    let (topo, other) = topology_with_stranger(1);
+    let yaml = service("restricted", "Cluster", &WEB, CLIENT_RANGES)
+        + &slices(&topo, "restricted", &WEB, &[]);
+    program(&topo.node, &plan_tables(&topo, &yaml));
+
+    let stranger = topo.extra_client(other);
+    for f in FAMILIES {
+        let node = node_addr(&topo, f);
+        // The allowed client is refused: the Service has no endpoints, and it is programmed.
+        let dst = SocketAddr::new(node, 80);
+        assert_eq!(
+            tcp_request(&topo.client, dst, ANSWER),
+            Outcome::Refused { icmp: None },
+            "{f} allowed client TCP {dst}"
+        );
+        let dst = SocketAddr::new(node, 53);
+        assert_eq!(
+            udp_request(&topo.client, dst, ANSWER),
+            Outcome::Refused {
+                icmp: Some(port_unreachable(f))
+            },
+            "{f} allowed client UDP {dst}"
+        );
+        for (proto, port) in WEB {
+            let dst = SocketAddr::new(node, port);
+            assert_eq!(
+                request(stranger, proto, dst, SILENCE),
+                Outcome::TimedOut,
+                "{f} stranger {proto:?} {dst}: outside loadBalancerSourceRanges must be dropped, \
+                 not rejected\nnode ruleset:\n{}",
+                list_ruleset(&topo.node)
+            );
+        }
+    }
+}
+
 // ---- hairpin and the node's own clients ------------------------------------------------------
 
 #[test]
