@@ -371,23 +371,29 @@ fn local_policy_keeps_client_address_and_uses_only_this_nodes_endpoint() {
     if !require_root("local_policy_keeps_client_address_and_uses_only_this_nodes_endpoint") {
         return;
     }
-    let topo = Topology::new(3);
+    let topo = Topology::new(4);
     let _servers = start_backends(&topo);
     assert_only_dnat_reaches_backends(&topo, 80);
 
-    // b0 runs here, b1 and b2 elsewhere. If the planner ignored nodeName, 8 requests would all
-    // land on b0 with chance (1/3)^8, about 1.5e-4.
-    let eps = [(0, NODE), (1, "node-b"), (2, "node-b")];
+    // b0 and b1 run here, b2 and b3 elsewhere. If the planner ignored nodeName, 12 more
+    // requests would all stay on b0/b1 with chance 2^-12.
+    let eps = [(0, NODE), (1, NODE), (2, "node-b"), (3, "node-c")];
     let yaml = service("web", "Local", &WEB, "") + &slices(&topo, "web", &WEB, &eps);
     program(&topo.node, &plan_tables(&topo, &yaml));
 
+    let here: BTreeSet<usize> = [0, 1].into();
     for f in FAMILIES {
         let client = client_addr(&topo, f);
         for (proto, port) in WEB {
             let dst = SocketAddr::new(node_addr(&topo, f), port);
             let what = format!("{f} {proto:?} {dst} Local");
-            for (i, peer) in answers(&topo, &topo.client, proto, dst, 8, &what) {
-                assert_eq!(i, 0, "{what}: answered by b{i}, which is on another node");
+            // Spread over both local endpoints, each seeing the client itself.
+            assert_spread(&topo, proto, dst, &here, |_| client, &what);
+            for (i, peer) in answers(&topo, &topo.client, proto, dst, 12, &what) {
+                assert!(
+                    here.contains(&i),
+                    "{what}: answered by b{i}, on another node"
+                );
                 assert_eq!(peer, client, "{what}: the client's address was not kept");
             }
         }
@@ -486,7 +492,8 @@ fn service_without_endpoints_resets_tcp_and_answers_udp_with_port_unreachable() 
     let yaml = service("empty", "Cluster", &tcp, "")
         + &slices(&topo, "empty", &tcp, &[])
         + &service("unscheduled", "Local", &udp, "");
-    program(&topo.node, &plan_tables(&topo, &yaml));
+    let tables = plan_tables(&topo, &yaml);
+    program(&topo.node, &tables);
 
     for f in FAMILIES {
         let node = node_addr(&topo, f);
@@ -512,6 +519,45 @@ fn service_without_endpoints_resets_tcp_and_answers_udp_with_port_unreachable() 
             },
             "{f} UDP {dst}: expected ICMP port unreachable\n{}",
             ruleset()
+        );
+    }
+
+    // The same tables with the input chain emptied: clients are answered by the node's own
+    // servers again, so it was the input chain that refused them; node-local clients are still
+    // refused, by the filter-output chain alone (a local UDP sender learns of that reject from
+    // sendmsg itself: EPERM).
+    let tables: Vec<Table> = tables
+        .into_iter()
+        .map(|mut t| {
+            t.chain_mut("input")
+                .expect("the planned table has an input chain")
+                .rules
+                .clear();
+            t
+        })
+        .collect();
+    program(&topo.node, &tables);
+    for f in FAMILIES {
+        let node = node_addr(&topo, f);
+        for (proto, port) in WEB {
+            let dst = SocketAddr::new(node, port);
+            assert_eq!(
+                request(&topo.client, proto, dst, ANSWER),
+                Outcome::Answered(format!("node {}", client_addr(&topo, f))),
+                "{f} {proto:?} {dst} without the input chain's rejects"
+            );
+        }
+        let dst = SocketAddr::new(node, 80);
+        assert_eq!(
+            tcp_request(&topo.node, dst, ANSWER),
+            Outcome::Refused { icmp: None },
+            "{f} node-local TCP {dst}, filter-output only: expected a reset"
+        );
+        let dst = SocketAddr::new(node, 53);
+        let out = udp_request(&topo.node, dst, ANSWER);
+        assert!(
+            matches!(&out, Outcome::Failed(e) if e.starts_with("EPERM")),
+            "{f} node-local UDP {dst}, filter-output only: expected EPERM, got {out:?}"
         );
     }
     drop(servers);
