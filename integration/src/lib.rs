@@ -2,4 +2,5 @@ pub mod apiserver;
 pub mod models;
 pub mod netns;
 pub mod nft;
+pub mod objects;
 pub mod traffic;

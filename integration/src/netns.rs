@@ -134,6 +134,21 @@ impl Netns {
         run_ip(&full)
     }
 
+    /// Every address assigned in this namespace right now (`ip -j addr show`), loopback and
+    /// link-local included: what the agent reads with rtnetlink as the host's addresses.
+    pub fn addresses(&self) -> std::collections::BTreeSet<IpAddr> {
+        let json = self.ip(&["-j", "addr", "show"]);
+        let links: serde_json::Value = serde_json::from_str(&json)
+            .unwrap_or_else(|e| panic!("`ip -j addr show` in {}: {e}\n{json}", self.name));
+        links
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|link| link["addr_info"].as_array().into_iter().flatten())
+            .filter_map(|a| a["local"].as_str()?.parse().ok())
+            .collect()
+    }
+
     /// Turns on IPv4 and IPv6 forwarding inside this namespace only.
     pub fn enable_forwarding(&self) {
         self.sh("sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1");

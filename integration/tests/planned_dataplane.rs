@@ -1,0 +1,875 @@
+//! Real traffic through the tables the planner builds: Services and EndpointSlices written as
+//! small YAML here, planned with `nodelb_agent::plan::plan` for the `Topology`'s node (its
+//! client-facing addresses as the Node's InternalIPs, every address in the node namespace as the
+//! host's addresses), programmed with nodelb's own netlink batch, and exercised with TCP and UDP
+//! over IPv4 and IPv6 from client namespaces through the node to backend namespaces.
+//!
+//! Every Service is dual stack, so each test programs both tables at once and checks both
+//! families. Assertions are on what arrived: which backend answered, which source it saw,
+//! reset or port unreachable or silence. Clients have no route to the backends, so a backend can
+//! only answer through the node's DNAT, and each test first shows the state without the rule
+//! under test so it fails if that rule does nothing.
+//!
+//! SCTP: this kernel has no SCTP sockets (EPROTONOSUPPORT), so SCTP is covered by
+//! `planned.rs` (golden text, `nft -c`, differential) only.
+//!
+//! Run as root: `cargo test -p nodelb-integration --test planned_dataplane`.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use nodelb_agent::plan::config::Config;
+use nodelb_agent::plan::node::{AddressKind, NodeInfo};
+use nodelb_agent::plan::table::{HAIRPIN_SET, LOCAL_ADDRESSES_SET};
+use nodelb_agent::plan::{plan, Families, Input, IpFamily};
+use nodelb_integration::netns::{require_root, route, Netns, Topology};
+use nodelb_integration::nft::{list_ruleset, nodelb_replace};
+use nodelb_integration::objects::Objects;
+use nodelb_integration::traffic::{
+    tcp_request, tcp_server, udp_request, udp_server, IcmpError, Outcome, Server,
+};
+use nodelb_netfilter::{Committer, Nft, Table};
+
+/// Deadline for a request that is expected to be answered (or refused).
+const ANSWER: Duration = Duration::from_secs(2);
+/// Deadline for a request that is expected to get nothing back.
+const SILENCE: Duration = Duration::from_secs(1);
+/// The port every backend server listens on (the slices' target port).
+const BACKEND_PORT: u16 = 8080;
+/// Tries allowed for numgen to pick every one of three backends; the chance that a fair pick
+/// misses one of them is 3 * (2/3)^64, about 2e-11.
+const SPREAD_TRIES: usize = 64;
+/// This node's name; endpoints with this `nodeName` are local.
+const NODE: &str = "node-a";
+const FAMILIES: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Proto {
+    Tcp,
+    Udp,
+}
+
+impl Proto {
+    fn k8s(self) -> &'static str {
+        match self {
+            Proto::Tcp => "TCP",
+            Proto::Udp => "UDP",
+        }
+    }
+}
+
+// ---- addresses per family ----------------------------------------------------------------
+
+fn node_addr(topo: &Topology, f: IpFamily) -> IpAddr {
+    match f {
+        IpFamily::V4 => topo.node_v4().into(),
+        IpFamily::V6 => topo.node_v6().into(),
+    }
+}
+
+fn client_addr(topo: &Topology, f: IpFamily) -> IpAddr {
+    match f {
+        IpFamily::V4 => topo.client_v4().into(),
+        IpFamily::V6 => topo.client_v6().into(),
+    }
+}
+
+fn backend_addr(topo: &Topology, f: IpFamily, i: usize) -> IpAddr {
+    match f {
+        IpFamily::V4 => topo.backend_v4(i).into(),
+        IpFamily::V6 => topo.backend_v6(i).into(),
+    }
+}
+
+fn node_toward_backend(topo: &Topology, f: IpFamily, i: usize) -> IpAddr {
+    match f {
+        IpFamily::V4 => topo.node_v4_toward_backend(i).into(),
+        IpFamily::V6 => topo.node_v6_toward_backend(i).into(),
+    }
+}
+
+fn extra_client_addr(topo: &Topology, f: IpFamily, i: usize) -> IpAddr {
+    match f {
+        IpFamily::V4 => topo.extra_client_v4(i).into(),
+        IpFamily::V6 => topo.extra_client_v6(i).into(),
+    }
+}
+
+fn port_unreachable(f: IpFamily) -> IcmpError {
+    match f {
+        IpFamily::V4 => IcmpError::V4_PORT_UNREACHABLE,
+        IpFamily::V6 => IcmpError::V6_PORT_UNREACHABLE,
+    }
+}
+
+// ---- Kubernetes objects --------------------------------------------------------------------
+
+/// A dual-stack LoadBalancer Service `default/<name>` with ports `(protocol, port)`, each named
+/// `<proto>-<port>`; `extra` is appended to the spec (indented two spaces already).
+fn service(name: &str, policy: &str, ports: &[(Proto, u16)], extra: &str) -> String {
+    let mut y = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: {name}, creationTimestamp: \"2024-01-01T00:00:00Z\"}}\nspec:\n  type: LoadBalancer\n  externalTrafficPolicy: {policy}\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  ports:\n"
+    );
+    for (proto, port) in ports {
+        y += &format!(
+            "  - {{name: {}-{port}, port: {port}, protocol: {}}}\n",
+            proto.k8s().to_lowercase(),
+            proto.k8s()
+        );
+    }
+    y + extra + "---\n"
+}
+
+/// An IPv4 and an IPv6 EndpointSlice of `default/<service>`: every port of the Service maps to
+/// `BACKEND_PORT`; `endpoints` are `(backend index, nodeName)`.
+fn slices(
+    topo: &Topology,
+    service: &str,
+    ports: &[(Proto, u16)],
+    endpoints: &[(usize, &str)],
+) -> String {
+    let mut y = String::new();
+    for f in FAMILIES {
+        y += &format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: default\n  name: {service}-{}\n  labels: {{kubernetes.io/service-name: {service}}}\naddressType: {f}\nports:\n",
+            if f == IpFamily::V4 { "v4" } else { "v6" }
+        );
+        for (proto, port) in ports {
+            y += &format!(
+                "- {{name: {}-{port}, port: {BACKEND_PORT}, protocol: {}}}\n",
+                proto.k8s().to_lowercase(),
+                proto.k8s()
+            );
+        }
+        y += if endpoints.is_empty() {
+            "endpoints: []\n"
+        } else {
+            "endpoints:\n"
+        };
+        for (i, node) in endpoints {
+            y += &format!(
+                "- {{addresses: [\"{}\"], nodeName: {node}}}\n",
+                backend_addr(topo, f, *i)
+            );
+        }
+        y += "---\n";
+    }
+    y
+}
+
+/// Plans `yaml` for the topology's node: the Node lists the node's client-facing addresses as
+/// InternalIPs; the host's addresses are whatever the node namespace holds right now.
+/// The test's YAML must be clean: any skipped document or planner warning fails the test.
+fn plan_tables(topo: &Topology, yaml: &str) -> Vec<Table> {
+    let objects = Objects::from_yaml(yaml);
+    assert!(objects.skipped.is_empty(), "{:?}", objects.skipped);
+    let node = NodeInfo {
+        name: NODE.into(),
+        labels: [("kubernetes.io/hostname".to_string(), NODE.to_string())].into(),
+        addresses: FAMILIES
+            .iter()
+            .map(|f| (AddressKind::InternalIP, node_addr(topo, *f)))
+            .collect(),
+    };
+    let local = topo.node.addresses();
+    let config = Config::default();
+    let p = plan(&Input {
+        services: objects.services.iter().collect(),
+        slices: objects.slices.iter().collect(),
+        node: &node,
+        local_addresses: &local,
+        families: Families { v4: true, v6: true },
+        config: &config,
+    });
+    assert!(p.warnings.is_empty(), "planner warnings: {:?}", p.warnings);
+    assert_eq!(p.tables.len(), 2, "one table per family");
+    p.tables
+}
+
+/// Replaces the node's nodelb tables through nodelb's netlink batch.
+fn program(node: &Netns, tables: &[Table]) {
+    if let Err(e) = nodelb_replace(node, tables) {
+        panic!("nodelb_replace in {}: {e} ({e:?})", node.name());
+    }
+}
+
+/// Removes every element of set `name` in each table: the planner's tables minus one rule's
+/// effect, for "before" states.
+fn without_elements(tables: &[Table], name: &str) -> Vec<Table> {
+    tables
+        .iter()
+        .cloned()
+        .map(|mut t| {
+            t.sets
+                .get_mut(name)
+                .unwrap_or_else(|| panic!("the planned table has no set {name}"))
+                .elements
+                .clear();
+            t
+        })
+        .collect()
+}
+
+// ---- servers and traffic -------------------------------------------------------------------
+
+/// A TCP and a UDP server named `b<i>` on every backend's `BACKEND_PORT`, both families.
+fn start_backends(topo: &Topology) -> Vec<Server> {
+    let mut servers = Vec::new();
+    for f in FAMILIES {
+        for (i, ns) in topo.backends.iter().enumerate() {
+            let addr = SocketAddr::new(backend_addr(topo, f, i), BACKEND_PORT);
+            servers.push(tcp_server(ns, addr, &format!("b{i}")));
+            servers.push(udp_server(ns, addr, &format!("b{i}")));
+        }
+    }
+    servers
+}
+
+fn request(ns: &Netns, proto: Proto, dst: SocketAddr, timeout: Duration) -> Outcome {
+    match proto {
+        Proto::Tcp => tcp_request(ns, dst, timeout),
+        Proto::Udp => udp_request(ns, dst, timeout),
+    }
+}
+
+/// Splits an `Answered("<name> <peer-ip>")` into the server's name and the peer it saw;
+/// panics with `what` and the node's ruleset on any other outcome.
+fn answer(node: &Netns, out: &Outcome, what: &str) -> (String, IpAddr) {
+    let Outcome::Answered(line) = out else {
+        panic!(
+            "{what}: expected an answer, got {out:?}\nnode ruleset:\n{}",
+            list_ruleset(node)
+        );
+    };
+    let (name, peer) = line
+        .split_once(' ')
+        .unwrap_or_else(|| panic!("{what}: malformed reply {line:?}"));
+    let peer = peer
+        .parse()
+        .unwrap_or_else(|e| panic!("{what}: bad peer address in {line:?}: {e}"));
+    (name.to_owned(), peer)
+}
+
+/// The index `i` of a server named `b<i>`.
+fn backend_index(name: &str, backends: usize, what: &str) -> usize {
+    name.strip_prefix('b')
+        .and_then(|i| i.parse().ok())
+        .filter(|i| *i < backends)
+        .unwrap_or_else(|| panic!("{what}: answered by {name:?}, which is not a backend"))
+}
+
+/// Sends `n` requests; per request, the answering backend and the peer it saw.
+fn answers(
+    topo: &Topology,
+    from: &Netns,
+    proto: Proto,
+    dst: SocketAddr,
+    n: usize,
+    what: &str,
+) -> Vec<(usize, IpAddr)> {
+    (0..n)
+        .map(|k| {
+            let what = format!("{what}, request {k}");
+            let out = request(from, proto, dst, ANSWER);
+            let (name, peer) = answer(&topo.node, &out, &what);
+            (backend_index(&name, topo.backends.len(), &what), peer)
+        })
+        .collect()
+}
+
+/// Requests until every backend in `expected` has answered (at most `SPREAD_TRIES`); asserts
+/// nobody else answers and each backend `i` sees `peer(i)`.
+fn assert_spread(
+    topo: &Topology,
+    proto: Proto,
+    dst: SocketAddr,
+    expected: &BTreeSet<usize>,
+    peer: impl Fn(usize) -> IpAddr,
+    what: &str,
+) {
+    let mut seen = BTreeSet::new();
+    let mut tries = 0;
+    // Every request is a new connection or a new UDP socket (new source port), so a new
+    // conntrack entry and a new numgen pick.
+    while seen.len() < expected.len() && tries < SPREAD_TRIES {
+        let what = format!("{what}, try {tries}");
+        let out = request(&topo.client, proto, dst, ANSWER);
+        let (name, got) = answer(&topo.node, &out, &what);
+        let i = backend_index(&name, topo.backends.len(), &what);
+        assert!(expected.contains(&i), "{what}: b{i} is not an endpoint");
+        assert_eq!(got, peer(i), "{what}: b{i} saw the wrong source");
+        seen.insert(i);
+        tries += 1;
+    }
+    assert_eq!(
+        &seen, expected,
+        "{what}: only these backends answered in {tries} tries"
+    );
+}
+
+/// Before any table is programmed nothing on the node answers `port`, and the client cannot
+/// reach a backend directly: whatever answers later does so through nodelb's DNAT.
+fn assert_only_dnat_reaches_backends(topo: &Topology, port: u16) {
+    for f in FAMILIES {
+        let node = SocketAddr::new(node_addr(topo, f), port);
+        assert_eq!(
+            tcp_request(&topo.client, node, ANSWER),
+            Outcome::Refused { icmp: None },
+            "before programming, {node}/tcp must be closed on the node"
+        );
+        for i in 0..topo.backends.len() {
+            let backend = SocketAddr::new(backend_addr(topo, f, i), BACKEND_PORT);
+            let out = tcp_request(&topo.client, backend, ANSWER);
+            assert!(
+                !matches!(out, Outcome::Answered(_)),
+                "the client reached backend {backend} without DNAT: {out:?}"
+            );
+        }
+    }
+}
+
+const WEB: [(Proto, u16); 2] = [(Proto::Tcp, 80), (Proto::Udp, 53)];
+
+// ---- Cluster policy ------------------------------------------------------------------------
+
+#[test]
+fn cluster_policy_spreads_over_every_endpoint_and_masquerades() {
+    if !require_root("cluster_policy_spreads_over_every_endpoint_and_masquerades") {
+        return;
+    }
+    let topo = Topology::new(3);
+    let _servers = start_backends(&topo);
+    assert_only_dnat_reaches_backends(&topo, 80);
+
+    // Endpoints on three nodes: Cluster policy uses all of them.
+    let eps = [(0, NODE), (1, "node-b"), (2, "node-c")];
+    let yaml = service("web", "Cluster", &WEB, "") + &slices(&topo, "web", &WEB, &eps);
+    program(&topo.node, &plan_tables(&topo, &yaml));
+
+    let all: BTreeSet<usize> = [0, 1, 2].into();
+    for f in FAMILIES {
+        for (proto, port) in WEB {
+            let dst = SocketAddr::new(node_addr(&topo, f), port);
+            // Masquerade takes the node's address on the link towards the chosen backend.
+            assert_spread(
+                &topo,
+                proto,
+                dst,
+                &all,
+                |i| node_toward_backend(&topo, f, i),
+                &format!("{f} {proto:?} {dst} Cluster"),
+            );
+        }
+    }
+}
+
+// ---- Local policy --------------------------------------------------------------------------
+
+#[test]
+fn local_policy_keeps_client_address_and_uses_only_this_nodes_endpoint() {
+    if !require_root("local_policy_keeps_client_address_and_uses_only_this_nodes_endpoint") {
+        return;
+    }
+    let topo = Topology::new(4);
+    let _servers = start_backends(&topo);
+    assert_only_dnat_reaches_backends(&topo, 80);
+
+    // b0 and b1 run here, b2 and b3 elsewhere. If the planner ignored nodeName, 12 more
+    // requests would all stay on b0/b1 with chance 2^-12.
+    let eps = [(0, NODE), (1, NODE), (2, "node-b"), (3, "node-c")];
+    let yaml = service("web", "Local", &WEB, "") + &slices(&topo, "web", &WEB, &eps);
+    program(&topo.node, &plan_tables(&topo, &yaml));
+
+    let here: BTreeSet<usize> = [0, 1].into();
+    for f in FAMILIES {
+        let client = client_addr(&topo, f);
+        for (proto, port) in WEB {
+            let dst = SocketAddr::new(node_addr(&topo, f), port);
+            let what = format!("{f} {proto:?} {dst} Local");
+            // Spread over both local endpoints, each seeing the client itself.
+            assert_spread(&topo, proto, dst, &here, |_| client, &what);
+            for (i, peer) in answers(&topo, &topo.client, proto, dst, 12, &what) {
+                assert!(
+                    here.contains(&i),
+                    "{what}: answered by b{i}, on another node"
+                );
+                assert_eq!(peer, client, "{what}: the client's address was not kept");
+            }
+        }
+    }
+}
+
+#[test]
+fn local_policy_with_endpoints_only_on_other_nodes_is_silent() {
+    if !require_root("local_policy_with_endpoints_only_on_other_nodes_is_silent") {
+        return;
+    }
+    let topo = Topology::new(2);
+    let _servers = start_backends(&topo);
+    // Before: the node itself refuses (reset, port unreachable) — silence later is nodelb's.
+    for f in FAMILIES {
+        let dst = SocketAddr::new(node_addr(&topo, f), 80);
+        assert_eq!(
+            tcp_request(&topo.client, dst, ANSWER),
+            Outcome::Refused { icmp: None },
+            "{f} TCP {dst} before programming"
+        );
+        let dst = SocketAddr::new(node_addr(&topo, f), 53);
+        assert_eq!(
+            udp_request(&topo.client, dst, ANSWER),
+            Outcome::Refused {
+                icmp: Some(port_unreachable(f))
+            },
+            "{f} UDP {dst} before programming"
+        );
+    }
+
+    let elsewhere = [(0, "node-b"), (1, "node-c")];
+    // Control: the same endpoints under Cluster policy answer, so they are reachable and it is
+    // the Local policy that keeps this node from using them.
+    let control = [(Proto::Tcp, 81)];
+    let yaml = service("remote", "Local", &WEB, "")
+        + &slices(&topo, "remote", &WEB, &elsewhere)
+        + &service("control", "Cluster", &control, "")
+        + &slices(&topo, "control", &control, &elsewhere);
+    program(&topo.node, &plan_tables(&topo, &yaml));
+
+    for f in FAMILIES {
+        let node = node_addr(&topo, f);
+        let dst = SocketAddr::new(node, 81);
+        answers(
+            &topo,
+            &topo.client,
+            Proto::Tcp,
+            dst,
+            2,
+            &format!("{f} control {dst}"),
+        );
+        for (proto, port) in WEB {
+            let dst = SocketAddr::new(node, port);
+            let out = request(&topo.client, proto, dst, SILENCE);
+            assert_eq!(
+                out,
+                Outcome::TimedOut,
+                "{f} {proto:?} {dst}: Local without a local endpoint must drop, not refuse\nnode ruleset:\n{}",
+                list_ruleset(&topo.node)
+            );
+        }
+    }
+}
+
+// ---- no endpoints --------------------------------------------------------------------------
+
+#[test]
+fn service_without_endpoints_resets_tcp_and_answers_udp_with_port_unreachable() {
+    if !require_root("service_without_endpoints_resets_tcp_and_answers_udp_with_port_unreachable") {
+        return;
+    }
+    let topo = Topology::new(1);
+    // Real listeners on the node itself: without nodelb's reject the client would be answered,
+    // so a refusal below cannot be the kernel's "nothing listens here".
+    let mut servers = Vec::new();
+    for f in FAMILIES {
+        let node = node_addr(&topo, f);
+        for (proto, port) in WEB {
+            let addr = SocketAddr::new(node, port);
+            servers.push(match proto {
+                Proto::Tcp => tcp_server(&topo.node, addr, "node"),
+                Proto::Udp => udp_server(&topo.node, addr, "node"),
+            });
+            assert_eq!(
+                request(&topo.client, proto, addr, ANSWER),
+                Outcome::Answered(format!("node {}", client_addr(&topo, f))),
+                "{f} {proto:?} {addr} before programming"
+            );
+        }
+    }
+
+    // One Service with an empty slice, one with no slice at all.
+    let tcp = [(Proto::Tcp, 80)];
+    let udp = [(Proto::Udp, 53)];
+    let yaml = service("empty", "Cluster", &tcp, "")
+        + &slices(&topo, "empty", &tcp, &[])
+        + &service("unscheduled", "Local", &udp, "");
+    let tables = plan_tables(&topo, &yaml);
+    program(&topo.node, &tables);
+
+    for f in FAMILIES {
+        let node = node_addr(&topo, f);
+        let dst = SocketAddr::new(node, 80);
+        let ruleset = || list_ruleset(&topo.node);
+        assert_eq!(
+            tcp_request(&topo.client, dst, ANSWER),
+            Outcome::Refused { icmp: None },
+            "{f} TCP {dst}: expected a reset\n{}",
+            ruleset()
+        );
+        assert_eq!(
+            tcp_request(&topo.node, dst, ANSWER),
+            Outcome::Refused { icmp: None },
+            "{f} node-local TCP {dst}: expected a reset\n{}",
+            ruleset()
+        );
+        let dst = SocketAddr::new(node, 53);
+        assert_eq!(
+            udp_request(&topo.client, dst, ANSWER),
+            Outcome::Refused {
+                icmp: Some(port_unreachable(f))
+            },
+            "{f} UDP {dst}: expected ICMP port unreachable\n{}",
+            ruleset()
+        );
+    }
+
+    // The same tables with the input chain emptied: clients are answered by the node's own
+    // servers again, so it was the input chain that refused them; node-local clients are still
+    // refused, by the filter-output chain alone (a local UDP sender learns of that reject from
+    // sendmsg itself: EPERM).
+    let tables: Vec<Table> = tables
+        .into_iter()
+        .map(|mut t| {
+            t.chain_mut("input")
+                .expect("the planned table has an input chain")
+                .rules
+                .clear();
+            t
+        })
+        .collect();
+    program(&topo.node, &tables);
+    for f in FAMILIES {
+        let node = node_addr(&topo, f);
+        for (proto, port) in WEB {
+            let dst = SocketAddr::new(node, port);
+            assert_eq!(
+                request(&topo.client, proto, dst, ANSWER),
+                Outcome::Answered(format!("node {}", client_addr(&topo, f))),
+                "{f} {proto:?} {dst} without the input chain's rejects"
+            );
+        }
+        let dst = SocketAddr::new(node, 80);
+        assert_eq!(
+            tcp_request(&topo.node, dst, ANSWER),
+            Outcome::Refused { icmp: None },
+            "{f} node-local TCP {dst}, filter-output only: expected a reset"
+        );
+        let dst = SocketAddr::new(node, 53);
+        let out = udp_request(&topo.node, dst, ANSWER);
+        assert!(
+            matches!(&out, Outcome::Failed(e) if e.starts_with("EPERM")),
+            "{f} node-local UDP {dst}, filter-output only: expected EPERM, got {out:?}"
+        );
+    }
+    drop(servers);
+}
+
+// ---- loadBalancerSourceRanges ----------------------------------------------------------------
+
+/// A topology with a second client ("stranger", 192.0.2.0/24 and 2001:db8:d::/64) that talks to
+/// the same node addresses as the first client, so the source is the only difference.
+fn topology_with_stranger(backends: usize) -> (Topology, usize) {
+    let mut topo = Topology::new(backends);
+    let other = topo.add_client("stranger", "192.0.2.0/24", "2001:db8:d::/64");
+    let ns = topo.extra_client(other);
+    route(
+        ns,
+        "203.0.113.0/24",
+        &topo.node_v4_toward_extra_client(other).to_string(),
+    );
+    route(
+        ns,
+        "2001:db8:c::/64",
+        &topo.node_v6_toward_extra_client(other).to_string(),
+    );
+    (topo, other)
+}
+
+/// The first client's subnets, both families.
+const CLIENT_RANGES: &str = "  loadBalancerSourceRanges: [203.0.113.0/24, 2001:db8:c::/64]\n";
+
+#[test]
+fn source_ranges_admit_the_allowed_client_and_drop_another() {
+    if !require_root("source_ranges_admit_the_allowed_client_and_drop_another") {
+        return;
+    }
+    let (topo, other) = topology_with_stranger(2);
+    let _servers = start_backends(&topo);
+    let eps = [(0, NODE), (1, NODE)];
+    // Control: the same backends without a range, so the stranger is shown to have a working
+    // path to them.
+    let open = [(Proto::Tcp, 81)];
+    let yaml = service("restricted", "Local", &WEB, CLIENT_RANGES)
+        + &slices(&topo, "restricted", &WEB, &eps)
+        + &service("open", "Local", &open, "")
+        + &slices(&topo, "open", &open, &eps);
+    program(&topo.node, &plan_tables(&topo, &yaml));
+
+    let stranger = topo.extra_client(other);
+    for f in FAMILIES {
+        let node = node_addr(&topo, f);
+        let dst = SocketAddr::new(node, 81);
+        let what = format!("{f} stranger -> unrestricted {dst}");
+        for (i, peer) in answers(&topo, stranger, Proto::Tcp, dst, 2, &what) {
+            assert_eq!(peer, extra_client_addr(&topo, f, other), "{what}: b{i}");
+        }
+        for (proto, port) in WEB {
+            let dst = SocketAddr::new(node, port);
+            let what = format!("{f} allowed client {proto:?} {dst}");
+            for (i, peer) in answers(&topo, &topo.client, proto, dst, 2, &what) {
+                assert_eq!(peer, client_addr(&topo, f), "{what}: b{i}");
+            }
+            // Dropped, not rejected: the stranger hears nothing at all.
+            assert_eq!(
+                request(stranger, proto, dst, SILENCE),
+                Outcome::TimedOut,
+                "{f} stranger {proto:?} {dst}\nnode ruleset:\n{}",
+                list_ruleset(&topo.node)
+            );
+        }
+    }
+}
+
+/// DESIGN.md: "loadBalancerSourceRanges: only those sources reach the Service; others are
+/// dropped". That holds while the Service has no endpoints too: a stranger must not learn from
+/// a reset that the Service exists (kube-proxy checks source ranges before its no-endpoint
+/// reject, too).
+#[test]
+fn source_ranges_drop_strangers_of_a_service_without_endpoints() {
+    if !require_root("source_ranges_drop_strangers_of_a_service_without_endpoints") {
+        return;
+    }
+    let (topo, other) = topology_with_stranger(1);
+    let yaml = service("restricted", "Cluster", &WEB, CLIENT_RANGES)
+        + &slices(&topo, "restricted", &WEB, &[]);
+    program(&topo.node, &plan_tables(&topo, &yaml));
+
+    let stranger = topo.extra_client(other);
+    for f in FAMILIES {
+        let node = node_addr(&topo, f);
+        // The allowed client is refused: the Service has no endpoints, and it is programmed.
+        let dst = SocketAddr::new(node, 80);
+        assert_eq!(
+            tcp_request(&topo.client, dst, ANSWER),
+            Outcome::Refused { icmp: None },
+            "{f} allowed client TCP {dst}"
+        );
+        let dst = SocketAddr::new(node, 53);
+        assert_eq!(
+            udp_request(&topo.client, dst, ANSWER),
+            Outcome::Refused {
+                icmp: Some(port_unreachable(f))
+            },
+            "{f} allowed client UDP {dst}"
+        );
+        for (proto, port) in WEB {
+            let dst = SocketAddr::new(node, port);
+            assert_eq!(
+                request(stranger, proto, dst, SILENCE),
+                Outcome::TimedOut,
+                "{f} stranger {proto:?} {dst}: outside loadBalancerSourceRanges must be dropped, \
+                 not rejected\nnode ruleset:\n{}",
+                list_ruleset(&topo.node)
+            );
+        }
+    }
+}
+
+// ---- hairpin and the node's own clients ------------------------------------------------------
+
+#[test]
+fn hairpin_endpoint_reaches_its_own_service_through_the_node() {
+    if !require_root("hairpin_endpoint_reaches_its_own_service_through_the_node") {
+        return;
+    }
+    let topo = Topology::new(1);
+    let _servers = start_backends(&topo);
+    // Local policy, so the Cluster masquerade cannot be what makes hairpin work.
+    let yaml = service("self", "Local", &WEB, "") + &slices(&topo, "self", &WEB, &[(0, NODE)]);
+    let tables = plan_tables(&topo, &yaml);
+    let backend = &topo.backends[0];
+
+    // Before: the planner's tables without the hairpin pairs. DNAT sends b0's packets back to
+    // b0 with its own address as source, and the connection cannot complete.
+    program(&topo.node, &without_elements(&tables, HAIRPIN_SET));
+    for f in FAMILIES {
+        for (proto, port) in WEB {
+            let dst = SocketAddr::new(node_addr(&topo, f), port);
+            let out = request(backend, proto, dst, SILENCE);
+            assert!(
+                !matches!(out, Outcome::Answered(_)),
+                "{f} {proto:?} {dst}: b0 reached itself without hairpin masquerade: {out:?}"
+            );
+        }
+    }
+
+    program(&topo.node, &tables);
+    for f in FAMILIES {
+        for (proto, port) in WEB {
+            let dst = SocketAddr::new(node_addr(&topo, f), port);
+            let what = format!("{f} hairpin {proto:?} {dst}");
+            for (i, peer) in answers(&topo, backend, proto, dst, 2, &what) {
+                assert_eq!(i, 0, "{what}");
+                assert_eq!(
+                    peer,
+                    node_toward_backend(&topo, f, 0),
+                    "{what}: b0 must see the node as its peer"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn node_local_client_is_answered_under_local_and_cluster_policy() {
+    if !require_root("node_local_client_is_answered_under_local_and_cluster_policy") {
+        return;
+    }
+    let topo = Topology::new(1);
+    let _servers = start_backends(&topo);
+    let local = [(Proto::Tcp, 80), (Proto::Udp, 53)];
+    let cluster = [(Proto::Tcp, 81), (Proto::Udp, 54)];
+    for f in FAMILIES {
+        for (_, port) in local.iter().chain(&cluster) {
+            let dst = SocketAddr::new(node_addr(&topo, f), *port);
+            assert_eq!(
+                tcp_request(&topo.node, dst, ANSWER),
+                Outcome::Refused { icmp: None },
+                "before programming, node-local {dst}/tcp must be closed"
+            );
+        }
+    }
+    let eps = [(0, NODE)];
+    let yaml = service("local", "Local", &local, "")
+        + &slices(&topo, "local", &local, &eps)
+        + &service("cluster", "Cluster", &cluster, "")
+        + &slices(&topo, "cluster", &cluster, &eps);
+    let tables = plan_tables(&topo, &yaml);
+
+    // Without the host's addresses in `local-addresses`, a node-local client of the Local
+    // Service is answered but not masqueraded: b0 sees the node's client-facing address.
+    program(&topo.node, &without_elements(&tables, LOCAL_ADDRESSES_SET));
+    for f in FAMILIES {
+        let node = node_addr(&topo, f);
+        for (proto, port) in local {
+            let dst = SocketAddr::new(node, port);
+            let what = format!("{f} node-local {proto:?} {dst}, no local-addresses");
+            for (_, peer) in answers(&topo, &topo.node, proto, dst, 1, &what) {
+                assert_eq!(peer, node, "{what}");
+            }
+        }
+    }
+
+    program(&topo.node, &tables);
+    for f in FAMILIES {
+        let node = node_addr(&topo, f);
+        for (proto, port) in local.iter().chain(&cluster) {
+            let dst = SocketAddr::new(node, *port);
+            let what = format!("{f} node-local {proto:?} {dst}");
+            for (i, peer) in answers(&topo, &topo.node, *proto, dst, 2, &what) {
+                assert_eq!(
+                    peer,
+                    node_toward_backend(&topo, f, i),
+                    "{what}: a node-local client is masqueraded under both policies"
+                );
+            }
+        }
+    }
+}
+
+// ---- incremental sync ----------------------------------------------------------------------
+
+#[test]
+fn endpoint_changes_through_incremental_sync_move_traffic() {
+    if !require_root("endpoint_changes_through_incremental_sync_move_traffic") {
+        return;
+    }
+    let topo = Topology::new(2);
+    let _servers = start_backends(&topo);
+    let both = [(0, NODE), (1, "node-b")];
+    let web = |eps: &[(usize, &str)]| {
+        let yaml = service("web", "Cluster", &WEB, "") + &slices(&topo, "web", &WEB, eps);
+        plan_tables(&topo, &yaml)
+    };
+    // One committer for the whole test: its socket lives in the node namespace, and it keeps
+    // what it committed so each later sync sends only the difference.
+    let mut committer = topo
+        .node
+        .run(|| Nft::open().map(Committer::new))
+        .expect("netlink socket in the node namespace");
+    let full = committer.replace(web(&both)).expect("first replace");
+
+    let t = &topo;
+    let masq = |f: IpFamily| move |i: usize| node_toward_backend(t, f, i);
+    for f in FAMILIES {
+        for (proto, port) in WEB {
+            let dst = SocketAddr::new(node_addr(&topo, f), port);
+            let what = format!("{f} {proto:?} {dst}, two endpoints");
+            assert_spread(&topo, proto, dst, &[0, 1].into(), masq(f), &what);
+        }
+    }
+
+    // b1 goes away: only b0 answers new connections.
+    let stats = committer
+        .sync(web(&[(0, NODE)]))
+        .expect("sync to one endpoint");
+    assert!(
+        stats.messages < full.messages,
+        "removing one endpoint sent {} messages, the whole replace {}",
+        stats.messages,
+        full.messages
+    );
+    for f in FAMILIES {
+        for (proto, port) in WEB {
+            let dst = SocketAddr::new(node_addr(&topo, f), port);
+            let what = format!("{f} {proto:?} {dst}, b1 removed");
+            // With b1 still programmed, 12 picks all landing on b0 has chance 2^-12.
+            for (i, _) in answers(&topo, &topo.client, proto, dst, 12, &what) {
+                assert_eq!(i, 0, "{what}: b{i} answered after its removal");
+            }
+        }
+    }
+
+    // No endpoint left: reset and port unreachable.
+    committer.sync(web(&[])).expect("sync to no endpoint");
+    for f in FAMILIES {
+        let node = node_addr(&topo, f);
+        let dst = SocketAddr::new(node, 80);
+        assert_eq!(
+            tcp_request(&topo.client, dst, ANSWER),
+            Outcome::Refused { icmp: None },
+            "{f} TCP {dst}, no endpoints after sync\n{}",
+            list_ruleset(&topo.node)
+        );
+        let dst = SocketAddr::new(node, 53);
+        assert_eq!(
+            udp_request(&topo.client, dst, ANSWER),
+            Outcome::Refused {
+                icmp: Some(port_unreachable(f))
+            },
+            "{f} UDP {dst}, no endpoints after sync"
+        );
+    }
+    // The kernel now holds what a fresh replace of the same plan holds (counters aside).
+    let fresh = Netns::new("fresh");
+    program(&fresh, &web(&[]));
+    for fam in ["ip", "ip6"] {
+        let list = |ns: &Netns| ns.sh(&format!("nft -s list table {fam} nodelb"));
+        assert_eq!(
+            list(&topo.node),
+            list(&fresh),
+            "{fam}: after incremental syncs the table differs from a fresh replace"
+        );
+    }
+
+    // Both back: traffic spreads again.
+    committer
+        .sync(web(&both))
+        .expect("sync back to two endpoints");
+    for f in FAMILIES {
+        for (proto, port) in WEB {
+            let dst = SocketAddr::new(node_addr(&topo, f), port);
+            let what = format!("{f} {proto:?} {dst}, both endpoints back");
+            assert_spread(&topo, proto, dst, &[0, 1].into(), masq(f), &what);
+        }
+    }
+}
