@@ -132,12 +132,25 @@ pub fn plan(input: &Input<'_>) -> Plan {
     );
     let mut planner = Planner::new();
     planner.update(&objects, &ctx, None);
+    let mut warnings: Vec<diagnosis::Warning> = planner.warnings().cloned().collect();
+    for svc in &input.services {
+        if service::ServiceKey::of(svc).is_none() && service::is_handled(svc, input.config) {
+            warnings.push(diagnosis::Warning::new(
+                diagnosis::ObjectRef::new(
+                    diagnosis::ObjectKind::Service,
+                    svc.metadata.namespace.as_deref(),
+                    "",
+                ),
+                "Service without a name; skipped",
+            ));
+        }
+    }
     Plan {
         tables: planner.tables(),
         services: planner
             .outcomes()
             .map(|(k, o)| (k.clone(), o.clone()))
             .collect(),
-        warnings: planner.warnings().cloned().collect(),
+        warnings,
     }
 }
