@@ -3,10 +3,12 @@
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use nodelb_agent::plan::{config::Config, node, plan, Context, Families, Input, Objects, Planner, TableChange};
-use std::sync::Arc;
+use nodelb_agent::plan::{
+    config::Config, node, plan, Context, Families, Input, Objects, Planner, TableChange,
+};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 fn env(name: &str, default: usize) -> usize {
@@ -79,7 +81,15 @@ fn main() {
 
     // The agent's path: a planner kept between syncs, one EndpointSlice changed per sync.
     let mut objects = Objects::from_lists(services.iter(), slices.iter());
-    let ctx = Context::new(node.clone(), local.clone(), Families { v4: true, v6: false }, config.clone());
+    let ctx = Context::new(
+        node.clone(),
+        local.clone(),
+        Families {
+            v4: true,
+            v6: false,
+        },
+        config.clone(),
+    );
     let mut planner = Planner::new();
     planner.update(&objects, &ctx, None);
     let mut times = Vec::new();

@@ -44,6 +44,19 @@ impl Edit {
                 .all(|e| e.del.is_empty() && e.add.is_empty())
     }
 
+    /// Objects the edit touches: sets, chains and elements (for logs and metrics).
+    pub fn size(&self) -> usize {
+        self.add_sets.iter().map(|s| 1 + s.elements.len()).sum::<usize>()
+            + self.del_sets.len()
+            + self.put_chains.iter().map(|c| 1 + c.rules.len()).sum::<usize>()
+            + self.del_chains.len()
+            + self
+                .elements
+                .values()
+                .map(|e| e.del.len() + e.add.len())
+                .sum::<usize>()
+    }
+
     /// The operations that bring the kernel from `base` (what it holds) to `base` with this
     /// edit applied, in an order the kernel accepts, and the chains left to delete later.
     /// Fails, naming the object, when the edit does not fit `base` or leaves a reference to a

@@ -120,6 +120,27 @@ impl Objects {
         vec![key]
     }
 
+    /// Replace every Service (after a re-list, which does not report deletions).
+    pub fn replace_services(&mut self, services: impl IntoIterator<Item = Arc<Service>>) {
+        self.services.clear();
+        for s in services {
+            self.put_service(s);
+        }
+    }
+
+    /// Replace every slice (after a re-list).
+    pub fn replace_slices(&mut self, slices: impl IntoIterator<Item = Arc<EndpointSlice>>) {
+        self.slices.clear();
+        self.slice_owner.clear();
+        for s in slices {
+            self.put_slice(s);
+        }
+    }
+
+    pub fn slice_count(&self) -> usize {
+        self.slice_owner.len()
+    }
+
     /// Every Service key that has a Service or slices.
     pub fn keys(&self) -> std::collections::BTreeSet<ServiceKey> {
         self.services

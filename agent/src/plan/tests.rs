@@ -1037,7 +1037,7 @@ fn out_of_range_and_missing_ports_are_skipped_with_a_warning() {
 #[test]
 fn service_without_ports_gets_no_rules_and_a_warning() {
     let p = World::new()
-        .service(&"apiVersion: v1\nkind: Service\nmetadata: {namespace: default, name: empty}\nspec: {type: LoadBalancer}\n".to_string())
+        .service("apiVersion: v1\nkind: Service\nmetadata: {namespace: default, name: empty}\nspec: {type: LoadBalancer}\n")
         .service(&web(""))
         .plan();
     assert_eq!(p.outcome("default/empty"), &ServiceOutcome::NoValidPorts);

@@ -1,7 +1,9 @@
-//! Watch caches: kube-runtime reflectors for Services and EndpointSlices (all namespaces) and
-//! this node's Node. Objects are read through `DeserializeGuard`, so one that does not
-//! deserialize is stored as an error, logged and counted once, and never stops the watch.
+//! Watches: Services and EndpointSlices in all namespaces, whose events go to the sync loop's
+//! [`Inbox`](super::inbox::Inbox) (the one copy of them), and this node's Node, kept in a
+//! kube-runtime reflector. Objects are read through `DeserializeGuard`, so one that does not
+//! deserialize is logged and counted once and never stops the watch.
 
+use super::inbox::ObjectEvent;
 use super::metrics::Metrics;
 use super::Trigger;
 use futures::StreamExt;
@@ -19,11 +21,9 @@ use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{info_span, warn, Instrument};
 
-/// Read sides of the watches. Invalid objects are in the stores as `Err`.
+/// The Node's reflector.
 #[derive(Clone)]
 pub struct Caches {
-    pub services: Store<DeserializeGuard<Service>>,
-    pub slices: Store<DeserializeGuard<EndpointSlice>>,
     pub node: Store<DeserializeGuard<Node>>,
 }
 
@@ -36,26 +36,27 @@ where
 }
 
 impl Caches {
-    /// Start the three watches; each change sends [`Trigger::Changed`].
+    /// Start the three watches. Service and EndpointSlice events are sent as
+    /// [`Trigger::Object`]; a Node change as [`Trigger::Changed`].
     pub fn start(
         client: &Client,
         node_name: &str,
         tx: UnboundedSender<Trigger>,
         metrics: Arc<Metrics>,
     ) -> (Caches, Vec<tokio::task::JoinHandle<()>>) {
-        let (services, t1) = start_one::<Service>(
+        let t1 = forward::<Service>(
             Api::all(client.clone()),
-            watcher::Config::default(),
             "services",
             tx.clone(),
             metrics.clone(),
+            |ev| Trigger::Object(ObjectEvent::Service(Box::new(ev))),
         );
-        let (slices, t2) = start_one::<EndpointSlice>(
+        let t2 = forward::<EndpointSlice>(
             Api::all(client.clone()),
-            watcher::Config::default(),
             "endpointslices",
             tx.clone(),
             metrics.clone(),
+            |ev| Trigger::Object(ObjectEvent::Slice(Box::new(ev))),
         );
         let (node, t3) = start_one::<Node>(
             Api::all(client.clone()),
@@ -64,22 +65,57 @@ impl Caches {
             tx,
             metrics,
         );
-        (
-            Caches {
-                services,
-                slices,
-                node,
-            },
-            vec![t1, t2, t3],
-        )
+        (Caches { node }, vec![t1, t2, t3])
     }
 
-    /// Wait until every watch has listed once.
+    /// Wait until the Node watch has listed once.
     pub async fn ready(&self) -> Result<(), reflector::store::WriterDropped> {
-        self.services.wait_until_ready().await?;
-        self.slices.wait_until_ready().await?;
         self.node.wait_until_ready().await
     }
+}
+
+/// Watch `api` and send every event on, noting objects that do not deserialize.
+fn forward<K>(
+    api: Api<DeserializeGuard<K>>,
+    resource: &'static str,
+    tx: UnboundedSender<Trigger>,
+    metrics: Arc<Metrics>,
+    wrap: fn(Event<DeserializeGuard<K>>) -> Trigger,
+) -> tokio::task::JoinHandle<()>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let kind = K::kind(&()).to_string();
+    tokio::spawn(
+        async move {
+            let mut reported: HashMap<(String, String), String> = HashMap::new();
+            let mut stream = std::pin::pin!(stream);
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(ev) => {
+                        match &ev {
+                            Event::Apply(g) | Event::InitApply(g) => {
+                                note_invalid(g, &kind, &mut reported, &metrics)
+                            }
+                            Event::Delete(g) => {
+                                reported.remove(&(g.namespace().unwrap_or_default(), g.name_any()));
+                            }
+                            Event::Init | Event::InitDone => {}
+                        }
+                        if tx.send(wrap(ev)).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        metrics.watch_error(resource);
+                        warn!(error = %e, "watch failed; retrying with backoff");
+                    }
+                }
+            }
+        }
+        .instrument(info_span!("watch", resource)),
+    )
 }
 
 fn start_one<K>(

@@ -4,6 +4,7 @@
 
 pub mod caches;
 pub mod http;
+pub mod inbox;
 pub mod logging;
 pub mod metrics;
 pub mod node_events;
@@ -21,9 +22,11 @@ use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
 
 /// Why the sync loop should run.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Trigger {
-    /// A watched object or a local address changed.
+    /// A Service or EndpointSlice event.
+    Object(inbox::ObjectEvent),
+    /// The Node or a local address changed.
     Changed,
     /// Another process changed nodelb's tables (or change events were lost).
     Drift(String),

@@ -1,9 +1,12 @@
 //! The one sync loop: woken by watch changes, address changes, drift and a periodic resync;
-//! debounced; builds the planner's input from snapshots, plans, and commits — a full replace
-//! first (only once every cache is synced), after failures and after drift, a diff otherwise.
+//! debounced; hands the Services that changed to the planner, which replans only those, and
+//! commits — a full replace first (only once every watch has listed), after failures and after
+//! drift, a diff of whole tables on resync and when node-wide input changed, and otherwise an
+//! edit of just what changed.
 
 use super::caches::{valid, Caches};
 use super::http::SharedReadiness;
+use super::inbox::Inbox;
 use super::metrics::Metrics;
 use super::node_events::{NodeEvents, NodeProblem};
 use super::Trigger;
@@ -11,10 +14,12 @@ use crate::host::addresses::Snapshot;
 use crate::host::forward_policy;
 use crate::host::sysctl::{Forwarding, Sysctls};
 use crate::plan::config::Config;
+use crate::plan::diagnosis::ServiceOutcome;
 use crate::plan::diagnosis::{ObjectKind, ObjectRef, PortResult, Warning};
 use crate::plan::node::NodeInfo;
-use crate::plan::{self, Families, Input, IpFamily, Plan};
-use nodelb_netfilter::{readback::Drift, CommitStats, Committer, Nft, Table, TableRef};
+use crate::plan::service::ServiceKey;
+use crate::plan::{Context, Families, IpFamily, Planner, TableChange};
+use nodelb_netfilter::{readback::Drift, CommitStats, Committer, Edit, Nft, Table, TableRef};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -136,10 +141,12 @@ pub fn decide_families(
 }
 
 /// Counts for metrics: Services with rules here, and endpoints behind their programmed ports.
-pub fn programmed_counts(plan: &Plan) -> (usize, usize) {
+pub fn programmed_counts<'a>(
+    outcomes: impl Iterator<Item = (&'a ServiceKey, &'a ServiceOutcome)>,
+) -> (usize, usize) {
     let mut services = 0;
     let mut endpoints = 0;
-    for outcome in plan.services.values() {
+    for (_, outcome) in outcomes {
         let families = outcome.programmed_families();
         if !families.is_empty() {
             services += 1;
@@ -168,6 +175,9 @@ pub struct SyncLoop {
     pub resync: Duration,
     committer: Option<Committer>,
     replace_next: bool,
+    inbox: Inbox,
+    planner: Planner,
+    notes: Vec<String>,
     warnings: WarningLog,
     backoff: Backoff,
 }
@@ -214,6 +224,9 @@ impl SyncLoop {
             resync,
             committer: None,
             replace_next: true,
+            inbox: Inbox::default(),
+            planner: Planner::new(),
+            notes: Vec::new(),
             warnings: WarningLog::default(),
             backoff: Backoff::default(),
         }
@@ -229,11 +242,26 @@ impl SyncLoop {
             r = self.caches.ready() => if r.is_err() { error!("a watch stopped before it synced"); return; },
             _ = stop.wait_for(|s| *s) => return,
         }
+        // The first sync replaces the tables whole: it waits until every watch has listed, so
+        // a restart never programs a partial view (rules from before stay meanwhile).
+        let mut wake = Wake::default();
+        while !self.inbox.synced() {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => return,
+                t = triggers.recv() => match t {
+                    Some(t) => self.take(t, &mut wake),
+                    None => return,
+                },
+            }
+        }
         self.readiness.lock().expect("readiness").caches_synced = true;
-        info!("watch caches synced");
+        info!(
+            services = self.inbox.objects().service_count(),
+            endpointslices = self.inbox.objects().slice_count(),
+            "watches listed"
+        );
         let mut tick = tokio::time::interval(self.resync);
         tick.reset();
-        let mut wake = Wake::default();
         loop {
             let ok = self
                 .sync_once(std::mem::take(&mut wake))
@@ -250,7 +278,7 @@ impl SyncLoop {
                 _ = stop.wait_for(|s| *s) => break,
                 _ = async { tokio::time::sleep(delay.unwrap_or_default()).await }, if delay.is_some() => {}
                 t = triggers.recv(), if delay.is_none() => match t {
-                    Some(t) => wake.add(t),
+                    Some(t) => self.take(t, &mut wake),
                     None => break,
                 },
                 _ = tick.tick(), if delay.is_none() => wake.resync = true,
@@ -261,10 +289,18 @@ impl SyncLoop {
                 _ = tokio::time::sleep(self.debounce) => {}
             }
             while let Ok(t) = triggers.try_recv() {
-                wake.add(t);
+                self.take(t, &mut wake);
             }
         }
         info!("sync loop stopped; nodelb's rules stay in place");
+    }
+
+    fn take(&mut self, t: Trigger, wake: &mut Wake) {
+        match t {
+            Trigger::Object(ev) => self.inbox.apply(ev),
+            Trigger::Changed => {}
+            Trigger::Drift(why) => wake.drift = Some(why),
+        }
     }
 
     /// One sync. Returns whether it committed.
@@ -284,9 +320,7 @@ impl SyncLoop {
             mut problems,
         } = decide_families(enabled, &forwarding);
 
-        // Inputs from snapshots.
-        let services = valid(&self.caches.services);
-        let slices = valid(&self.caches.slices);
+        // Inputs: the node from its watch, addresses from rtnetlink, objects from the inbox.
         let node_obj = valid(&self.caches.node).into_iter().next();
         let node_uid = node_obj
             .as_ref()
@@ -306,37 +340,48 @@ impl SyncLoop {
             ),
         };
         let local = self.addresses.borrow().clone();
-        let plan = {
-            let services: Vec<_> = services.iter().filter_map(|g| g.0.as_ref().ok()).collect();
-            let slices: Vec<_> = slices.iter().filter_map(|g| g.0.as_ref().ok()).collect();
-            plan::plan(&Input {
-                services,
-                slices,
-                node: &node,
-                local_addresses: &local,
-                families,
-                config: &self.config,
-            })
-        };
-        node_warnings.extend(plan.warnings.iter().cloned());
+        let ctx = Context::new(node, local, families, self.config.clone());
+        let dirty = self.inbox.take_dirty();
+        let update = self
+            .planner
+            .update(self.inbox.objects(), &ctx, dirty.as_ref());
+        let t_plan = t0.elapsed();
+        node_warnings.extend(self.planner.warnings().cloned());
         for w in self.warnings.update(&node_warnings) {
             warn!(kind = %w.object.kind, namespace = w.object.namespace.as_deref().unwrap_or(""),
                   name = %w.object.name, problem = %w.message, "invalid input");
             self.metrics.invalid(w.object.kind, "plan");
         }
-        let (n_services, n_endpoints) = programmed_counts(&plan);
+        for key in &update.changed {
+            match self.planner.outcome(key) {
+                Some(o) => info!(service = %key, outcome = %o, "service"),
+                None => info!(service = %key, "service no longer handled"),
+            }
+        }
+        let (n_services, n_endpoints) = programmed_counts(self.planner.outcomes());
 
         // Commit: drift (another process changed our tables) forces a full replace.
         if wake.drift.is_some() {
             self.replace_next = true;
         }
-        let result = self
-            .commit(plan.tables, families, wake.drift.is_some() || wake.resync)
-            .await;
-        let notes = match forward_policy::drop_chains(&self.config.table_name) {
-            Ok(chains) => chains.iter().map(|c| c.to_string()).collect(),
-            Err(e) => vec![format!("foreign forward policies unknown: {e}")],
+        let whole = self.replace_next
+            || wake.drift.is_some()
+            || wake.resync
+            || matches!(update.change, TableChange::Rebuild);
+        let work = match update.change {
+            TableChange::Edit(edits) if !whole => Work::Edit(edits),
+            _ => Work::Tables(self.planner.tables()),
         };
+        let result = self
+            .commit(work, families, wake.drift.is_some() || wake.resync)
+            .await;
+        if whole {
+            // Foreign forward policies: read on whole syncs only (a dump of every chain).
+            self.notes = match forward_policy::drop_chains(&self.config.table_name) {
+                Ok(chains) => chains.iter().map(|c| c.to_string()).collect(),
+                Err(e) => vec![format!("foreign forward policies unknown: {e}")],
+            };
+        }
         let took = t0.elapsed();
         let ok = match result {
             Ok((objects, stats, repaired)) => {
@@ -350,7 +395,8 @@ impl SyncLoop {
                     info!(why = %why, "repaired drift with a full replace");
                 }
                 debug!(objects, bytes = stats.bytes, encode = ?stats.encode, commit = ?stats.commit,
-                       services = n_services, endpoints = n_endpoints, took = ?took, "synced");
+                       services = n_services, endpoints = n_endpoints, replanned = update.replanned,
+                       plan = ?t_plan, took = ?took, "synced");
                 true
             }
             Err(e) => {
@@ -375,7 +421,7 @@ impl SyncLoop {
                 r.last_error = None;
             }
             r.families = family_states;
-            r.notes = notes;
+            r.notes = self.notes.clone();
         }
         for p in self.node_events.update(problems, node_uid) {
             warn!(reason = p.reason, problem = %p.note, "node problem");
@@ -387,7 +433,7 @@ impl SyncLoop {
     /// objects, stats and, when a resync found the kernel's tables differing, what differed.
     async fn commit(
         &mut self,
-        tables: Vec<Table>,
+        work: Work,
         families: Families,
         verify: bool,
     ) -> Result<(usize, CommitStats, Option<String>), SyncError> {
@@ -397,9 +443,22 @@ impl SyncLoop {
         };
         let config_table = self.config.table_name.clone();
         let mut replace = std::mem::replace(&mut self.replace_next, true);
-        let objects: usize = tables.iter().map(Table::object_count).sum();
+        let objects: usize = match &work {
+            Work::Tables(tables) => tables.iter().map(Table::object_count).sum(),
+            Work::Edit(edits) => edits.iter().map(|(_, e)| e.size()).sum(),
+        };
         let r = tokio::task::spawn_blocking(move || {
             let mut drifted = None;
+            let tables = match work {
+                Work::Edit(edits) => {
+                    let stats = match committer.edit(edits) {
+                        Ok(s) => s,
+                        Err(e) => return (committer, Err(e)),
+                    };
+                    return (committer, Ok((stats, None)));
+                }
+                Work::Tables(tables) => tables,
+            };
             if verify && !replace {
                 // Read the tables back: anything changed behind our back forces a replace.
                 for t in &tables {
@@ -463,13 +522,10 @@ impl SyncLoop {
     }
 }
 
-impl Wake {
-    fn add(&mut self, t: Trigger) {
-        match t {
-            Trigger::Changed => {}
-            Trigger::Drift(why) => self.drift = Some(why),
-        }
-    }
+/// What a sync sends: whole tables, or edits of the tables committed before.
+enum Work {
+    Tables(Vec<Table>),
+    Edit(Vec<(TableRef, Edit)>),
 }
 
 fn error_text(e: &dyn std::error::Error) -> String {

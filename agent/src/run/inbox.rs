@@ -1,0 +1,189 @@
+//! Watch events in, the planner's [`Objects`] and the set of changed Services out.
+//!
+//! Services and EndpointSlices are kept once, here, slimmed of what the planner never reads
+//! (managed fields, the last-applied annotation), so 10,000 Services fit the memory goal. A
+//! re-list (after a watch expired) does not report deletions, so it replaces its kind whole and
+//! asks for a full replan.
+
+use crate::plan::service::ServiceKey;
+use crate::plan::Objects;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::DeserializeGuard;
+use kube::runtime::watcher::Event;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// One event from the Service or EndpointSlice watch.
+#[derive(Debug)]
+pub enum ObjectEvent {
+    Service(Box<Event<DeserializeGuard<Service>>>),
+    Slice(Box<Event<DeserializeGuard<EndpointSlice>>>),
+}
+
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+fn slim(meta: &mut ObjectMeta) {
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove(LAST_APPLIED);
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Inbox {
+    objects: Objects,
+    dirty: BTreeSet<ServiceKey>,
+    full: bool,
+    relist_services: Option<Vec<Arc<Service>>>,
+    relist_slices: Option<Vec<Arc<EndpointSlice>>>,
+    pub services_synced: bool,
+    pub slices_synced: bool,
+}
+
+impl Inbox {
+    pub fn objects(&self) -> &Objects {
+        &self.objects
+    }
+
+    pub fn synced(&self) -> bool {
+        self.services_synced && self.slices_synced
+    }
+
+    /// Take the Services changed since the last call; `None` asks for a full replan.
+    pub fn take_dirty(&mut self) -> Option<BTreeSet<ServiceKey>> {
+        let dirty = std::mem::take(&mut self.dirty);
+        if std::mem::take(&mut self.full) {
+            None
+        } else {
+            Some(dirty)
+        }
+    }
+
+    /// Apply one event. An object that did not deserialize changes nothing: the last good
+    /// version (if any) stays planned, and the watch task has already reported it.
+    pub fn apply(&mut self, ev: ObjectEvent) {
+        match ev {
+            ObjectEvent::Service(ev) => match *ev {
+                Event::Init => self.relist_services = Some(Vec::new()),
+                Event::InitApply(DeserializeGuard(Ok(mut s))) => {
+                    slim(&mut s.metadata);
+                    self.relist_services
+                        .get_or_insert_default()
+                        .push(Arc::new(s));
+                }
+                Event::InitDone => {
+                    let all = self.relist_services.take().unwrap_or_default();
+                    self.objects.replace_services(all);
+                    self.full = true;
+                    self.services_synced = true;
+                }
+                Event::Apply(DeserializeGuard(Ok(mut s))) => {
+                    slim(&mut s.metadata);
+                    self.dirty.extend(self.objects.put_service(Arc::new(s)));
+                }
+                Event::Delete(DeserializeGuard(Ok(s))) => {
+                    self.dirty.extend(self.objects.delete_service(&s));
+                }
+                Event::InitApply(_) | Event::Apply(_) | Event::Delete(_) => {}
+            },
+            ObjectEvent::Slice(ev) => match *ev {
+                Event::Init => self.relist_slices = Some(Vec::new()),
+                Event::InitApply(DeserializeGuard(Ok(mut s))) => {
+                    slim(&mut s.metadata);
+                    self.relist_slices.get_or_insert_default().push(Arc::new(s));
+                }
+                Event::InitDone => {
+                    let all = self.relist_slices.take().unwrap_or_default();
+                    self.objects.replace_slices(all);
+                    self.full = true;
+                    self.slices_synced = true;
+                }
+                Event::Apply(DeserializeGuard(Ok(mut s))) => {
+                    slim(&mut s.metadata);
+                    self.dirty.extend(self.objects.put_slice(Arc::new(s)));
+                }
+                Event::Delete(DeserializeGuard(Ok(s))) => {
+                    self.dirty.extend(self.objects.delete_slice(&s));
+                }
+                Event::InitApply(_) | Event::Apply(_) | Event::Delete(_) => {}
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(name: &str) -> DeserializeGuard<Service> {
+        DeserializeGuard(Ok(serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "ns", "name": name,
+                         "annotations": {LAST_APPLIED: "{...}", "keep": "me"},
+                         "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]},
+        }))
+        .unwrap()))
+    }
+
+    fn slice(name: &str, service: &str) -> DeserializeGuard<EndpointSlice> {
+        DeserializeGuard(Ok(serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "ns", "name": name, "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4", "endpoints": [],
+        }))
+        .unwrap()))
+    }
+
+    #[test]
+    fn a_relist_replaces_its_kind_and_asks_for_a_full_replan() {
+        let mut inbox = Inbox::default();
+        for ev in [
+            Event::Init,
+            Event::InitApply(svc("a")),
+            Event::InitApply(svc("b")),
+            Event::InitDone,
+        ] {
+            inbox.apply(ObjectEvent::Service(Box::new(ev)));
+        }
+        assert!(inbox.services_synced && !inbox.synced());
+        assert_eq!(inbox.take_dirty(), None);
+        // Changes after the list name their Service.
+        inbox.apply(ObjectEvent::Slice(Box::new(Event::Apply(slice(
+            "a-1", "a",
+        )))));
+        inbox.apply(ObjectEvent::Service(Box::new(Event::Delete(svc("b")))));
+        let dirty = inbox.take_dirty().unwrap();
+        assert_eq!(
+            dirty,
+            [ServiceKey::new("ns", "a"), ServiceKey::new("ns", "b")].into()
+        );
+        assert_eq!(inbox.take_dirty(), Some(BTreeSet::new()));
+        // A re-list without `a` forgets it (the watch never said it was deleted).
+        for ev in [Event::Init, Event::InitApply(svc("c")), Event::InitDone] {
+            inbox.apply(ObjectEvent::Service(Box::new(ev)));
+        }
+        assert_eq!(inbox.take_dirty(), None);
+        assert!(inbox
+            .objects()
+            .service(&ServiceKey::new("ns", "a"))
+            .is_none());
+        assert!(inbox
+            .objects()
+            .service(&ServiceKey::new("ns", "c"))
+            .is_some());
+    }
+
+    #[test]
+    fn stored_objects_are_slimmed() {
+        let mut inbox = Inbox::default();
+        inbox.apply(ObjectEvent::Service(Box::new(Event::Apply(svc("a")))));
+        let s = inbox
+            .objects()
+            .service(&ServiceKey::new("ns", "a"))
+            .unwrap();
+        assert!(s.metadata.managed_fields.is_none());
+        let a = s.metadata.annotations.as_ref().unwrap();
+        assert!(!a.contains_key(LAST_APPLIED) && a.contains_key("keep"));
+    }
+}
