@@ -8,6 +8,7 @@
 //! a ready endpoint on that node. The published addresses are the node's ExternalIPs of that
 //! family, else its InternalIPs, in `spec.ipFamilies` order, numerically sorted within a family.
 
+pub mod election;
 pub mod heartbeat;
 pub mod ingress;
 
