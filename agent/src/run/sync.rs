@@ -373,6 +373,12 @@ impl SyncLoop {
         };
         let local = self.addresses.borrow().clone();
         let ctx = Context::new(node, local, families, self.config.clone());
+        // What the heartbeat tells the leader: families with a table and a node address on
+        // the host to serve on.
+        let serving = Families {
+            v4: families.v4 && ctx.served.contains_key(&IpFamily::V4),
+            v6: families.v6 && ctx.served.contains_key(&IpFamily::V6),
+        };
         let dirty = self.inbox.take_dirty();
         let update = self
             .planner
@@ -448,7 +454,7 @@ impl SyncLoop {
         };
         if ok {
             if let Some(tx) = &self.families_tx {
-                tx.send_if_modified(|f| f.replace(families) != Some(families));
+                tx.send_if_modified(|f| f.replace(serving) != Some(serving));
             }
         }
         if let (Some(tx), Some(leading)) = (&self.objects_tx, &self.leading) {
