@@ -667,8 +667,8 @@ async fn rbac_from_manifests_limits_the_agent() {
         .filter(|r| r.user == AGENT_USER && r.code == 403)
         .count();
     assert_eq!(
-        denied, 4,
-        "get svc, update svc, delete node, create lease in default"
+        denied, 5,
+        "get svc, get node, update svc, delete node, create lease in default"
     );
 }
 
