@@ -478,9 +478,22 @@ fn daemonset_runs_on_every_node_one_node_at_a_time() {
     let ds = the_daemonset(".");
     let namespace = ds.metadata.namespace.clone().unwrap();
     assert_eq!(namespace, "nodelb-system");
-    assert!(objects.iter().any(
-        |o| matches!(o, Object::Namespace(n) if n.metadata.name.as_deref() == Some(&namespace))
-    ));
+    let ns = objects
+        .iter()
+        .find_map(|o| match o {
+            Object::Namespace(n) if n.metadata.name.as_deref() == Some(&namespace) => Some(n),
+            _ => None,
+        })
+        .expect("the DaemonSet's Namespace is installed");
+    // Host networking and NET_ADMIN need the privileged Pod Security level.
+    assert_eq!(
+        ns.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("pod-security.kubernetes.io/enforce"))
+            .map(String::as_str),
+        Some("privileged")
+    );
     let d = ds.spec.as_ref().unwrap();
     let strategy = d.update_strategy.as_ref().unwrap();
     assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
