@@ -1,6 +1,9 @@
+pub mod agent_access;
 pub mod apiserver;
 pub mod models;
 pub mod netns;
 pub mod nft;
 pub mod objects;
 pub mod traffic;
+
+pub use agent_access::{is_expected, rbac_expectations, AgentRequest, Scope};
