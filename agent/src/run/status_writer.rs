@@ -53,6 +53,8 @@ struct Memory {
     reported: BTreeMap<ServiceKey, BTreeSet<Problem>>,
     /// Services whose ingress another manager owns, already reported.
     foreign: BTreeSet<ServiceKey>,
+    /// The objects' version the writer last looked at (`None`: look at everything).
+    version: Option<u64>,
 }
 
 fn store<K>(api: Api<K>, wake: Arc<Notify>, what: &'static str) -> Store<K>
@@ -166,13 +168,29 @@ impl StatusWriter {
                 .get_or_create(&NodeLabel { node: node.clone() })
                 .set(age);
         }
-        let desired = memory
+        let changed = memory
             .status
-            .compute(&objects, &nodes, &beats, now, &self.cfg, None);
-
-        for (key, svc) in objects.services() {
-            let want = desired.get(key);
-            self.report_problems(memory, key, svc, want, recorder).await;
+            .compute(&objects, &nodes, &beats, now, &self.cfg);
+        // Look at the Services whose desired status or whose object changed (a status write,
+        // ours or someone else's, shows up as a change of the object).
+        let mut keys: BTreeSet<ServiceKey> =
+            match memory.version.and_then(|v| objects.changed_since(v)) {
+                Some(k) => k,
+                None => objects.services().map(|(k, _)| k.clone()).collect(),
+            };
+        memory.version = Some(objects.version());
+        keys.extend(changed);
+        for key in &keys {
+            let Some(svc) = objects.service(key) else {
+                memory.written.remove(key);
+                memory.reported.remove(key);
+                continue;
+            };
+            let want = memory.status.desired().get(key).cloned();
+            let want = want.as_ref();
+            let reported = memory.reported.entry(key.clone()).or_default();
+            self.report_problems(reported, key, svc, want, recorder)
+                .await;
             if let Some((wrote, rv)) = memory.written.get(key) {
                 if want.map(|d| &d.ingress) == Some(wrote) && svc.metadata.resource_version == *rv {
                     continue; // written; the watch has not caught up yet
@@ -235,13 +253,11 @@ impl StatusWriter {
                 },
             }
         }
-        memory.written.retain(|k, _| objects.service(k).is_some());
-        memory.reported.retain(|k, _| desired.contains_key(k));
     }
 
     async fn report_problems(
         &self,
-        memory: &mut Memory,
+        before: &mut BTreeSet<Problem>,
         key: &ServiceKey,
         svc: &Service,
         want: Option<&Desired>,
@@ -250,7 +266,6 @@ impl StatusWriter {
         let now: BTreeSet<Problem> = want
             .map(|d| d.problems.iter().cloned().collect())
             .unwrap_or_default();
-        let before = memory.reported.entry(key.clone()).or_default();
         for p in now.difference(before) {
             warn!(service = %key, reason = p.reason(), problem = %p.note(), "service problem");
             publish(recorder, svc, EventType::Warning, p.reason(), &p.note()).await;

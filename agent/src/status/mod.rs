@@ -21,7 +21,7 @@ use crate::plan::node::{AddressKind, NodeInfo};
 use crate::plan::service::{self, Protocol, ServiceKey, TrafficPolicy};
 use crate::plan::{Context, Families, IpFamily, Objects, Planner};
 use heartbeat::Heartbeat;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::jiff::Timestamp;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -110,14 +110,26 @@ pub fn published(node: &NodeInfo, family: IpFamily) -> Vec<IpAddr> {
     }
 }
 
-/// Planners kept per node between computations, so a change replans only what changed.
+/// The status computation with memory: planners per node and the desired status of every
+/// Service, so a change recomputes only what it touches.
 #[derive(Default)]
 pub struct Status {
     planners: BTreeMap<String, Planner>,
+    /// The serving candidates last time: a change there recomputes every Service.
+    candidates: BTreeMap<String, (NodeInfo, Families)>,
+    /// The objects' version last computed from.
+    version: Option<u64>,
+    desired: BTreeMap<ServiceKey, Desired>,
 }
 
 impl Status {
-    /// Desired status of every Service nodelb handles. `dirty` as for [`Planner::update`].
+    /// The desired status of every Service nodelb handles, as last computed.
+    pub fn desired(&self) -> &BTreeMap<ServiceKey, Desired> {
+        &self.desired
+    }
+
+    /// Bring the desired status up to date; returns the Services whose desired status changed
+    /// (or that stopped being nodelb's).
     pub fn compute(
         &mut self,
         objects: &Objects,
@@ -125,10 +137,9 @@ impl Status {
         beats: &BTreeMap<String, Heartbeat>,
         now: Timestamp,
         cfg: &StatusConfig,
-        dirty: Option<&BTreeSet<ServiceKey>>,
-    ) -> BTreeMap<ServiceKey, Desired> {
+    ) -> BTreeSet<ServiceKey> {
         // Serving candidates: nodes with a fresh heartbeat; their families from it.
-        let mut infos: BTreeMap<String, NodeInfo> = BTreeMap::new();
+        let mut candidates: BTreeMap<String, (NodeInfo, Families)> = BTreeMap::new();
         for n in nodes {
             let info = NodeInfo::from_node(n);
             let Some(beat) = beats.get(&info.name) else {
@@ -137,126 +148,152 @@ impl Status {
             if !beat.fresh(now, cfg.node_lease_duration) {
                 continue;
             }
-            infos.insert(info.name.clone(), info);
+            candidates.insert(info.name.clone(), (info, beat.families));
         }
-        self.planners.retain(|name, _| infos.contains_key(name));
-        let mut outcomes: BTreeMap<&str, &Planner> = BTreeMap::new();
-        for (name, info) in &infos {
-            let families = beats[name].families;
+        let dirty = self.version.and_then(|v| objects.changed_since(v));
+        let everything = dirty.is_none() || candidates != self.candidates;
+        self.version = Some(objects.version());
+        self.planners
+            .retain(|name, _| candidates.contains_key(name));
+        let mut touched: BTreeSet<ServiceKey> = dirty.clone().unwrap_or_default();
+        for (name, (info, families)) in &candidates {
             // Another host's assigned addresses are not known here: its Node's addresses stand
-            // in (the agent there serves only those that are assigned, and said so by
-            // programming the family).
+            // in (the agent there serves only those that are assigned, and its heartbeat names
+            // only families it serves on).
             let local = info.addresses.iter().map(|(_, a)| *a).collect();
-            let ctx = Context::new(info.clone(), local, families, cfg.planner.clone());
+            let ctx = Context::new(info.clone(), local, *families, cfg.planner.clone());
             let planner = self
                 .planners
                 .entry(name.clone())
                 .or_insert_with(Planner::outcomes_only);
-            planner.update(objects, &ctx, dirty);
+            let u = planner.update(objects, &ctx, dirty.as_ref());
+            touched.extend(u.changed);
         }
-        for (name, p) in &self.planners {
-            outcomes.insert(name.as_str(), p);
-        }
+        self.candidates = candidates;
 
-        let mut out = BTreeMap::new();
-        for (key, svc) in objects.services() {
-            if !service::is_handled(svc, &cfg.planner) || !service::valid_key(key) {
-                continue;
+        let keys: Vec<ServiceKey> = if everything {
+            objects
+                .services()
+                .map(|(k, _)| k.clone())
+                .chain(self.desired.keys().cloned())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect()
+        } else {
+            touched.into_iter().collect()
+        };
+        let mut changed = BTreeSet::new();
+        for key in keys {
+            let new = objects
+                .service(&key)
+                .and_then(|svc| self.desired_of(&key, svc, cfg));
+            let old = self.desired.get(&key);
+            if old != new.as_ref() {
+                changed.insert(key.clone());
             }
-            let mut warnings = Vec::new();
-            let lb = service::read(svc, key.clone(), &mut warnings);
-            let mut desired = Desired::default();
-            let mut conflicts: BTreeMap<(Protocol, u16, ServiceKey), Vec<String>> = BTreeMap::new();
-            let reserved: Vec<(Protocol, u16)> = lb
-                .ports
-                .iter()
-                .filter(|p| cfg.planner.reserved_ports.contains(p.port))
-                .map(|p| (p.protocol, p.port))
-                .collect();
-            let mut other = BTreeSet::new();
-            for (node, planner) in &outcomes {
-                let Some(outcome) = planner.outcome(key) else {
-                    continue;
-                };
-                match outcome {
-                    ServiceOutcome::ReservedPorts { .. } => {}
-                    ServiceOutcome::Served { families } => {
-                        for f in families {
-                            let FamilyState::Served { ports, .. } = &f.state else {
-                                continue;
-                            };
-                            let mut serves = false;
-                            for p in ports {
-                                match &p.result {
-                                    PortResult::Conflict { winner } => conflicts
-                                        .entry((p.port.protocol, p.port.port, winner.clone()))
-                                        .or_default()
-                                        .push(node.to_string()),
-                                    PortResult::Forwards { terminating, .. } => {
-                                        serves |=
-                                            lb.policy == TrafficPolicy::Cluster || !*terminating
-                                    }
-                                    PortResult::RejectsNoEndpoints => {
-                                        serves |= lb.policy == TrafficPolicy::Cluster
-                                    }
-                                    PortResult::DropsNoLocalEndpoint { .. } => {}
-                                }
-                            }
-                            if serves {
-                                desired
-                                    .nodes
-                                    .entry(f.family)
+            match new {
+                Some(d) => self.desired.insert(key, d),
+                None => self.desired.remove(&key),
+            };
+        }
+        changed
+    }
+
+    fn desired_of(&self, key: &ServiceKey, svc: &Service, cfg: &StatusConfig) -> Option<Desired> {
+        if !service::is_handled(svc, &cfg.planner) || !service::valid_key(key) {
+            return None;
+        }
+        let mut warnings = Vec::new();
+        let lb = service::read(svc, key.clone(), &mut warnings);
+        let mut desired = Desired::default();
+        let mut conflicts: BTreeMap<(Protocol, u16, ServiceKey), Vec<String>> = BTreeMap::new();
+        let reserved: Vec<(Protocol, u16)> = lb
+            .ports
+            .iter()
+            .filter(|p| cfg.planner.reserved_ports.contains(p.port))
+            .map(|p| (p.protocol, p.port))
+            .collect();
+        let mut other = BTreeSet::new();
+        for (node, planner) in &self.planners {
+            let Some(outcome) = planner.outcome(key) else {
+                continue;
+            };
+            match outcome {
+                ServiceOutcome::ReservedPorts { .. } => {}
+                ServiceOutcome::Served { families } => {
+                    for f in families {
+                        let FamilyState::Served { ports, .. } = &f.state else {
+                            continue;
+                        };
+                        let mut serves = false;
+                        for p in ports {
+                            match &p.result {
+                                PortResult::Conflict { winner } => conflicts
+                                    .entry((p.port.protocol, p.port.port, winner.clone()))
                                     .or_default()
-                                    .push(node.to_string());
+                                    .push(node.clone()),
+                                PortResult::Forwards { terminating, .. } => {
+                                    serves |= lb.policy == TrafficPolicy::Cluster || !*terminating
+                                }
+                                PortResult::RejectsNoEndpoints => {
+                                    serves |= lb.policy == TrafficPolicy::Cluster
+                                }
+                                PortResult::DropsNoLocalEndpoint { .. } => {}
                             }
                         }
-                    }
-                    o => {
-                        other.insert(o.to_string());
+                        if serves {
+                            desired
+                                .nodes
+                                .entry(f.family)
+                                .or_default()
+                                .push(node.clone());
+                        }
                     }
                 }
+                o => {
+                    other.insert(o.to_string());
+                }
             }
-            for family in &lb.families {
-                let mut addrs: Vec<IpAddr> = desired
-                    .nodes
-                    .get(family)
-                    .into_iter()
-                    .flatten()
-                    .flat_map(|n| published(&infos[n], *family))
-                    .collect();
-                addrs.sort();
-                addrs.dedup();
-                desired.ingress.extend(addrs);
-            }
-            if !reserved.is_empty() {
-                desired
-                    .problems
-                    .push(Problem::ReservedPort { ports: reserved });
-            }
-            for ((protocol, port, winner), nodes) in conflicts {
-                desired.problems.push(Problem::PortConflict {
-                    protocol,
-                    port,
-                    winner,
-                    nodes,
-                });
-            }
-            if desired.ingress.is_empty() && desired.problems.is_empty() {
-                let why = if infos.is_empty() {
-                    "no node has a fresh nodelb heartbeat".to_string()
-                } else if lb.policy == TrafficPolicy::Local {
-                    "externalTrafficPolicy is Local and no serving node has a ready endpoint"
-                        .to_string()
-                } else if other.is_empty() {
-                    "no serving node has an address of the Service's families".to_string()
-                } else {
-                    other.into_iter().collect::<Vec<_>>().join("; ")
-                };
-                desired.problems.push(Problem::NoServingNodes { why });
-            }
-            out.insert(key.clone(), desired);
         }
-        out
+        for family in &lb.families {
+            let mut addrs: Vec<IpAddr> = desired
+                .nodes
+                .get(family)
+                .into_iter()
+                .flatten()
+                .flat_map(|n| published(&self.candidates[n].0, *family))
+                .collect();
+            addrs.sort();
+            addrs.dedup();
+            desired.ingress.extend(addrs);
+        }
+        if !reserved.is_empty() {
+            desired
+                .problems
+                .push(Problem::ReservedPort { ports: reserved });
+        }
+        for ((protocol, port, winner), nodes) in conflicts {
+            desired.problems.push(Problem::PortConflict {
+                protocol,
+                port,
+                winner,
+                nodes,
+            });
+        }
+        if desired.ingress.is_empty() && desired.problems.is_empty() {
+            let why = if self.candidates.is_empty() {
+                "no node has a fresh nodelb heartbeat".to_string()
+            } else if lb.policy == TrafficPolicy::Local {
+                "externalTrafficPolicy is Local and no serving node has a ready endpoint"
+                    .to_string()
+            } else if other.is_empty() {
+                "no serving node has an address of the Service's families".to_string()
+            } else {
+                other.into_iter().collect::<Vec<_>>().join("; ")
+            };
+            desired.problems.push(Problem::NoServingNodes { why });
+        }
+        Some(desired)
     }
 }
 

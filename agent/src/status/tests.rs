@@ -121,14 +121,15 @@ impl World {
     }
 
     fn compute(&self) -> BTreeMap<ServiceKey, Desired> {
-        Status::default().compute(
+        let mut s = Status::default();
+        s.compute(
             &self.objects,
             &self.nodes,
             &heartbeat::read(&self.leases),
             now(),
             &self.cfg,
-            None,
-        )
+        );
+        s.desired().clone()
     }
 
     fn ingress(&self, name: &str) -> Vec<String> {
@@ -457,4 +458,42 @@ fn a_service_no_longer_ours_loses_only_what_nodelb_wrote() {
     assert_eq!(body["status"], serde_json::json!({}));
     let theirs = stored(&["192.0.2.1"], &["metallb"]);
     assert_eq!(ingress::decide(&theirs, None, None), Write::Nothing);
+}
+
+#[test]
+fn recomputing_after_a_change_touches_only_what_changed_and_equals_a_fresh_computation() {
+    let mut w = World::two_nodes()
+        .service(svc(
+            "a",
+            "2023-01-01T00:00:00Z",
+            80,
+            serde_json::json!({"externalTrafficPolicy": "Local"}),
+        ))
+        .service(svc("b", "2024-01-01T00:00:00Z", 81, none()))
+        .service(svc("c", "2024-01-01T00:00:00Z", 82, none()))
+        .slice(slice("a", &[("198.51.100.20", "node-b")]));
+    let mut s = Status::default();
+    let beats = heartbeat::read(&w.leases);
+    let first = s.compute(&w.objects, &w.nodes, &beats, now(), &w.cfg);
+    assert_eq!(first.len(), 3);
+    assert!(
+        s.compute(&w.objects, &w.nodes, &beats, now(), &w.cfg)
+            .is_empty(),
+        "nothing changed"
+    );
+    // The endpoint moves to node-a: only `a` changes.
+    w = w.slice(slice("a", &[("198.51.100.20", "node-a")]));
+    let changed = s.compute(&w.objects, &w.nodes, &beats, now(), &w.cfg);
+    assert_eq!(changed, [ServiceKey::new("default", "a")].into());
+    assert_eq!(s.desired(), &w.compute());
+    // A heartbeat going stale changes every Service served there.
+    let later = now() + SignedDuration::from_secs(20);
+    let mut beats2 = beats.clone();
+    beats2.get_mut("node-a").unwrap().renewed = later;
+    let changed = s.compute(&w.objects, &w.nodes, &beats2, later, &w.cfg);
+    // `a` is Local with its endpoint on node-a: it does not change.
+    assert_eq!(
+        changed,
+        [ServiceKey::new("default", "b"), ServiceKey::new("default", "c")].into()
+    );
 }
