@@ -69,6 +69,17 @@ fn metric_names() -> Vec<String> {
     m.record_sync(std::time::Duration::from_millis(1), true);
     m.invalid("Service", "plan");
     m.watch_error("services");
+    m.heartbeat_age
+        .get_or_create(&nodelb_agent::run::metrics::NodeLabel {
+            node: "node-a".into(),
+        })
+        .set(1.0);
+    m.status_writes
+        .get_or_create(&nodelb_agent::run::metrics::WriteLabel { result: "ok" })
+        .inc();
+    m.heartbeats
+        .get_or_create(&nodelb_agent::run::metrics::ResultLabel { result: "ok" })
+        .inc();
     let text = m.render();
     let types: Vec<(String, String)> = text
         .lines()

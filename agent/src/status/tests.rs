@@ -494,6 +494,10 @@ fn recomputing_after_a_change_touches_only_what_changed_and_equals_a_fresh_compu
     // `a` is Local with its endpoint on node-a: it does not change.
     assert_eq!(
         changed,
-        [ServiceKey::new("default", "b"), ServiceKey::new("default", "c")].into()
+        [
+            ServiceKey::new("default", "b"),
+            ServiceKey::new("default", "c")
+        ]
+        .into()
     );
 }
