@@ -321,3 +321,83 @@ fn a_blocked_source_counts_into_the_drop_counter_only() {
         .iter()
         .any(|(l, v)| l.port == "udp-53" && l.family == "IPv6" && *v >= N));
 }
+
+/// Ad-hoc measurement, not a goal: `cargo test --release -p nodelb-integration --test
+/// planned_counters -- --ignored --nocapture`. The benchmark table of 10,000 Services × 5
+/// endpoints, full replace with and without a counter object and a counter-map element per
+/// Service (and a drop counter for one in ten); then one GETOBJ dump of every counter, and a
+/// sync adding one.
+#[test]
+#[ignore]
+fn measure_10000_service_counters() {
+    use nodelb_integration::models::bench_table;
+    use nodelb_netfilter::{
+        Counter, DataType, ElemData, Key, L4Proto, MapData, Set, SetType, Value,
+    };
+    use std::time::Instant;
+    if !require_root("measure_10000_service_counters") {
+        return;
+    }
+    const SERVICES: usize = 10_000;
+    let plain = bench_table(SERVICES, 5);
+    let mut counted = plain.clone();
+    let mut map = Set::map(
+        "svc-counters",
+        SetType::Type(vec![
+            DataType::Ipv4Addr,
+            DataType::InetProto,
+            DataType::InetService,
+        ]),
+        MapData::Counter,
+    );
+    for i in 0..SERVICES {
+        let name = format!("svc/ns{}/web{i}/http", i % 100);
+        counted.add_counter(Counter::new(&name).with_comment(format!("ns/web{i}:http")));
+        // Drop counters only where source ranges are set: one Service in ten here.
+        if i % 10 == 0 {
+            counted.add_counter(Counter::new(format!("drops/ns{}/web{i}/http", i % 100)));
+        }
+        map.insert(
+            Key::Values(vec![
+                Value::Ipv4([203, 0, 113, 1].into()),
+                Value::Proto(L4Proto::Tcp),
+                Value::Port(10_000 + i as u16),
+            ]),
+            Some(ElemData::Counter(name)),
+            Some(format!("ns/web{i}:http")),
+        );
+    }
+    counted.add_set(map);
+    let ns = Netns::new("ctr-bench");
+    ns.run(|| {
+        let mut c = Committer::new(Nft::open().unwrap());
+        for (what, t) in [("without counters", &plain), ("with counters", &counted)] {
+            for _ in 0..3 {
+                let s = c.replace(vec![t.clone()]).unwrap();
+                println!(
+                    "full replace {what}: {} messages, {} bytes, encode {:?}, commit {:?}",
+                    s.messages, s.bytes, s.encode, s.commit
+                );
+            }
+        }
+        let tr = TableRef::of(&counted);
+        for _ in 0..3 {
+            let t0 = Instant::now();
+            let v = c.nft().read_counters(&tr).unwrap();
+            println!("read_counters: {} counters in {:?}", v.len(), t0.elapsed());
+        }
+        let mut more = counted.clone();
+        let t0 = Instant::now();
+        assert_eq!(
+            c.carry_counters(std::slice::from_mut(&mut more)).unwrap(),
+            SERVICES + SERVICES / 10
+        );
+        println!("carry_counters (read + seed): {:?}", t0.elapsed());
+        more.add_counter(Counter::new("svc/ns/new/http"));
+        let s = c.sync(vec![more]).unwrap();
+        println!(
+            "sync adding one counter: {} messages, commit {:?}",
+            s.messages, s.commit
+        );
+    });
+}
