@@ -424,6 +424,69 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
         },
         verdict(Verdict::Drop),
     ]));
+    // Named counters: seeded values, a comment, a counter map naming them, and rules counting
+    // into one by name and into the map's by key.
+    let mut web = Counter::new("svc/default/web/http").with_comment("default/web:http");
+    web.packets = 42;
+    web.bytes = 4200;
+    t.add_counter(web);
+    t.add_counter(Counter::new("drops/default/web/http"));
+    let mut counters = Set::map(
+        "svc-counters",
+        SetType::Type(vec![
+            f.addr_type(),
+            DataType::InetProto,
+            DataType::InetService,
+        ]),
+        MapData::Counter,
+    )
+    .with_comment("service counters");
+    counters.insert(
+        Key::Values(vec![
+            v(f.addr(1, 1)),
+            Value::Proto(L4Proto::Tcp),
+            Value::Port(80),
+        ]),
+        Some(ElemData::Counter("svc/default/web/http".into())),
+        Some("default/web:http".into()),
+    );
+    counters.insert(
+        Key::Values(vec![
+            v(f.addr(1, 2)),
+            Value::Proto(L4Proto::Tcp),
+            Value::Port(80),
+        ]),
+        Some(ElemData::Counter("svc/default/web/http".into())),
+        None,
+    );
+    t.add_set(counters);
+    fwd.push(
+        rule(vec![
+            Stmt::cmp(l4, Value::Proto(L4Proto::Tcp)),
+            Stmt::AnyBits {
+                left: Expr::Ct(CtKey::Status),
+                bits: ct_status::DNAT,
+            },
+            Stmt::CounterMap {
+                keys: vec![
+                    Expr::Ct(CtKey::OriginalDaddr),
+                    l4,
+                    Expr::Ct(CtKey::OriginalProtoDst),
+                ],
+                map: "svc-counters".into(),
+            },
+        ])
+        .with_comment("count Service traffic"),
+    );
+    fwd.push(rule(vec![
+        Stmt::Lookup {
+            keys: vec![f.saddr()],
+            set: "allowed".into(),
+            negate: true,
+        },
+        Stmt::CounterRef("drops/default/web/http".into()),
+        verdict(Verdict::Drop),
+    ]));
     t.add_chain(fwd);
 
     t.add_chain(Chain::regular("count").rule(rule(vec![

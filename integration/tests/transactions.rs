@@ -370,3 +370,61 @@ fn watcher_reports_foreign_changes_to_nodelb_tables_only() {
         other => panic!("unexpected {other:?}"),
     }
 }
+
+#[test]
+fn counters_are_read_back_never_reset_by_a_sync_and_carried_over_a_replace() {
+    if !require_root("counters_are_read_back_never_reset_by_a_sync_and_carried_over_a_replace") {
+        return;
+    }
+    let ns = Netns::new("counters");
+    // The kitchen sink's `svc/default/web/http` starts from 42 packets, 4200 bytes.
+    let seeded = kitchen_sink(Fam::V4, "nodelb");
+    let tr = TableRef::of(&seeded);
+    let mut zeroed = seeded.clone();
+    zeroed.seed_counters(
+        &zeroed
+            .counters
+            .keys()
+            .map(|n| (n.clone(), (0, 0)))
+            .collect(),
+    );
+    let web = "svc/default/web/http".to_string();
+    ns.run(|| {
+        let mut c = Committer::new(Nft::open().unwrap());
+        assert!(
+            c.nft().read_counters(&tr).unwrap().is_empty(),
+            "no table yet"
+        );
+        c.replace(vec![seeded.clone()]).unwrap();
+        let read = c.nft().read_counters(&tr).unwrap();
+        assert_eq!(read[&web], (42, 4200));
+        assert_eq!(read["drops/default/web/http"], (0, 0));
+        assert_eq!(read.len(), seeded.counters.len());
+
+        // A sync of the same model with zero values sends nothing and resets nothing.
+        let stats = c.sync(vec![zeroed.clone()]).unwrap();
+        assert_eq!(stats.messages, 0, "counter values are not a change");
+        assert_eq!(c.nft().read_counters(&tr).unwrap()[&web], (42, 4200));
+
+        // A full replace of zeroed counters resets them: that is what carrying prevents.
+        let mut carried = vec![zeroed.clone()];
+        assert_eq!(c.carry_counters(&mut carried).unwrap(), 2);
+        c.replace(carried).unwrap();
+        assert_eq!(c.nft().read_counters(&tr).unwrap()[&web], (42, 4200));
+        c.replace(vec![zeroed.clone()]).unwrap();
+        assert_eq!(c.nft().read_counters(&tr).unwrap()[&web], (0, 0));
+
+        // A fresh committer (an agent restart) replaces whole through `sync`: it carries.
+        c.replace(vec![seeded.clone()]).unwrap();
+        let mut fresh = Committer::new(Nft::open().unwrap());
+        fresh.sync(vec![zeroed.clone()]).unwrap();
+        assert_eq!(fresh.nft().read_counters(&tr).unwrap()[&web], (42, 4200));
+        assert_eq!(fresh.nft().drift(&zeroed, &[]).unwrap(), Drift::None);
+    });
+    // Someone else's counter in nodelb's table is drift.
+    nft_f(&ns, "add counter ip nodelb alien").unwrap();
+    assert_eq!(
+        ns.run(|| Nft::open().unwrap().drift(&zeroed, &[]).unwrap()),
+        Drift::Changed(vec!["counter alien is not nodelb's".into()])
+    );
+}

@@ -30,6 +30,10 @@ pub struct Edit {
     pub del_chains: Vec<String>,
     /// Element changes in sets that exist before the edit, by set name.
     pub elements: BTreeMap<String, ElemEdit>,
+    /// Counter objects to create (before the rules and elements that use them).
+    pub add_counters: Vec<Counter>,
+    /// Counter objects to delete (after every rule and element that used them is gone).
+    pub del_counters: Vec<String>,
 }
 
 impl Edit {
@@ -38,18 +42,23 @@ impl Edit {
             && self.del_sets.is_empty()
             && self.put_chains.is_empty()
             && self.del_chains.is_empty()
+            && self.add_counters.is_empty()
+            && self.del_counters.is_empty()
             && self
                 .elements
                 .values()
                 .all(|e| e.del.is_empty() && e.add.is_empty())
     }
 
-    /// Objects the edit touches: sets, chains and elements (for logs and metrics).
+    /// Objects the edit touches: sets, chains, elements and counters (for logs and metrics).
     pub fn size(&self) -> usize {
-        self.add_sets
-            .iter()
-            .map(|s| 1 + s.elements.len())
-            .sum::<usize>()
+        self.add_counters.len()
+            + self.del_counters.len()
+            + self
+                .add_sets
+                .iter()
+                .map(|s| 1 + s.elements.len())
+                .sum::<usize>()
             + self.del_sets.len()
             + self
                 .put_chains
@@ -72,6 +81,9 @@ impl Edit {
         self.check(base)?;
         let tr = TableRef::of(base);
         let mut ops = Vec::new();
+        for c in &self.add_counters {
+            ops.push(Op::AddCounter(tr.clone(), c));
+        }
         for c in self
             .put_chains
             .iter()
@@ -125,11 +137,20 @@ impl Edit {
         for s in &self.del_sets {
             ops.push(Op::DelSet(tr.clone(), s.clone()));
         }
+        for c in &self.del_counters {
+            ops.push(Op::DelCounter(tr.clone(), c.clone()));
+        }
         Ok((ops, self.del_chains.clone()))
     }
 
     /// Apply to a model: afterwards `t` is what the kernel holds once `ops` committed.
     pub fn apply(self, t: &mut Table) {
+        for c in self.del_counters {
+            t.counters.remove(&c);
+        }
+        for c in self.add_counters {
+            t.counters.insert(c.name.clone(), c);
+        }
         for s in self.del_sets {
             t.sets.remove(&s);
         }
@@ -163,6 +184,28 @@ impl Edit {
         let gone_sets: BTreeSet<&str> = self.del_sets.iter().map(String::as_str).collect();
         let set_exists =
             |s: &str| new_sets.contains(s) || (base.sets.contains_key(s) && !gone_sets.contains(s));
+        let new_counters: BTreeSet<&str> =
+            self.add_counters.iter().map(|c| c.name.as_str()).collect();
+        let gone_counters: BTreeSet<&str> = self.del_counters.iter().map(String::as_str).collect();
+        let counter_exists = |c: &str| {
+            new_counters.contains(c)
+                || (base.counters.contains_key(c) && !gone_counters.contains(c))
+        };
+        for c in &self.add_counters {
+            if base.counters.contains_key(&c.name) && !gone_counters.contains(c.name.as_str()) {
+                return Err(format!("counter {f} {} already exists", c.name));
+            }
+            if gone_counters.contains(c.name.as_str()) {
+                // Its elements and rules would have to go first and come back after: not an
+                // edit, and it would reset the counter.
+                return Err(format!("counter {f} {} is both removed and added", c.name));
+            }
+        }
+        for c in &self.del_counters {
+            if !base.counters.contains_key(c) {
+                return Err(format!("counter {f} {c} to remove does not exist"));
+            }
+        }
         for s in &self.add_sets {
             if base.sets.contains_key(&s.name) && !gone_sets.contains(s.name.as_str()) {
                 return Err(format!("set {f} {} already exists", s.name));
@@ -182,14 +225,22 @@ impl Edit {
             }
         }
         let check_verdict = |set: &str, e: &Element| -> Result<(), String> {
-            if let Some(ElemData::Verdict(v)) = &e.data {
-                if let Some(target) = v.target() {
-                    if !chain_exists(target) {
-                        return Err(format!(
-                            "an element of set {f} {set} jumps to missing chain {target}"
-                        ));
+            match &e.data {
+                Some(ElemData::Verdict(v)) => {
+                    if let Some(target) = v.target() {
+                        if !chain_exists(target) {
+                            return Err(format!(
+                                "an element of set {f} {set} jumps to missing chain {target}"
+                            ));
+                        }
                     }
                 }
+                Some(ElemData::Counter(c)) if !counter_exists(c) => {
+                    return Err(format!(
+                        "an element of map {f} {set} names missing counter {c}"
+                    ));
+                }
+                _ => {}
             }
             Ok(())
         };
@@ -244,6 +295,56 @@ impl Edit {
                             return Err(format!(
                                 "rule {i} of chain {f} {} refers to missing set {set}",
                                 c.name
+                            ));
+                        }
+                    }
+                    if let Some(counter) = s.counter_ref() {
+                        if !counter_exists(counter) {
+                            return Err(format!(
+                                "rule {i} of chain {f} {} counts into missing counter {counter}",
+                                c.name
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        // A removed counter must not be used by a rule or an element that stays. One pass
+        // over the chains and the counter maps, only when counters go.
+        if !gone_counters.is_empty() {
+            let stays = base
+                .chains
+                .values()
+                .filter(|c| {
+                    !gone_chains.contains(c.name.as_str()) && !put.contains(c.name.as_str())
+                })
+                .chain(&self.put_chains);
+            for c in stays {
+                for r in &c.rules {
+                    if let Some(name) = r.stmts.iter().find_map(|s| s.counter_ref()) {
+                        if gone_counters.contains(name) {
+                            return Err(format!(
+                                "counter {f} {name} is removed but chain {} still uses it",
+                                c.name
+                            ));
+                        }
+                    }
+                }
+            }
+            for s in base.sets.values().filter(|s| {
+                s.data == Some(MapData::Counter) && !gone_sets.contains(s.name.as_str())
+            }) {
+                let removed: BTreeSet<&Key> = self
+                    .elements
+                    .get(&s.name)
+                    .map(|e| e.del.iter().collect())
+                    .unwrap_or_default();
+                for (k, e) in &s.elements {
+                    if let Some(ElemData::Counter(name)) = &e.data {
+                        if gone_counters.contains(name.as_str()) && !removed.contains(k) {
+                            return Err(format!(
+                                "counter {f} {name} is removed but map {} still names it",
+                                s.name
                             ));
                         }
                     }
@@ -344,6 +445,77 @@ mod tests {
         let mut got = old.clone();
         edit.apply(&mut got);
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn counters_come_and_go_with_their_users_and_never_dangle() {
+        let old = base();
+        let mut add = Edit::default();
+        add.add_counters.push(Counter::new("c").with_comment("a"));
+        let mut m = Set::map(
+            "counts",
+            SetType::Type(vec![DataType::InetService]),
+            MapData::Counter,
+        );
+        m.insert(
+            Key::Values(vec![Value::Port(80)]),
+            Some(ElemData::Counter("c".into())),
+            None,
+        );
+        add.add_sets.push(m);
+        add.put_chains
+            .push(Chain::regular("a").rule(Rule::new(vec![Stmt::CounterRef("c".into())])));
+        let (ops, _) = add.ops(&old).unwrap();
+        assert!(matches!(ops[0], Op::AddCounter(..)));
+        drop(ops);
+        let mut t = old.clone();
+        add.apply(&mut t);
+        assert!(t.counters.contains_key("c"));
+
+        // Removing the counter while the rule or the map element stays is refused.
+        let mut del = Edit::default();
+        del.del_counters.push("c".into());
+        del.put_chains.push(Chain::regular("a"));
+        assert!(del
+            .ops(&t)
+            .unwrap_err()
+            .contains("map counts still names it"));
+        del.elements.insert(
+            "counts".into(),
+            ElemEdit {
+                del: vec![Key::Values(vec![Value::Port(80)])],
+                add: vec![],
+            },
+        );
+        let (ops, _) = del.ops(&t).unwrap();
+        assert!(matches!(ops.last(), Some(Op::DelCounter(..))));
+        drop(ops);
+        let mut only_counter = Edit::default();
+        only_counter.del_counters.push("c".into());
+        assert!(only_counter
+            .ops(&t)
+            .unwrap_err()
+            .contains("chain a still uses it"));
+
+        // An element naming a counter that is not there is refused.
+        let mut dangling = Edit::default();
+        dangling.elements.insert(
+            "counts".into(),
+            ElemEdit {
+                del: vec![],
+                add: vec![(
+                    Key::Values(vec![Value::Port(81)]),
+                    Element {
+                        data: Some(ElemData::Counter("nope".into())),
+                        comment: None,
+                    },
+                )],
+            },
+        );
+        assert!(dangling
+            .ops(&t)
+            .unwrap_err()
+            .contains("missing counter nope"));
     }
 
     #[test]

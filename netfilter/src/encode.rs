@@ -4,7 +4,7 @@
 
 use crate::model::*;
 use crate::ops::{Op, TableRef};
-use crate::sys::{self, NlChain, NlElem, NlExpr, NlRule, NlSet, NlTable};
+use crate::sys::{self, NlChain, NlElem, NlExpr, NlObj, NlRule, NlSet, NlTable};
 use crate::types::{encode_value, Layout};
 use crate::udata::{set as ud, Udata};
 use nftnl::nftnl_sys as nsys;
@@ -20,6 +20,8 @@ const NFT_MSG_NEWSET: u16 = 9;
 const NFT_MSG_DELSET: u16 = 11;
 const NFT_MSG_NEWSETELEM: u16 = 12;
 const NFT_MSG_DELSETELEM: u16 = 14;
+const NFT_MSG_NEWOBJ: u16 = 18;
+const NFT_MSG_DELOBJ: u16 = 20;
 
 const F_ACK: u16 = libc::NLM_F_ACK as u16;
 const F_CREATE: u16 = libc::NLM_F_CREATE as u16;
@@ -29,6 +31,7 @@ const NFT_SET_ANONYMOUS: u32 = 0x1;
 const NFT_SET_CONSTANT: u32 = 0x2;
 const NFT_SET_INTERVAL: u32 = 0x4;
 const NFT_SET_MAP: u32 = 0x8;
+const NFT_SET_OBJECT: u32 = 0x40;
 const NFT_SET_ELEM_INTERVAL_END: u32 = 0x1;
 
 const NFT_REG_VERDICT: u32 = 0;
@@ -258,6 +261,30 @@ impl Batch {
                     keys.iter().map(|k| (*k, None)).collect();
                 self.push_elems(table, set, &items, false)?;
             }
+            Op::AddCounter(t, c) => {
+                let o = NlObj::counter(t.family.nfproto(), &t.name, &c.name);
+                o.set_counts(c.packets, c.bytes);
+                if let Some(comment) = &c.comment {
+                    o.userdata(Udata::comment(comment).as_bytes());
+                }
+                self.msg(
+                    NFT_MSG_NEWOBJ,
+                    t.family,
+                    F_CREATE,
+                    sys::Payload::Obj(&o),
+                    obj("add", format!("counter {t} {}", c.name)),
+                );
+            }
+            Op::DelCounter(t, name) => {
+                let o = NlObj::counter(t.family.nfproto(), &t.name, name);
+                self.msg(
+                    NFT_MSG_DELOBJ,
+                    t.family,
+                    0,
+                    sys::Payload::Obj(&o),
+                    obj("delete", format!("counter {t} {name}")),
+                );
+            }
         }
         Ok(())
     }
@@ -319,6 +346,9 @@ impl Batch {
                 match (&e.data, &data_layout, &set.data) {
                     (Some(ElemData::Verdict(v)), _, Some(MapData::Verdict)) => {
                         el.verdict = Some(v.clone())
+                    }
+                    (Some(ElemData::Counter(name)), _, Some(MapData::Counter)) => {
+                        el.counter = Some(name.clone())
                     }
                     (Some(ElemData::Values(vals)), Some(l), _) => {
                         el.data = Some(l.encode(vals).map_err(|r| EncodeError {
@@ -427,6 +457,8 @@ struct EncodedElem {
     flags: u32,
     data: Option<Vec<u8>>,
     verdict: Option<Verdict>,
+    /// The counter object a `: counter` map element names.
+    counter: Option<String>,
     comment: Option<String>,
 }
 
@@ -439,6 +471,7 @@ impl EncodedElem {
                 .as_ref()
                 .and_then(|v| v.target())
                 .map_or(0, |c| c.len() + 8)
+            + self.counter.as_ref().map_or(0, |c| c.len() + 8)
             + self.comment.as_ref().map_or(0, |c| c.len() + 8)
     }
 
@@ -458,6 +491,9 @@ impl EncodedElem {
         }
         if let Some(c) = &self.comment {
             e = e.bytes(nsys::NFTNL_SET_ELEM_USERDATA, Udata::comment(c).as_bytes());
+        }
+        if let Some(c) = &self.counter {
+            e = e.str(nsys::NFTNL_SET_ELEM_OBJREF, c);
         }
         e
     }
@@ -514,8 +550,10 @@ fn encode_set_decl(t: &TableRef, s: &Set, id: u32) -> Result<NlSet, EncodeError>
     if s.interval {
         flags |= NFT_SET_INTERVAL;
     }
-    if s.data.is_some() {
-        flags |= NFT_SET_MAP;
+    match s.data {
+        Some(MapData::Counter) => flags |= NFT_SET_OBJECT,
+        Some(_) => flags |= NFT_SET_MAP,
+        None => {}
     }
     ns.u32(nsys::NFTNL_SET_FLAGS, flags);
     ns.u32(nsys::NFTNL_SET_KEY_TYPE, key.datatype());
@@ -535,12 +573,13 @@ fn encode_set_decl(t: &TableRef, s: &Set, id: u32) -> Result<NlSet, EncodeError>
             ns.u32(nsys::NFTNL_SET_DATA_LEN, data.len() as u32);
             u.put_u32(ud::DATABYTEORDER, data.byteorder() as u32);
         }
+        Some(MapData::Counter) => ns.u32(nsys::NFTNL_SET_OBJ_TYPE, sys::OBJECT_COUNTER),
     }
     crate::types::typeof_udata(&mut u, ud::KEY_TYPEOF, &s.key).map_err(err)?;
     if let Some(MapData::Value(ty)) = &s.data {
         crate::types::typeof_udata(&mut u, ud::DATA_TYPEOF, ty).map_err(err)?;
     }
-    if s.data.is_some() {
+    if matches!(s.data, Some(MapData::Verdict | MapData::Value(_))) {
         u.put_u32(ud::DATA_INTERVAL, 0);
     }
     if let Some(c) = &s.comment {
@@ -734,6 +773,19 @@ impl RuleCtx {
                     .u64(nsys::NFTNL_EXPR_CTR_PACKETS, *packets)
                     .u64(nsys::NFTNL_EXPR_CTR_BYTES, *bytes),
             ),
+            Stmt::CounterRef(name) => nr.add(
+                NlExpr::new("objref")
+                    .u32(nsys::NFTNL_EXPR_OBJREF_IMM_TYPE, sys::OBJECT_COUNTER)
+                    .str(nsys::NFTNL_EXPR_OBJREF_IMM_NAME, name),
+            ),
+            Stmt::CounterMap { keys, map } => {
+                self.load_keys(nr, keys);
+                nr.add(
+                    NlExpr::new("objref")
+                        .u32(nsys::NFTNL_EXPR_OBJREF_SET_SREG, NFT_REG_1)
+                        .str(nsys::NFTNL_EXPR_OBJREF_SET_NAME, map),
+                );
+            }
             Stmt::Nat { kind, addr, port } => {
                 let (fam, bytes) = match addr {
                     std::net::IpAddr::V4(a) => (Family::Ip, a.octets().to_vec()),

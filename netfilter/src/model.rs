@@ -49,13 +49,15 @@ impl std::fmt::Display for Family {
     }
 }
 
-/// A whole table. Chains and sets are keyed by name, so two models diff cheaply.
+/// A whole table. Chains, sets and counters are keyed by name, so two models diff cheaply.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Table {
     pub family: Family,
     pub name: String,
     pub chains: BTreeMap<String, Chain>,
     pub sets: BTreeMap<String, Set>,
+    /// Named counter objects (`counter <name> { ... }`).
+    pub counters: BTreeMap<String, Counter>,
 }
 
 impl Table {
@@ -65,6 +67,24 @@ impl Table {
             name: name.into(),
             chains: BTreeMap::new(),
             sets: BTreeMap::new(),
+            counters: BTreeMap::new(),
+        }
+    }
+
+    pub fn add_counter(&mut self, counter: Counter) -> &mut Counter {
+        let name = counter.name.clone();
+        self.counters.insert(name.clone(), counter);
+        self.counters.get_mut(&name).expect("just inserted")
+    }
+
+    /// Start each counter that `values` names from those values (packets, bytes): what the
+    /// kernel counted before a full replace, which would otherwise reset them.
+    pub fn seed_counters(&mut self, values: &BTreeMap<String, (u64, u64)>) {
+        for (name, c) in &mut self.counters {
+            if let Some(&(packets, bytes)) = values.get(name) {
+                c.packets = packets;
+                c.bytes = bytes;
+            }
         }
     }
 
@@ -88,13 +108,14 @@ impl Table {
         self.sets.get_mut(name)
     }
 
-    /// Number of objects the table holds: table, chains, rules, sets and elements.
+    /// Number of objects the table holds: table, chains, rules, sets, elements and counters.
     pub fn object_count(&self) -> usize {
-        1 + self
-            .chains
-            .values()
-            .map(|c| 1 + c.rules.len())
-            .sum::<usize>()
+        1 + self.counters.len()
+            + self
+                .chains
+                .values()
+                .map(|c| 1 + c.rules.len())
+                .sum::<usize>()
             + self
                 .sets
                 .values()
@@ -102,6 +123,45 @@ impl Table {
                 .sum::<usize>()
     }
 }
+
+/// A named counter object. Rules count into it by name (`counter name "x"`) or through a map
+/// whose data are counters (`counter name <keys> map @m`).
+///
+/// Equality is identity: name and comment. `packets` and `bytes` are only the values the
+/// kernel starts the counter from when it is created (carried over a full replace); they are
+/// not something the model wants the kernel to hold, so they never make two models differ,
+/// and a diff or an edit never deletes and re-creates a counter (which would reset it).
+#[derive(Clone, Debug)]
+pub struct Counter {
+    pub name: String,
+    pub comment: Option<String>,
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+impl Counter {
+    pub fn new(name: impl Into<String>) -> Counter {
+        Counter {
+            name: name.into(),
+            comment: None,
+            packets: 0,
+            bytes: 0,
+        }
+    }
+
+    pub fn with_comment(mut self, comment: impl Into<String>) -> Counter {
+        self.comment = Some(comment.into());
+        self
+    }
+}
+
+impl PartialEq for Counter {
+    fn eq(&self, other: &Counter) -> bool {
+        self.name == other.name && self.comment == other.comment
+    }
+}
+
+impl Eq for Counter {}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChainType {
@@ -439,6 +499,14 @@ pub enum Stmt {
         packets: u64,
         bytes: u64,
     },
+    /// `counter name "x"`: count into the named counter object.
+    CounterRef(String),
+    /// `counter name keys map @map`: count into the counter the map gives for the keys (no
+    /// match: the rule stops here, like a failed lookup).
+    CounterMap {
+        keys: Vec<Expr>,
+        map: String,
+    },
     /// `dnat to addr[:port]` / `snat to addr[:port]`.
     Nat {
         kind: NatKind,
@@ -491,7 +559,17 @@ impl Stmt {
     pub fn set_refs(&self) -> Option<&str> {
         match self {
             Stmt::Lookup { set, .. } => Some(set),
-            Stmt::Vmap { map, .. } | Stmt::NatMap { map, .. } => Some(map),
+            Stmt::Vmap { map, .. } | Stmt::NatMap { map, .. } | Stmt::CounterMap { map, .. } => {
+                Some(map)
+            }
+            _ => None,
+        }
+    }
+
+    /// The counter object this statement names.
+    pub fn counter_ref(&self) -> Option<&str> {
+        match self {
+            Stmt::CounterRef(name) => Some(name),
             _ => None,
         }
     }
@@ -520,6 +598,8 @@ pub enum SetType {
 pub enum MapData {
     Verdict,
     Value(SetType),
+    /// `: counter`: each element names a counter object.
+    Counter,
 }
 
 /// A key or data item of a set element.
@@ -535,6 +615,8 @@ pub enum Key {
 pub enum ElemData {
     Verdict(Verdict),
     Values(Vec<Value>),
+    /// The name of a counter object, in a `: counter` map.
+    Counter(String),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

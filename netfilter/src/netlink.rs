@@ -128,6 +128,13 @@ impl<'a> Attrs<'a> {
             .and_then(|v| v.try_into().ok())
             .map(u32::from_be_bytes)
     }
+
+    /// Big-endian u64 (counter values).
+    pub fn get_be64(self, ty: u16) -> Option<u64> {
+        self.get(ty)
+            .and_then(|v| v.try_into().ok())
+            .map(u64::from_be_bytes)
+    }
 }
 
 pub fn align4(n: usize) -> usize {
@@ -158,6 +165,14 @@ impl Request {
         self.buf.extend_from_slice(s.as_bytes());
         self.buf.push(0);
         self.buf.resize(align4(self.buf.len()), 0);
+        self
+    }
+
+    /// A big-endian u32 attribute, as nf_tables takes integers.
+    pub fn attr_be32(mut self, ty: u16, v: u32) -> Request {
+        self.buf.extend_from_slice(&8u16.to_ne_bytes());
+        self.buf.extend_from_slice(&ty.to_ne_bytes());
+        self.buf.extend_from_slice(&v.to_be_bytes());
         self
     }
 

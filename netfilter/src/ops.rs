@@ -58,12 +58,19 @@ pub enum Op<'a> {
         set: &'a Set,
         keys: Vec<&'a Key>,
     },
+    /// Creates a counter object, starting from the values it carries.
+    AddCounter(TableRef, &'a Counter),
+    DelCounter(TableRef, String),
 }
 
 /// Operations that create the table's whole content, in an order the kernel accepts:
-/// chains before the elements and rules that jump to them, sets before rules that use them.
+/// chains before the elements and rules that jump to them, counters and sets before the
+/// elements and rules that use them.
 fn create_content<'a>(t: &'a Table, ops: &mut Vec<Op<'a>>) {
     let tr = TableRef::of(t);
+    for c in t.counters.values() {
+        ops.push(Op::AddCounter(tr.clone(), c));
+    }
     for c in t.chains.values() {
         ops.push(Op::AddChain(tr.clone(), c));
     }
@@ -120,8 +127,8 @@ pub struct Diff<'a> {
     /// later batch, because a chain just unreferenced can still be busy on older kernels
     /// (kubernetes/kubernetes#122604).
     pub stale_chains: Vec<String>,
-    /// True when the difference could not be expressed incrementally (a set's declaration or
-    /// a base chain's hook changed) and `ops` is a full replace.
+    /// True when the difference could not be expressed incrementally (a set's declaration, a
+    /// base chain's hook or a counter's comment changed) and `ops` is a full replace.
     pub replaced: bool,
 }
 
@@ -167,6 +174,26 @@ fn element_changes<'a>(
     (gone, came)
 }
 
+/// Whether going from `old` to `new` changes a declaration that cannot be changed in place (a
+/// set's, a base chain's hook, a counter's comment), so `diff` falls back to a full replace.
+pub fn needs_full_replace(old: &Table, new: &Table) -> bool {
+    let set_changed = new
+        .sets
+        .values()
+        .any(|s| old.sets.get(&s.name).is_some_and(|o| !o.same_decl(s)));
+    let base_changed = new
+        .chains
+        .values()
+        .any(|c| old.chains.get(&c.name).is_some_and(|o| o.base != c.base));
+    // A counter is compared by name and comment only (`Counter`'s equality), never by its
+    // values: a sync must not reset it.
+    let counter_changed = new
+        .counters
+        .values()
+        .any(|c| old.counters.get(&c.name).is_some_and(|o| o != c));
+    set_changed || base_changed || counter_changed
+}
+
 /// The operations that turn `old` (what the kernel holds) into `new`. Everything `new` adds
 /// is checked for references the kernel would refuse (see `validate`).
 pub fn diff<'a>(old: &'a Table, new: &'a Table) -> Result<Diff<'a>, String> {
@@ -178,15 +205,7 @@ pub fn diff<'a>(old: &'a Table, new: &'a Table) -> Result<Diff<'a>, String> {
     let tr = TableRef::of(new);
 
     // Declarations that cannot be changed in place: fall back to a full replace.
-    let set_changed = new
-        .sets
-        .values()
-        .any(|s| old.sets.get(&s.name).is_some_and(|o| !o.same_decl(s)));
-    let base_changed = new
-        .chains
-        .values()
-        .any(|c| old.chains.get(&c.name).is_some_and(|o| o.base != c.base));
-    if set_changed || base_changed {
+    if needs_full_replace(old, new) {
         validate(new)?;
         return Ok(Diff {
             ops: full_replace(new),
@@ -196,7 +215,14 @@ pub fn diff<'a>(old: &'a Table, new: &'a Table) -> Result<Diff<'a>, String> {
     }
 
     let mut ops = Vec::new();
-    // 1. New chains and sets, so that elements and rules below may refer to them.
+    // 1. New counters, chains and sets, so that elements and rules below may refer to them.
+    for c in new
+        .counters
+        .values()
+        .filter(|c| !old.counters.contains_key(&c.name))
+    {
+        ops.push(Op::AddCounter(tr.clone(), c));
+    }
     for c in new
         .chains
         .values()
@@ -270,6 +296,14 @@ pub fn diff<'a>(old: &'a Table, new: &'a Table) -> Result<Diff<'a>, String> {
     {
         ops.push(Op::DelSet(tr.clone(), s.name.clone()));
     }
+    // 6. Counters that went, once no rule or element refers to them any more.
+    for c in old
+        .counters
+        .values()
+        .filter(|c| !new.counters.contains_key(&c.name))
+    {
+        ops.push(Op::DelCounter(tr.clone(), c.name.clone()));
+    }
     Ok(Diff {
         ops,
         stale_chains,
@@ -295,11 +329,27 @@ fn validate_rule(t: &Table, c: &Chain, i: usize, r: &Rule) -> Result<(), String>
                 ));
             }
         }
+        if let Some(counter) = s.counter_ref() {
+            if !t.counters.contains_key(counter) {
+                return Err(format!(
+                    "rule {i} of chain {} {} counts into missing counter {counter}",
+                    t.family, c.name
+                ));
+            }
+        }
     }
     Ok(())
 }
 
 fn validate_element(t: &Table, s: &Set, e: &Element) -> Result<(), String> {
+    if let Some(ElemData::Counter(name)) = &e.data {
+        if !t.counters.contains_key(name) {
+            return Err(format!(
+                "an element of map {} {} names missing counter {name}",
+                t.family, s.name
+            ));
+        }
+    }
     if let Some(ElemData::Verdict(v)) = &e.data {
         if let Some(target) = v.target() {
             if !t.chains.contains_key(target) {
@@ -319,6 +369,11 @@ pub fn validate(t: &Table) -> Result<(), String> {
     for c in t.chains.values() {
         for (i, r) in c.rules.iter().enumerate() {
             validate_rule(t, c, i, r)?;
+        }
+    }
+    for s in t.sets.values().filter(|s| s.data == Some(MapData::Counter)) {
+        for e in s.elements.values() {
+            validate_element(t, s, e)?;
         }
     }
     // Elements only jump to a handful of chains: check each distinct target once.
@@ -377,6 +432,8 @@ mod tests {
                 Op::DelSet(..) => "delete set",
                 Op::AddElems { .. } => "add elements",
                 Op::DelElems { .. } => "delete elements",
+                Op::AddCounter(..) => "add counter",
+                Op::DelCounter(..) => "delete counter",
             })
             .collect()
     }
@@ -457,6 +514,102 @@ mod tests {
         assert!(diff(&old, &new)
             .unwrap_err()
             .contains("missing chain nowhere"));
+    }
+
+    /// `table(80)` plus a counter, a counter map naming it and a rule counting into both.
+    fn counted(port: u16, packets: u64) -> Table {
+        let mut t = table(port, false);
+        let mut c = Counter::new("svc/web").with_comment("default/web:http");
+        c.packets = packets;
+        c.bytes = packets * 100;
+        t.add_counter(c);
+        let mut m = Set::map(
+            "svc-counters",
+            SetType::Type(vec![DataType::InetService]),
+            MapData::Counter,
+        );
+        m.insert(
+            Key::Values(vec![Value::Port(port)]),
+            Some(ElemData::Counter("svc/web".into())),
+            None,
+        );
+        t.add_set(m);
+        t.chain_mut("ep").unwrap().rules.insert(
+            0,
+            Rule::new(vec![
+                Stmt::CounterRef("svc/web".into()),
+                Stmt::CounterMap {
+                    keys: vec![Expr::Payload(Payload::ThDport)],
+                    map: "svc-counters".into(),
+                },
+            ]),
+        );
+        t
+    }
+
+    #[test]
+    fn counter_values_never_make_a_difference() {
+        // The kernel's baseline was seeded with carried-over values; the new plan has zeros.
+        let (old, new) = (counted(80, 1234), counted(80, 0));
+        assert_eq!(
+            old, new,
+            "a counter's values are not part of the model's identity"
+        );
+        let d = diff(&old, &new).unwrap();
+        assert!(d.ops.is_empty() && !d.replaced, "{:?}", kinds(&d.ops));
+        // Elements around the counter change; the counter is not touched.
+        let (a, b) = (counted(80, 7), counted(81, 0));
+        let d = diff(&a, &b).unwrap();
+        assert!(!kinds(&d.ops).contains(&"add counter"));
+        assert!(!kinds(&d.ops).contains(&"delete counter"));
+    }
+
+    #[test]
+    fn counters_are_created_before_their_users_and_deleted_after() {
+        let (old, new) = (table(80, false), counted(80, 0));
+        let k = kinds(&diff(&old, &new).unwrap().ops);
+        assert_eq!(k[0], "add counter", "{k:?}");
+        let k = kinds(&diff(&new, &old).unwrap().ops);
+        assert_eq!(k.last(), Some(&"delete counter"), "{k:?}");
+        let k = kinds(&full_replace(&new));
+        let first_use = k
+            .iter()
+            .position(|o| *o == "add elements" || *o == "add rule")
+            .unwrap();
+        assert!(k.iter().position(|o| *o == "add counter").unwrap() < first_use);
+    }
+
+    #[test]
+    fn a_counter_whose_comment_changes_is_a_full_replace() {
+        let old = counted(80, 0);
+        let mut new = old.clone();
+        new.counters.get_mut("svc/web").unwrap().comment = Some("renamed".into());
+        assert!(diff(&old, &new).unwrap().replaced);
+    }
+
+    #[test]
+    fn missing_counters_are_refused() {
+        let mut t = counted(80, 0);
+        t.counters.clear();
+        assert!(validate(&t)
+            .unwrap_err()
+            .contains("missing counter svc/web"));
+        let old = table(80, false);
+        assert!(diff(&old, &t)
+            .unwrap_err()
+            .contains("missing counter svc/web"));
+    }
+
+    #[test]
+    fn seeding_sets_only_named_counters() {
+        let mut t = counted(80, 0);
+        t.add_counter(Counter::new("other"));
+        t.seed_counters(&[("svc/web".to_string(), (5, 500))].into());
+        assert_eq!(
+            (t.counters["svc/web"].packets, t.counters["svc/web"].bytes),
+            (5, 500)
+        );
+        assert_eq!(t.counters["other"].packets, 0);
     }
 
     #[test]

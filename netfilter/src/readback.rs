@@ -7,7 +7,7 @@ use crate::model::{Family, Table};
 use crate::netlink::{messages, Request};
 use crate::ops::TableRef;
 use crate::transact::{Error, Nft};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 const NFT_MSG_GETTABLE: u16 = 1;
 const NFT_MSG_GETCHAIN: u16 = 4;
@@ -15,6 +15,20 @@ const NFT_MSG_GETRULE: u16 = 7;
 const NFT_MSG_GETSET: u16 = 10;
 const NFT_MSG_GETSETELEM: u16 = 13;
 const NFT_MSG_GETGEN: u16 = 16;
+const NFT_MSG_GETOBJ: u16 = 19;
+
+/// `NFTA_OBJ_*` and, nested in `NFTA_OBJ_DATA`, `NFTA_COUNTER_*`.
+const NFTA_OBJ_TABLE: u16 = 1;
+const NFTA_OBJ_NAME: u16 = 2;
+const NFTA_OBJ_TYPE: u16 = 3;
+const NFTA_OBJ_DATA: u16 = 4;
+const NFTA_COUNTER_BYTES: u16 = 1;
+const NFTA_COUNTER_PACKETS: u16 = 2;
+/// `NFT_OBJECT_COUNTER`.
+const OBJECT_COUNTER: u32 = 1;
+
+/// Counter name → (packets, bytes), as [`Nft::read_counters`] returns them.
+pub type CounterValues = BTreeMap<String, (u64, u64)>;
 
 /// What the kernel holds for one table, in counts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -23,6 +37,8 @@ pub struct TableSummary {
     pub chains: BTreeMap<String, usize>,
     /// Named set → number of kernel elements (an interval counts its start and its end).
     pub sets: BTreeMap<String, usize>,
+    /// Named counter objects.
+    pub counters: BTreeSet<String>,
 }
 
 impl TableSummary {
@@ -39,6 +55,7 @@ impl TableSummary {
                 .values()
                 .map(|s| (s.name.clone(), expected_element_count(s)))
                 .collect(),
+            counters: t.counters.keys().cloned().collect(),
         }
     }
 }
@@ -86,6 +103,12 @@ pub fn compare(
         if !expected.sets.contains_key(name) {
             diffs.push(format!("set {name} is not nodelb's"));
         }
+    }
+    for name in expected.counters.difference(&actual.counters) {
+        diffs.push(format!("counter {name} is missing"));
+    }
+    for name in actual.counters.difference(&expected.counters) {
+        diffs.push(format!("counter {name} is not nodelb's"));
     }
     if diffs.is_empty() {
         Drift::None
@@ -192,7 +215,54 @@ impl Nft {
             let n = self.count_elements(t, &set)?;
             summary.sets.insert(set, n);
         }
+        summary.counters = self.read_counters(t)?.into_keys().collect();
         Ok(Some(summary))
+    }
+
+    /// Every counter object of a table with its values, in one `NFT_MSG_GETOBJ` dump
+    /// (reading does not reset them). A missing table has no counters.
+    pub fn read_counters(&mut self, t: &TableRef) -> Result<CounterValues, Error> {
+        let seq = self.next_seq();
+        let req = Request::new(
+            NFT_MSG_GETOBJ,
+            libc::NLM_F_DUMP as u16,
+            t.family.nfproto(),
+            seq,
+        )
+        .attr_str(NFTA_OBJ_TABLE, &t.name)
+        .attr_be32(NFTA_OBJ_TYPE, OBJECT_COUNTER)
+        .finish();
+        let mut out = CounterValues::new();
+        let replies = match self.request(&req, &format!("counters of {t}"), true) {
+            Ok(r) => r,
+            Err(Error::Dump { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {
+                return Ok(out)
+            }
+            Err(e) => return Err(e),
+        };
+        for r in replies {
+            for m in messages(&r) {
+                let a = m.attrs();
+                if a.get_str(NFTA_OBJ_TABLE).as_deref() != Some(&t.name)
+                    || a.get_be32(NFTA_OBJ_TYPE) != Some(OBJECT_COUNTER)
+                {
+                    continue;
+                }
+                let (Some(name), Some(data)) = (a.get_str(NFTA_OBJ_NAME), a.get(NFTA_OBJ_DATA))
+                else {
+                    continue;
+                };
+                let d = crate::netlink::Attrs(data);
+                out.insert(
+                    name,
+                    (
+                        d.get_be64(NFTA_COUNTER_PACKETS).unwrap_or(0),
+                        d.get_be64(NFTA_COUNTER_BYTES).unwrap_or(0),
+                    ),
+                );
+            }
+        }
+        Ok(out)
     }
 
     fn count_elements(&mut self, t: &TableRef, set: &str) -> Result<usize, Error> {
@@ -237,6 +307,7 @@ mod tests {
         TableSummary {
             chains: chains.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
             sets: sets.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
+            counters: BTreeSet::new(),
         }
     }
 

@@ -10,6 +10,13 @@ pub fn render_table(t: &Table) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "table {} {} {{", t.family, t.name);
     let mut first = true;
+    for c in t.counters.values() {
+        if !first {
+            out.push('\n');
+        }
+        first = false;
+        render_counter(&mut out, c);
+    }
     for s in t.sets.values() {
         if !first {
             out.push('\n');
@@ -43,12 +50,24 @@ fn quote(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "'"))
 }
 
+/// A counter object with the values it starts from. Its name is written bare: nft's grammar
+/// takes no quoted name in a declaration, so counter names must be nft identifiers.
+fn render_counter(out: &mut String, c: &Counter) {
+    let _ = writeln!(out, "\tcounter {} {{", c.name);
+    if let Some(comment) = &c.comment {
+        let _ = writeln!(out, "\t\tcomment {}", quote(comment));
+    }
+    let _ = writeln!(out, "\t\tpackets {} bytes {}", c.packets, c.bytes);
+    out.push_str("\t}\n");
+}
+
 fn render_set(out: &mut String, family: Family, s: &Set) {
     let kind = if s.data.is_some() { "map" } else { "set" };
     let _ = writeln!(out, "\t{kind} {} {{", s.name);
     let data_text = match &s.data {
         None => String::new(),
         Some(MapData::Verdict) => " : verdict".into(),
+        Some(MapData::Counter) => " : counter".into(),
         Some(MapData::Value(SetType::Type(d))) => format!(
             " : {}",
             d.iter()
@@ -94,6 +113,9 @@ fn render_set(out: &mut String, family: Family, s: &Set) {
                 }
                 (Some(ElemData::Values(vals)), Some(l)) => {
                     let _ = write!(out, " : {}", values_text(l, vals));
+                }
+                (Some(ElemData::Counter(name)), _) => {
+                    let _ = write!(out, " : {}", quote(name));
                 }
                 _ => {}
             }
@@ -215,6 +237,10 @@ fn stmt_text(family: Family, s: &Stmt) -> String {
             )
         }
         Stmt::Counter { packets, bytes } => format!("counter packets {packets} bytes {bytes}"),
+        Stmt::CounterRef(name) => format!("counter name {}", quote(name)),
+        Stmt::CounterMap { keys, map } => {
+            format!("counter name {} map @{map}", keys_text(family, keys))
+        }
         Stmt::Nat { kind, addr, port } => {
             let k = nat_kind(*kind);
             let fam = if family == Family::Inet {
@@ -320,6 +346,53 @@ mod tests {
 }
 ";
         assert_eq!(render_table(&t), want);
+
+        let mut c = Counter::new("svc/default/web/http").with_comment("default/web:http");
+        c.packets = 3;
+        c.bytes = 180;
+        t.add_counter(c);
+        let mut m = Set::map(
+            "svc-counters",
+            SetType::Type(vec![DataType::InetService]),
+            MapData::Counter,
+        );
+        m.insert(
+            Key::Values(vec![Value::Port(80)]),
+            Some(ElemData::Counter("svc/default/web/http".into())),
+            None,
+        );
+        t.add_set(m);
+        t.chain_mut("ep").unwrap().push(Rule::new(vec![
+            Stmt::CounterRef("svc/default/web/http".into()),
+            Stmt::CounterMap {
+                keys: vec![Expr::Payload(Payload::ThDport)],
+                map: "svc-counters".into(),
+            },
+        ]));
+        let text = render_table(&t);
+        assert!(
+            text.starts_with(
+                "table ip nodelb {
+\tcounter svc/default/web/http {
+\t\tcomment \"default/web:http\"
+\t\tpackets 3 bytes 180
+\t}
+"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "\t\ttype inet_service : counter\n\t\telements = { 80 : \"svc/default/web/http\" }"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "counter name \"svc/default/web/http\" counter name th dport map @svc-counters"
+            ),
+            "{text}"
+        );
         assert!(render_replace(&t)
             .starts_with("add table ip nodelb\ndelete table ip nodelb\ntable ip nodelb {"));
     }

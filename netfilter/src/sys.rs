@@ -49,6 +49,44 @@ handle!(
 );
 handle!(NlRule, sys::nftnl_rule, nftnl_rule_alloc, nftnl_rule_free);
 handle!(NlSet, sys::nftnl_set, nftnl_set_alloc, nftnl_set_free);
+handle!(NlObj, sys::nftnl_obj, nftnl_obj_alloc, nftnl_obj_free);
+
+/// `NFT_OBJECT_COUNTER`.
+pub const OBJECT_COUNTER: u32 = 1;
+
+impl NlObj {
+    /// A counter object of a table (for deletion, name and type are enough).
+    pub fn counter(family: u8, table: &str, name: &str) -> NlObj {
+        let o = NlObj::new();
+        let (t, n) = (cstr(table), cstr(name));
+        unsafe {
+            sys::nftnl_obj_set_u32(o.as_ptr(), sys::NFTNL_OBJ_FAMILY as u16, family as u32);
+            sys::nftnl_obj_set_str(o.as_ptr(), sys::NFTNL_OBJ_TABLE as u16, t.as_ptr());
+            sys::nftnl_obj_set_str(o.as_ptr(), sys::NFTNL_OBJ_NAME as u16, n.as_ptr());
+            sys::nftnl_obj_set_u32(o.as_ptr(), sys::NFTNL_OBJ_TYPE as u16, OBJECT_COUNTER);
+        }
+        o
+    }
+
+    /// The values a counter starts from.
+    pub fn set_counts(&self, packets: u64, bytes: u64) {
+        unsafe {
+            sys::nftnl_obj_set_u64(self.as_ptr(), sys::NFTNL_OBJ_CTR_PKTS as u16, packets);
+            sys::nftnl_obj_set_u64(self.as_ptr(), sys::NFTNL_OBJ_CTR_BYTES as u16, bytes);
+        }
+    }
+
+    pub fn userdata(&self, data: &[u8]) {
+        unsafe {
+            sys::nftnl_obj_set_data(
+                self.as_ptr(),
+                sys::NFTNL_OBJ_USERDATA as u16,
+                data.as_ptr() as *const c_void,
+                data.len() as u32,
+            );
+        }
+    }
+}
 
 impl NlTable {
     pub fn with(family: u8, name: &str) -> NlTable {
@@ -249,6 +287,7 @@ pub enum Payload<'a> {
     Rule(&'a NlRule),
     Set(&'a NlSet),
     SetElems(&'a NlSet),
+    Obj(&'a NlObj),
 }
 
 /// Largest message libnftnl may write (a set element message can be just over 64 KiB).
@@ -282,6 +321,7 @@ pub fn append_msg(
                 Payload::Rule(r) => sys::nftnl_rule_nlmsg_build_payload(nlh, r.as_ptr()),
                 Payload::Set(s) => sys::nftnl_set_nlmsg_build_payload(nlh, s.as_ptr()),
                 Payload::SetElems(s) => sys::nftnl_set_elems_nlmsg_build_payload(nlh, s.as_ptr()),
+                Payload::Obj(o) => sys::nftnl_obj_nlmsg_build_payload(nlh, o.as_ptr()),
             }
             let len = (*nlh).nlmsg_len as usize;
             assert!(len <= scratch.len(), "libnftnl wrote a {len}-byte message");

@@ -410,8 +410,26 @@ impl Committer {
             .unwrap_or_default()
     }
 
+    /// Read the kernel's counters of each table and start the model's counter objects from
+    /// them, so a full replace (which creates every counter anew) does not reset them.
+    /// Packets counted between this read and the commit are lost. Returns how many counters
+    /// were carried over.
+    pub fn carry_counters(&mut self, tables: &mut [Table]) -> Result<usize, Error> {
+        let mut carried = 0;
+        for t in tables.iter_mut().filter(|t| !t.counters.is_empty()) {
+            let values = self.nft.read_counters(&TableRef::of(t))?;
+            carried += t
+                .counters
+                .keys()
+                .filter(|n| values.contains_key(*n))
+                .count();
+            t.seed_counters(&values);
+        }
+        Ok(carried)
+    }
+
     /// Atomically replace every given table in one batch (counters start from the values the
-    /// model carries).
+    /// model carries: see [`Committer::carry_counters`]).
     pub fn replace(&mut self, tables: Vec<Table>) -> Result<CommitStats, Error> {
         let mut ops = Vec::new();
         for t in &tables {
@@ -431,9 +449,23 @@ impl Committer {
     }
 
     /// Bring the kernel from the last committed models to `tables` in one batch: only what
-    /// changed is sent; a table not committed before is replaced whole. The models are kept
-    /// (not copied) as the new baseline.
-    pub fn sync(&mut self, tables: Vec<Table>) -> Result<CommitStats, Error> {
+    /// changed is sent; a table not committed before (or whose change needs it) is replaced
+    /// whole, its counters carried over from the kernel. Counters that stay are never sent
+    /// again, so they keep counting. The models are kept (not copied) as the new baseline.
+    pub fn sync(&mut self, mut tables: Vec<Table>) -> Result<CommitStats, Error> {
+        let whole: Vec<usize> = tables
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| {
+                self.committed
+                    .get(&TableRef::of(t))
+                    .is_none_or(|old| ops::needs_full_replace(old, t))
+            })
+            .map(|(i, _)| i)
+            .collect();
+        for i in whole {
+            self.carry_counters(std::slice::from_mut(&mut tables[i]))?;
+        }
         let mut ops = Vec::new();
         let mut new_stale: Vec<(TableRef, Vec<String>)> = Vec::new();
         for t in &tables {

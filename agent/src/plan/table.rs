@@ -16,6 +16,15 @@
 //!   clients on the node itself (`set local-addresses`) and hairpin connections, an endpoint
 //!   reaching its own Service (`set hairpin` of `endpoint . endpoint`).
 //! - filter `forward` accepts DNATed traffic of nodelb's Services (`set lb-services`).
+//! - Counting: each Service port has a counter object `svc/<namespace>/<name>/<port>` and, for
+//!   each of its dispatch keys, an element in `map svc-counters` (`addr . inet_proto .
+//!   inet_service : counter`). Filter `forward`, `input` and `filter-output` count every packet
+//!   of a DNATed connection, both directions, into the counter its original destination names
+//!   (`ct original daddr . l4proto . ct original proto-dst`); a packet crosses one of the three
+//!   hooks, so it is counted once. Sources outside `loadBalancerSourceRanges` are dropped into
+//!   `drops/<namespace>/<name>/<port>`. Counter names are nft identifiers (nft's grammar takes
+//!   no quoted name in a declaration, and no `:`); the `svc/` and `drops/` prefixes keep a
+//!   namespace that starts with a digit legal.
 //!
 //! Every rule and element carries the comment `namespace/name:port`.
 //!
@@ -26,9 +35,9 @@ use super::endpoints::Endpoint;
 use super::service::{Cidr, Protocol, ServiceKey, ServicePortId, TrafficPolicy};
 use super::IpFamily;
 use nodelb_netfilter::{
-    ct_status, Chain, ChainType, CtKey, DataType, Edit, ElemData, ElemEdit, Element, Expr, Hook,
-    Key, L4Proto, MapData, MetaKey, NatKind, Payload, Policy, Reject, Rule, Set, SetType, Stmt,
-    Table, Value, Verdict,
+    ct_status, Chain, ChainType, Counter, CtKey, DataType, Edit, ElemData, ElemEdit, Element, Expr,
+    Hook, Key, L4Proto, MapData, MetaKey, NatKind, Payload, Policy, Reject, Rule, Set, SetType,
+    Stmt, Table, Value, Verdict,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -47,6 +56,7 @@ pub const LB_SET: &str = "lb-services";
 pub const NO_ENDPOINTS_SET: &str = "no-endpoints";
 pub const LOCAL_ADDRESSES_SET: &str = "local-addresses";
 pub const HAIRPIN_SET: &str = "hairpin";
+pub const COUNTERS_MAP: &str = "svc-counters";
 
 /// What one Service port does on this node and family.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,6 +89,8 @@ pub struct Part {
     pub source_set: Option<Set>,
     /// Endpoint addresses for the shared `hairpin` set, with this Service port's comment.
     pub hairpin: BTreeMap<IpAddr, String>,
+    /// The Service's counter objects, by name (equal by name and comment only).
+    pub counters: BTreeMap<String, Counter>,
 }
 
 /// `namespace/name:port`, the comment on everything a Service port owns.
@@ -95,6 +107,53 @@ pub fn service_chain(service: &ServiceKey, port: &ServicePortId) -> String {
         port.protocol.keyword(),
         port.port
     )
+}
+
+/// What a counter object counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CounterKind {
+    /// Every packet of the Service port's connections, both directions.
+    Traffic,
+    /// Packets from sources outside `loadBalancerSourceRanges`, dropped.
+    SourceRangeDrops,
+}
+
+impl CounterKind {
+    fn prefix(self) -> &'static str {
+        match self {
+            CounterKind::Traffic => "svc",
+            CounterKind::SourceRangeDrops => "drops",
+        }
+    }
+}
+
+/// The counter object of one Service port: `svc/<namespace>/<name>/<port>` or
+/// `drops/<namespace>/<name>/<port>` (`<port>` is the port's name, else its number, as in
+/// comments).
+pub fn counter_name(kind: CounterKind, service: &ServiceKey, port: &ServicePortId) -> String {
+    format!(
+        "{}/{}/{}/{}",
+        kind.prefix(),
+        service.namespace,
+        service.name,
+        port.label()
+    )
+}
+
+/// What a counter's name says: kind, namespace, Service name and port label; `None` for names
+/// nodelb does not make. Namespaces, names and port names hold no `/`, so this is exact.
+pub fn parse_counter_name(name: &str) -> Option<(CounterKind, &str, &str, &str)> {
+    let mut it = name.split('/');
+    let kind = match it.next()? {
+        "svc" => CounterKind::Traffic,
+        "drops" => CounterKind::SourceRangeDrops,
+        _ => return None,
+    };
+    let (ns, svc, port) = (it.next()?, it.next()?, it.next()?);
+    if it.next().is_some() || ns.is_empty() || svc.is_empty() || port.is_empty() {
+        return None;
+    }
+    Some((kind, ns, svc, port))
 }
 
 /// The source-range set of one Service.
@@ -159,6 +218,19 @@ fn element(data: Option<ElemData>, comment: &str) -> Element {
 pub fn add_port(part: &mut Part, family: IpFamily, p: &PortProgram<'_>) {
     let f = Fam(family);
     let note = comment(p.service, p.port);
+    // Counted whatever the action, so a port that goes from rejecting to forwarding keeps its
+    // counter and its map elements.
+    let counter = counter_name(CounterKind::Traffic, p.service, p.port);
+    for a in p.addresses {
+        part.elements.insert(
+            (COUNTERS_MAP, service_key(*a, p.port)),
+            element(Some(ElemData::Counter(counter.clone())), &note),
+        );
+    }
+    part.counters.insert(
+        counter.clone(),
+        Counter::new(counter).with_comment(note.clone()),
+    );
     let target = match &p.action {
         Action::Reject => {
             for a in p.addresses {
@@ -254,6 +326,11 @@ fn service_port_chain(
             }
             part.source_set = Some(set);
         }
+        let drops = counter_name(CounterKind::SourceRangeDrops, p.service, p.port);
+        part.counters.insert(
+            drops.clone(),
+            Counter::new(&drops).with_comment(format!("{note}: source-range drops")),
+        );
         chain.push(
             Rule::new(vec![
                 Stmt::Lookup {
@@ -261,7 +338,7 @@ fn service_port_chain(
                     set: set_name,
                     negate: true,
                 },
-                Stmt::counter(),
+                Stmt::CounterRef(drops),
                 Stmt::Verdict(Verdict::Drop),
             ])
             .with_comment(format!("{note}: source not in loadBalancerSourceRanges")),
@@ -339,6 +416,10 @@ pub fn skeleton(family: IpFamily, name: &str, local_addresses: &BTreeSet<IpAddr>
         )
         .with_comment("endpoint . endpoint: hairpin connections are masqueraded"),
     );
+    t.add_set(
+        Set::map(COUNTERS_MAP, f.service_key_type(), MapData::Counter)
+            .with_comment("node address . protocol . port: the Service port's counter"),
+    );
     base_chains(&mut t, &f);
     t
 }
@@ -360,6 +441,9 @@ pub fn assemble<'a>(
         }
         if let Some(s) = &part.source_set {
             t.sets.insert(s.name.clone(), s.clone());
+        }
+        for c in part.counters.values() {
+            t.counters.insert(c.name.clone(), c.clone());
         }
     }
     if let Some(s) = t.sets.get_mut(HAIRPIN_SET) {
@@ -400,6 +484,18 @@ pub fn edit_part(old: Option<&Part>, new: Option<&Part>, edit: &mut Edit) {
     for name in old.chains.keys() {
         if !new.chains.contains_key(name) {
             edit.del_chains.push(name.clone());
+        }
+    }
+    // A counter's name says everything its comment does, so a counter that stays is equal
+    // and never re-created (which would reset it).
+    for (name, c) in &new.counters {
+        if !old.counters.contains_key(name) {
+            edit.add_counters.push(c.clone());
+        }
+    }
+    for name in old.counters.keys() {
+        if !new.counters.contains_key(name) {
+            edit.del_counters.push(name.clone());
         }
     }
     match (&old.source_set, &new.source_set) {
@@ -545,6 +641,27 @@ fn base_chains(t: &mut Table, f: &Fam) {
     }
     t.add_chain(post);
 
+    // Every packet of a DNATed connection, both directions, into its Service port's counter.
+    let count = || -> Vec<Rule> {
+        PROTOCOLS
+            .iter()
+            .map(|p| {
+                Rule::new(vec![
+                    proto(*p),
+                    dnat(),
+                    Stmt::CounterMap {
+                        keys: vec![
+                            Expr::Ct(CtKey::OriginalDaddr),
+                            L4,
+                            Expr::Ct(CtKey::OriginalProtoDst),
+                        ],
+                        map: COUNTERS_MAP.into(),
+                    },
+                ])
+                .with_comment("count Service traffic")
+            })
+            .collect()
+    };
     let mut forward = Chain::base(
         "forward",
         ChainType::Filter,
@@ -552,6 +669,7 @@ fn base_chains(t: &mut Table, f: &Fam) {
         FILTER_PRIORITY,
         Policy::Accept,
     );
+    forward.rules = count();
     for p in PROTOCOLS {
         forward.push(
             Rule::new(vec![
@@ -589,7 +707,8 @@ fn base_chains(t: &mut Table, f: &Fam) {
         FILTER_PRIORITY,
         Policy::Accept,
     );
-    input.rules = rejects();
+    input.rules = count();
+    input.rules.extend(rejects());
     t.add_chain(input);
     let mut out = Chain::base(
         "filter-output",
@@ -598,6 +717,7 @@ fn base_chains(t: &mut Table, f: &Fam) {
         FILTER_PRIORITY,
         Policy::Accept,
     );
-    out.rules = rejects();
+    out.rules = count();
+    out.rules.extend(rejects());
     t.add_chain(out);
 }

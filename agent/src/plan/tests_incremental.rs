@@ -115,6 +115,7 @@ fn incremental_updates_equal_planning_from_scratch() {
     let mut tables = planner.tables();
 
     let mut edits_seen = 0;
+    let mut counter_edits = 0;
     for step in 0..400 {
         let mut dirty = BTreeSet::new();
         for _ in 0..1 + rng.next(3) {
@@ -181,6 +182,16 @@ fn incremental_updates_equal_planning_from_scratch() {
             if let Err(e) = edit.ops(t) {
                 panic!("step {step}: edit does not fit the previous table: {e}\n{edit:#?}");
             }
+            // A counter is only created when new and only deleted when gone: one that lives
+            // on is never re-created, which would reset it.
+            for c in &edit.add_counters {
+                assert!(
+                    !t.counters.contains_key(&c.name),
+                    "step {step}: {} re-created",
+                    c.name
+                );
+            }
+            counter_edits += edit.add_counters.len() + edit.del_counters.len();
             edit.apply(t);
         }
 
@@ -216,6 +227,10 @@ fn incremental_updates_equal_planning_from_scratch() {
     assert!(
         edits_seen > 300,
         "the sequence exercised {edits_seen} edits"
+    );
+    assert!(
+        counter_edits > 100,
+        "the sequence created or deleted {counter_edits} counters"
     );
 }
 
@@ -266,6 +281,10 @@ fn one_endpoint_change_replans_one_service() {
     // Reject → forward: out of no-endpoints, into the dispatch, lb and masquerade sets, the
     // endpoint map and the hairpin set, and one new chain.
     assert_eq!(e.put_chains.len(), 1);
+    assert!(
+        e.add_counters.is_empty() && !e.elements.contains_key("svc-counters"),
+        "the port keeps its counter: {e:?}"
+    );
     assert_eq!(e.elements["no-endpoints"].del.len(), 1);
     for set in [
         "services",

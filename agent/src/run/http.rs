@@ -82,8 +82,14 @@ fn metrics_routes(metrics: Arc<Metrics>) -> Router {
     Router::new().route(
         "/metrics",
         get(move || {
-            let text = metrics.render();
-            async move { ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response() }
+            let metrics = metrics.clone();
+            async move {
+                // Rendering reads the kernel's counters over netlink: off the async workers.
+                match tokio::task::spawn_blocking(move || metrics.render()).await {
+                    Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
+                    Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+                }
+            }
         }),
     )
 }

@@ -1,7 +1,18 @@
 //! The agent's Prometheus metrics (`/metrics`), all prefixed `nodelb_`.
+//!
+//! Per-Service packet, byte and source-range drop counters are read from the kernel's counter
+//! objects on each scrape (one `NFT_MSG_GETOBJ` dump per table), not on each sync: a scrape
+//! every 15-60 s costs a dump of at most two objects per Service port, while syncs come with
+//! every endpoint change and would still leave the values stale between them. Labels come
+//! from the counters' names, so the values need no state from the sync loop.
 
+use crate::plan::table::{parse_counter_name, CounterKind};
+use crate::plan::{Families, IpFamily};
+use nodelb_netfilter::{CounterValues, Nft, TableRef};
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -40,6 +51,119 @@ pub struct ResourceLabel {
     pub resource: &'static str,
 }
 
+/// One Service port in one family.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServicePortLabels {
+    pub namespace: String,
+    pub service: String,
+    /// The port's name, else its number.
+    pub port: String,
+    /// `IPv4` or `IPv6`.
+    pub family: String,
+}
+
+/// Where the per-Service counters come from on each scrape.
+pub trait CounterSource: Send + Sync + std::fmt::Debug + 'static {
+    /// Counter name → (packets, bytes), per programmed family.
+    fn read(&self) -> Vec<(IpFamily, CounterValues)>;
+}
+
+/// The kernel: nodelb's table of each enabled family, read over a fresh netlink socket.
+#[derive(Debug)]
+pub struct KernelCounters {
+    pub table: String,
+    pub families: Families,
+}
+
+impl CounterSource for KernelCounters {
+    fn read(&self) -> Vec<(IpFamily, CounterValues)> {
+        let mut nft = match Nft::open() {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read Service counters");
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        for f in self.families.iter() {
+            let tr = TableRef {
+                family: f.netfilter(),
+                name: self.table.clone(),
+            };
+            match nft.read_counters(&tr) {
+                Ok(v) => out.push((f, v)),
+                Err(e) => tracing::warn!(table = %tr, error = %e, "cannot read Service counters"),
+            }
+        }
+        out
+    }
+}
+
+/// Encodes the kernel's counters as `nodelb_service_packets_total`,
+/// `nodelb_service_bytes_total` and `nodelb_source_range_drops_total`.
+#[derive(Debug)]
+struct ServiceCounters(Box<dyn CounterSource>);
+
+/// The three metric families from counter values; names nodelb does not make are skipped.
+pub fn service_counter_samples(
+    read: &[(IpFamily, CounterValues)],
+) -> [Vec<(ServicePortLabels, u64)>; 3] {
+    let (mut packets, mut bytes, mut drops) = (Vec::new(), Vec::new(), Vec::new());
+    for (family, values) in read {
+        for (name, &(p, b)) in values {
+            let Some((kind, namespace, service, port)) = parse_counter_name(name) else {
+                continue;
+            };
+            let labels = ServicePortLabels {
+                namespace: namespace.into(),
+                service: service.into(),
+                port: port.into(),
+                family: family.to_string(),
+            };
+            match kind {
+                CounterKind::Traffic => {
+                    packets.push((labels.clone(), p));
+                    bytes.push((labels, b));
+                }
+                CounterKind::SourceRangeDrops => drops.push((labels, p)),
+            }
+        }
+    }
+    [packets, bytes, drops]
+}
+
+impl Collector for ServiceCounters {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let samples = service_counter_samples(&self.0.read());
+        let help = [
+            (
+                "service_packets",
+                "Packets of a Service port's connections, both directions, counted in the kernel",
+            ),
+            (
+                "service_bytes",
+                "Bytes of a Service port's connections, both directions, counted in the kernel",
+            ),
+            (
+                "source_range_drops",
+                "Packets from sources outside loadBalancerSourceRanges, dropped",
+            ),
+        ];
+        for ((name, help), samples) in help.iter().zip(samples) {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (labels, v) in &samples {
+                ConstCounter::new(*v).encode(family.encode_family(labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     pub sync_duration: Histogram,
@@ -65,8 +189,21 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Metrics without per-Service counters.
     pub fn new() -> Metrics {
+        Metrics::build(None)
+    }
+
+    /// Metrics whose scrapes read per-Service counters from `source`.
+    pub fn with_counters(source: Box<dyn CounterSource>) -> Metrics {
+        Metrics::build(Some(source))
+    }
+
+    fn build(counters: Option<Box<dyn CounterSource>>) -> Metrics {
         let mut registry = Registry::with_prefix("nodelb");
+        if let Some(source) = counters {
+            registry.register_collector(Box::new(ServiceCounters(source)));
+        }
         // 1 ms .. ~16 s.
         let sync_duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
         let syncs = Family::<ResultLabel, Counter>::default();
@@ -256,6 +393,47 @@ mod tests {
         }
         assert!(
             text.contains("nodelb_sync_duration_seconds_bucket{le=\"0.004\"} 2"),
+            "{text}"
+        );
+    }
+
+    #[derive(Debug)]
+    struct Fixed(Vec<(IpFamily, CounterValues)>);
+
+    impl CounterSource for Fixed {
+        fn read(&self) -> Vec<(IpFamily, CounterValues)> {
+            self.0.clone()
+        }
+    }
+
+    #[test]
+    fn service_counters_are_exported_per_port_and_family_from_counter_names() {
+        let v4: CounterValues = [
+            ("svc/default/web/http".to_string(), (10, 1500)),
+            ("drops/default/web/http".to_string(), (3, 180)),
+            ("svc/1team/dns/53".to_string(), (2, 120)),
+            ("someone-elses".to_string(), (99, 99)),
+        ]
+        .into();
+        let v6: CounterValues = [("svc/default/web/http".to_string(), (4, 400))].into();
+        let m = Metrics::with_counters(Box::new(Fixed(vec![
+            (IpFamily::V4, v4),
+            (IpFamily::V6, v6),
+        ])));
+        let text = m.render();
+        for line in [
+            "# TYPE nodelb_service_packets counter",
+            "nodelb_service_packets_total{namespace=\"default\",service=\"web\",port=\"http\",family=\"IPv4\"} 10",
+            "nodelb_service_bytes_total{namespace=\"default\",service=\"web\",port=\"http\",family=\"IPv4\"} 1500",
+            "nodelb_service_packets_total{namespace=\"default\",service=\"web\",port=\"http\",family=\"IPv6\"} 4",
+            "nodelb_service_packets_total{namespace=\"1team\",service=\"dns\",port=\"53\",family=\"IPv4\"} 2",
+            "nodelb_source_range_drops_total{namespace=\"default\",service=\"web\",port=\"http\",family=\"IPv4\"} 3",
+            "# EOF",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        assert!(
+            !text.contains("someone-elses") && !text.contains(" 99"),
             "{text}"
         );
     }

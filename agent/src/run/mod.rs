@@ -129,7 +129,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     if args.masquerade_bit.is_some() {
         info!("--masquerade-bit is accepted for compatibility and not used: masquerading follows conntrack state");
     }
-    let metrics = Arc::new(metrics::Metrics::new());
+    let metrics = Arc::new(metrics::Metrics::with_counters(Box::new(
+        metrics::KernelCounters {
+            table: config.table_name.clone(),
+            families: crate::plan::Families {
+                v4: config.ipv4,
+                v6: config.ipv6,
+            },
+        },
+    )));
     let readiness: http::SharedReadiness = Default::default();
     let sysctls = Sysctls::default();
 

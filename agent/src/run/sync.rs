@@ -528,6 +528,15 @@ impl SyncLoop {
                     }
                 }
             }
+            let mut tables = tables;
+            if replace {
+                // A full replace creates every counter anew: start them from what the kernel
+                // counted so far (after a restart too: the first sync replaces).
+                match committer.carry_counters(&mut tables) {
+                    Ok(n) => debug!(counters = n, "carried counters over the replace"),
+                    Err(e) => return (committer, Err(e)),
+                }
+            }
             let mut stats = match if replace {
                 committer.replace(tables)
             } else {
