@@ -94,6 +94,9 @@ fn metric_names() -> Vec<String> {
         .collect();
     let registered = registered_names();
     assert!(registered.len() >= 9, "{registered:?}");
+    let kernel = nodelb_agent::run::metrics::KERNEL_COUNTERS
+        .iter()
+        .map(|(n, _)| format!("nodelb_{n}_total"));
     registered
         .iter()
         .map(|r| {
@@ -106,6 +109,7 @@ fn metric_names() -> Vec<String> {
                 _ => name,
             }
         })
+        .chain(kernel)
         .collect()
 }
 

@@ -132,23 +132,26 @@ pub fn service_counter_samples(
     [packets, bytes, drops]
 }
 
+/// The counters read from the kernel on each scrape: name (before `_total`) and help.
+pub const KERNEL_COUNTERS: [(&str, &str); 3] = [
+    (
+        "service_packets",
+        "Packets of a Service port's connections, both directions, counted in the kernel",
+    ),
+    (
+        "service_bytes",
+        "Bytes of a Service port's connections, both directions, counted in the kernel",
+    ),
+    (
+        "source_range_drops",
+        "Packets from sources outside loadBalancerSourceRanges, dropped",
+    ),
+];
+
 impl Collector for ServiceCounters {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let samples = service_counter_samples(&self.0.read());
-        let help = [
-            (
-                "service_packets",
-                "Packets of a Service port's connections, both directions, counted in the kernel",
-            ),
-            (
-                "service_bytes",
-                "Bytes of a Service port's connections, both directions, counted in the kernel",
-            ),
-            (
-                "source_range_drops",
-                "Packets from sources outside loadBalancerSourceRanges, dropped",
-            ),
-        ];
+        let help = KERNEL_COUNTERS;
         for ((name, help), samples) in help.iter().zip(samples) {
             let mut family = encoder.encode_descriptor(
                 name,
