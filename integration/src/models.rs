@@ -791,14 +791,68 @@ pub fn bench_services(n: usize, eps: usize) -> Vec<LbService> {
         .collect()
 }
 
-/// The benchmark's table: `bench_services` on the node address 203.0.113.1.
+/// The benchmark's table: the `ip nodelb` table the agent's planner builds for `n` LoadBalancer
+/// Services (`bench/svc-<i>`, TCP port `1024 + i`) with `eps` ready endpoints each, on a node
+/// whose address is 203.0.113.1 — the shape nodelb really programs (dispatch map, endpoint
+/// map, per-Service chains and counters). Reserved ports are switched off so every port counts.
 pub fn bench_table(n: usize, eps: usize) -> Table {
-    lb_table(
-        Fam::V4,
-        "nodelb",
-        &[IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1))],
-        &bench_services(n, eps),
-    )
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use nodelb_agent::plan;
+    let mut services: Vec<Service> = Vec::with_capacity(n);
+    let mut slices: Vec<EndpointSlice> = Vec::with_capacity(n);
+    for s in bench_services(n, eps) {
+        let name = s
+            .key
+            .trim_start_matches("bench/")
+            .trim_end_matches(":http")
+            .to_string();
+        services.push(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"namespace": "bench", "name": name, "creationTimestamp": "2024-01-01T00:00:00Z"},
+                "spec": {"type": "LoadBalancer", "ports": [{"name": "http", "port": s.port, "protocol": "TCP"}]},
+            }))
+            .expect("bench Service"),
+        );
+        let endpoints: Vec<serde_json::Value> = s
+            .endpoints
+            .iter()
+            .map(|(a, _)| serde_json::json!({"addresses": [a.to_string()]}))
+            .collect();
+        slices.push(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"namespace": "bench", "name": format!("{name}-1"),
+                             "labels": {"kubernetes.io/service-name": name}},
+                "addressType": "IPv4",
+                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+                "endpoints": endpoints,
+            }))
+            .expect("bench EndpointSlice"),
+        );
+    }
+    let node_addr = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1));
+    let node = plan::node::NodeInfo {
+        name: "bench-node".into(),
+        labels: Default::default(),
+        addresses: vec![(plan::node::AddressKind::InternalIP, node_addr)],
+    };
+    let config = plan::config::Config {
+        reserved_ports: plan::config::PortSet::default(),
+        ..plan::config::Config::default()
+    };
+    let local = [node_addr].into();
+    let p = plan::plan(&plan::Input {
+        services: services.iter().collect(),
+        slices: slices.iter().collect(),
+        node: &node,
+        local_addresses: &local,
+        families: plan::Families {
+            v4: true,
+            v6: false,
+        },
+        config: &config,
+    });
+    p.tables.into_iter().next().expect("the ip table")
 }
 
 /// In a `bench_table`, move endpoint 0 of Service `i` to another target port: the smallest

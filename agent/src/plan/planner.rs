@@ -46,6 +46,8 @@ pub struct Planner {
     claims: Claims,
     fragments: BTreeMap<ServiceKey, Fragment>,
     hairpin: BTreeMap<IpFamily, HairpinUsers>,
+    /// How many Service ports use each shared `endpoints-N` chain, per family.
+    endpoint_chains: BTreeMap<IpFamily, BTreeMap<usize, usize>>,
 }
 
 fn claims_of(p: Option<&Prepared>) -> Vec<(Slot, Claim)> {
@@ -144,6 +146,8 @@ impl Planner {
         let mut hairpin_before: BTreeMap<IpFamily, BTreeMap<IpAddr, Option<String>>> =
             BTreeMap::new();
         let mut changed = BTreeSet::new();
+        // Endpoint counts touched, with whether their chain existed before this update.
+        let mut chains_before: BTreeMap<IpFamily, BTreeMap<usize, bool>> = BTreeMap::new();
         for key in refresh {
             let new = self
                 .prepared
@@ -158,6 +162,21 @@ impl Planner {
                 let np = new.as_ref().and_then(|f| f.parts.get(&family));
                 if !rebuild {
                     table::edit_part(op, np, edits.entry(family).or_default());
+                }
+                let uses = self.endpoint_chains.entry(family).or_default();
+                let before_n = chains_before.entry(family).or_default();
+                for n in op.iter().flat_map(|p| &p.endpoint_chains) {
+                    before_n.entry(*n).or_insert_with(|| uses.contains_key(n));
+                    if let Some(c) = uses.get_mut(n) {
+                        *c -= 1;
+                        if *c == 0 {
+                            uses.remove(n);
+                        }
+                    }
+                }
+                for n in np.iter().flat_map(|p| &p.endpoint_chains) {
+                    before_n.entry(*n).or_insert_with(|| uses.contains_key(n));
+                    *uses.entry(*n).or_default() += 1;
                 }
                 let users = self.hairpin.entry(family).or_default();
                 let before = hairpin_before.entry(family).or_default();
@@ -189,6 +208,18 @@ impl Planner {
                 changed,
                 replanned,
             };
+        }
+        for (family, before) in &chains_before {
+            let uses = self.endpoint_chains.get(family);
+            let edit = edits.entry(*family).or_default();
+            for (n, existed) in before {
+                let exists = uses.is_some_and(|u| u.contains_key(n));
+                match (existed, exists) {
+                    (false, true) => edit.put_chains.push(table::endpoint_chain(*n)),
+                    (true, false) => edit.del_chains.push(table::endpoint_chain_name(*n)),
+                    _ => {}
+                }
+            }
         }
         for (family, before) in &hairpin_before {
             let addrs: BTreeSet<IpAddr> = before.keys().copied().collect();
@@ -246,6 +277,14 @@ impl Planner {
 
     pub fn outcome(&self, key: &ServiceKey) -> Option<&ServiceOutcome> {
         self.fragments.get(key).map(|f| &f.outcome)
+    }
+
+    /// The problems found in one Service and its slices.
+    pub fn warnings_of(&self, key: &ServiceKey) -> &[Warning] {
+        self.prepared
+            .get(key)
+            .map(|p| p.warnings.as_slice())
+            .unwrap_or_default()
     }
 
     /// Every problem found in the input, Service by Service.

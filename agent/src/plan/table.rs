@@ -6,9 +6,12 @@
 //!   not grow with the number of Services. Each element jumps (`goto`) to the Service port's chain
 //!   `svc-<namespace>/<name>-<proto>-<port>`.
 //! - A Service port's chain drops clients outside `loadBalancerSourceRanges` (counted), then
-//!   either counts and DNATs through `numgen random mod N` and the global `map endpoints`
-//!   (`l4proto . th dport . index : daddr . th dport`), or, for `Local` without a local endpoint,
-//!   counts and drops.
+//!   either counts and goes to the shared chain `endpoints-N` for its endpoint count N, which
+//!   DNATs through `numgen random mod N` and the global `map endpoints` (`l4proto . th dport .
+//!   index : daddr . th dport`), or, for `Local` without a local endpoint, counts and drops.
+//!   Only the `endpoints-N` chains refer to the endpoint map: the kernel walks a whole map each
+//!   time a new chain binds to it, so 10,000 per-Service DNAT rules on a 50,000-element map
+//!   took 33 s to commit, and a few shared chains take milliseconds.
 //! - Services without any endpoint are in `set no-endpoints`, rejected in filter `input` and
 //!   `filter-output` (TCP reset, ICMP port unreachable): reject is not allowed in prerouting.
 //! - Masquerade in nat `postrouting`, decided from conntrack's original destination (no packet
@@ -91,6 +94,25 @@ pub struct Part {
     pub hairpin: BTreeMap<IpAddr, String>,
     /// The Service's counter objects, by name (equal by name and comment only).
     pub counters: BTreeMap<String, Counter>,
+    /// Endpoint counts whose shared `endpoints-N` chain this Service goes to.
+    pub endpoint_chains: BTreeSet<usize>,
+}
+
+/// Name of the shared chain that picks one of `n` endpoints.
+pub fn endpoint_chain_name(n: usize) -> String {
+    format!("endpoints-{n}")
+}
+
+/// The shared chain that picks one of `n` endpoints of the Service port the packet is for.
+pub fn endpoint_chain(n: usize) -> Chain {
+    Chain::regular(endpoint_chain_name(n)).rule(
+        Rule::new(vec![Stmt::NatMap {
+            kind: NatKind::Dnat,
+            keys: vec![L4, TH_DPORT, Expr::Numgen { modulus: n as u32 }],
+            map: ENDPOINTS_MAP.into(),
+        }])
+        .with_comment(format!("one of {n} endpoints")),
+    )
 }
 
 /// `namespace/name:port`, the comment on everything a Service port owns.
@@ -345,17 +367,16 @@ fn service_port_chain(
         );
     }
     match last {
-        Last::Dnat(n) => chain.push(
-            Rule::new(vec![
-                Stmt::counter(),
-                Stmt::NatMap {
-                    kind: NatKind::Dnat,
-                    keys: vec![L4, TH_DPORT, Expr::Numgen { modulus: n as u32 }],
-                    map: ENDPOINTS_MAP.into(),
-                },
-            ])
-            .with_comment(note),
-        ),
+        Last::Dnat(n) => {
+            part.endpoint_chains.insert(n);
+            chain.push(
+                Rule::new(vec![
+                    Stmt::counter(),
+                    Stmt::Verdict(Verdict::Goto(endpoint_chain_name(n))),
+                ])
+                .with_comment(note),
+            )
+        }
         Last::Drop => chain.push(
             Rule::new(vec![Stmt::counter(), Stmt::Verdict(Verdict::Drop)])
                 .with_comment(format!("{note}: Local policy, no endpoint on this node")),
@@ -430,7 +451,9 @@ pub fn assemble<'a>(
     parts: impl IntoIterator<Item = &'a Part>,
     hairpin: &HairpinUsers,
 ) -> Table {
+    let mut counts = BTreeSet::new();
     for part in parts {
+        counts.extend(part.endpoint_chains.iter().copied());
         for ((set, key), e) in &part.elements {
             if let Some(s) = t.sets.get_mut(*set) {
                 s.elements.insert(key.clone(), e.clone());
@@ -445,6 +468,9 @@ pub fn assemble<'a>(
         for c in part.counters.values() {
             t.counters.insert(c.name.clone(), c.clone());
         }
+    }
+    for n in counts {
+        t.add_chain(endpoint_chain(n));
     }
     if let Some(s) = t.sets.get_mut(HAIRPIN_SET) {
         for (addr, users) in hairpin {

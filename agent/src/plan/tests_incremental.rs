@@ -279,8 +279,11 @@ fn one_endpoint_change_replans_one_service() {
     assert_eq!(edits.len(), 1);
     let e = &edits[0].1;
     // Reject → forward: out of no-endpoints, into the dispatch, lb and masquerade sets, the
-    // endpoint map and the hairpin set, and one new chain.
-    assert_eq!(e.put_chains.len(), 1);
+    // endpoint map and the hairpin set; the Service port's chain, and the shared chain for one
+    // endpoint, which no Service used before.
+    let mut chains: Vec<&str> = e.put_chains.iter().map(|c| c.name.as_str()).collect();
+    chains.sort();
+    assert_eq!(chains, vec!["endpoints-1", "svc-ns/s7-tcp-1007"]);
     assert!(
         e.add_counters.is_empty() && !e.elements.contains_key("svc-counters"),
         "the port keeps its counter: {e:?}"

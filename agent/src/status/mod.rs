@@ -49,6 +49,8 @@ pub enum Problem {
     ReservedPort { ports: Vec<(Protocol, u16)> },
     /// No node serves it.
     NoServingNodes { why: String },
+    /// Something in the Service or its EndpointSlices is invalid and was left out.
+    InvalidInput { problem: String },
 }
 
 impl Problem {
@@ -57,6 +59,7 @@ impl Problem {
             Problem::PortConflict { .. } => "PortConflict",
             Problem::ReservedPort { .. } => "ReservedPort",
             Problem::NoServingNodes { .. } => "NoServingNodes",
+            Problem::InvalidInput { .. } => "InvalidInput",
         }
     }
 
@@ -79,6 +82,7 @@ impl Problem {
                 )
             }
             Problem::NoServingNodes { why } => format!("no node serves this Service: {why}"),
+            Problem::InvalidInput { problem } => format!("left out: {problem}"),
         }
     }
 }
@@ -281,6 +285,7 @@ impl Status {
             });
         }
         if desired.ingress.is_empty() && desired.problems.is_empty() {
+            // (Invalid input is added below: it does not explain an empty status.)
             let why = if self.candidates.is_empty() {
                 "no node has a fresh nodelb heartbeat".to_string()
             } else if lb.policy == TrafficPolicy::Local {
@@ -292,6 +297,24 @@ impl Status {
                 other.into_iter().collect::<Vec<_>>().join("; ")
             };
             desired.problems.push(Problem::NoServingNodes { why });
+        }
+        // Invalid parts, as any node's planner found them (they do not depend on the node).
+        let mut seen = BTreeSet::new();
+        if let Some(p) = self.planners.values().next() {
+            for w in p.warnings_of(key) {
+                if seen.insert(w.to_string()) {
+                    desired.problems.push(Problem::InvalidInput {
+                        problem: w.to_string(),
+                    });
+                }
+            }
+        }
+        for w in warnings {
+            if seen.insert(w.to_string()) {
+                desired.problems.push(Problem::InvalidInput {
+                    problem: w.to_string(),
+                });
+            }
         }
         Some(desired)
     }

@@ -501,3 +501,34 @@ fn recomputing_after_a_change_touches_only_what_changed_and_equals_a_fresh_compu
         .into()
     );
 }
+
+#[test]
+fn invalid_parts_of_a_service_are_problems_worth_an_event() {
+    let w = World::two_nodes()
+        .service(svc(
+            "web",
+            "2024-01-01T00:00:00Z",
+            80,
+            serde_json::json!({"externalTrafficPolicy": "Sometimes"}),
+        ))
+        .slice(slice(
+            "web",
+            &[("not-an-ip", "node-a"), ("198.51.100.20", "node-a")],
+        ));
+    let p = w.problems("web");
+    assert_eq!(w.ingress("web").len(), 2, "the valid parts still serve");
+    let notes: Vec<String> = p.iter().map(|p| p.note()).collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("externalTrafficPolicy \"Sometimes\"")),
+        "{notes:?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("\"not-an-ip\" is not an IP address")),
+        "{notes:?}"
+    );
+    assert!(p.iter().all(|p| p.reason() == "InvalidInput"), "{p:?}");
+}
