@@ -1,4 +1,5 @@
 pub mod apiserver;
+pub mod e2e;
 pub mod models;
 pub mod netns;
 pub mod nft;
