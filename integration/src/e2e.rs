@@ -63,8 +63,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
-    PostParams,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
@@ -228,9 +227,16 @@ pub fn agent_binary() -> PathBuf {
         if let Some(cargo) = std::env::var_os("CARGO") {
             let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
             let mut cmd = Command::new(cargo);
-            cmd.args(["build", "--quiet", "-p", "nodelb-agent", "--bin", "nodelb-agent"])
-                .arg("--manifest-path")
-                .arg(&manifest);
+            cmd.args([
+                "build",
+                "--quiet",
+                "-p",
+                "nodelb-agent",
+                "--bin",
+                "nodelb-agent",
+            ])
+            .arg("--manifest-path")
+            .arg(&manifest);
             if profile_dir.file_name().is_some_and(|p| p == "release") {
                 cmd.arg("--release");
             }
@@ -364,8 +370,7 @@ impl Cluster {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let id = format!("{}-{n}", std::process::id());
         let dir = std::env::temp_dir().join(format!("nodelb-e2e-{id}"));
-        std::fs::create_dir_all(&dir)
-            .unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -408,8 +413,8 @@ impl Cluster {
                 })
                 .expect("the API double starts");
                 let admin = rt.block_on(async {
-                    let agents = tokio::net::TcpListener::from_std(std_listener)
-                        .expect("a tokio listener");
+                    let agents =
+                        tokio::net::TcpListener::from_std(std_listener).expect("a tokio listener");
                     api.spawn(agents);
                     let local = tokio::net::TcpListener::bind("127.0.0.1:0")
                         .await
@@ -457,8 +462,8 @@ impl Cluster {
                 });
                 let upstream = format!("{}:{port}", host.trim_matches(|c| c == '[' || c == ']'));
                 rt.block_on(async {
-                    let l = tokio::net::TcpListener::from_std(std_listener)
-                        .expect("a tokio listener");
+                    let l =
+                        tokio::net::TcpListener::from_std(std_listener).expect("a tokio listener");
                     tokio::spawn(relay(l, upstream));
                 });
                 let token = match std::env::var("NODELB_E2E_AGENT_TOKEN") {
@@ -466,12 +471,22 @@ impl Cluster {
                     _ => rt.block_on(service_account_token(&admin)),
                 };
                 for i in 0..node_nss.len() {
-                    let text = relayed_kubeconfig(&kc, &format!("https://{}:{API_PORT}", api_addr(i)), &host, &token);
+                    let text = relayed_kubeconfig(
+                        &kc,
+                        &format!("https://{}:{API_PORT}", api_addr(i)),
+                        &host,
+                        &token,
+                    );
                     std::fs::write(dir.join(format!("kubeconfig-{i}")), text)
                         .expect("writing an agent kubeconfig");
                 }
                 let prefix = format!("nodelb-e2e-{id}-");
-                (ApiBackend::Real, admin, prefix.clone(), format!("{prefix}test"))
+                (
+                    ApiBackend::Real,
+                    admin,
+                    prefix.clone(),
+                    format!("{prefix}test"),
+                )
             }
         };
 
@@ -572,7 +587,11 @@ impl Cluster {
             .args(["--resync-interval", "30s"])
             .arg(format!("--ipv6={ipv6}"))
             .args(&extra)
-            .env("RUST_LOG", std::env::var("NODELB_E2E_LOG").unwrap_or("info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("NODELB_E2E_LOG").unwrap_or("info".into()),
+            )
+            .env("NO_COLOR", "1")
             .env_remove("KUBECONFIG")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log file"))
@@ -627,12 +646,20 @@ impl Cluster {
 
     /// `GET /readyz` on node `i`.
     pub fn readyz(&self, i: usize) -> Result<(u16, String), String> {
-        http_get(&self.nodes[i].ns, ([127, 0, 0, 1], HEALTH_PORT).into(), "/readyz")
+        http_get(
+            &self.nodes[i].ns,
+            ([127, 0, 0, 1], HEALTH_PORT).into(),
+            "/readyz",
+        )
     }
 
     /// `GET /metrics` on node `i` (panics unless 200).
     pub fn metrics(&self, i: usize) -> String {
-        match http_get(&self.nodes[i].ns, ([127, 0, 0, 1], METRICS_PORT).into(), "/metrics") {
+        match http_get(
+            &self.nodes[i].ns,
+            ([127, 0, 0, 1], METRICS_PORT).into(),
+            "/metrics",
+        ) {
             Ok((200, body)) => body,
             other => panic!("GET /metrics on node {i}: {other:?}"),
         }
@@ -865,7 +892,11 @@ impl Cluster {
         let Some(records) = self.audit() else { return };
         let agent: Vec<&AuditRecord> = records
             .iter()
-            .filter(|r| self.nodes.iter().any(|n| r.source.ip() == IpAddr::V4(api_net(n.index, 2))))
+            .filter(|r| {
+                self.nodes
+                    .iter()
+                    .any(|n| r.source.ip() == IpAddr::V4(api_net(n.index, 2)))
+            })
             .collect();
         for node in &self.nodes {
             let src = IpAddr::V4(self.node_api_addr(node.index));
@@ -878,7 +909,12 @@ impl Cluster {
         let refused: Vec<String> = agent
             .iter()
             .filter(|r| r.user != AGENT_USER || r.code == 401 || r.code == 403)
-            .map(|r| format!("{} {} {} by {:?} -> {}", r.source, r.verb, r.uri, r.user, r.code))
+            .map(|r| {
+                format!(
+                    "{} {} {} by {:?} -> {}",
+                    r.source, r.verb, r.uri, r.user, r.code
+                )
+            })
             .collect();
         assert!(
             refused.is_empty(),
@@ -913,7 +949,10 @@ impl Drop for Cluster {
                     tail.join("\n")
                 );
                 if let Ok(t) = node.ns.sh_ok("nft list ruleset") {
-                    eprintln!("----- nft ruleset of {} -----\n{t}----- end -----", node.name);
+                    eprintln!(
+                        "----- nft ruleset of {} -----\n{t}----- end -----",
+                        node.name
+                    );
                 }
             }
         }
@@ -1138,7 +1177,10 @@ fn wire(
             "eth-node",
             &[
                 &format!("{}/28", Ipv4Addr::new(198, 51, 100, (j * 16 + 2) as u8)),
-                &format!("{}/64", Ipv6Addr::new(0x2001, 0xdb8, 0xb, j as u16, 0, 0, 0, 2)),
+                &format!(
+                    "{}/64",
+                    Ipv6Addr::new(0x2001, 0xdb8, 0xb, j as u16, 0, 0, 0, 2)
+                ),
             ],
             node,
             &format!("eth-b{j}"),

@@ -51,7 +51,12 @@ fn slice(c: &Cluster, svc: &str, suffix: &str, backends: &[usize]) -> String {
         "IPv4",
         &backends
             .iter()
-            .map(|j| (c.backend_v4(*j).to_string(), c.node_name(c.backend_node(*j)).to_string()))
+            .map(|j| {
+                (
+                    c.backend_v4(*j).to_string(),
+                    c.node_name(c.backend_node(*j)).to_string(),
+                )
+            })
             .collect::<Vec<_>>(),
     )
 }
@@ -64,7 +69,12 @@ fn slice6(c: &Cluster, svc: &str, suffix: &str, backends: &[usize]) -> String {
         "IPv6",
         &backends
             .iter()
-            .map(|j| (c.backend_v6(*j).to_string(), c.node_name(c.backend_node(*j)).to_string()))
+            .map(|j| {
+                (
+                    c.backend_v6(*j).to_string(),
+                    c.node_name(c.backend_node(*j)).to_string(),
+                )
+            })
             .collect::<Vec<_>>(),
     )
 }
@@ -178,7 +188,10 @@ fn tag(c: &Cluster, svc: &str, port: &str) -> String {
 /// Waits until `ip nodelb` on node 0 does (or does not) mention `needle`.
 fn wait_table(c: &Cluster, family: &str, needle: &str, present: bool) {
     wait_for(
-        &format!("`{needle}` {} in table {family} nodelb", if present { "present" } else { "absent" }),
+        &format!(
+            "`{needle}` {} in table {family} nodelb",
+            if present { "present" } else { "absent" }
+        ),
         CHANGE,
         || {
             let table = c.nft_table(0, family).unwrap_or_default();
@@ -282,7 +295,11 @@ fn policies_source_ranges_hairpin_and_conflicts() {
     c.apply(&service("local", 8011, "  externalTrafficPolicy: Local\n"));
     c.apply(&slice(&c, "local", "1", &[1]));
     let seen = wait_answer_from(&c, c.client(), v4(&c, 8011), "b1");
-    assert_eq!(seen, IpAddr::from(c.client_v4(0)), "Local keeps the client's address");
+    assert_eq!(
+        seen,
+        IpAddr::from(c.client_v4(0)),
+        "Local keeps the client's address"
+    );
 
     // Local with the only endpoint on another node: this node drops (silence, not reset).
     c.apply(&service("remote", 8012, "  externalTrafficPolicy: Local\n"));
@@ -299,7 +316,11 @@ fn policies_source_ranges_hairpin_and_conflicts() {
         "Local without a local endpoint drops"
     );
     // The same endpoint under Cluster policy answers: the silence above is the policy.
-    c.apply(&service("remote", 8012, "  externalTrafficPolicy: Cluster\n"));
+    c.apply(&service(
+        "remote",
+        8012,
+        "  externalTrafficPolicy: Cluster\n",
+    ));
     wait_answer_from(&c, c.client(), v4(&c, 8012), "b2");
 
     // Hairpin: b0 reaches a Service whose endpoint is b0 itself; a client inside the node too.
@@ -403,7 +424,10 @@ fn reserved_port_gets_no_rules_and_an_event() {
                 "events: {:?}",
                 events
                     .iter()
-                    .map(|e| format!("{} {} {}", e["reason"], e["regarding"]["kind"], e["regarding"]["name"]))
+                    .map(|e| format!(
+                        "{} {} {}",
+                        e["reason"], e["regarding"]["kind"], e["regarding"]["name"]
+                    ))
                     .collect::<Vec<_>>()
             ))
         }
@@ -431,7 +455,10 @@ fn ipv6_with_the_flag() {
     c.apply(&slice(&c, "dual", "v4", &[0]));
     c.apply(&slice6(&c, "dual", "v6", &[1]));
     let seen = wait_answer_from(&c, c.client(), v6(&c, 8031), "b1");
-    assert_eq!(seen, IpAddr::from(std::net::Ipv6Addr::new(0x2001, 0xdb8, 0xb, 1, 0, 0, 0, 1)));
+    assert_eq!(
+        seen,
+        IpAddr::from(std::net::Ipv6Addr::new(0x2001, 0xdb8, 0xb, 1, 0, 0, 0, 1))
+    );
     wait_answer_from(&c, c.client(), v4(&c, 8031), "b0");
 
     c.apply(&service(
@@ -441,9 +468,16 @@ fn ipv6_with_the_flag() {
     ));
     c.apply(&slice6(&c, "only6", "v6", &[2]));
     let seen = wait_answer_from(&c, c.client(), v6(&c, 8032), "b2");
-    assert_eq!(seen, IpAddr::from(c.client_v6(0)), "Local keeps the IPv6 client's address");
+    assert_eq!(
+        seen,
+        IpAddr::from(c.client_v6(0)),
+        "Local keeps the IPv6 client's address"
+    );
     wait_table(&c, "ip6", &tag(&c, "only6", "tcp"), true);
-    assert!(!c.nft_table(0, "ip").unwrap_or_default().contains(&tag(&c, "only6", "tcp")));
+    assert!(!c
+        .nft_table(0, "ip")
+        .unwrap_or_default()
+        .contains(&tag(&c, "only6", "tcp")));
     assert!(matches!(
         tcp_request(c.client(), v4(&c, 8032), ANSWER),
         Outcome::Refused { .. }
@@ -516,7 +550,8 @@ fn sigkill_under_steady_load_loses_no_connection() {
 
 /// Connect, read one line starting with a backend name.
 fn one_connection(dst: SocketAddr) -> Result<(), String> {
-    let mut s = TcpStream::connect_timeout(&dst, Duration::from_secs(2)).map_err(|e| e.to_string())?;
+    let mut s =
+        TcpStream::connect_timeout(&dst, Duration::from_secs(2)).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(Duration::from_secs(2)))
         .map_err(|e| e.to_string())?;
     let mut reply = String::new();
@@ -547,7 +582,10 @@ fn bad_input_never_stops_the_agent() {
 
     let node = c.node_name(0).to_string();
     let eps = |addrs: &[&str]| -> Vec<(String, String)> {
-        addrs.iter().map(|a| (a.to_string(), node.clone())).collect()
+        addrs
+            .iter()
+            .map(|a| (a.to_string(), node.clone()))
+            .collect()
     };
     let cases: Vec<(&str, Vec<String>)> = vec![
         (
@@ -567,16 +605,19 @@ fn bad_input_never_stops_the_agent() {
         ),
         (
             "empty ports",
-            vec![service("noports", 8055, "").replace(
-                "[{name: tcp, port: 8055, protocol: TCP}]",
-                "[]",
-            )],
+            vec![service("noports", 8055, "")
+                .replace("[{name: tcp, port: 8055, protocol: TCP}]", "[]")],
         ),
         (
             "duplicate endpoints",
             vec![
                 service("dup", 8056, ""),
-                slice_on("dup", "1", "IPv4", &eps(&["198.51.100.18", "198.51.100.18"])),
+                slice_on(
+                    "dup",
+                    "1",
+                    "IPv4",
+                    &eps(&["198.51.100.18", "198.51.100.18"]),
+                ),
             ],
         ),
         (
@@ -625,7 +666,11 @@ fn bad_input_never_stops_the_agent() {
                 );
             }
         }
-        assert!(c.agent_running(0), "{what}: the agent exited:\n{}", c.agent_log(0));
+        assert!(
+            c.agent_running(0),
+            "{what}: the agent exited:\n{}",
+            c.agent_log(0)
+        );
         wait_answer_from(&c, c.client(), v4(&c, 8051), "b0");
     }
     // The duplicated endpoint is still served (counted once).
