@@ -707,3 +707,37 @@ fn bad_input_never_stops_the_agent() {
     assert!(c.readyz(0).is_ok_and(|(code, _)| code == 200));
     c.assert_agents_authorized();
 }
+
+/// Two nodes, each with its own agent and backend: a Local Service whose only endpoint is on
+/// node-b is answered through node-b (keeping the client's address) and dropped by node-a;
+/// each agent reached the API server over its own link.
+#[test]
+fn two_nodes_local_policy_follows_the_endpoint() {
+    if !require_root("two_nodes_local_policy_follows_the_endpoint") {
+        return;
+    }
+    let c = start(ClusterOptions {
+        nodes: 2,
+        backends_per_node: 1,
+        ..ClusterOptions::default()
+    });
+    let _servers = start_backends(&c, false);
+    assert_eq!(c.backend_node(1), 1, "b1 hangs off node-b");
+    c.apply(&service("local2", 8071, "  externalTrafficPolicy: Local\n"));
+    c.apply(&slice(&c, "local2", "1", &[1]));
+    let at_b = SocketAddr::new(c.node_v4(1).into(), 8071);
+    let seen = wait_answer_from(&c, c.client(), at_b, "b1");
+    assert_eq!(
+        seen,
+        IpAddr::from(c.client_v4(1)),
+        "Local keeps the client's address"
+    );
+    // node-a has the Service (its table says so) but no local endpoint: silence.
+    wait_table(&c, "ip", &tag(&c, "local2", "tcp"), true);
+    assert_eq!(
+        tcp_request(c.client(), v4(&c, 8071), SILENCE),
+        Outcome::TimedOut,
+        "node-a must drop a Local Service whose endpoints are all on node-b"
+    );
+    c.assert_agents_authorized();
+}
