@@ -448,7 +448,7 @@ impl Cluster {
                 let kc = Kubeconfig::read_from(path)
                     .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
                 let admin = rt.block_on(client_from(kc.clone()));
-                let (host, port) = rt.block_on(async {
+                let (scheme, host, port) = rt.block_on(async {
                     let cfg = kube::Config::from_custom_kubeconfig(
                         kc.clone(),
                         &KubeConfigOptions::default(),
@@ -456,11 +456,15 @@ impl Cluster {
                     .await
                     .expect("the real cluster's kubeconfig loads");
                     let url = cfg.cluster_url;
-                    let host = url.host().expect("the cluster URL has a host").to_string();
-                    let port = url.port_u16().unwrap_or(443);
-                    (host, port)
+                    let scheme = url.scheme_str().unwrap_or("https").to_string();
+                    let host = url.host().expect("the cluster URL has a host");
+                    let host = host.trim_matches(|c| c == '[' || c == ']').to_string();
+                    let port = url
+                        .port_u16()
+                        .unwrap_or(if scheme == "http" { 80 } else { 443 });
+                    (scheme, host, port)
                 });
-                let upstream = format!("{}:{port}", host.trim_matches(|c| c == '[' || c == ']'));
+                let upstream = (host.clone(), port);
                 rt.block_on(async {
                     let l =
                         tokio::net::TcpListener::from_std(std_listener).expect("a tokio listener");
@@ -473,7 +477,7 @@ impl Cluster {
                 for i in 0..node_nss.len() {
                     let text = relayed_kubeconfig(
                         &kc,
-                        &format!("https://{}:{API_PORT}", api_addr(i)),
+                        &format!("{scheme}://{}:{API_PORT}", api_addr(i)),
                         &host,
                         &token,
                     );
@@ -1002,7 +1006,7 @@ async fn client_from(kc: Kubeconfig) -> Client {
 
 /// Accepts connections on `listener` (in the `api` namespace) and copies each to a new
 /// connection to `upstream`, made from the runtime's threads in the root namespace.
-async fn relay(listener: tokio::net::TcpListener, upstream: String) {
+async fn relay(listener: tokio::net::TcpListener, upstream: (String, u16)) {
     loop {
         let Ok((mut inbound, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -1010,11 +1014,11 @@ async fn relay(listener: tokio::net::TcpListener, upstream: String) {
         };
         let upstream = upstream.clone();
         tokio::spawn(async move {
-            match tokio::net::TcpStream::connect(&upstream).await {
+            match tokio::net::TcpStream::connect((upstream.0.as_str(), upstream.1)).await {
                 Ok(mut out) => {
                     let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
                 }
-                Err(e) => eprintln!("e2e relay: connecting to {upstream}: {e}"),
+                Err(e) => eprintln!("e2e relay: connecting to {upstream:?}: {e}"),
             }
         });
     }
@@ -1068,7 +1072,10 @@ fn relayed_kubeconfig(kc: &Kubeconfig, server: &str, host: &str, token: &str) ->
         .and_then(|c| c.cluster.clone())
         .expect("the current cluster exists");
     cluster.server = Some(server.to_string());
-    cluster.tls_server_name = Some(host.to_string());
+    if server.starts_with("https:") {
+        // The certificate names the real host, not the relay's address.
+        cluster.tls_server_name = Some(host.to_string());
+    }
     let cluster = serde_json::to_value(&cluster).expect("a cluster as JSON");
     let doc = json!({
         "apiVersion": "v1", "kind": "Config",

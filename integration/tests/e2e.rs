@@ -14,7 +14,7 @@
 use std::collections::BTreeSet;
 use std::io::Read;
 use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -485,8 +485,9 @@ fn ipv6_with_the_flag() {
     c.assert_agents_authorized();
 }
 
-/// SIGKILL under steady load: a client connecting every ~20 ms for ~5 s while the agent is
-/// killed and restarted sees no failed connection (the rules stay in the kernel; the new
+/// SIGKILL under steady load: a client connecting every ~20 ms (50 connections before the kill,
+/// 25 while the agent is down, 100 after the new one is ready) while the agent is killed and
+/// restarted sees no failed connection (the rules stay in the kernel; the new
 /// process waits for its caches, then replaces the tables in one batch). The restarted agent
 /// then follows changes.
 #[test]
@@ -503,6 +504,25 @@ fn sigkill_under_steady_load_loses_no_connection() {
 
     let dst = v4(&c, 8041);
     let stop = AtomicBool::new(false);
+    let tried = AtomicUsize::new(0);
+    // Waits until the load thread has tried `n` more connections: every phase (before the
+    // kill, while the agent is down and restarting, after it is ready) sees real traffic
+    // however slow the machine is.
+    let more_connections = |n: usize| {
+        let target = tried.load(Ordering::Relaxed) + n;
+        wait_for(
+            "the load thread keeps connecting",
+            Duration::from_secs(60),
+            || {
+                let now = tried.load(Ordering::Relaxed);
+                if now >= target {
+                    Ok(())
+                } else {
+                    Err(format!("{now} of {target} connections"))
+                }
+            },
+        )
+    };
     // The load thread joins the client namespace itself: the cluster is borrowed mutably to
     // kill and restart the agent meanwhile.
     let client_ns = std::fs::File::open(c.client().path()).expect("the client namespace");
@@ -510,31 +530,27 @@ fn sigkill_under_steady_load_loses_no_connection() {
         let load = s.spawn(|| {
             nix::sched::setns(&client_ns, nix::sched::CloneFlags::CLONE_NEWNET)
                 .expect("joining the client namespace");
-            {
-                let mut attempts = 0usize;
-                let mut failures = Vec::new();
-                let t0 = Instant::now();
-                while !stop.load(Ordering::Relaxed) {
-                    attempts += 1;
-                    if let Err(e) = one_connection(dst) {
-                        failures.push(format!("{:?}: {e}", t0.elapsed()));
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
+            let mut failures = Vec::new();
+            let t0 = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                if let Err(e) = one_connection(dst) {
+                    failures.push(format!("{:?}: {e}", t0.elapsed()));
                 }
-                (attempts, failures)
+                tried.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
             }
+            (tried.load(Ordering::Relaxed), failures)
         });
-        std::thread::sleep(Duration::from_secs(1));
+        more_connections(50);
         let status = c.stop_agent(0, Signal::SIGKILL);
         eprintln!("agent killed: {status:?}");
-        std::thread::sleep(Duration::from_millis(500));
+        more_connections(25);
         c.start_agent(0);
         c.wait_ready(0);
-        std::thread::sleep(Duration::from_secs(2));
+        more_connections(100);
         stop.store(true, Ordering::Relaxed);
         load.join().expect("the load thread")
     });
-    assert!(attempts > 100, "only {attempts} connections were tried");
     assert!(
         failures.is_empty(),
         "{} of {attempts} connections failed across SIGKILL and restart:\n{}",
