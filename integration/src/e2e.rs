@@ -562,6 +562,10 @@ impl Cluster {
     // ---- agents -------------------------------------------------------------------------
 
     /// Starts node `i`'s agent (appending to its log). Panics if one is running.
+    ///
+    /// The agent gets `PR_SET_PDEATHSIG(SIGKILL)`, tied to the *thread* that starts it: call
+    /// this from the test's own thread (not a short-lived helper thread), or the agent dies
+    /// when that thread ends.
     pub fn start_agent(&mut self, i: usize) {
         let bin = agent_binary();
         let ipv6 = self.options.ipv6;
