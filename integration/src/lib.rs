@@ -1,5 +1,6 @@
 pub mod agent_access;
 pub mod apiserver;
+pub mod e2e;
 pub mod models;
 pub mod netns;
 pub mod nft;

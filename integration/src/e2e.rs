@@ -1,0 +1,1209 @@
+//! End-to-end harness: the real `nodelb-agent` binary, one process per node namespace, against
+//! an API server, with real traffic from client namespaces to backend namespaces.
+//!
+//! # Network
+//!
+//! Every namespace is created by the harness and deleted on drop; every address is a
+//! documentation address; no namespace has a default route.
+//!
+//! | link                         | IPv4                                  | IPv6                          |
+//! |------------------------------|---------------------------------------|-------------------------------|
+//! | `api` - node `i`             | 192.0.2.(4i)/30: api .4i+1, node .4i+2 | —                             |
+//! | client - node `i`            | 203.0.113.(16i)/28: node .16i+1, client .16i+2 | 2001:db8:c:i::/64: node ::1, client ::2 |
+//! | stranger - node `i`          | 192.0.2.(128+16i)/28: node +1, stranger +2 | 2001:db8:d:i::/64: node ::1, stranger ::2 |
+//! | node - backend `j`           | 198.51.100.(16j)/28: node +1, backend +2 | 2001:db8:b:j::/64: node ::1, backend ::2 |
+//!
+//! The node's client-facing addresses (203.0.113.(16i+1), 2001:db8:c:i::1) are its Node's
+//! `InternalIP`s, so they are what the agent serves. The stranger (a second client, for
+//! `loadBalancerSourceRanges`) routes the client subnets via its own link, so it reaches the
+//! same node address as the client from another source address. Backends route every client
+//! subnet back via their node, so replies that were not masqueraded return. Clients have no
+//! route to the backends: a backend can only answer through the node's DNAT.
+//!
+//! Backend `j` hangs off node `j / backends_per_node`; its endpoints carry that node's name.
+//! Nodes are not linked to one another, so an endpoint on another node is reachable only from
+//! its own node (what `externalTrafficPolicy: Local` tests need; cross-node `Cluster` traffic
+//! is not wired yet).
+//!
+//! # API server
+//!
+//! By default the in-process double ([`crate::apiserver`]) on a tokio runtime the harness owns,
+//! with RBAC from `manifests/`, an admin token (`system:masters`) for the test and the
+//! ServiceAccount token of `system:serviceaccount:nodelb-system:nodelb` for agents. Its agent
+//! listener lives in the `api` namespace, so every node reaches it over its own veth and the
+//! audit log's source address says which node asked. The test's admin client talks to a
+//! second listener on 127.0.0.1 in the root namespace.
+//!
+//! **Real cluster mode:** when `NODELB_E2E_KUBECONFIG` names a kubeconfig, the admin client
+//! comes from it; the `api` namespace holds a TCP relay to the real server instead of the
+//! double (the relay's outgoing connections leave from the root namespace), and agents get a
+//! kubeconfig whose server is the relay address with `tls-server-name` set to the real host and
+//! a token of the `nodelb-system/nodelb` ServiceAccount (TokenRequest; apply `manifests/`
+//! first, or set `NODELB_E2E_AGENT_TOKEN`). Every test creates its own namespace and Nodes with
+//! unique names and deletes them on drop. Audit assertions are skipped there, with a message.
+//!
+//! # The binary
+//!
+//! The agent binary is `NODELB_AGENT_BIN` when set; otherwise `target/<profile>/nodelb-agent`
+//! next to the test executable's `deps/` directory, built first with
+//! `cargo build -p nodelb-agent --bin nodelb-agent` when the test runs under cargo (`$CARGO`
+//! is set), so a test never runs a stale agent. Cargo cannot hand one crate's binary to
+//! another crate's tests (`CARGO_BIN_EXE_*` is per package and artifact dependencies are
+//! unstable), hence this.
+
+use std::fs::OpenOptions;
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+
+use crate::apiserver::{kubeconfig, ApiServer, ApiServerConfig, AuditRecord};
+use crate::netns::{link, route, Netns};
+
+/// The agent's user: the ServiceAccount of `manifests/rbac.yaml`.
+pub const AGENT_USER: &str = "system:serviceaccount:nodelb-system:nodelb";
+/// The agent's namespace (its Leases live there).
+pub const AGENT_NAMESPACE: &str = "nodelb-system";
+/// `/healthz` and `/readyz` on 127.0.0.1 inside each node namespace.
+pub const HEALTH_PORT: u16 = 19254;
+/// `/metrics` on 127.0.0.1 inside each node namespace.
+pub const METRICS_PORT: u16 = 19255;
+/// Environment variable that switches to real cluster mode.
+pub const REAL_KUBECONFIG_ENV: &str = "NODELB_E2E_KUBECONFIG";
+
+const API_PORT: u16 = 6443;
+const ADMIN_TOKEN: &str = "e2e-admin-token";
+const AGENT_TOKEN: &str = "e2e-agent-token";
+const MAX_NODES: usize = 8;
+const MAX_BACKENDS: usize = 16;
+/// Upper bound for waiting on the agent to become ready.
+const READY_WAIT: Duration = Duration::from_secs(30);
+/// Lines of each agent's log printed when a test fails.
+const LOG_TAIL: usize = 300;
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// What to build.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// Node namespaces, each with an agent (1..=8). Node `i` is named `node-a`, `node-b`, …
+    /// (in real mode with a unique prefix).
+    pub nodes: usize,
+    /// Backend namespaces per node.
+    pub backends_per_node: usize,
+    /// Run agents with `--ipv6=true` and give Nodes an IPv6 InternalIP too.
+    pub ipv6: bool,
+    /// More `run` flags for every agent.
+    pub agent_args: Vec<String>,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> ClusterOptions {
+        ClusterOptions {
+            nodes: 1,
+            backends_per_node: 3,
+            ipv6: false,
+            agent_args: Vec::new(),
+        }
+    }
+}
+
+/// Which API server the agents talk to.
+enum ApiBackend {
+    Double(ApiServer),
+    Real,
+}
+
+/// One node: its namespace, Node name, agent process and files.
+pub struct NodeHost {
+    pub name: String,
+    pub ns: Netns,
+    index: usize,
+    kubeconfig: PathBuf,
+    log: PathBuf,
+    agent: Option<Agent>,
+}
+
+/// A running agent process; SIGKILLed and reaped on drop.
+#[derive(Debug)]
+pub struct Agent {
+    child: Child,
+}
+
+impl Agent {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process is still running (reaps it if it exited).
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    fn signal(&self, sig: Signal) {
+        // By pid: the process we started (`ip netns exec` execs the agent in place).
+        let _ = nix::sys::signal::kill(Pid::from_raw(self.child.id() as i32), sig);
+    }
+
+    /// Sends `sig` and waits up to 10 s for the process to exit.
+    fn stop(&mut self, sig: Signal) -> Option<std::process::ExitStatus> {
+        self.signal(sig);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.signal(Signal::SIGKILL);
+        self.child.wait().ok()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.running() {
+            self.signal(Signal::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A test cluster: namespaces, API server, admin client, agents. Everything is torn down on
+/// drop (agents killed by pid, namespaces deleted by name, real-mode objects deleted), and the
+/// agents' logs are printed when the test is panicking.
+pub struct Cluster {
+    // Drop order: see `Drop for Cluster`; fields then drop in this order.
+    nodes: Vec<NodeHost>,
+    client: Netns,
+    stranger: Netns,
+    backends: Vec<Netns>,
+    api_ns: Netns,
+    backend: ApiBackend,
+    admin: Client,
+    namespace: String,
+    node_prefix: String,
+    options: ClusterOptions,
+    dir: PathBuf,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+/// True when `NODELB_E2E_KUBECONFIG` is set: tests run against that cluster.
+pub fn real_cluster() -> Option<PathBuf> {
+    std::env::var_os(REAL_KUBECONFIG_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// The agent binary (see the module docs), built once per test process when running under
+/// cargo.
+pub fn agent_binary() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("NODELB_AGENT_BIN") {
+            return PathBuf::from(bin);
+        }
+        let exe = std::env::current_exe().expect("the test executable's path");
+        // target/<profile>/deps/e2e-<hash> → target/<profile>/nodelb-agent
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("the test executable lives in target/<profile>/deps");
+        let bin = profile_dir.join("nodelb-agent");
+        if let Some(cargo) = std::env::var_os("CARGO") {
+            let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+            let mut cmd = Command::new(cargo);
+            cmd.args([
+                "build",
+                "--quiet",
+                "-p",
+                "nodelb-agent",
+                "--bin",
+                "nodelb-agent",
+            ])
+            .arg("--manifest-path")
+            .arg(&manifest);
+            if profile_dir.file_name().is_some_and(|p| p == "release") {
+                cmd.arg("--release");
+            }
+            let status = cmd
+                .status()
+                .unwrap_or_else(|e| panic!("cannot run cargo to build nodelb-agent: {e}"));
+            assert!(
+                status.success(),
+                "`cargo build -p nodelb-agent --bin nodelb-agent` failed ({status})"
+            );
+        }
+        assert!(
+            bin.is_file(),
+            "{} does not exist: run `cargo build -p nodelb-agent --bin nodelb-agent` or set \
+             NODELB_AGENT_BIN",
+            bin.display()
+        );
+        bin
+    })
+    .clone()
+}
+
+fn manifests_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests")
+}
+
+/// Polls `f` every 50 ms until it returns `Ok`, for at most `timeout`; panics with `what` and
+/// the last error otherwise.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(e) if Instant::now() >= deadline => {
+                panic!("{what}: not within {timeout:?}; last: {e}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// A plain HTTP/1.0 GET of `http://<addr><path>` from inside `ns`: status code and body.
+pub fn http_get(ns: &Netns, addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
+    let path = path.to_string();
+    ns.run(move || {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .map_err(|e| e.to_string())?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)
+            .map_err(|e| format!("read {addr}{path}: {e}"))?;
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let code = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| format!("bad HTTP response from {addr}{path}: {head:?}"))?;
+        Ok((code, body.to_string()))
+    })
+}
+
+/// Sum of every sample of metric `name` (any labels) in Prometheus/OpenMetrics text.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let metric = series.split('{').next()?;
+            (metric == name).then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+fn api_resource(kind: &str) -> ApiResource {
+    let gvk = match kind {
+        "Service" => GroupVersionKind::gvk("", "v1", "Service"),
+        "Node" => GroupVersionKind::gvk("", "v1", "Node"),
+        "Namespace" => GroupVersionKind::gvk("", "v1", "Namespace"),
+        "EndpointSlice" => GroupVersionKind::gvk("discovery.k8s.io", "v1", "EndpointSlice"),
+        "Event" => GroupVersionKind::gvk("events.k8s.io", "v1", "Event"),
+        other => panic!("the e2e harness does not handle kind {other}"),
+    };
+    let plural = match kind {
+        "EndpointSlice" => "endpointslices".to_string(),
+        k => format!("{}s", k.to_lowercase()),
+    };
+    ApiResource::from_gvk_with_plural(&gvk, &plural)
+}
+
+fn is_cluster_scoped(kind: &str) -> bool {
+    matches!(kind, "Node" | "Namespace")
+}
+
+/// Parses YAML or JSON text of one or more documents (`---` separated) into JSON values,
+/// skipping empty documents.
+pub fn parse_documents(text: &str) -> Vec<Value> {
+    use serde::Deserialize;
+    serde_yaml_ng::Deserializer::from_str(text)
+        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("bad YAML/JSON: {e}\n{text}")))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+impl Cluster {
+    /// Builds namespaces, starts (or relays to) the API server, creates `nodelb-system`, the
+    /// test namespace and the Nodes, and starts one agent per node, waiting for `/readyz`.
+    pub fn start(options: ClusterOptions) -> Cluster {
+        let mut c = Cluster::build(options);
+        for i in 0..c.nodes.len() {
+            c.start_agent(i);
+        }
+        for i in 0..c.nodes.len() {
+            c.wait_ready(i);
+        }
+        c
+    }
+
+    /// Like [`Cluster::start`] without starting agents.
+    pub fn build(options: ClusterOptions) -> Cluster {
+        assert!(
+            (1..=MAX_NODES).contains(&options.nodes),
+            "1..={MAX_NODES} nodes"
+        );
+        assert!(
+            options.nodes * options.backends_per_node <= MAX_BACKENDS,
+            "at most {MAX_BACKENDS} backends"
+        );
+        let real = real_cluster();
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let id = format!("{}-{n}", std::process::id());
+        let dir = std::env::temp_dir().join(format!("nodelb-e2e-{id}"));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .thread_name("e2e-rt")
+            .build()
+            .expect("a tokio runtime");
+
+        // Namespaces first: they are deleted on drop even if a later step panics.
+        let api_ns = Netns::new("api");
+        let client = Netns::new("client");
+        let stranger = Netns::new("stranger");
+        let node_nss: Vec<Netns> = (0..options.nodes)
+            .map(|i| Netns::new(&format!("node{i}")))
+            .collect();
+        let backends: Vec<Netns> = (0..options.nodes * options.backends_per_node)
+            .map(|j| Netns::new(&format!("b{j}")))
+            .collect();
+        wire(&api_ns, &client, &stranger, &node_nss, &backends, &options);
+
+        // The API server (or relay) listener inside the api namespace.
+        let std_listener = api_ns.run(|| {
+            let l = std::net::TcpListener::bind(("0.0.0.0", API_PORT))
+                .unwrap_or_else(|e| panic!("binding the API listener in the api namespace: {e}"));
+            l.set_nonblocking(true).expect("non-blocking listener");
+            l
+        });
+        let (backend, admin, node_prefix, namespace) = match &real {
+            None => {
+                let api = ApiServer::new(ApiServerConfig {
+                    rbac_dir: Some(manifests_dir()),
+                    tokens: vec![
+                        (
+                            ADMIN_TOKEN.into(),
+                            "e2e-admin".into(),
+                            vec!["system:masters".into()],
+                        ),
+                        (AGENT_TOKEN.into(), AGENT_USER.into(), vec![]),
+                    ],
+                    ..ApiServerConfig::default()
+                })
+                .expect("the API double starts");
+                let admin = rt.block_on(async {
+                    let agents =
+                        tokio::net::TcpListener::from_std(std_listener).expect("a tokio listener");
+                    api.spawn(agents);
+                    let local = tokio::net::TcpListener::bind("127.0.0.1:0")
+                        .await
+                        .expect("binding the admin listener on 127.0.0.1");
+                    let addr = local.local_addr().expect("admin listener address");
+                    api.spawn(local);
+                    let text = kubeconfig::render(&format!("http://{addr}"), ADMIN_TOKEN)
+                        .expect("admin kubeconfig");
+                    client_from(Kubeconfig::from_yaml(&text).expect("admin kubeconfig")).await
+                });
+                for (i, _) in node_nss.iter().enumerate() {
+                    kubeconfig::write(
+                        &dir.join(format!("kubeconfig-{i}")),
+                        &format!("http://{}:{API_PORT}", api_addr(i)),
+                        AGENT_TOKEN,
+                    )
+                    .expect("agent kubeconfig");
+                }
+                (
+                    ApiBackend::Double(api),
+                    admin,
+                    String::new(),
+                    "e2e".to_string(),
+                )
+            }
+            Some(path) => {
+                eprintln!(
+                    "e2e: real cluster mode ({REAL_KUBECONFIG_ENV}={})",
+                    path.display()
+                );
+                let kc = Kubeconfig::read_from(path)
+                    .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+                let admin = rt.block_on(client_from(kc.clone()));
+                let (scheme, host, port) = rt.block_on(async {
+                    let cfg = kube::Config::from_custom_kubeconfig(
+                        kc.clone(),
+                        &KubeConfigOptions::default(),
+                    )
+                    .await
+                    .expect("the real cluster's kubeconfig loads");
+                    let url = cfg.cluster_url;
+                    let scheme = url.scheme_str().unwrap_or("https").to_string();
+                    let host = url.host().expect("the cluster URL has a host");
+                    let host = host.trim_matches(|c| c == '[' || c == ']').to_string();
+                    let port = url
+                        .port_u16()
+                        .unwrap_or(if scheme == "http" { 80 } else { 443 });
+                    (scheme, host, port)
+                });
+                let upstream = (host.clone(), port);
+                rt.block_on(async {
+                    let l =
+                        tokio::net::TcpListener::from_std(std_listener).expect("a tokio listener");
+                    tokio::spawn(relay(l, upstream));
+                });
+                let token = match std::env::var("NODELB_E2E_AGENT_TOKEN") {
+                    Ok(t) if !t.is_empty() => t,
+                    _ => rt.block_on(service_account_token(&admin)),
+                };
+                for i in 0..node_nss.len() {
+                    let text = relayed_kubeconfig(
+                        &kc,
+                        &format!("{scheme}://{}:{API_PORT}", api_addr(i)),
+                        &host,
+                        &token,
+                    );
+                    std::fs::write(dir.join(format!("kubeconfig-{i}")), text)
+                        .expect("writing an agent kubeconfig");
+                }
+                let prefix = format!("nodelb-e2e-{id}-");
+                (
+                    ApiBackend::Real,
+                    admin,
+                    prefix.clone(),
+                    format!("{prefix}test"),
+                )
+            }
+        };
+
+        let nodes = node_nss
+            .into_iter()
+            .enumerate()
+            .map(|(i, ns)| NodeHost {
+                name: format!("{node_prefix}node-{}", (b'a' + i as u8) as char),
+                ns,
+                index: i,
+                kubeconfig: dir.join(format!("kubeconfig-{i}")),
+                log: dir.join(format!("agent-{i}.log")),
+                agent: None,
+            })
+            .collect();
+        let c = Cluster {
+            nodes,
+            client,
+            stranger,
+            backends,
+            api_ns,
+            backend,
+            admin,
+            namespace,
+            node_prefix,
+            options,
+            dir,
+            rt: Some(rt),
+        };
+        c.create_base_objects();
+        c
+    }
+
+    fn create_base_objects(&self) {
+        for ns in [AGENT_NAMESPACE, self.namespace.as_str()] {
+            let r = self.apply_value(json!({"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": ns}}));
+            if let Err(e) = r {
+                panic!("creating namespace {ns}: {e}");
+            }
+        }
+        for node in &self.nodes {
+            let mut addresses = vec![json!({"type": "InternalIP",
+                "address": self.node_v4(node.index).to_string()})];
+            if self.options.ipv6 {
+                addresses.push(json!({"type": "InternalIP",
+                    "address": self.node_v6(node.index).to_string()}));
+            }
+            addresses.push(json!({"type": "Hostname", "address": node.name}));
+            let obj = json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": node.name, "labels": {
+                    "kubernetes.io/hostname": node.name,
+                    "kubernetes.io/os": "linux",
+                    "nodelb.io/e2e": "true"}},
+                "spec": {}});
+            self.apply_value(obj)
+                .unwrap_or_else(|e| panic!("creating Node {}: {e}", node.name));
+            let nodes: Api<Node> = Api::all(self.admin.clone());
+            let patch = json!({"status": {"addresses": addresses}});
+            self.block_on(nodes.patch_status(
+                &node.name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            ))
+            .unwrap_or_else(|e| panic!("setting Node {} addresses: {e}", node.name));
+        }
+    }
+
+    // ---- agents -------------------------------------------------------------------------
+
+    /// Starts node `i`'s agent (appending to its log). Panics if one is running.
+    ///
+    /// The agent gets `PR_SET_PDEATHSIG(SIGKILL)`, tied to the *thread* that starts it: call
+    /// this from the test's own thread (not a short-lived helper thread), or the agent dies
+    /// when that thread ends.
+    pub fn start_agent(&mut self, i: usize) {
+        let bin = agent_binary();
+        let ipv6 = self.options.ipv6;
+        let extra = self.options.agent_args.clone();
+        let node = &mut self.nodes[i];
+        assert!(
+            node.agent.as_mut().is_none_or(|a| !a.running()),
+            "node {i}'s agent is already running"
+        );
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node.log)
+            .unwrap_or_else(|e| panic!("opening {}: {e}", node.log.display()));
+        let _ = writeln!(log, "===== e2e: starting {} =====", bin.display());
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", node.ns.name()])
+            .arg(&bin)
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(&node.kubeconfig)
+            .args(["--node-name", &node.name])
+            .args(["--pod-name", &format!("nodelb-agent-{}", node.name)])
+            .args(["--pod-namespace", AGENT_NAMESPACE])
+            .args(["--health-addr", &format!("127.0.0.1:{HEALTH_PORT}")])
+            .args(["--metrics-addr", &format!("127.0.0.1:{METRICS_PORT}")])
+            .args(["--resync-interval", "30s"])
+            .arg(format!("--ipv6={ipv6}"))
+            .args(&extra)
+            .env(
+                "RUST_LOG",
+                std::env::var("NODELB_E2E_LOG").unwrap_or("info".into()),
+            )
+            .env("NO_COLOR", "1")
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log);
+        // SAFETY: prctl is async-signal-safe; the agent dies with the thread that started it
+        // if the test process is killed before it could clean up.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        node.agent = Some(Agent { child });
+    }
+
+    /// Stops node `i`'s agent with `sig` (SIGKILL or SIGTERM) and waits for it to exit.
+    pub fn stop_agent(&mut self, i: usize, sig: Signal) -> Option<std::process::ExitStatus> {
+        let agent = self.nodes[i].agent.as_mut().expect("an agent was started");
+        let status = agent.stop(sig);
+        self.nodes[i].agent = None;
+        status
+    }
+
+    /// Whether node `i`'s agent process is alive.
+    pub fn agent_running(&mut self, i: usize) -> bool {
+        self.nodes[i].agent.as_mut().is_some_and(Agent::running)
+    }
+
+    /// Waits until node `i`'s `/readyz` answers 200; panics (with the log) if the agent exits.
+    pub fn wait_ready(&mut self, i: usize) {
+        let deadline = Instant::now() + READY_WAIT;
+        loop {
+            if !self.agent_running(i) {
+                panic!(
+                    "node {i}'s agent exited before it was ready; log:\n{}",
+                    self.agent_log(i)
+                );
+            }
+            match self.readyz(i) {
+                Ok((200, _)) => return,
+                r if Instant::now() >= deadline => panic!(
+                    "node {i}'s agent is not ready after {READY_WAIT:?}: {r:?}; log:\n{}",
+                    self.agent_log(i)
+                ),
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    /// `GET /readyz` on node `i`.
+    pub fn readyz(&self, i: usize) -> Result<(u16, String), String> {
+        http_get(
+            &self.nodes[i].ns,
+            ([127, 0, 0, 1], HEALTH_PORT).into(),
+            "/readyz",
+        )
+    }
+
+    /// `GET /metrics` on node `i` (panics unless 200).
+    pub fn metrics(&self, i: usize) -> String {
+        match http_get(
+            &self.nodes[i].ns,
+            ([127, 0, 0, 1], METRICS_PORT).into(),
+            "/metrics",
+        ) {
+            Ok((200, body)) => body,
+            other => panic!("GET /metrics on node {i}: {other:?}"),
+        }
+    }
+
+    /// Node `i`'s agent log so far (every run).
+    pub fn agent_log(&self, i: usize) -> String {
+        std::fs::read_to_string(&self.nodes[i].log).unwrap_or_default()
+    }
+
+    /// `nft list table <family> nodelb` in node `i` (`family`: `ip` or `ip6`); `None` when the
+    /// table does not exist.
+    pub fn nft_table(&self, i: usize, family: &str) -> Option<String> {
+        self.nodes[i]
+            .ns
+            .sh_ok(&format!("nft list table {family} nodelb"))
+            .ok()
+    }
+
+    // ---- namespaces and addresses ---------------------------------------------------------
+
+    pub fn node(&self, i: usize) -> &NodeHost {
+        &self.nodes[i]
+    }
+
+    /// Node `i`'s name (`node-a`, … ; prefixed in real mode).
+    pub fn node_name(&self, i: usize) -> &str {
+        &self.nodes[i].name
+    }
+
+    pub fn node_ns(&self, i: usize) -> &Netns {
+        &self.nodes[i].ns
+    }
+
+    pub fn client(&self) -> &Netns {
+        &self.client
+    }
+
+    /// A second client, with other source addresses (for source ranges).
+    pub fn stranger(&self) -> &Netns {
+        &self.stranger
+    }
+
+    pub fn backend(&self, j: usize) -> &Netns {
+        &self.backends[j]
+    }
+
+    pub fn backend_count(&self) -> usize {
+        self.backends.len()
+    }
+
+    /// The node backend `j` hangs off.
+    pub fn backend_node(&self, j: usize) -> usize {
+        j / self.options.backends_per_node
+    }
+
+    /// The `api` namespace (holds the API server's or relay's listener).
+    pub fn api_ns(&self) -> &Netns {
+        &self.api_ns
+    }
+
+    /// Node `i`'s served IPv4 address (its InternalIP): 203.0.113.(16i+1).
+    pub fn node_v4(&self, i: usize) -> Ipv4Addr {
+        client_net_v4(i, 1)
+    }
+
+    /// Node `i`'s served IPv6 address: 2001:db8:c:i::1.
+    pub fn node_v6(&self, i: usize) -> Ipv6Addr {
+        client_net_v6(i, 1)
+    }
+
+    /// The client's IPv4 address on its link to node `i`.
+    pub fn client_v4(&self, i: usize) -> Ipv4Addr {
+        client_net_v4(i, 2)
+    }
+
+    pub fn client_v6(&self, i: usize) -> Ipv6Addr {
+        client_net_v6(i, 2)
+    }
+
+    /// The stranger's IPv4 address on its link to node `i`: 192.0.2.(128+16i+2).
+    pub fn stranger_v4(&self, i: usize) -> Ipv4Addr {
+        stranger_net_v4(i, 2)
+    }
+
+    pub fn stranger_v6(&self, i: usize) -> Ipv6Addr {
+        stranger_net_v6(i, 2)
+    }
+
+    /// Node `i`'s address on its link to the `api` namespace: the source of its agent's
+    /// requests in the audit log.
+    pub fn node_api_addr(&self, i: usize) -> Ipv4Addr {
+        api_net(i, 2)
+    }
+
+    pub fn backend_v4(&self, j: usize) -> Ipv4Addr {
+        Ipv4Addr::new(198, 51, 100, (j * 16 + 2) as u8)
+    }
+
+    pub fn backend_v6(&self, j: usize) -> Ipv6Addr {
+        Ipv6Addr::new(0x2001, 0xdb8, 0xb, j as u16, 0, 0, 0, 2)
+    }
+
+    // ---- API objects ----------------------------------------------------------------------
+
+    /// The namespace the test's Services and EndpointSlices go to (`e2e`, or a unique one in
+    /// real mode).
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The admin client (double: `system:masters`; real: the kubeconfig's user).
+    pub fn admin(&self) -> &Client {
+        &self.admin
+    }
+
+    /// The in-process double, `None` in real cluster mode.
+    pub fn double(&self) -> Option<&ApiServer> {
+        match &self.backend {
+            ApiBackend::Double(api) => Some(api),
+            ApiBackend::Real => None,
+        }
+    }
+
+    pub fn is_real(&self) -> bool {
+        matches!(self.backend, ApiBackend::Real)
+    }
+
+    /// Runs a future on the harness's runtime.
+    pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.as_ref().expect("runtime").block_on(f)
+    }
+
+    /// Creates or replaces every object in `text` (YAML or JSON, multi-document), panicking
+    /// on any error. Namespaced objects without a namespace go to [`Cluster::namespace`].
+    pub fn apply(&self, text: &str) {
+        for doc in parse_documents(text) {
+            let what = describe(&doc);
+            self.apply_value(doc)
+                .unwrap_or_else(|e| panic!("applying {what}: {e}"));
+        }
+    }
+
+    /// Creates or replaces one object; the API error as text when refused.
+    pub fn apply_value(&self, mut obj: Value) -> Result<(), String> {
+        let kind = obj["kind"].as_str().unwrap_or_default().to_string();
+        let ar = api_resource(&kind);
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{kind} without metadata.name"))
+            .to_string();
+        let api: Api<DynamicObject> = if is_cluster_scoped(&kind) {
+            Api::all_with(self.admin.clone(), &ar)
+        } else {
+            let ns = obj["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or(&self.namespace)
+                .to_string();
+            obj["metadata"]["namespace"] = json!(ns);
+            Api::namespaced_with(self.admin.clone(), &ns, &ar)
+        };
+        let dynamic: DynamicObject =
+            serde_json::from_value(obj).map_err(|e| format!("not an object: {e}"))?;
+        self.block_on(async {
+            match api.create(&PostParams::default(), &dynamic).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    if kind == "Namespace" {
+                        return Ok(());
+                    }
+                    let current = api.get(&name).await.map_err(|e| e.to_string())?;
+                    let mut next = dynamic.clone();
+                    next.metadata.resource_version = current.metadata.resource_version;
+                    api.replace(&name, &PostParams::default(), &next)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                }
+                Err(e) => Err(e.to_string()),
+            }
+        })
+    }
+
+    /// Deletes `kind` `name` in the test namespace (cluster-scoped kinds: by name); a missing
+    /// object is fine.
+    pub fn delete(&self, kind: &str, name: &str) {
+        let ar = api_resource(kind);
+        let api: Api<DynamicObject> = if is_cluster_scoped(kind) {
+            Api::all_with(self.admin.clone(), &ar)
+        } else {
+            Api::namespaced_with(self.admin.clone(), &self.namespace, &ar)
+        };
+        match self.block_on(api.delete(name, &DeleteParams::default())) {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => panic!("deleting {kind} {name}: {e}"),
+        }
+    }
+
+    /// `events.k8s.io/v1` Events in the test namespace, as JSON.
+    pub fn events(&self) -> Vec<Value> {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.admin.clone(), &self.namespace, &api_resource("Event"));
+        let list = self
+            .block_on(api.list(&Default::default()))
+            .unwrap_or_else(|e| panic!("listing Events: {e}"));
+        list.items
+            .into_iter()
+            .map(|e| serde_json::to_value(e).expect("an Event as JSON"))
+            .collect()
+    }
+
+    // ---- audit ------------------------------------------------------------------------------
+
+    /// The double's audit log; `None` (with a message on stderr) in real cluster mode.
+    pub fn audit(&self) -> Option<Vec<AuditRecord>> {
+        match &self.backend {
+            ApiBackend::Double(api) => Some(api.audit()),
+            ApiBackend::Real => {
+                eprintln!("e2e: audit log assertions skipped against a real cluster");
+                None
+            }
+        }
+    }
+
+    /// Asserts that every node's agent made requests, from its own link address, as the
+    /// ServiceAccount, and that none of them was refused with 401 or 403 (a verb the agent
+    /// uses but `manifests/` does not grant). Skipped in real cluster mode.
+    pub fn assert_agents_authorized(&self) {
+        let Some(records) = self.audit() else { return };
+        let agent: Vec<&AuditRecord> = records
+            .iter()
+            .filter(|r| {
+                self.nodes
+                    .iter()
+                    .any(|n| r.source.ip() == IpAddr::V4(api_net(n.index, 2)))
+            })
+            .collect();
+        for node in &self.nodes {
+            let src = IpAddr::V4(self.node_api_addr(node.index));
+            assert!(
+                agent.iter().any(|r| r.source.ip() == src),
+                "no request from node {} ({src}) in the audit log",
+                node.name
+            );
+        }
+        let refused: Vec<String> = agent
+            .iter()
+            .filter(|r| r.user != AGENT_USER || r.code == 401 || r.code == 403)
+            .map(|r| {
+                format!(
+                    "{} {} {} by {:?} -> {}",
+                    r.source, r.verb, r.uri, r.user, r.code
+                )
+            })
+            .collect();
+        assert!(
+            refused.is_empty(),
+            "agent requests refused or not made as {AGENT_USER}:\n{}",
+            refused.join("\n")
+        );
+    }
+
+    /// The harness's scratch directory (kubeconfigs, logs).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The node-name prefix (empty with the double).
+    pub fn node_prefix(&self) -> &str {
+        &self.node_prefix
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for node in &self.nodes {
+                let log = std::fs::read_to_string(&node.log).unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = &lines[lines.len().saturating_sub(LOG_TAIL)..];
+                eprintln!(
+                    "----- agent log of {} ({}, last {} lines) -----\n{}\n----- end -----",
+                    node.name,
+                    node.log.display(),
+                    tail.len(),
+                    tail.join("\n")
+                );
+                if let Ok(t) = node.ns.sh_ok("nft list ruleset") {
+                    eprintln!(
+                        "----- nft ruleset of {} -----\n{t}----- end -----",
+                        node.name
+                    );
+                }
+            }
+        }
+        for node in &mut self.nodes {
+            node.agent = None; // SIGKILL by pid, reaped
+        }
+        if self.is_real() {
+            let nodes: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+            let admin = self.admin.clone();
+            let ns = self.namespace.clone();
+            if let Some(rt) = &self.rt {
+                rt.block_on(async move {
+                    let dp = DeleteParams::default();
+                    for name in nodes {
+                        let _ = Api::<Node>::all(admin.clone()).delete(&name, &dp).await;
+                    }
+                    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin)
+                        .delete(&ns, &dp)
+                        .await;
+                });
+            }
+        }
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+        // Namespaces are deleted as the fields drop.
+    }
+}
+
+fn describe(doc: &Value) -> String {
+    format!(
+        "{} {}",
+        doc["kind"].as_str().unwrap_or("?"),
+        doc["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
+async fn client_from(kc: Kubeconfig) -> Client {
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("a client config from the kubeconfig");
+    Client::try_from(cfg).expect("a kube client")
+}
+
+/// Accepts connections on `listener` (in the `api` namespace) and copies each to a new
+/// connection to `upstream`, made from the runtime's threads in the root namespace.
+async fn relay(listener: tokio::net::TcpListener, upstream: (String, u16)) {
+    loop {
+        let Ok((mut inbound, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let upstream = upstream.clone();
+        tokio::spawn(async move {
+            match tokio::net::TcpStream::connect((upstream.0.as_str(), upstream.1)).await {
+                Ok(mut out) => {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                }
+                Err(e) => eprintln!("e2e relay: connecting to {upstream:?}: {e}"),
+            }
+        });
+    }
+}
+
+/// A token of the agent's ServiceAccount from the real cluster (TokenRequest).
+async fn service_account_token(admin: &Client) -> String {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), AGENT_NAMESPACE);
+    let tr = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    sas.create_token_request("nodelb", &PostParams::default(), &tr)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "TokenRequest for {AGENT_NAMESPACE}/nodelb failed ({e}); apply manifests/ to the \
+                 cluster or set NODELB_E2E_AGENT_TOKEN"
+            )
+        })
+        .status
+        .map(|s| s.token)
+        .expect("a TokenRequest status")
+}
+
+/// The real kubeconfig's current cluster, reached through the relay at `server` with the
+/// original `host` as TLS server name, and a bearer token user.
+fn relayed_kubeconfig(kc: &Kubeconfig, server: &str, host: &str, token: &str) -> String {
+    let context_name = kc
+        .current_context
+        .clone()
+        .or_else(|| kc.contexts.first().map(|c| c.name.clone()))
+        .expect("the kubeconfig has a context");
+    let cluster_name = kc
+        .contexts
+        .iter()
+        .find(|c| c.name == context_name)
+        .and_then(|c| c.context.as_ref())
+        .map(|c| c.cluster.clone())
+        .expect("the current context names a cluster");
+    let mut cluster = kc
+        .clusters
+        .iter()
+        .find(|c| c.name == cluster_name)
+        .and_then(|c| c.cluster.clone())
+        .expect("the current cluster exists");
+    cluster.server = Some(server.to_string());
+    if server.starts_with("https:") {
+        // The certificate names the real host, not the relay's address.
+        cluster.tls_server_name = Some(host.to_string());
+    }
+    let cluster = serde_json::to_value(&cluster).expect("a cluster as JSON");
+    let doc = json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "relayed", "cluster": cluster}],
+        "users": [{"name": "nodelb", "user": {"token": token}}],
+        "contexts": [{"name": "relayed", "context": {"cluster": "relayed", "user": "nodelb"}}],
+        "current-context": "relayed",
+    });
+    serde_yaml_ng::to_string(&doc).expect("kubeconfig YAML")
+}
+
+// ---- addressing -------------------------------------------------------------------------------
+
+fn api_net(i: usize, host: u8) -> Ipv4Addr {
+    Ipv4Addr::new(192, 0, 2, (i * 4) as u8 + host)
+}
+
+fn api_addr(i: usize) -> Ipv4Addr {
+    api_net(i, 1)
+}
+
+fn client_net_v4(i: usize, host: u8) -> Ipv4Addr {
+    Ipv4Addr::new(203, 0, 113, (i * 16) as u8 + host)
+}
+
+fn client_net_v6(i: usize, host: u16) -> Ipv6Addr {
+    Ipv6Addr::new(0x2001, 0xdb8, 0xc, i as u16, 0, 0, 0, host)
+}
+
+fn stranger_net_v4(i: usize, host: u8) -> Ipv4Addr {
+    Ipv4Addr::new(192, 0, 2, 128 + (i * 16) as u8 + host)
+}
+
+fn stranger_net_v6(i: usize, host: u16) -> Ipv6Addr {
+    Ipv6Addr::new(0x2001, 0xdb8, 0xd, i as u16, 0, 0, 0, host)
+}
+
+/// Links and routes (see the module docs).
+fn wire(
+    api_ns: &Netns,
+    client: &Netns,
+    stranger: &Netns,
+    nodes: &[Netns],
+    backends: &[Netns],
+    options: &ClusterOptions,
+) {
+    for ns in [client, stranger].into_iter().chain(nodes).chain(backends) {
+        ns.disable_icmp_ratelimit();
+    }
+    for (i, node) in nodes.iter().enumerate() {
+        node.enable_forwarding();
+        link(
+            api_ns,
+            &format!("eth-n{i}"),
+            &[&format!("{}/30", api_net(i, 1))],
+            node,
+            "eth-api",
+            &[&format!("{}/30", api_net(i, 2))],
+        );
+        link(
+            client,
+            &format!("eth-n{i}"),
+            &[
+                &format!("{}/28", client_net_v4(i, 2)),
+                &format!("{}/64", client_net_v6(i, 2)),
+            ],
+            node,
+            "eth-client",
+            &[
+                &format!("{}/28", client_net_v4(i, 1)),
+                &format!("{}/64", client_net_v6(i, 1)),
+            ],
+        );
+        link(
+            stranger,
+            &format!("eth-n{i}"),
+            &[
+                &format!("{}/28", stranger_net_v4(i, 2)),
+                &format!("{}/64", stranger_net_v6(i, 2)),
+            ],
+            node,
+            "eth-stranger",
+            &[
+                &format!("{}/28", stranger_net_v4(i, 1)),
+                &format!("{}/64", stranger_net_v6(i, 1)),
+            ],
+        );
+        // The stranger reaches the node's served addresses over its own link.
+        route(
+            stranger,
+            &format!("{}/28", client_net_v4(i, 0)),
+            &stranger_net_v4(i, 1).to_string(),
+        );
+        route(
+            stranger,
+            &format!("{}/64", client_net_v6(i, 0)),
+            &stranger_net_v6(i, 1).to_string(),
+        );
+    }
+    for (j, backend) in backends.iter().enumerate() {
+        let node = &nodes[j / options.backends_per_node];
+        let node_v4 = Ipv4Addr::new(198, 51, 100, (j * 16 + 1) as u8);
+        let node_v6 = Ipv6Addr::new(0x2001, 0xdb8, 0xb, j as u16, 0, 0, 0, 1);
+        link(
+            backend,
+            "eth-node",
+            &[
+                &format!("{}/28", Ipv4Addr::new(198, 51, 100, (j * 16 + 2) as u8)),
+                &format!(
+                    "{}/64",
+                    Ipv6Addr::new(0x2001, 0xdb8, 0xb, j as u16, 0, 0, 0, 2)
+                ),
+            ],
+            node,
+            &format!("eth-b{j}"),
+            &[&format!("{node_v4}/28"), &format!("{node_v6}/64")],
+        );
+        for (prefix, via) in [
+            ("203.0.113.0/24", node_v4.to_string()),
+            ("192.0.2.128/25", node_v4.to_string()),
+            ("2001:db8:c::/48", node_v6.to_string()),
+            ("2001:db8:d::/48", node_v6.to_string()),
+        ] {
+            route(backend, prefix, &via);
+        }
+    }
+}

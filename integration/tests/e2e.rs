@@ -1,0 +1,759 @@
+//! End-to-end: the real `nodelb-agent` binary in a node namespace, talking to the in-process
+//! API double (RBAC from `manifests/`, the agent's ServiceAccount token) or, with
+//! `NODELB_E2E_KUBECONFIG`, to a real cluster; Services and EndpointSlices are written through
+//! the API and real TCP connections go from client namespaces through the node to backend
+//! namespaces. See `nodelb_integration::e2e` for the network.
+//!
+//! Assertions are on signals — answered (by which backend, seeing which source), refused (TCP
+//! reset), timed out (silence) — with generous polling bounds for a change to take effect,
+//! never on how fast it happened.
+//!
+//! Run as root: `cargo test -p nodelb-integration --test e2e` (the test builds the agent binary
+//! first when run under cargo; see `e2e::agent_binary`).
+
+use std::collections::BTreeSet;
+use std::io::Read;
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nodelb_integration::e2e::{metric_sum, wait_for, Cluster, ClusterOptions};
+use nodelb_integration::netns::{require_root, Netns};
+use nodelb_integration::traffic::{tcp_request, tcp_server, Outcome, Server};
+use serde_json::json;
+
+/// The port every backend listens on (the slices' target port).
+const BACKEND_PORT: u16 = 8080;
+/// How long a change may take to show in the dataplane.
+const CHANGE: Duration = Duration::from_secs(10);
+/// Deadline of one request expected to be answered or refused.
+const ANSWER: Duration = Duration::from_secs(2);
+/// Deadline of one request expected to get nothing back.
+const SILENCE: Duration = Duration::from_secs(1);
+
+// ---- objects ---------------------------------------------------------------------------------
+
+/// A LoadBalancer Service with one TCP port named `tcp`; `spec_extra` lines are appended to
+/// the spec (two-space indent), `meta_extra` to the metadata flow map.
+fn service(name: &str, port: u32, spec_extra: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec:\n  type: LoadBalancer\n  ports: [{{name: tcp, port: {port}, protocol: TCP}}]\n{spec_extra}"
+    )
+}
+
+/// An IPv4 EndpointSlice `<svc>-<suffix>` of Service `svc`, port `tcp` → `BACKEND_PORT`, one
+/// endpoint per backend index, on the backend's node.
+fn slice(c: &Cluster, svc: &str, suffix: &str, backends: &[usize]) -> String {
+    slice_on(
+        svc,
+        suffix,
+        "IPv4",
+        &backends
+            .iter()
+            .map(|j| {
+                (
+                    c.backend_v4(*j).to_string(),
+                    c.node_name(c.backend_node(*j)).to_string(),
+                )
+            })
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// An IPv6 EndpointSlice like [`slice`].
+fn slice6(c: &Cluster, svc: &str, suffix: &str, backends: &[usize]) -> String {
+    slice_on(
+        svc,
+        suffix,
+        "IPv6",
+        &backends
+            .iter()
+            .map(|j| {
+                (
+                    c.backend_v6(*j).to_string(),
+                    c.node_name(c.backend_node(*j)).to_string(),
+                )
+            })
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// An EndpointSlice with `(address, nodeName)` endpoints.
+fn slice_on(svc: &str, suffix: &str, family: &str, endpoints: &[(String, String)]) -> String {
+    let eps: Vec<serde_json::Value> = endpoints
+        .iter()
+        .map(|(a, n)| json!({"addresses": [a], "nodeName": n, "conditions": {"ready": true}}))
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{svc}-{suffix}"),
+                     "labels": {"kubernetes.io/service-name": svc}},
+        "addressType": family,
+        "ports": [{"name": "tcp", "port": BACKEND_PORT, "protocol": "TCP"}],
+        "endpoints": eps,
+    })
+    .to_string()
+}
+
+// ---- traffic -----------------------------------------------------------------------------------
+
+/// A TCP server `b<j>` on every backend's `BACKEND_PORT` (IPv4, and IPv6 when `v6`).
+fn start_backends(c: &Cluster, v6: bool) -> Vec<Server> {
+    let mut servers = Vec::new();
+    for j in 0..c.backend_count() {
+        let name = format!("b{j}");
+        servers.push(tcp_server(
+            c.backend(j),
+            SocketAddr::new(c.backend_v4(j).into(), BACKEND_PORT),
+            &name,
+        ));
+        if v6 {
+            servers.push(tcp_server(
+                c.backend(j),
+                SocketAddr::new(c.backend_v6(j).into(), BACKEND_PORT),
+                &name,
+            ));
+        }
+    }
+    servers
+}
+
+/// `(backend name, source address it saw)` of an answer, or the outcome as an error.
+fn answer(out: &Outcome) -> Result<(String, IpAddr), String> {
+    match out {
+        Outcome::Answered(line) => {
+            let (name, peer) = line
+                .split_once(' ')
+                .ok_or_else(|| format!("malformed reply {line:?}"))?;
+            let peer = peer
+                .parse()
+                .map_err(|e| format!("bad peer in {line:?}: {e}"))?;
+            Ok((name.to_string(), peer))
+        }
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// Waits until a request from `ns` to `dst` is answered by `backend`; returns the source the
+/// backend saw.
+fn wait_answer_from(c: &Cluster, ns: &Netns, dst: SocketAddr, backend: &str) -> IpAddr {
+    let what = format!("{dst} answered by {backend} from {}", ns.name());
+    wait_with_ruleset(c, &what, || {
+        let out = tcp_request(ns, dst, ANSWER);
+        match answer(&out)? {
+            (name, peer) if name == backend => Ok(peer),
+            (name, _) => Err(format!("answered by {name}")),
+        }
+    })
+}
+
+/// Waits until a request from `ns` to `dst` is refused (TCP reset).
+fn wait_refused(c: &Cluster, ns: &Netns, dst: SocketAddr) {
+    let what = format!("{dst} refused from {}", ns.name());
+    wait_with_ruleset(c, &what, || match tcp_request(ns, dst, ANSWER) {
+        Outcome::Refused { .. } => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
+}
+
+/// [`wait_for`] over `CHANGE`, printing node 0's ruleset when it gives up.
+fn wait_with_ruleset<T>(c: &Cluster, what: &str, f: impl FnMut() -> Result<T, String>) -> T {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| wait_for(what, CHANGE, f)));
+    match r {
+        Ok(v) => v,
+        Err(p) => {
+            eprintln!(
+                "ruleset of node 0 when `{what}` failed:\n{}",
+                c.node_ns(0).sh_ok("nft list ruleset").unwrap_or_default()
+            );
+            std::panic::resume_unwind(p)
+        }
+    }
+}
+
+fn v4(c: &Cluster, port: u16) -> SocketAddr {
+    SocketAddr::new(c.node_v4(0).into(), port)
+}
+
+fn v6(c: &Cluster, port: u16) -> SocketAddr {
+    SocketAddr::new(c.node_v6(0).into(), port)
+}
+
+/// The comment nodelb puts on a Service port's rules and elements.
+fn tag(c: &Cluster, svc: &str, port: &str) -> String {
+    format!("{}/{svc}:{port}", c.namespace())
+}
+
+/// Waits until `ip nodelb` on node 0 does (or does not) mention `needle`.
+fn wait_table(c: &Cluster, family: &str, needle: &str, present: bool) {
+    wait_for(
+        &format!(
+            "`{needle}` {} in table {family} nodelb",
+            if present { "present" } else { "absent" }
+        ),
+        CHANGE,
+        || {
+            let table = c.nft_table(0, family).unwrap_or_default();
+            if table.contains(needle) == present {
+                Ok(())
+            } else {
+                Err(table)
+            }
+        },
+    )
+}
+
+fn start(options: ClusterOptions) -> Cluster {
+    Cluster::start(options)
+}
+
+// ---- tests -------------------------------------------------------------------------------------
+
+/// A Service and its endpoints through their life: created → answered; endpoints added and
+/// removed → traffic follows; no endpoints → reset; deleted or turned into ClusterIP → reset
+/// and its rules gone. Ends with the RBAC check: the agent, as its ServiceAccount, was never
+/// refused.
+#[test]
+fn services_and_endpoints_follow_the_api() {
+    if !require_root("services_and_endpoints_follow_the_api") {
+        return;
+    }
+    let c = start(ClusterOptions::default());
+    let _servers = start_backends(&c, false);
+
+    // Created: the client reaches b0 through the node address, masqueraded (Cluster policy).
+    c.apply(&service("web", 8001, ""));
+    c.apply(&slice(&c, "web", "1", &[0]));
+    let seen = wait_answer_from(&c, c.client(), v4(&c, 8001), "b0");
+    assert_eq!(
+        seen,
+        IpAddr::from([198, 51, 100, 1]),
+        "Cluster policy masquerades to the node's address toward b0"
+    );
+
+    // An endpoint added: b1 answers too.
+    c.apply(&slice(&c, "web", "1", &[0, 1]));
+    wait_answer_from(&c, c.client(), v4(&c, 8001), "b1");
+
+    // b0 removed: once only b1 answers, b0 never does again.
+    c.apply(&slice(&c, "web", "1", &[1]));
+    wait_with_ruleset(&c, "only b1 answers web", || {
+        let backends: BTreeSet<String> = (0..20)
+            .map(|_| answer(&tcp_request(c.client(), v4(&c, 8001), ANSWER)).map(|a| a.0))
+            .collect::<Result<_, _>>()?;
+        if backends == BTreeSet::from(["b1".to_string()]) {
+            Ok(())
+        } else {
+            Err(format!("answered by {backends:?}"))
+        }
+    });
+    for _ in 0..30 {
+        let (name, _) = answer(&tcp_request(c.client(), v4(&c, 8001), ANSWER)).unwrap();
+        assert_eq!(name, "b1", "a removed endpoint answered");
+    }
+
+    // No endpoints at all: reset, not silence.
+    c.apply(&service("empty", 8002, ""));
+    c.apply(&slice(&c, "empty", "1", &[]));
+    wait_table(&c, "ip", &tag(&c, "empty", "tcp"), true);
+    match tcp_request(c.client(), v4(&c, 8002), ANSWER) {
+        Outcome::Refused { .. } => {}
+        other => panic!("a Service without endpoints must reset, got {other:?}"),
+    }
+
+    // Deleted: its rules go, and the port is the node's own again (nothing listens: reset).
+    c.delete("Service", "web");
+    wait_table(&c, "ip", &tag(&c, "web", "tcp"), false);
+    wait_refused(&c, c.client(), v4(&c, 8001));
+
+    // Turned into ClusterIP: no longer nodelb's.
+    c.apply(&service("flip", 8003, ""));
+    c.apply(&slice(&c, "flip", "1", &[2]));
+    wait_answer_from(&c, c.client(), v4(&c, 8003), "b2");
+    c.apply(&service("flip", 8003, "").replace("LoadBalancer", "ClusterIP"));
+    wait_table(&c, "ip", &tag(&c, "flip", "tcp"), false);
+    wait_refused(&c, c.client(), v4(&c, 8003));
+
+    assert!(c.readyz(0).is_ok_and(|(code, _)| code == 200));
+    c.assert_agents_authorized();
+}
+
+/// externalTrafficPolicy Local (keeps the client's address; drops when the endpoint is on
+/// another node), hairpin and node-local clients, loadBalancerSourceRanges, and a port
+/// conflict won by the older Service.
+#[test]
+fn policies_source_ranges_hairpin_and_conflicts() {
+    if !require_root("policies_source_ranges_hairpin_and_conflicts") {
+        return;
+    }
+    let c = start(ClusterOptions::default());
+    let _servers = start_backends(&c, false);
+    let other_node = format!("{}node-z", c.node_prefix());
+
+    // Local with a local endpoint: the backend sees the client's own address.
+    c.apply(&service("local", 8011, "  externalTrafficPolicy: Local\n"));
+    c.apply(&slice(&c, "local", "1", &[1]));
+    let seen = wait_answer_from(&c, c.client(), v4(&c, 8011), "b1");
+    assert_eq!(
+        seen,
+        IpAddr::from(c.client_v4(0)),
+        "Local keeps the client's address"
+    );
+
+    // Local with the only endpoint on another node: this node drops (silence, not reset).
+    c.apply(&service("remote", 8012, "  externalTrafficPolicy: Local\n"));
+    c.apply(&slice_on(
+        "remote",
+        "1",
+        "IPv4",
+        &[(c.backend_v4(2).to_string(), other_node.clone())],
+    ));
+    wait_table(&c, "ip", &tag(&c, "remote", "tcp"), true);
+    assert_eq!(
+        tcp_request(c.client(), v4(&c, 8012), SILENCE),
+        Outcome::TimedOut,
+        "Local without a local endpoint drops"
+    );
+    // The same endpoint under Cluster policy answers: the silence above is the policy.
+    c.apply(&service(
+        "remote",
+        8012,
+        "  externalTrafficPolicy: Cluster\n",
+    ));
+    wait_answer_from(&c, c.client(), v4(&c, 8012), "b2");
+
+    // Hairpin: b0 reaches a Service whose endpoint is b0 itself; a client inside the node too.
+    c.apply(&service("hairpin", 8013, ""));
+    c.apply(&slice(&c, "hairpin", "1", &[0]));
+    wait_answer_from(&c, c.backend(0), v4(&c, 8013), "b0");
+    wait_answer_from(&c, c.node_ns(0), v4(&c, 8013), "b0");
+    // The stranger reaches an unrestricted Service (so the drop below is the source range).
+    wait_answer_from(&c, c.stranger(), v4(&c, 8013), "b0");
+
+    // loadBalancerSourceRanges: the client is allowed, the stranger is not.
+    c.apply(&service(
+        "ranges",
+        8014,
+        &format!("  loadBalancerSourceRanges: [\"{}/32\"]\n", c.client_v4(0)),
+    ));
+    c.apply(&slice(&c, "ranges", "1", &[0]));
+    wait_answer_from(&c, c.client(), v4(&c, 8014), "b0");
+    for _ in 0..3 {
+        let out = tcp_request(c.stranger(), v4(&c, 8014), SILENCE);
+        assert!(
+            answer(&out).is_err(),
+            "a source outside loadBalancerSourceRanges got an answer: {out:?}"
+        );
+    }
+
+    // Port conflict on 8015: the older Service wins whatever the order of arrival.
+    let older = "  ports: [{name: tcp, port: 8015, protocol: TCP}]\n";
+    let svc = |name: &str, created: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, creationTimestamp: \"{created}\"}}\nspec:\n  type: LoadBalancer\n{older}"
+        )
+    };
+    if c.is_real() {
+        // A real API server sets creationTimestamp itself: create the older one first.
+        c.apply(&svc("older", "2020-01-01T00:00:00Z"));
+        std::thread::sleep(Duration::from_millis(1500));
+        c.apply(&svc("newer", "2021-01-01T00:00:00Z"));
+    } else {
+        // The double keeps an admin's creationTimestamp: the newer one arrives first.
+        c.apply(&svc("newer", "2021-01-01T00:00:00Z"));
+        c.apply(&svc("older", "2020-01-01T00:00:00Z"));
+    }
+    c.apply(&slice(&c, "newer", "1", &[1]));
+    c.apply(&slice(&c, "older", "1", &[0]));
+    wait_answer_from(&c, c.client(), v4(&c, 8015), "b0");
+    wait_table(&c, "ip", &tag(&c, "older", "tcp"), true);
+    let table = c.nft_table(0, "ip").unwrap();
+    assert!(
+        !table.contains(&tag(&c, "newer", "tcp")),
+        "the newer Service of a port conflict has rules:\n{table}"
+    );
+    for _ in 0..20 {
+        let (name, _) = answer(&tcp_request(c.client(), v4(&c, 8015), ANSWER)).unwrap();
+        assert_eq!(name, "b0", "the conflict's loser got traffic");
+    }
+
+    c.assert_agents_authorized();
+}
+
+/// Port 22 is reserved: the Service gets no rules (ssh on the node stays the node's) and the
+/// leader emits a `ReservedPort` Warning Event about it.
+#[test]
+fn reserved_port_gets_no_rules_and_an_event() {
+    if !require_root("reserved_port_gets_no_rules_and_an_event") {
+        return;
+    }
+    let c = start(ClusterOptions::default());
+    let _servers = start_backends(&c, false);
+    c.apply(&service("ssh", 22, ""));
+    c.apply(&slice(&c, "ssh", "1", &[0]));
+    // A Service applied after it is programmed: the agent has seen ssh by then.
+    c.apply(&service("after", 8021, ""));
+    c.apply(&slice(&c, "after", "1", &[0]));
+    wait_answer_from(&c, c.client(), v4(&c, 8021), "b0");
+    let table = c.nft_table(0, "ip").unwrap();
+    assert!(
+        !table.contains(&tag(&c, "ssh", "tcp")) && !table.contains("dport 22 "),
+        "a Service on reserved port 22 got rules:\n{table}"
+    );
+    // Nothing listens on 22 in the node namespace: the kernel resets, nodelb did not DNAT.
+    assert!(matches!(
+        tcp_request(c.client(), v4(&c, 22), ANSWER),
+        Outcome::Refused { .. }
+    ));
+
+    c.assert_agents_authorized();
+    // The Event comes from the elected leader (leader election and Service Events).
+    wait_for("a ReservedPort Event regarding Service ssh", CHANGE, || {
+        let events = c.events();
+        let found = events.iter().any(|e| {
+            e["reason"] == "ReservedPort"
+                && e["type"] == "Warning"
+                && e["regarding"]["kind"] == "Service"
+                && e["regarding"]["name"] == "ssh"
+        });
+        if found {
+            Ok(())
+        } else {
+            Err(format!(
+                "events: {:?}",
+                events
+                    .iter()
+                    .map(|e| format!(
+                        "{} {} {}",
+                        e["reason"], e["regarding"]["kind"], e["regarding"]["name"]
+                    ))
+                    .collect::<Vec<_>>()
+            ))
+        }
+    });
+}
+
+/// `--ipv6=true`: a dual-stack Service answers an IPv6 client (and an IPv4 one); an
+/// IPv6-only Service answers IPv6 and leaves IPv4 alone.
+#[test]
+fn ipv6_with_the_flag() {
+    if !require_root("ipv6_with_the_flag") {
+        return;
+    }
+    let c = start(ClusterOptions {
+        ipv6: true,
+        ..ClusterOptions::default()
+    });
+    let _servers = start_backends(&c, true);
+
+    c.apply(&service(
+        "dual",
+        8031,
+        "  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n",
+    ));
+    c.apply(&slice(&c, "dual", "v4", &[0]));
+    c.apply(&slice6(&c, "dual", "v6", &[1]));
+    let seen = wait_answer_from(&c, c.client(), v6(&c, 8031), "b1");
+    assert_eq!(
+        seen,
+        IpAddr::from(std::net::Ipv6Addr::new(0x2001, 0xdb8, 0xb, 1, 0, 0, 0, 1))
+    );
+    wait_answer_from(&c, c.client(), v4(&c, 8031), "b0");
+
+    c.apply(&service(
+        "only6",
+        8032,
+        "  ipFamilyPolicy: SingleStack\n  ipFamilies: [IPv6]\n  externalTrafficPolicy: Local\n",
+    ));
+    c.apply(&slice6(&c, "only6", "v6", &[2]));
+    let seen = wait_answer_from(&c, c.client(), v6(&c, 8032), "b2");
+    assert_eq!(
+        seen,
+        IpAddr::from(c.client_v6(0)),
+        "Local keeps the IPv6 client's address"
+    );
+    wait_table(&c, "ip6", &tag(&c, "only6", "tcp"), true);
+    assert!(!c
+        .nft_table(0, "ip")
+        .unwrap_or_default()
+        .contains(&tag(&c, "only6", "tcp")));
+    assert!(matches!(
+        tcp_request(c.client(), v4(&c, 8032), ANSWER),
+        Outcome::Refused { .. }
+    ));
+    c.assert_agents_authorized();
+}
+
+/// SIGKILL under steady load: a client connecting every ~20 ms (50 connections before the kill,
+/// 25 while the agent is down, 100 after the new one is ready) while the agent is killed and
+/// restarted sees no failed connection (the rules stay in the kernel; the new
+/// process waits for its caches, then replaces the tables in one batch). The restarted agent
+/// then follows changes.
+#[test]
+fn sigkill_under_steady_load_loses_no_connection() {
+    if !require_root("sigkill_under_steady_load_loses_no_connection") {
+        return;
+    }
+    let mut c = start(ClusterOptions::default());
+    let _servers = start_backends(&c, false);
+    c.apply(&service("steady", 8041, ""));
+    c.apply(&slice(&c, "steady", "1", &[0, 1]));
+    wait_answer_from(&c, c.client(), v4(&c, 8041), "b0");
+    wait_answer_from(&c, c.client(), v4(&c, 8041), "b1");
+
+    let dst = v4(&c, 8041);
+    let stop = AtomicBool::new(false);
+    let tried = AtomicUsize::new(0);
+    // Waits until the load thread has tried `n` more connections: every phase (before the
+    // kill, while the agent is down and restarting, after it is ready) sees real traffic
+    // however slow the machine is.
+    let more_connections = |n: usize| {
+        let target = tried.load(Ordering::Relaxed) + n;
+        wait_for(
+            "the load thread keeps connecting",
+            Duration::from_secs(60),
+            || {
+                let now = tried.load(Ordering::Relaxed);
+                if now >= target {
+                    Ok(())
+                } else {
+                    Err(format!("{now} of {target} connections"))
+                }
+            },
+        )
+    };
+    // The load thread joins the client namespace itself: the cluster is borrowed mutably to
+    // kill and restart the agent meanwhile.
+    let client_ns = std::fs::File::open(c.client().path()).expect("the client namespace");
+    let (attempts, failures) = std::thread::scope(|s| {
+        let load = s.spawn(|| {
+            nix::sched::setns(&client_ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .expect("joining the client namespace");
+            let mut failures = Vec::new();
+            let t0 = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                if let Err(e) = one_connection(dst) {
+                    failures.push(format!("{:?}: {e}", t0.elapsed()));
+                }
+                tried.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (tried.load(Ordering::Relaxed), failures)
+        });
+        more_connections(50);
+        let status = c.stop_agent(0, Signal::SIGKILL);
+        eprintln!("agent killed: {status:?}");
+        more_connections(25);
+        c.start_agent(0);
+        c.wait_ready(0);
+        more_connections(100);
+        stop.store(true, Ordering::Relaxed);
+        load.join().expect("the load thread")
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {attempts} connections failed across SIGKILL and restart:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+
+    // The new process programs changes.
+    c.apply(&slice(&c, "steady", "1", &[2]));
+    wait_answer_from(&c, c.client(), v4(&c, 8041), "b2");
+    c.assert_agents_authorized();
+}
+
+/// Connect, read one line starting with a backend name.
+fn one_connection(dst: SocketAddr) -> Result<(), String> {
+    let mut s =
+        TcpStream::connect_timeout(&dst, Duration::from_secs(2)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(|e| e.to_string())?;
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).map_err(|e| e.to_string())?;
+    if reply.starts_with('b') {
+        Ok(())
+    } else {
+        Err(format!("reply {reply:?}"))
+    }
+}
+
+/// Bad input stored by the double (it does not validate by default): each bad object is
+/// counted in `nodelb_invalid_objects_total`, the agent keeps running and other Services keep
+/// answering. Also a 1,000-endpoint slice and a slice created before its Service.
+#[test]
+fn bad_input_never_stops_the_agent() {
+    if !require_root("bad_input_never_stops_the_agent") {
+        return;
+    }
+    let mut c = start(ClusterOptions {
+        ipv6: true,
+        ..ClusterOptions::default()
+    });
+    let _servers = start_backends(&c, true);
+    c.apply(&service("good", 8051, ""));
+    c.apply(&slice(&c, "good", "1", &[0]));
+    wait_answer_from(&c, c.client(), v4(&c, 8051), "b0");
+
+    let node = c.node_name(0).to_string();
+    let eps = |addrs: &[&str]| -> Vec<(String, String)> {
+        addrs
+            .iter()
+            .map(|a| (a.to_string(), node.clone()))
+            .collect()
+    };
+    let cases: Vec<(&str, Vec<String>)> = vec![
+        (
+            "an endpoint address that is not an IP",
+            vec![
+                service("badip", 8052, ""),
+                slice_on("badip", "1", "IPv4", &eps(&["198.51.100.300"])),
+            ],
+        ),
+        (
+            "port 0",
+            vec![service("zero", 8053, "").replace("port: 8053", "port: 0")],
+        ),
+        (
+            "port 70000",
+            vec![service("big", 8054, "").replace("port: 8054", "port: 70000")],
+        ),
+        (
+            "empty ports",
+            vec![service("noports", 8055, "")
+                .replace("[{name: tcp, port: 8055, protocol: TCP}]", "[]")],
+        ),
+        (
+            "duplicate endpoints",
+            vec![
+                service("dup", 8056, ""),
+                slice_on(
+                    "dup",
+                    "1",
+                    "IPv4",
+                    &eps(&["198.51.100.18", "198.51.100.18"]),
+                ),
+            ],
+        ),
+        (
+            "an unknown protocol",
+            vec![service("proto", 8057, "").replace("protocol: TCP", "protocol: HTTP")],
+        ),
+        (
+            "an IPv6 address in an IPv4 slice",
+            vec![
+                service("mixed", 8058, ""),
+                slice_on("mixed", "1", "IPv4", &eps(&["2001:db8:b:1::2"])),
+            ],
+        ),
+        (
+            "a port that is not a number (does not deserialize)",
+            vec![service("unreadable", 8059, "").replace("port: 8059", "port: eighty")],
+        ),
+    ];
+    for (what, docs) in cases {
+        let before = metric_sum(&c.metrics(0), "nodelb_invalid_objects_total");
+        let mut rejected = None;
+        for doc in &docs {
+            for obj in nodelb_integration::e2e::parse_documents(doc) {
+                if let Err(e) = c.apply_value(obj) {
+                    rejected = Some(e);
+                }
+            }
+        }
+        match rejected {
+            Some(e) if c.is_real() => {
+                eprintln!("{what}: the real API server rejected it ({e}); nothing to count")
+            }
+            Some(e) => panic!("{what}: the double refused it: {e}"),
+            None => {
+                wait_for(
+                    &format!("{what}: nodelb_invalid_objects_total grows past {before}"),
+                    CHANGE,
+                    || {
+                        let now = metric_sum(&c.metrics(0), "nodelb_invalid_objects_total");
+                        if now > before {
+                            Ok(())
+                        } else {
+                            Err(format!("still {now}"))
+                        }
+                    },
+                );
+            }
+        }
+        assert!(
+            c.agent_running(0),
+            "{what}: the agent exited:\n{}",
+            c.agent_log(0)
+        );
+        wait_answer_from(&c, c.client(), v4(&c, 8051), "b0");
+    }
+    // The duplicated endpoint is still served (counted once).
+    wait_answer_from(&c, c.client(), v4(&c, 8056), "b1");
+
+    // 1,000 endpoints in one IPv6 slice (all in 2001:db8:f::/64, plus b1).
+    c.apply(&service(
+        "thousand",
+        8060,
+        "  ipFamilyPolicy: SingleStack\n  ipFamilies: [IPv6]\n",
+    ));
+    let mut many: Vec<(String, String)> = (1..1000u32)
+        .map(|i| (format!("2001:db8:f::{i:x}"), node.clone()))
+        .collect();
+    many.push((c.backend_v6(1).to_string(), node.clone()));
+    c.apply(&slice_on("thousand", "1", "IPv6", &many));
+    wait_for("1,000 endpoints programmed", CHANGE, || {
+        let n = metric_sum(&c.metrics(0), "nodelb_endpoints_programmed");
+        if n >= 1000.0 {
+            Ok(())
+        } else {
+            Err(format!("nodelb_endpoints_programmed {n}"))
+        }
+    });
+    assert!(c.agent_running(0));
+    wait_answer_from(&c, c.client(), v4(&c, 8051), "b0");
+
+    // A slice created before its Service: the Service answers once it exists.
+    c.apply(&slice(&c, "late", "1", &[2]));
+    wait_refused(&c, c.client(), v4(&c, 8061));
+    c.apply(&service("late", 8061, ""));
+    wait_answer_from(&c, c.client(), v4(&c, 8061), "b2");
+
+    assert!(c.readyz(0).is_ok_and(|(code, _)| code == 200));
+    c.assert_agents_authorized();
+}
+
+/// Two nodes, each with its own agent and backend: a Local Service whose only endpoint is on
+/// node-b is answered through node-b (keeping the client's address) and dropped by node-a;
+/// each agent reached the API server over its own link.
+#[test]
+fn two_nodes_local_policy_follows_the_endpoint() {
+    if !require_root("two_nodes_local_policy_follows_the_endpoint") {
+        return;
+    }
+    let c = start(ClusterOptions {
+        nodes: 2,
+        backends_per_node: 1,
+        ..ClusterOptions::default()
+    });
+    let _servers = start_backends(&c, false);
+    assert_eq!(c.backend_node(1), 1, "b1 hangs off node-b");
+    c.apply(&service("local2", 8071, "  externalTrafficPolicy: Local\n"));
+    c.apply(&slice(&c, "local2", "1", &[1]));
+    let at_b = SocketAddr::new(c.node_v4(1).into(), 8071);
+    let seen = wait_answer_from(&c, c.client(), at_b, "b1");
+    assert_eq!(
+        seen,
+        IpAddr::from(c.client_v4(1)),
+        "Local keeps the client's address"
+    );
+    // node-a has the Service (its table says so) but no local endpoint: silence.
+    wait_table(&c, "ip", &tag(&c, "local2", "tcp"), true);
+    assert_eq!(
+        tcp_request(c.client(), v4(&c, 8071), SILENCE),
+        Outcome::TimedOut,
+        "node-a must drop a Local Service whose endpoints are all on node-b"
+    );
+    c.assert_agents_authorized();
+}
