@@ -618,6 +618,11 @@ impl Cluster {
         status
     }
 
+    /// Node `i`'s agent process id, while one was started (for `/proc/<pid>/status`, `perf`).
+    pub fn agent_pid(&self, i: usize) -> Option<u32> {
+        self.nodes[i].agent.as_ref().map(Agent::pid)
+    }
+
     /// Whether node `i`'s agent process is alive.
     pub fn agent_running(&mut self, i: usize) -> bool {
         self.nodes[i].agent.as_mut().is_some_and(Agent::running)
