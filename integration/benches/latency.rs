@@ -715,6 +715,26 @@ fn one_size(n: usize, follower: bool, cfg: &Config) -> Res<SizeResult> {
         }))
         .map_err(|e| format!("creating the nodelb-status Lease: {e}"))?;
     }
+    // The agent counts a holder as gone when the Lease record stays unchanged for its own
+    // --lease-duration (15 s), as client-go does: renew it like a live holder would.
+    let renewing = Arc::new(AtomicBool::new(follower));
+    let renewer = {
+        let (api, renewing) = (api.clone(), renewing.clone());
+        std::thread::spawn(move || {
+            while renewing.load(Ordering::Relaxed) {
+                if let Ok(Some(mut l)) = api.get(
+                    "coordination.k8s.io/v1",
+                    "Lease",
+                    "nodelb-system",
+                    "nodelb-status",
+                ) {
+                    l["spec"]["renewTime"] = json!(k8s_openapi::jiff::Timestamp::now().to_string());
+                    let _ = api.update(l);
+                }
+                std::thread::sleep(Duration::from_secs(2));
+            }
+        })
+    };
 
     // 1. Load.
     let t0 = Instant::now();
@@ -788,8 +808,8 @@ fn one_size(n: usize, follower: bool, cfg: &Config) -> Res<SizeResult> {
         std::thread::sleep(Duration::from_millis(500));
         let m = metrics(&c)?;
         let now = (
-            metric_sum(&m, "nodelb_status_writes_total"),
-            metric_sum(&m, "nodelb_syncs_total"),
+            metric_sum(&m, "nodelb_status_writes_total") + 0.0,
+            metric_sum(&m, "nodelb_syncs_total") + 0.0,
         );
         let moved = !watch.drain().is_empty();
         still = if now == last && !moved { still + 1 } else { 0 };
@@ -1017,6 +1037,8 @@ fn one_size(n: usize, follower: bool, cfg: &Config) -> Res<SizeResult> {
         "  peer: kube-proxy's default minimum sync period: {} ms (a configuration constant)",
         KUBE_PROXY_MIN_SYNC.as_millis()
     );
+    renewing.store(false, Ordering::Relaxed);
+    let _ = renewer.join();
     let leader = metric_sum(&m_after, "nodelb_leader");
     if (leader > 0.0) == follower {
         return Err(format!(
