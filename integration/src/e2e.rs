@@ -109,6 +109,9 @@ pub struct ClusterOptions {
     pub ipv6: bool,
     /// More `run` flags for every agent.
     pub agent_args: Vec<String>,
+    /// Every agent's `--resync-interval` (30 s: tests see a resync; benchmarks use the agent's
+    /// default of 300 s).
+    pub resync_interval: Duration,
 }
 
 impl Default for ClusterOptions {
@@ -118,6 +121,7 @@ impl Default for ClusterOptions {
             backends_per_node: 3,
             ipv6: false,
             agent_args: Vec::new(),
+            resync_interval: Duration::from_secs(30),
         }
     }
 }
@@ -570,6 +574,7 @@ impl Cluster {
         let bin = agent_binary();
         let ipv6 = self.options.ipv6;
         let extra = self.options.agent_args.clone();
+        let resync = format!("{}ms", self.options.resync_interval.as_millis());
         let node = &mut self.nodes[i];
         assert!(
             node.agent.as_mut().is_none_or(|a| !a.running()),
@@ -592,7 +597,7 @@ impl Cluster {
             .args(["--pod-namespace", AGENT_NAMESPACE])
             .args(["--health-addr", &format!("127.0.0.1:{HEALTH_PORT}")])
             .args(["--metrics-addr", &format!("127.0.0.1:{METRICS_PORT}")])
-            .args(["--resync-interval", "30s"])
+            .args(["--resync-interval", &resync])
             .arg(format!("--ipv6={ipv6}"))
             .args(&extra)
             .env(
@@ -624,6 +629,11 @@ impl Cluster {
         let status = agent.stop(sig);
         self.nodes[i].agent = None;
         status
+    }
+
+    /// Node `i`'s agent process id, while one was started (for `/proc/<pid>/status`, `perf`).
+    pub fn agent_pid(&self, i: usize) -> Option<u32> {
+        self.nodes[i].agent.as_ref().map(Agent::pid)
     }
 
     /// Whether node `i`'s agent process is alive.
