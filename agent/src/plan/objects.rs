@@ -6,22 +6,25 @@ use super::endpoints::SERVICE_NAME_LABEL;
 use super::service::ServiceKey;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use std::collections::BTreeMap;
+use imbl::OrdMap;
 use std::sync::Arc;
 
 /// `namespace/name` of an EndpointSlice.
 type SliceId = (String, String);
 
+/// Persistent maps: a clone shares everything and costs nothing, so the status writer can hold
+/// a snapshot while the sync loop keeps changing its own copy (a change copies only the path
+/// to what changed, not 20,000 entries).
 #[derive(Clone, Debug, Default)]
 pub struct Objects {
-    services: BTreeMap<ServiceKey, Arc<Service>>,
-    slices: BTreeMap<ServiceKey, BTreeMap<String, Arc<EndpointSlice>>>,
+    services: OrdMap<ServiceKey, Arc<Service>>,
+    slices: OrdMap<ServiceKey, OrdMap<String, Arc<EndpointSlice>>>,
     /// Which Service each slice was filed under, to move it when its label changes.
-    slice_owner: BTreeMap<SliceId, ServiceKey>,
+    slice_owner: OrdMap<SliceId, ServiceKey>,
     /// A counter bumped by every change, and the last change of each Service key: a reader
     /// that remembers a version learns what changed since (see [`Objects::changed_since`]).
     version: u64,
-    changed: BTreeMap<ServiceKey, u64>,
+    changed: OrdMap<ServiceKey, u64>,
     /// The version of the last whole replacement (after which everything counts as changed).
     replaced: u64,
 }
@@ -39,7 +42,9 @@ impl Objects {
         let mut o = Objects::default();
         for s in services {
             if let Some(key) = ServiceKey::of(s) {
-                o.services.entry(key).or_insert_with(|| Arc::new(s.clone()));
+                if !o.services.contains_key(&key) {
+                    o.services.insert(key, Arc::new(s.clone()));
+                }
             }
         }
         for s in slices {
@@ -85,6 +90,17 @@ impl Objects {
                 .map(|(k, _)| k.clone())
                 .collect(),
         )
+    }
+
+    /// After a replacement every reader starts over: forget changes of keys that are gone.
+    fn prune_changes(&mut self) {
+        let (services, slices) = (&self.services, &self.slices);
+        self.changed = self
+            .changed
+            .iter()
+            .filter(|(k, _)| services.contains_key(*k) || slices.contains_key(*k))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
     }
 
     fn touch(&mut self, key: &ServiceKey) {
@@ -158,27 +174,25 @@ impl Objects {
 
     /// Replace every Service (after a re-list, which does not report deletions).
     pub fn replace_services(&mut self, services: impl IntoIterator<Item = Arc<Service>>) {
-        self.services.clear();
+        self.services = OrdMap::new();
         for s in services {
             self.put_service(s);
         }
         self.version += 1;
         self.replaced = self.version;
-        self.changed
-            .retain(|k, _| self.services.contains_key(k) || self.slices.contains_key(k));
+        self.prune_changes();
     }
 
     /// Replace every slice (after a re-list).
     pub fn replace_slices(&mut self, slices: impl IntoIterator<Item = Arc<EndpointSlice>>) {
-        self.slices.clear();
-        self.slice_owner.clear();
+        self.slices = OrdMap::new();
+        self.slice_owner = OrdMap::new();
         for s in slices {
             self.put_slice(s);
         }
         self.version += 1;
         self.replaced = self.version;
-        self.changed
-            .retain(|k, _| self.services.contains_key(k) || self.slices.contains_key(k));
+        self.prune_changes();
     }
 
     pub fn slice_count(&self) -> usize {
