@@ -7,3 +7,4 @@ pub mod objects;
 pub mod oneshot;
 pub mod plan;
 pub mod run;
+pub mod status;

@@ -1,3 +1,4 @@
+pub mod agent_access;
 pub mod apiserver;
 pub mod e2e;
 pub mod models;
@@ -5,3 +6,5 @@ pub mod netns;
 pub mod nft;
 pub mod objects;
 pub mod traffic;
+
+pub use agent_access::{is_expected, rbac_expectations, AgentRequest, Scope};

@@ -608,10 +608,20 @@ async fn rbac_from_manifests_limits_the_agent() {
         .await
         .unwrap();
     let nodes: Api<Node> = Api::all(agent.clone());
-    nodes.get("n1").await.unwrap();
+    // The agent's own Node: a list (then watch) by field selector, never a get.
+    assert_eq!(
+        nodes
+            .list(&ListParams::default().fields("metadata.name=n1"))
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
 
     // Denied: everything else.
     assert_eq!(api_error(svcs.get("a").await), (403, "Forbidden".into()));
+    assert_eq!(api_error(nodes.get("n1").await), (403, "Forbidden".into()));
     let current = Api::<Service>::namespaced(admin.clone(), "default")
         .get("a")
         .await
@@ -657,8 +667,8 @@ async fn rbac_from_manifests_limits_the_agent() {
         .filter(|r| r.user == AGENT_USER && r.code == 403)
         .count();
     assert_eq!(
-        denied, 4,
-        "get svc, update svc, delete node, create lease in default"
+        denied, 5,
+        "get svc, get node, update svc, delete node, create lease in default"
     );
 }
 

@@ -46,9 +46,16 @@ impl Edit {
 
     /// Objects the edit touches: sets, chains and elements (for logs and metrics).
     pub fn size(&self) -> usize {
-        self.add_sets.iter().map(|s| 1 + s.elements.len()).sum::<usize>()
+        self.add_sets
+            .iter()
+            .map(|s| 1 + s.elements.len())
+            .sum::<usize>()
             + self.del_sets.len()
-            + self.put_chains.iter().map(|c| 1 + c.rules.len()).sum::<usize>()
+            + self
+                .put_chains
+                .iter()
+                .map(|c| 1 + c.rules.len())
+                .sum::<usize>()
             + self.del_chains.len()
             + self
                 .elements

@@ -17,7 +17,8 @@ pub struct Fragment {
     pub parts: BTreeMap<IpFamily, Part>,
 }
 
-pub fn build(prep: &Prepared, claims: &Claims, ctx: &Context) -> Fragment {
+/// `tables: false` decides outcomes only (for the status writer, which plans for every node).
+pub fn build(prep: &Prepared, claims: &Claims, ctx: &Context, tables: bool) -> Fragment {
     let Stage::Ports {
         policy,
         source_ranges,
@@ -71,18 +72,20 @@ pub fn build(prep: &Prepared, claims: &Claims, ctx: &Context) -> Fragment {
                         ),
                         Selection::Reject => (PortResult::RejectsNoEndpoints, Action::Reject),
                     };
-                    table::add_port(
-                        parts.entry(*family).or_default(),
-                        *family,
-                        &PortProgram {
-                            service: key,
-                            port: &p.port,
-                            policy: *policy,
-                            addresses,
-                            source_ranges: source_ranges.as_deref(),
-                            action,
-                        },
-                    );
+                    if tables {
+                        table::add_port(
+                            parts.entry(*family).or_default(),
+                            *family,
+                            &PortProgram {
+                                service: key,
+                                port: &p.port,
+                                policy: *policy,
+                                addresses,
+                                source_ranges: source_ranges.as_deref(),
+                                action,
+                            },
+                        );
+                    }
                     result
                 }
             };

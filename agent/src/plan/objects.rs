@@ -18,6 +18,12 @@ pub struct Objects {
     slices: BTreeMap<ServiceKey, BTreeMap<String, Arc<EndpointSlice>>>,
     /// Which Service each slice was filed under, to move it when its label changes.
     slice_owner: BTreeMap<SliceId, ServiceKey>,
+    /// A counter bumped by every change, and the last change of each Service key: a reader
+    /// that remembers a version learns what changed since (see [`Objects::changed_since`]).
+    version: u64,
+    changed: BTreeMap<ServiceKey, u64>,
+    /// The version of the last whole replacement (after which everything counts as changed).
+    replaced: u64,
 }
 
 fn namespace(ns: Option<&str>) -> &str {
@@ -62,16 +68,42 @@ impl Objects {
             .unwrap_or_default()
     }
 
+    /// The version of the last change.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The Services changed after `version`; `None` when everything was replaced since.
+    pub fn changed_since(&self, version: u64) -> Option<std::collections::BTreeSet<ServiceKey>> {
+        if self.replaced > version {
+            return None;
+        }
+        Some(
+            self.changed
+                .iter()
+                .filter(|(_, v)| **v > version)
+                .map(|(k, _)| k.clone())
+                .collect(),
+        )
+    }
+
+    fn touch(&mut self, key: &ServiceKey) {
+        self.version += 1;
+        self.changed.insert(key.clone(), self.version);
+    }
+
     /// Add or replace a Service; returns its key (`None` for a nameless object).
     pub fn put_service(&mut self, svc: Arc<Service>) -> Option<ServiceKey> {
         let key = ServiceKey::of(&svc)?;
         self.services.insert(key.clone(), svc);
+        self.touch(&key);
         Some(key)
     }
 
     pub fn delete_service(&mut self, svc: &Service) -> Option<ServiceKey> {
         let key = ServiceKey::of(svc)?;
         self.services.remove(&key);
+        self.touch(&key);
         Some(key)
     }
 
@@ -99,6 +131,9 @@ impl Objects {
         if !touched.contains(&key) {
             touched.push(key);
         }
+        for k in &touched {
+            self.touch(k);
+        }
         touched
     }
 
@@ -117,6 +152,7 @@ impl Objects {
                 self.slices.remove(&key);
             }
         }
+        self.touch(&key);
         vec![key]
     }
 
@@ -126,6 +162,10 @@ impl Objects {
         for s in services {
             self.put_service(s);
         }
+        self.version += 1;
+        self.replaced = self.version;
+        self.changed
+            .retain(|k, _| self.services.contains_key(k) || self.slices.contains_key(k));
     }
 
     /// Replace every slice (after a re-list).
@@ -135,6 +175,10 @@ impl Objects {
         for s in slices {
             self.put_slice(s);
         }
+        self.version += 1;
+        self.replaced = self.version;
+        self.changed
+            .retain(|k, _| self.services.contains_key(k) || self.slices.contains_key(k));
     }
 
     pub fn slice_count(&self) -> usize {
@@ -148,5 +192,36 @@ impl Objects {
             .chain(self.slices.keys())
             .cloned()
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(name: &str) -> Arc<Service> {
+        Arc::new(
+            serde_json::from_value(
+                serde_json::json!({"metadata": {"namespace": "ns", "name": name}}),
+            )
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn readers_learn_what_changed_since_their_version() {
+        let mut o = Objects::default();
+        o.put_service(svc("a"));
+        let v = o.version();
+        o.put_service(svc("b"));
+        o.delete_service(&svc("a"));
+        let changed = o.changed_since(v).unwrap();
+        assert_eq!(
+            changed,
+            [ServiceKey::new("ns", "a"), ServiceKey::new("ns", "b")].into()
+        );
+        assert!(o.changed_since(o.version()).unwrap().is_empty());
+        o.replace_services([svc("c")]);
+        assert_eq!(o.changed_since(v), None, "a replacement changes everything");
     }
 }

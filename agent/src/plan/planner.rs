@@ -39,6 +39,8 @@ pub struct Update {
 
 #[derive(Clone, Debug, Default)]
 pub struct Planner {
+    /// Decide outcomes only, no table content (see [`Planner::outcomes_only`]).
+    no_tables: bool,
     ctx: Option<Context>,
     prepared: BTreeMap<ServiceKey, Prepared>,
     claims: Claims,
@@ -71,6 +73,15 @@ impl Planner {
         Planner::default()
     }
 
+    /// A planner that decides what each Service gets but builds no table content: what the
+    /// status writer needs for every node.
+    pub fn outcomes_only() -> Planner {
+        Planner {
+            no_tables: true,
+            ..Planner::default()
+        }
+    }
+
     /// Bring the plan up to date. `dirty` lists the Services whose Service object or slices
     /// changed since the last update; `None` (or a changed context) replans everything.
     pub fn update(
@@ -84,6 +95,7 @@ impl Planner {
             let mut keys = objects.keys();
             keys.extend(self.fragments.keys().cloned());
             *self = Planner {
+                no_tables: self.no_tables,
                 ctx: Some(ctx.clone()),
                 ..Planner::default()
             };
@@ -136,7 +148,7 @@ impl Planner {
             let new = self
                 .prepared
                 .get(&key)
-                .map(|p| fragment::build(p, &self.claims, ctx));
+                .map(|p| fragment::build(p, &self.claims, ctx, !self.no_tables));
             let old = self.fragments.remove(&key);
             if old.as_ref().map(|f| &f.outcome) != new.as_ref().map(|f| &f.outcome) {
                 changed.insert(key.clone());

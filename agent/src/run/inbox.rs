@@ -24,8 +24,15 @@ pub enum ObjectEvent {
 
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
+/// Drop what nothing reads. Of the managed fields only the status subresource's stay: the
+/// status writer needs to know who owns `status.loadBalancer.ingress`.
 fn slim(meta: &mut ObjectMeta) {
-    meta.managed_fields = None;
+    if let Some(mf) = meta.managed_fields.as_mut() {
+        mf.retain(|f| f.subresource.as_deref() == Some("status"));
+    }
+    if meta.managed_fields.as_ref().is_some_and(Vec::is_empty) {
+        meta.managed_fields = None;
+    }
     if let Some(a) = meta.annotations.as_mut() {
         a.remove(LAST_APPLIED);
     }
@@ -33,7 +40,8 @@ fn slim(meta: &mut ObjectMeta) {
 
 #[derive(Debug, Default)]
 pub struct Inbox {
-    objects: Objects,
+    /// Shared with the status writer by snapshot; changed copy-on-write.
+    objects: Arc<Objects>,
     dirty: BTreeSet<ServiceKey>,
     full: bool,
     relist_services: Option<Vec<Arc<Service>>>,
@@ -45,6 +53,15 @@ pub struct Inbox {
 impl Inbox {
     pub fn objects(&self) -> &Objects {
         &self.objects
+    }
+
+    /// The objects as they are now, to share (a later change copies them once).
+    pub fn snapshot(&self) -> Arc<Objects> {
+        self.objects.clone()
+    }
+
+    fn objects_mut(&mut self) -> &mut Objects {
+        Arc::make_mut(&mut self.objects)
     }
 
     pub fn synced(&self) -> bool {
@@ -75,16 +92,18 @@ impl Inbox {
                 }
                 Event::InitDone => {
                     let all = self.relist_services.take().unwrap_or_default();
-                    self.objects.replace_services(all);
+                    self.objects_mut().replace_services(all);
                     self.full = true;
                     self.services_synced = true;
                 }
                 Event::Apply(DeserializeGuard(Ok(mut s))) => {
                     slim(&mut s.metadata);
-                    self.dirty.extend(self.objects.put_service(Arc::new(s)));
+                    let k = self.objects_mut().put_service(Arc::new(s));
+                    self.dirty.extend(k);
                 }
                 Event::Delete(DeserializeGuard(Ok(s))) => {
-                    self.dirty.extend(self.objects.delete_service(&s));
+                    let k = self.objects_mut().delete_service(&s);
+                    self.dirty.extend(k);
                 }
                 Event::InitApply(_) | Event::Apply(_) | Event::Delete(_) => {}
             },
@@ -96,16 +115,18 @@ impl Inbox {
                 }
                 Event::InitDone => {
                     let all = self.relist_slices.take().unwrap_or_default();
-                    self.objects.replace_slices(all);
+                    self.objects_mut().replace_slices(all);
                     self.full = true;
                     self.slices_synced = true;
                 }
                 Event::Apply(DeserializeGuard(Ok(mut s))) => {
                     slim(&mut s.metadata);
-                    self.dirty.extend(self.objects.put_slice(Arc::new(s)));
+                    let k = self.objects_mut().put_slice(Arc::new(s));
+                    self.dirty.extend(k);
                 }
                 Event::Delete(DeserializeGuard(Ok(s))) => {
-                    self.dirty.extend(self.objects.delete_slice(&s));
+                    let k = self.objects_mut().delete_slice(&s);
+                    self.dirty.extend(k);
                 }
                 Event::InitApply(_) | Event::Apply(_) | Event::Delete(_) => {}
             },
@@ -121,7 +142,8 @@ mod tests {
         DeserializeGuard(Ok(serde_json::from_value(serde_json::json!({
             "metadata": {"namespace": "ns", "name": name,
                          "annotations": {LAST_APPLIED: "{...}", "keep": "me"},
-                         "managedFields": [{"manager": "kubectl"}]},
+                         "managedFields": [{"manager": "kubectl"},
+                                           {"manager": "nodelb", "subresource": "status"}]},
             "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]},
         }))
         .unwrap()))
@@ -182,7 +204,13 @@ mod tests {
             .objects()
             .service(&ServiceKey::new("ns", "a"))
             .unwrap();
-        assert!(s.metadata.managed_fields.is_none());
+        let mf = s.metadata.managed_fields.as_ref().unwrap();
+        assert_eq!(
+            mf.len(),
+            1,
+            "only the status subresource's managed fields stay"
+        );
+        assert_eq!(mf[0].manager.as_deref(), Some("nodelb"));
         let a = s.metadata.annotations.as_ref().unwrap();
         assert!(!a.contains_key(LAST_APPLIED) && a.contains_key("keep"));
     }

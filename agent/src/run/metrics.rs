@@ -24,6 +24,17 @@ pub struct InvalidLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabel {
+    pub node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabel {
+    /// `ok`, `error`, `conflict` (another manager got there), `cleared`.
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceLabel {
     /// `services`, `endpointslices` or `nodes`.
     pub resource: &'static str,
@@ -40,6 +51,11 @@ pub struct Metrics {
     pub drift_repairs: Counter,
     pub invalid_objects: Family<InvalidLabels, Counter>,
     pub watch_errors: Family<ResourceLabel, Counter>,
+    pub leader: Gauge,
+    pub lease_transitions: Gauge,
+    pub heartbeat_age: Family<NodeLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub status_writes: Family<WriteLabel, Counter>,
+    pub heartbeats: Family<ResultLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -61,6 +77,37 @@ impl Metrics {
         let drift_repairs = Counter::default();
         let invalid_objects = Family::<InvalidLabels, Counter>::default();
         let watch_errors = Family::<ResourceLabel, Counter>::default();
+        let leader = Gauge::default();
+        let lease_transitions = Gauge::default();
+        let heartbeat_age =
+            Family::<NodeLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        let status_writes = Family::<WriteLabel, Counter>::default();
+        let heartbeats = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "leader",
+            "1 while this agent holds the Lease nodelb-status and writes Service status",
+            leader.clone(),
+        );
+        registry.register(
+            "lease_transitions",
+            "leaseTransitions of the Lease nodelb-status as last seen",
+            lease_transitions.clone(),
+        );
+        registry.register(
+            "heartbeat_age_seconds",
+            "Age of each node's heartbeat Lease, as seen by the leader",
+            heartbeat_age.clone(),
+        );
+        registry.register(
+            "status_writes",
+            "Service status writes by the leader, by result",
+            status_writes.clone(),
+        );
+        registry.register(
+            "heartbeats",
+            "Renewals of this node's heartbeat Lease, by result",
+            heartbeats.clone(),
+        );
         registry.register(
             "sync_duration_seconds",
             "Time of one sync: plan, encode and commit",
@@ -113,6 +160,11 @@ impl Metrics {
             drift_repairs,
             invalid_objects,
             watch_errors,
+            leader,
+            lease_transitions,
+            heartbeat_age,
+            status_writes,
+            heartbeats,
         }
     }
 
@@ -164,6 +216,19 @@ mod tests {
         m.drift_repairs.inc();
         m.invalid("Service", "plan");
         m.watch_error("endpointslices");
+        m.leader.set(1);
+        m.lease_transitions.set(3);
+        m.heartbeat_age
+            .get_or_create(&NodeLabel {
+                node: "node-a".into(),
+            })
+            .set(1.5);
+        m.status_writes
+            .get_or_create(&WriteLabel { result: "ok" })
+            .inc();
+        m.heartbeats
+            .get_or_create(&ResultLabel { result: "ok" })
+            .inc();
         let text = m.render();
         for line in [
             "# TYPE nodelb_sync_duration_seconds histogram",
@@ -177,6 +242,11 @@ mod tests {
             "nodelb_drift_repairs_total 1",
             "nodelb_invalid_objects_total{kind=\"Service\",reason=\"plan\"} 1",
             "nodelb_watch_errors_total{resource=\"endpointslices\"} 1",
+            "nodelb_leader 1",
+            "nodelb_lease_transitions 3",
+            "nodelb_heartbeat_age_seconds{node=\"node-a\"} 1.5",
+            "nodelb_status_writes_total{result=\"ok\"} 1",
+            "nodelb_heartbeats_total{result=\"ok\"} 1",
             "# EOF",
         ] {
             assert!(

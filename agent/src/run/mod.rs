@@ -5,9 +5,11 @@
 pub mod caches;
 pub mod http;
 pub mod inbox;
+pub mod leader;
 pub mod logging;
 pub mod metrics;
 pub mod node_events;
+pub mod status_writer;
 pub mod sync;
 
 use crate::cli::RunArgs;
@@ -186,24 +188,82 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let node_events =
         node_events::NodeEvents::new(Some(client.clone()), &args.node_name, args.pod_name.clone());
+    let pod_name = args
+        .pod_name
+        .clone()
+        .unwrap_or_else(|| format!("nodelb-agent-{}", args.node_name));
+    let namespace = args
+        .pod_namespace
+        .clone()
+        .unwrap_or_else(|| "nodelb-system".to_string());
+    let (families_tx, families_rx) = watch::channel(None);
+    let (objects_tx, objects_rx) = watch::channel(None);
+    let (leading_tx, leading_rx) = watch::channel(false);
+    let status_cfg = crate::status::StatusConfig {
+        planner: config.clone(),
+        node_lease_duration: args.node_lease_duration,
+    };
     let sync = sync::SyncLoop::new(
         caches,
         addrs.rx.clone(),
         args.node_name.clone(),
         config,
         sysctls,
-        metrics,
+        metrics.clone(),
         readiness,
         node_events,
         args.sync_debounce,
         args.resync_interval,
-    );
+    )
+    .with_status(families_tx, objects_tx, leading_rx.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
+    let election = tokio::spawn(leader::elect(
+        client.clone(),
+        namespace.clone(),
+        pod_name.clone(),
+        crate::status::election::Params {
+            lease_duration: args.lease_duration,
+            renew_deadline: args.renew_deadline,
+            retry_period: args.retry_period,
+        },
+        leading_tx,
+        metrics.clone(),
+        stop_rx.clone(),
+    ));
+    let heartbeat = tokio::spawn(leader::heartbeat(
+        client.clone(),
+        namespace.clone(),
+        args.node_name.clone(),
+        pod_name.clone(),
+        (args.node_lease_duration / 3).max(std::time::Duration::from_secs(1)),
+        families_rx,
+        metrics.clone(),
+        stop_rx.clone(),
+    ));
+    let writer = status_writer::StatusWriter {
+        client: client.clone(),
+        namespace,
+        pod_name,
+        cfg: status_cfg,
+        ip_mode: match args.ip_mode {
+            crate::cli::IpMode::Proxy => "Proxy".into(),
+            crate::cli::IpMode::Vip => "VIP".into(),
+        },
+        period: args.retry_period,
+        objects: objects_rx,
+        leading: leading_rx,
+        metrics: metrics.clone(),
+    };
+    let writer = tokio::spawn(writer.run(stop_rx.clone()));
     let mut sync_task = tokio::spawn(sync.run(rx, stop_rx));
     tokio::select! {
         _ = shutdown_signal() => {
             let _ = stop_tx.send(true);
             let _ = (&mut sync_task).await;
+            // The election releases the Lease on its way out, so another agent takes over now.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), election).await;
+            let _ = heartbeat.await;
+            let _ = writer.await;
         }
         r = &mut sync_task => {
             r.context("the sync loop panicked")?;

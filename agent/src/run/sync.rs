@@ -178,6 +178,11 @@ pub struct SyncLoop {
     inbox: Inbox,
     planner: Planner,
     notes: Vec<String>,
+    /// For the heartbeat: the families committed by the last successful sync.
+    families_tx: Option<watch::Sender<Option<Families>>>,
+    /// For the status writer, while leading: the objects after each sync.
+    objects_tx: Option<watch::Sender<Option<Arc<crate::plan::Objects>>>>,
+    leading: Option<watch::Receiver<bool>>,
     warnings: WarningLog,
     backoff: Backoff,
 }
@@ -227,6 +232,9 @@ impl SyncLoop {
             inbox: Inbox::default(),
             planner: Planner::new(),
             notes: Vec::new(),
+            families_tx: None,
+            objects_tx: None,
+            leading: None,
             warnings: WarningLog::default(),
             backoff: Backoff::default(),
         }
@@ -262,6 +270,8 @@ impl SyncLoop {
         );
         let mut tick = tokio::time::interval(self.resync);
         tick.reset();
+        // Becoming leader wakes a sync, which hands the status writer its first objects.
+        let mut leading = self.leading.clone();
         loop {
             let ok = self
                 .sync_once(std::mem::take(&mut wake))
@@ -282,6 +292,15 @@ impl SyncLoop {
                     None => break,
                 },
                 _ = tick.tick(), if delay.is_none() => wake.resync = true,
+                _ = async {
+                    let closed = match leading.as_mut() {
+                        Some(l) => l.changed().await.is_err(),
+                        None => true,
+                    };
+                    if closed {
+                        std::future::pending::<()>().await
+                    }
+                }, if delay.is_none() => {}
             }
             // Debounce: let a burst of changes arrive, then take them all.
             tokio::select! {
@@ -293,6 +312,19 @@ impl SyncLoop {
             }
         }
         info!("sync loop stopped; nodelb's rules stay in place");
+    }
+
+    /// Channels to the heartbeat and the status writer.
+    pub fn with_status(
+        mut self,
+        families_tx: watch::Sender<Option<Families>>,
+        objects_tx: watch::Sender<Option<Arc<crate::plan::Objects>>>,
+        leading: watch::Receiver<bool>,
+    ) -> SyncLoop {
+        self.families_tx = Some(families_tx);
+        self.objects_tx = Some(objects_tx);
+        self.leading = Some(leading);
+        self
     }
 
     fn take(&mut self, t: Trigger, wake: &mut Wake) {
@@ -341,6 +373,12 @@ impl SyncLoop {
         };
         let local = self.addresses.borrow().clone();
         let ctx = Context::new(node, local, families, self.config.clone());
+        // What the heartbeat tells the leader: families with a table and a node address on
+        // the host to serve on.
+        let serving = Families {
+            v4: families.v4 && ctx.served.contains_key(&IpFamily::V4),
+            v6: families.v6 && ctx.served.contains_key(&IpFamily::V6),
+        };
         let dirty = self.inbox.take_dirty();
         let update = self
             .planner
@@ -414,6 +452,19 @@ impl SyncLoop {
                 false
             }
         };
+        if ok {
+            if let Some(tx) = &self.families_tx {
+                tx.send_if_modified(|f| f.replace(serving) != Some(serving));
+            }
+        }
+        if let (Some(tx), Some(leading)) = (&self.objects_tx, &self.leading) {
+            if *leading.borrow() {
+                tx.send_replace(Some(self.inbox.snapshot()));
+            } else if tx.borrow().is_some() {
+                // Not leading: hold no snapshot, so changes are not copied.
+                tx.send_replace(None);
+            }
+        }
         {
             let mut r = self.readiness.lock().expect("readiness");
             r.last_sync_committed = ok;

@@ -1,0 +1,234 @@
+//! Leader election on the Lease `nodelb-status` (see `status::election` for the rules) and this
+//! node's heartbeat Lease `nodelb-node-<node>`, both in the agent's namespace.
+
+use super::metrics::{Metrics, ResultLabel};
+use crate::plan::Families;
+use crate::status::election::{Action, Election, Params, LEASE_NAME};
+use crate::status::format_families;
+use crate::status::heartbeat::{lease_name, FAMILIES_ANNOTATION, NODE_LABEL};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use kube::Client;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tracing::{info, info_span, warn, Instrument};
+
+fn now_micro() -> MicroTime {
+    MicroTime(Timestamp::now())
+}
+
+fn secs(d: Duration) -> i32 {
+    i32::try_from(d.as_secs().max(1)).unwrap_or(i32::MAX)
+}
+
+/// Run the election until `stop`; publish whether we lead on `leading`. On stop, a leader
+/// releases the Lease.
+pub async fn elect(
+    client: Client,
+    namespace: String,
+    me: String,
+    params: Params,
+    leading: watch::Sender<bool>,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let api: Api<Lease> = Api::namespaced(client, &namespace);
+    let mut e = Election::new(me.clone(), params);
+    async {
+        loop {
+            let now = Instant::now();
+            let was = e.leading();
+            let e_ref = &mut e;
+            let api = &api;
+            let metrics = &metrics;
+            let me = &me;
+            let namespace = &namespace;
+            let step = async move {
+                let current = api.get_opt(LEASE_NAME).await?;
+                let action = e_ref.observe(current.as_ref(), now);
+                if let Some(l) = &current {
+                    let t = l.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0);
+                    metrics.lease_transitions.set(i64::from(t));
+                }
+                match action {
+                    Action::Wait => return Ok::<bool, kube::Error>(false),
+                    Action::Create => {
+                        let lease = Lease {
+                            metadata: kube::api::ObjectMeta {
+                                name: Some(LEASE_NAME.into()),
+                                namespace: Some(namespace.to_string()),
+                                ..Default::default()
+                            },
+                            spec: Some(LeaseSpec {
+                                holder_identity: Some(me.to_string()),
+                                lease_duration_seconds: Some(secs(params.lease_duration)),
+                                acquire_time: Some(now_micro()),
+                                renew_time: Some(now_micro()),
+                                lease_transitions: Some(0),
+                                ..Default::default()
+                            }),
+                        };
+                        api.create(&PostParams::default(), &lease).await?;
+                    }
+                    Action::Acquire | Action::Renew => {
+                        let mut lease = current.expect("acquire and renew follow a read");
+                        let spec = lease.spec.get_or_insert_with(Default::default);
+                        if action == Action::Acquire {
+                            spec.holder_identity = Some(me.to_string());
+                            spec.acquire_time = Some(now_micro());
+                            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                        }
+                        spec.renew_time = Some(now_micro());
+                        spec.lease_duration_seconds = Some(secs(params.lease_duration));
+                        // The read resourceVersion makes this a compare-and-swap: 409 if
+                        // someone else wrote in between.
+                        api.replace(LEASE_NAME, &PostParams::default(), &lease).await?;
+                        if action == Action::Acquire {
+                            info!(holder = %me, "acquired the Lease {LEASE_NAME}: writing Service status");
+                        }
+                    }
+                }
+                Ok(true)
+            };
+            let result = step.await;
+            match result {
+                Ok(true) => e.succeeded(Instant::now()),
+                Ok(false) => {}
+                Err(err) => {
+                    let still = e.failed(Instant::now());
+                    warn!(error = %err, leading = still, "election step failed");
+                }
+            }
+            if was && !e.leading() {
+                warn!("lost the Lease {LEASE_NAME}: no longer writing Service status");
+            }
+            metrics.leader.set(i64::from(e.leading()));
+            leading.send_if_modified(|l| std::mem::replace(l, e.leading()) != e.leading());
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                _ = tokio::time::sleep(params.retry_period) => {}
+            }
+        }
+        if e.leading() {
+            leading.send_replace(false);
+            metrics.leader.set(0);
+            match release(&api, &me).await {
+                Ok(()) => info!("released the Lease {LEASE_NAME}"),
+                Err(err) => warn!(error = %err, "could not release the Lease {LEASE_NAME}"),
+            }
+            e.released();
+        }
+    }
+    .instrument(info_span!("election"))
+    .await
+}
+
+/// Give the Lease up: empty holder, so the next agent takes it at once.
+async fn release(api: &Api<Lease>, me: &str) -> Result<(), kube::Error> {
+    let Some(mut lease) = api.get_opt(LEASE_NAME).await? else {
+        return Ok(());
+    };
+    let spec = lease.spec.get_or_insert_with(Default::default);
+    if spec.holder_identity.as_deref() != Some(me) {
+        return Ok(());
+    }
+    spec.holder_identity = None;
+    spec.lease_duration_seconds = Some(1);
+    spec.renew_time = Some(now_micro());
+    api.replace(LEASE_NAME, &PostParams::default(), &lease)
+        .await
+        .map(|_| ())
+}
+
+#[allow(clippy::too_many_arguments)]
+/// Renew this node's heartbeat every `period` once the first sync committed, with the families
+/// programmed (from `families`, published by the sync loop), until `stop`.
+pub async fn heartbeat(
+    client: Client,
+    namespace: String,
+    node: String,
+    holder: String,
+    period: Duration,
+    mut families: watch::Receiver<Option<Families>>,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let api: Api<Lease> = Api::namespaced(client, &namespace);
+    let name = lease_name(&node);
+    async {
+        loop {
+            let current = *families.borrow_and_update();
+            if let Some(f) = current {
+                let r = renew(&api, &name, &node, &holder, f, period).await;
+                let result = if r.is_ok() { "ok" } else { "error" };
+                metrics
+                    .heartbeats
+                    .get_or_create(&ResultLabel { result })
+                    .inc();
+                if let Err(e) = r {
+                    warn!(error = %e, lease = %name, "heartbeat not renewed");
+                }
+            }
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                _ = tokio::time::sleep(period) => {}
+                // Families changed: say so at once.
+                r = families.changed() => if r.is_err() { break },
+            }
+        }
+    }
+    .instrument(info_span!("heartbeat"))
+    .await
+}
+
+async fn renew(
+    api: &Api<Lease>,
+    name: &str,
+    node: &str,
+    holder: &str,
+    families: Families,
+    period: Duration,
+) -> Result<(), kube::Error> {
+    let fams = format_families(families);
+    match api.get_opt(name).await? {
+        None => {
+            let lease = Lease {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(name.to_string()),
+                    labels: Some([(NODE_LABEL.to_string(), node.to_string())].into()),
+                    annotations: Some([(FAMILIES_ANNOTATION.to_string(), fams)].into()),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(holder.to_string()),
+                    lease_duration_seconds: Some(secs(period * 3)),
+                    acquire_time: Some(now_micro()),
+                    renew_time: Some(now_micro()),
+                    ..Default::default()
+                }),
+            };
+            api.create(&PostParams::default(), &lease).await?;
+        }
+        Some(mut lease) => {
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(FAMILIES_ANNOTATION.to_string(), fams);
+            lease
+                .metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .insert(NODE_LABEL.to_string(), node.to_string());
+            let spec = lease.spec.get_or_insert_with(Default::default);
+            spec.holder_identity = Some(holder.to_string());
+            spec.renew_time = Some(now_micro());
+            spec.lease_duration_seconds = Some(secs(period * 3));
+            api.replace(name, &PostParams::default(), &lease).await?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,333 @@
+//! The leader's status writer: while this agent holds `nodelb-status`, compute each Service's
+//! desired ingress (`status::Status::compute`) from the sync loop's objects, all Nodes and the
+//! heartbeat Leases, and write it with server-side apply under the field manager `nodelb` —
+//! only where the stored value differs. Service Events come from here only.
+
+use super::metrics::{Metrics, NodeLabel, WriteLabel};
+use super::node_events::REPORTING_CONTROLLER;
+use crate::plan::service::ServiceKey;
+use crate::plan::Objects;
+use crate::status::heartbeat;
+use crate::status::ingress::{self, Write, FIELD_MANAGER};
+use crate::status::{Desired, Problem, Status, StatusConfig};
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::Client;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{watch, Notify};
+use tracing::{debug, info, info_span, warn, Instrument};
+
+pub struct StatusWriter {
+    pub client: Client,
+    /// The agents' namespace (heartbeat Leases).
+    pub namespace: String,
+    pub pod_name: String,
+    pub cfg: StatusConfig,
+    /// `--ip-mode`: `Proxy` or `VIP`.
+    pub ip_mode: String,
+    /// How often desired status is recomputed even without a change (heartbeats age).
+    pub period: Duration,
+    pub objects: watch::Receiver<Option<Arc<Objects>>>,
+    pub leading: watch::Receiver<bool>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// What the leader remembers between rounds (lost on failover; the stored status and the
+/// field ownership are what a new leader starts from).
+#[derive(Default)]
+struct Memory {
+    status: Status,
+    /// What we wrote, and the Service's resourceVersion then: until the watch shows a newer
+    /// version, the stored value we see is the old one, and writing again would be a repeat.
+    written: BTreeMap<ServiceKey, (Vec<IpAddr>, Option<String>)>,
+    /// Problems already reported per Service.
+    reported: BTreeMap<ServiceKey, BTreeSet<Problem>>,
+    /// Services whose ingress another manager owns, already reported.
+    foreign: BTreeSet<ServiceKey>,
+    /// The objects' version the writer last looked at (`None`: look at everything).
+    version: Option<u64>,
+}
+
+fn store<K>(api: Api<K>, wake: Arc<Notify>, what: &'static str) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(
+        writer,
+        watcher::watcher(api, watcher::Config::default()).default_backoff(),
+    );
+    tokio::spawn(
+        async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(_) => wake.notify_one(),
+                    Err(e) => warn!(error = %e, "watch failed; retrying with backoff"),
+                }
+            }
+        }
+        .instrument(info_span!("watch", resource = what)),
+    );
+    reader
+}
+
+impl StatusWriter {
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let wake = Arc::new(Notify::new());
+        let nodes: Store<Node> = store(Api::all(self.client.clone()), wake.clone(), "nodes");
+        let leases: Store<Lease> = store(
+            Api::namespaced(self.client.clone(), &self.namespace),
+            wake.clone(),
+            "leases",
+        );
+        let recorder = Recorder::new(
+            self.client.clone(),
+            Reporter {
+                controller: REPORTING_CONTROLLER.into(),
+                instance: Some(self.pod_name.clone()),
+            },
+        );
+        loop {
+            // Wait to lead.
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => return,
+                r = self.leading.wait_for(|l| *l) => if r.is_err() { return },
+            }
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => return,
+                r = async { nodes.wait_until_ready().await?; leases.wait_until_ready().await } => {
+                    if r.is_err() { return }
+                }
+            }
+            let ip_mode = match self.client.apiserver_version().await {
+                Ok(v) if minor(&v.minor) >= 30 => Some(self.ip_mode.clone()),
+                Ok(v) => {
+                    info!(version = %v.git_version, "API server older than 1.30: ipMode is not written");
+                    None
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot read the API server version; ipMode is not written");
+                    None
+                }
+            };
+            let mut memory = Memory::default();
+            info!("leading: writing Service status");
+            while *self.leading.borrow() {
+                self.round(&mut memory, &nodes, &leases, ip_mode.as_deref(), &recorder)
+                    .instrument(info_span!("status"))
+                    .await;
+                tokio::select! {
+                    _ = stop.wait_for(|s| *s) => return,
+                    _ = self.leading.changed() => {}
+                    _ = self.objects.changed() => {}
+                    _ = wake.notified() => {}
+                    _ = tokio::time::sleep(self.period) => {}
+                }
+                // Let a burst settle.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            info!("no longer leading: status writes stop");
+        }
+    }
+
+    async fn round(
+        &mut self,
+        memory: &mut Memory,
+        nodes: &Store<Node>,
+        leases: &Store<Lease>,
+        ip_mode: Option<&str>,
+        recorder: &Recorder,
+    ) {
+        let Some(objects) = self.objects.borrow_and_update().clone() else {
+            return;
+        };
+        let nodes: Vec<Node> = nodes.state().iter().map(|n| (**n).clone()).collect();
+        let leases: Vec<Lease> = leases.state().iter().map(|l| (**l).clone()).collect();
+        let beats = heartbeat::read(&leases);
+        let now = Timestamp::now();
+        for (node, b) in &beats {
+            let age = now.duration_since(b.renewed).as_secs_f64();
+            self.metrics
+                .heartbeat_age
+                .get_or_create(&NodeLabel { node: node.clone() })
+                .set(age);
+        }
+        let changed = memory
+            .status
+            .compute(&objects, &nodes, &beats, now, &self.cfg);
+        // Look at the Services whose desired status or whose object changed (a status write,
+        // ours or someone else's, shows up as a change of the object).
+        let mut keys: BTreeSet<ServiceKey> =
+            match memory.version.and_then(|v| objects.changed_since(v)) {
+                Some(k) => k,
+                None => objects.services().map(|(k, _)| k.clone()).collect(),
+            };
+        memory.version = Some(objects.version());
+        keys.extend(changed);
+        for key in &keys {
+            let Some(svc) = objects.service(key) else {
+                memory.written.remove(key);
+                memory.reported.remove(key);
+                continue;
+            };
+            let want = memory.status.desired().get(key).cloned();
+            let want = want.as_ref();
+            let reported = memory.reported.entry(key.clone()).or_default();
+            self.report_problems(reported, key, svc, want, recorder)
+                .await;
+            if let Some((wrote, rv)) = memory.written.get(key) {
+                if want.map(|d| &d.ingress) == Some(wrote) && svc.metadata.resource_version == *rv {
+                    continue; // written; the watch has not caught up yet
+                }
+            }
+            match ingress::decide(svc, want, ip_mode) {
+                Write::Nothing => {
+                    memory.foreign.remove(key);
+                }
+                Write::OwnedElsewhere { managers } => {
+                    if memory.foreign.insert(key.clone()) {
+                        warn!(service = %key, managers = ?managers, "another field manager owns the ingress; not writing");
+                        let note = format!(
+                            "status.loadBalancer.ingress is owned by {}: nodelb does not write it",
+                            managers.join(", ")
+                        );
+                        publish(
+                            recorder,
+                            svc,
+                            EventType::Warning,
+                            "IngressOwnedElsewhere",
+                            &note,
+                        )
+                        .await;
+                    }
+                }
+                Write::Apply { body, first } => {
+                    let want = want.expect("apply only for handled Services");
+                    match self.apply(key, body).await {
+                        Ok(rv) => {
+                            self.count("ok");
+                            memory
+                                .written
+                                .insert(key.clone(), (want.ingress.clone(), rv));
+                            let list: Vec<String> =
+                                want.ingress.iter().map(|a| a.to_string()).collect();
+                            info!(service = %key, ingress = ?list, "status written");
+                            let (reason, verb) = if first {
+                                ("EnsuredLoadBalancer", "Ensured")
+                            } else {
+                                ("UpdatedLoadBalancer", "Updated")
+                            };
+                            let note = if list.is_empty() {
+                                format!("{verb} load balancer: no node serves it")
+                            } else {
+                                format!("{verb} load balancer: {}", list.join(", "))
+                            };
+                            publish(recorder, svc, EventType::Normal, reason, &note).await;
+                        }
+                        Err(e) => self.failed(key, e),
+                    }
+                }
+                Write::Clear { body } => match self.apply(key, body).await {
+                    Ok(_) => {
+                        self.count("cleared");
+                        memory.written.remove(key);
+                        info!(service = %key, "not nodelb's any more: cleared what nodelb wrote");
+                    }
+                    Err(e) => self.failed(key, e),
+                },
+            }
+        }
+    }
+
+    async fn report_problems(
+        &self,
+        before: &mut BTreeSet<Problem>,
+        key: &ServiceKey,
+        svc: &Service,
+        want: Option<&Desired>,
+        recorder: &Recorder,
+    ) {
+        let now: BTreeSet<Problem> = want
+            .map(|d| d.problems.iter().cloned().collect())
+            .unwrap_or_default();
+        for p in now.difference(before) {
+            warn!(service = %key, reason = p.reason(), problem = %p.note(), "service problem");
+            publish(recorder, svc, EventType::Warning, p.reason(), &p.note()).await;
+        }
+        *before = now;
+    }
+
+    async fn apply(
+        &self,
+        key: &ServiceKey,
+        body: serde_json::Value,
+    ) -> Result<Option<String>, kube::Error> {
+        let api: Api<Service> = Api::namespaced(self.client.clone(), &key.namespace);
+        let s = api
+            .patch_status(
+                &key.name,
+                &PatchParams::apply(FIELD_MANAGER),
+                &Patch::Apply(body),
+            )
+            .await?;
+        Ok(s.metadata.resource_version)
+    }
+
+    fn count(&self, result: &'static str) {
+        self.metrics
+            .status_writes
+            .get_or_create(&WriteLabel { result })
+            .inc();
+    }
+
+    fn failed(&self, key: &ServiceKey, e: kube::Error) {
+        let conflict = matches!(&e, kube::Error::Api(s) if s.code == 409);
+        self.count(if conflict { "conflict" } else { "error" });
+        if conflict {
+            debug!(service = %key, error = %e, "status write conflicted; another manager owns a field");
+        } else {
+            warn!(service = %key, error = %e, "status write failed; retried next round");
+        }
+    }
+}
+
+fn minor(s: &str) -> u32 {
+    s.trim_end_matches('+').parse().unwrap_or(0)
+}
+
+async fn publish(recorder: &Recorder, svc: &Service, type_: EventType, reason: &str, note: &str) {
+    let reference = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Service".into()),
+        name: svc.metadata.name.clone(),
+        namespace: svc.metadata.namespace.clone(),
+        uid: svc.metadata.uid.clone(),
+        ..Default::default()
+    };
+    let ev = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "Program".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, &reference).await {
+        warn!(reason, error = %e, "could not publish a Service Event");
+    }
+}

@@ -1,0 +1,116 @@
+//! What to write to one Service's `status.loadBalancer.ingress`, if anything: compared with
+//! what is stored, and with who owns the field (server-side apply's managedFields).
+
+use super::Desired;
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service};
+use serde_json::{json, Value};
+use std::net::IpAddr;
+
+/// nodelb's field manager for status writes.
+pub const FIELD_MANAGER: &str = "nodelb";
+
+/// What the writer does for one Service.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Write {
+    /// Stored equals desired (or nothing of nodelb's to clear).
+    Nothing,
+    /// Server-side apply this body under `FIELD_MANAGER` (`first`: nothing was published
+    /// before, so the Event is `EnsuredLoadBalancer`, else `UpdatedLoadBalancer`).
+    Apply { body: Value, first: bool },
+    /// The Service is no longer nodelb's: apply an empty status, so only what nodelb owned
+    /// is removed.
+    Clear { body: Value },
+    /// Another field manager owns the ingress: leave it alone.
+    OwnedElsewhere { managers: Vec<String> },
+}
+
+/// The ingress entries as stored.
+pub fn stored(svc: &Service) -> Vec<LoadBalancerIngress> {
+    svc.status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.clone())
+        .unwrap_or_default()
+}
+
+/// The ingress entries nodelb wants: one per address, with `ip_mode` when the API server
+/// keeps it.
+pub fn entries(ingress: &[IpAddr], ip_mode: Option<&str>) -> Vec<LoadBalancerIngress> {
+    ingress
+        .iter()
+        .map(|ip| LoadBalancerIngress {
+            ip: Some(ip.to_string()),
+            ip_mode: ip_mode.map(str::to_string),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// Field managers of `status.loadBalancer.ingress`, from managedFields.
+pub fn ingress_managers(svc: &Service) -> Vec<String> {
+    let mut out = Vec::new();
+    for mf in svc.metadata.managed_fields.iter().flatten() {
+        let owns = mf
+            .fields_v1
+            .as_ref()
+            .map(|f| &f.0)
+            .and_then(|v| v.get("f:status"))
+            .and_then(|v| v.get("f:loadBalancer"))
+            .and_then(|v| v.get("f:ingress"))
+            .is_some();
+        if owns {
+            if let Some(m) = &mf.manager {
+                if !out.contains(m) {
+                    out.push(m.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn body(svc: &Service, status: Value) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": svc.metadata.name,
+            "namespace": svc.metadata.namespace,
+        },
+        "status": status,
+    })
+}
+
+/// Decide the write for a Service; `desired` is `None` when nodelb does not handle it.
+pub fn decide(svc: &Service, desired: Option<&Desired>, ip_mode: Option<&str>) -> Write {
+    let managers = ingress_managers(svc);
+    let ours = managers.iter().any(|m| m == FIELD_MANAGER);
+    let others: Vec<String> = managers
+        .into_iter()
+        .filter(|m| m != FIELD_MANAGER)
+        .collect();
+    let current = stored(svc);
+    let Some(desired) = desired else {
+        return if ours {
+            Write::Clear {
+                body: body(svc, json!({})),
+            }
+        } else {
+            Write::Nothing
+        };
+    };
+    if !others.is_empty() {
+        return Write::OwnedElsewhere { managers: others };
+    }
+    let want = entries(&desired.ingress, ip_mode);
+    if want == current {
+        return Write::Nothing;
+    }
+    Write::Apply {
+        body: body(
+            svc,
+            json!({"loadBalancer": {"ingress": serde_json::to_value(&want).expect("ingress serializes")}}),
+        ),
+        first: current.is_empty(),
+    }
+}

@@ -1,0 +1,321 @@
+//! The pure status decision: from Services, EndpointSlices, Nodes, node heartbeat Leases and a
+//! clock value to the `status.loadBalancer.ingress` each Service should have and the problems
+//! worth an Event. No client, no clock of its own.
+//!
+//! A node serves a Service for a family when its heartbeat is fresh and says that family is
+//! programmed, and the planner, run for that node, gives the Service rules there: not excluded,
+//! inside the node selector, not beaten in a port conflict, no reserved port, and for `Local`
+//! a ready endpoint on that node. The published addresses are the node's ExternalIPs of that
+//! family, else its InternalIPs, in `spec.ipFamilies` order, numerically sorted within a family.
+
+pub mod election;
+pub mod heartbeat;
+pub mod ingress;
+
+#[cfg(test)]
+mod tests;
+
+use crate::plan::config::Config;
+use crate::plan::diagnosis::{FamilyState, PortResult, ServiceOutcome};
+use crate::plan::node::{AddressKind, NodeInfo};
+use crate::plan::service::{self, Protocol, ServiceKey, TrafficPolicy};
+use crate::plan::{Context, Families, IpFamily, Objects, Planner};
+use heartbeat::Heartbeat;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::jiff::Timestamp;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::Duration;
+
+/// What the leader decides with.
+#[derive(Clone, Debug)]
+pub struct StatusConfig {
+    pub planner: Config,
+    /// `--node-lease-duration`: a heartbeat younger than this is fresh.
+    pub node_lease_duration: Duration,
+}
+
+/// A problem with a Service that deserves a Warning Event (reason and note).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Problem {
+    /// Another Service holds one of its ports on some nodes.
+    PortConflict {
+        protocol: Protocol,
+        port: u16,
+        winner: ServiceKey,
+        nodes: Vec<String>,
+    },
+    /// It asks for ports in `--reserved-ports`.
+    ReservedPort { ports: Vec<(Protocol, u16)> },
+    /// No node serves it.
+    NoServingNodes { why: String },
+}
+
+impl Problem {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Problem::PortConflict { .. } => "PortConflict",
+            Problem::ReservedPort { .. } => "ReservedPort",
+            Problem::NoServingNodes { .. } => "NoServingNodes",
+        }
+    }
+
+    pub fn note(&self) -> String {
+        match self {
+            Problem::PortConflict {
+                protocol,
+                port,
+                winner,
+                nodes,
+            } => format!(
+                "port {port}/{protocol} is held by the older Service {winner} on {}: no rules for this Service there",
+                nodes.join(", ")
+            ),
+            Problem::ReservedPort { ports } => {
+                let list: Vec<String> = ports.iter().map(|(p, n)| format!("{n}/{p}")).collect();
+                format!(
+                    "port {} is reserved for the node (--reserved-ports): no rules on any node",
+                    list.join(", ")
+                )
+            }
+            Problem::NoServingNodes { why } => format!("no node serves this Service: {why}"),
+        }
+    }
+}
+
+/// The desired status of one Service nodelb handles.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Desired {
+    /// Addresses to publish, in order.
+    pub ingress: Vec<IpAddr>,
+    /// Nodes serving it, per family (for logs).
+    pub nodes: BTreeMap<IpFamily, Vec<String>>,
+    pub problems: Vec<Problem>,
+}
+
+/// The node's addresses to publish for a family: ExternalIP if any, else InternalIP.
+pub fn published(node: &NodeInfo, family: IpFamily) -> Vec<IpAddr> {
+    let of = |kind| -> Vec<IpAddr> {
+        node.addresses
+            .iter()
+            .filter(|(k, a)| *k == kind && IpFamily::of(a) == family)
+            .map(|(_, a)| *a)
+            .collect()
+    };
+    let external = of(AddressKind::ExternalIP);
+    if external.is_empty() {
+        of(AddressKind::InternalIP)
+    } else {
+        external
+    }
+}
+
+/// The status computation with memory: planners per node and the desired status of every
+/// Service, so a change recomputes only what it touches.
+#[derive(Default)]
+pub struct Status {
+    planners: BTreeMap<String, Planner>,
+    /// The serving candidates last time: a change there recomputes every Service.
+    candidates: BTreeMap<String, (NodeInfo, Families)>,
+    /// The objects' version last computed from.
+    version: Option<u64>,
+    desired: BTreeMap<ServiceKey, Desired>,
+}
+
+impl Status {
+    /// The desired status of every Service nodelb handles, as last computed.
+    pub fn desired(&self) -> &BTreeMap<ServiceKey, Desired> {
+        &self.desired
+    }
+
+    /// Bring the desired status up to date; returns the Services whose desired status changed
+    /// (or that stopped being nodelb's).
+    pub fn compute(
+        &mut self,
+        objects: &Objects,
+        nodes: &[Node],
+        beats: &BTreeMap<String, Heartbeat>,
+        now: Timestamp,
+        cfg: &StatusConfig,
+    ) -> BTreeSet<ServiceKey> {
+        // Serving candidates: nodes with a fresh heartbeat; their families from it.
+        let mut candidates: BTreeMap<String, (NodeInfo, Families)> = BTreeMap::new();
+        for n in nodes {
+            let info = NodeInfo::from_node(n);
+            let Some(beat) = beats.get(&info.name) else {
+                continue;
+            };
+            if !beat.fresh(now, cfg.node_lease_duration) {
+                continue;
+            }
+            candidates.insert(info.name.clone(), (info, beat.families));
+        }
+        let dirty = self.version.and_then(|v| objects.changed_since(v));
+        let everything = dirty.is_none() || candidates != self.candidates;
+        self.version = Some(objects.version());
+        self.planners
+            .retain(|name, _| candidates.contains_key(name));
+        let mut touched: BTreeSet<ServiceKey> = dirty.clone().unwrap_or_default();
+        for (name, (info, families)) in &candidates {
+            // Another host's assigned addresses are not known here: its Node's addresses stand
+            // in (the agent there serves only those that are assigned, and its heartbeat names
+            // only families it serves on).
+            let local = info.addresses.iter().map(|(_, a)| *a).collect();
+            let ctx = Context::new(info.clone(), local, *families, cfg.planner.clone());
+            let planner = self
+                .planners
+                .entry(name.clone())
+                .or_insert_with(Planner::outcomes_only);
+            let u = planner.update(objects, &ctx, dirty.as_ref());
+            touched.extend(u.changed);
+        }
+        self.candidates = candidates;
+
+        let keys: Vec<ServiceKey> = if everything {
+            objects
+                .services()
+                .map(|(k, _)| k.clone())
+                .chain(self.desired.keys().cloned())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect()
+        } else {
+            touched.into_iter().collect()
+        };
+        let mut changed = BTreeSet::new();
+        for key in keys {
+            let new = objects
+                .service(&key)
+                .and_then(|svc| self.desired_of(&key, svc, cfg));
+            let old = self.desired.get(&key);
+            if old != new.as_ref() {
+                changed.insert(key.clone());
+            }
+            match new {
+                Some(d) => self.desired.insert(key, d),
+                None => self.desired.remove(&key),
+            };
+        }
+        changed
+    }
+
+    fn desired_of(&self, key: &ServiceKey, svc: &Service, cfg: &StatusConfig) -> Option<Desired> {
+        if !service::is_handled(svc, &cfg.planner) || !service::valid_key(key) {
+            return None;
+        }
+        let mut warnings = Vec::new();
+        let lb = service::read(svc, key.clone(), &mut warnings);
+        let mut desired = Desired::default();
+        let mut conflicts: BTreeMap<(Protocol, u16, ServiceKey), Vec<String>> = BTreeMap::new();
+        let reserved: Vec<(Protocol, u16)> = lb
+            .ports
+            .iter()
+            .filter(|p| cfg.planner.reserved_ports.contains(p.port))
+            .map(|p| (p.protocol, p.port))
+            .collect();
+        let mut other = BTreeSet::new();
+        for (node, planner) in &self.planners {
+            let Some(outcome) = planner.outcome(key) else {
+                continue;
+            };
+            match outcome {
+                ServiceOutcome::ReservedPorts { .. } => {}
+                ServiceOutcome::Served { families } => {
+                    for f in families {
+                        let FamilyState::Served { ports, .. } = &f.state else {
+                            continue;
+                        };
+                        let mut serves = false;
+                        for p in ports {
+                            match &p.result {
+                                PortResult::Conflict { winner } => conflicts
+                                    .entry((p.port.protocol, p.port.port, winner.clone()))
+                                    .or_default()
+                                    .push(node.clone()),
+                                PortResult::Forwards { terminating, .. } => {
+                                    serves |= lb.policy == TrafficPolicy::Cluster || !*terminating
+                                }
+                                PortResult::RejectsNoEndpoints => {
+                                    serves |= lb.policy == TrafficPolicy::Cluster
+                                }
+                                PortResult::DropsNoLocalEndpoint { .. } => {}
+                            }
+                        }
+                        if serves {
+                            desired
+                                .nodes
+                                .entry(f.family)
+                                .or_default()
+                                .push(node.clone());
+                        }
+                    }
+                }
+                o => {
+                    other.insert(o.to_string());
+                }
+            }
+        }
+        for family in &lb.families {
+            let mut addrs: Vec<IpAddr> = desired
+                .nodes
+                .get(family)
+                .into_iter()
+                .flatten()
+                .flat_map(|n| published(&self.candidates[n].0, *family))
+                .collect();
+            addrs.sort();
+            addrs.dedup();
+            desired.ingress.extend(addrs);
+        }
+        if !reserved.is_empty() {
+            desired
+                .problems
+                .push(Problem::ReservedPort { ports: reserved });
+        }
+        for ((protocol, port, winner), nodes) in conflicts {
+            desired.problems.push(Problem::PortConflict {
+                protocol,
+                port,
+                winner,
+                nodes,
+            });
+        }
+        if desired.ingress.is_empty() && desired.problems.is_empty() {
+            let why = if self.candidates.is_empty() {
+                "no node has a fresh nodelb heartbeat".to_string()
+            } else if lb.policy == TrafficPolicy::Local {
+                "externalTrafficPolicy is Local and no serving node has a ready endpoint"
+                    .to_string()
+            } else if other.is_empty() {
+                "no serving node has an address of the Service's families".to_string()
+            } else {
+                other.into_iter().collect::<Vec<_>>().join("; ")
+            };
+            desired.problems.push(Problem::NoServingNodes { why });
+        }
+        Some(desired)
+    }
+}
+
+/// Families a heartbeat says are programmed, as written in its annotation (`IPv4,IPv6`).
+pub fn parse_families(s: &str) -> Families {
+    let mut f = Families {
+        v4: false,
+        v6: false,
+    };
+    for part in s.split(',') {
+        match IpFamily::parse(part.trim()) {
+            Some(IpFamily::V4) => f.v4 = true,
+            Some(IpFamily::V6) => f.v6 = true,
+            None => {}
+        }
+    }
+    f
+}
+
+pub fn format_families(f: Families) -> String {
+    f.iter()
+        .map(|f| f.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}

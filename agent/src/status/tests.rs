@@ -1,0 +1,503 @@
+//! One test per rule of DESIGN.md's "Who serves, and status", with the clock as an input.
+
+use super::heartbeat::{self, Heartbeat};
+use super::ingress::{self, Write};
+use super::*;
+use crate::plan::service::ServiceKey;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use std::sync::Arc;
+
+const NOW: &str = "2026-01-01T12:00:00Z";
+
+fn now() -> Timestamp {
+    NOW.parse().unwrap()
+}
+
+fn node(name: &str, addrs: &[(&str, &str)], labels: &[(&str, &str)]) -> Node {
+    let addresses: Vec<_> = addrs
+        .iter()
+        .map(|(t, a)| serde_json::json!({"type": t, "address": a}))
+        .collect();
+    let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": labels},
+        "status": {"addresses": addresses},
+    }))
+    .unwrap()
+}
+
+fn beat(node: &str, age_secs: i64, families: &str) -> Lease {
+    let renewed = now() - SignedDuration::from_secs(age_secs);
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("nodelb-node-{node}"), "namespace": "nodelb-system",
+                     "annotations": {"nodelb.io/families": families}},
+        "spec": {"holderIdentity": format!("nodelb-{node}"), "renewTime": renewed.to_string(),
+                 "leaseDurationSeconds": 15},
+    }))
+    .unwrap()
+}
+
+use k8s_openapi::jiff::SignedDuration;
+
+fn svc(name: &str, created: &str, port: u16, extra: serde_json::Value) -> Service {
+    let mut spec =
+        serde_json::json!({"type": "LoadBalancer", "ports": [{"name": "http", "port": port}]});
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            s.insert(k.clone(), v.clone());
+        }
+    }
+    let mut meta =
+        serde_json::json!({"namespace": "default", "name": name, "creationTimestamp": created});
+    if let Some(sel) = extra.get("__selector") {
+        meta["annotations"] = serde_json::json!({"nodelb.io/node-selector": sel});
+        spec.as_object_mut().unwrap().remove("__selector");
+    }
+    serde_json::from_value(serde_json::json!({"metadata": meta, "spec": spec})).unwrap()
+}
+
+fn slice(service: &str, eps: &[(&str, &str)]) -> EndpointSlice {
+    let endpoints: Vec<_> = eps
+        .iter()
+        .map(|(a, n)| serde_json::json!({"addresses": [a], "nodeName": n}))
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"namespace": "default", "name": format!("{service}-1"),
+                     "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": endpoints,
+    }))
+    .unwrap()
+}
+
+struct World {
+    objects: Objects,
+    nodes: Vec<Node>,
+    leases: Vec<Lease>,
+    cfg: StatusConfig,
+}
+
+impl World {
+    fn two_nodes() -> World {
+        World {
+            objects: Objects::default(),
+            nodes: vec![
+                node(
+                    "node-a",
+                    &[
+                        ("InternalIP", "203.0.113.10"),
+                        ("InternalIP", "2001:db8::a"),
+                    ],
+                    &[("zone", "a")],
+                ),
+                node(
+                    "node-b",
+                    &[("InternalIP", "203.0.113.9"), ("InternalIP", "2001:db8::b")],
+                    &[("zone", "b")],
+                ),
+            ],
+            leases: vec![
+                beat("node-a", 1, "IPv4,IPv6"),
+                beat("node-b", 1, "IPv4,IPv6"),
+            ],
+            cfg: StatusConfig {
+                planner: Config::default(),
+                node_lease_duration: Duration::from_secs(15),
+            },
+        }
+    }
+
+    fn service(mut self, s: Service) -> World {
+        self.objects.put_service(Arc::new(s));
+        self
+    }
+
+    fn slice(mut self, s: EndpointSlice) -> World {
+        self.objects.put_slice(Arc::new(s));
+        self
+    }
+
+    fn compute(&self) -> BTreeMap<ServiceKey, Desired> {
+        let mut s = Status::default();
+        s.compute(
+            &self.objects,
+            &self.nodes,
+            &heartbeat::read(&self.leases),
+            now(),
+            &self.cfg,
+        );
+        s.desired().clone()
+    }
+
+    fn ingress(&self, name: &str) -> Vec<String> {
+        self.compute()[&ServiceKey::new("default", name)]
+            .ingress
+            .iter()
+            .map(|a| a.to_string())
+            .collect()
+    }
+
+    fn problems(&self, name: &str) -> Vec<Problem> {
+        self.compute()[&ServiceKey::new("default", name)]
+            .problems
+            .clone()
+    }
+}
+
+fn none() -> serde_json::Value {
+    serde_json::json!({})
+}
+
+#[test]
+fn every_node_with_a_fresh_heartbeat_serves_sorted_numerically() {
+    let w = World::two_nodes().service(svc("web", "2024-01-01T00:00:00Z", 80, none()));
+    // 203.0.113.9 sorts before 203.0.113.10 as a number, not as text.
+    assert_eq!(w.ingress("web"), vec!["203.0.113.9", "203.0.113.10"]);
+}
+
+#[test]
+fn a_stale_heartbeat_takes_its_node_out() {
+    let mut w = World::two_nodes().service(svc("web", "2024-01-01T00:00:00Z", 80, none()));
+    w.leases = vec![beat("node-a", 1, "IPv4"), beat("node-b", 16, "IPv4")];
+    assert_eq!(w.ingress("web"), vec!["203.0.113.10"]);
+    // Younger than the duration is fresh; at 14 s it still counts.
+    w.leases[1] = beat("node-b", 14, "IPv4");
+    assert_eq!(w.ingress("web"), vec!["203.0.113.9", "203.0.113.10"]);
+    // No heartbeat at all: not serving.
+    w.leases.truncate(1);
+    assert_eq!(w.ingress("web"), vec!["203.0.113.10"]);
+}
+
+#[test]
+fn a_node_serves_only_the_families_its_heartbeat_names() {
+    let mut w = World::two_nodes().service(svc(
+        "web",
+        "2024-01-01T00:00:00Z",
+        80,
+        serde_json::json!({"ipFamilies": ["IPv4", "IPv6"]}),
+    ));
+    w.leases = vec![beat("node-a", 1, "IPv4,IPv6"), beat("node-b", 1, "IPv4")];
+    assert_eq!(
+        w.ingress("web"),
+        vec!["203.0.113.9", "203.0.113.10", "2001:db8::a"]
+    );
+}
+
+#[test]
+fn ip_families_order_the_addresses() {
+    let w = World::two_nodes().service(svc(
+        "web",
+        "2024-01-01T00:00:00Z",
+        80,
+        serde_json::json!({"ipFamilies": ["IPv6", "IPv4"]}),
+    ));
+    assert_eq!(
+        w.ingress("web"),
+        vec!["2001:db8::a", "2001:db8::b", "203.0.113.9", "203.0.113.10"]
+    );
+}
+
+#[test]
+fn external_ips_are_published_before_internal_ones() {
+    let mut w = World::two_nodes().service(svc("web", "2024-01-01T00:00:00Z", 80, none()));
+    w.nodes[0] = node(
+        "node-a",
+        &[
+            ("InternalIP", "203.0.113.10"),
+            ("ExternalIP", "198.51.100.1"),
+        ],
+        &[],
+    );
+    assert_eq!(w.ingress("web"), vec!["198.51.100.1", "203.0.113.9"]);
+}
+
+#[test]
+fn node_selector_and_exclusion_label_limit_serving_nodes() {
+    let mut w = World::two_nodes().service(svc(
+        "web",
+        "2024-01-01T00:00:00Z",
+        80,
+        serde_json::json!({"__selector": "zone=b"}),
+    ));
+    assert_eq!(w.ingress("web"), vec!["203.0.113.9"]);
+    w.nodes[1] = node(
+        "node-b",
+        &[("InternalIP", "203.0.113.9")],
+        &[
+            ("zone", "b"),
+            (
+                "node.kubernetes.io/exclude-from-external-load-balancers",
+                "",
+            ),
+        ],
+    );
+    assert!(w.ingress("web").is_empty());
+    assert!(matches!(
+        w.problems("web")[0],
+        Problem::NoServingNodes { .. }
+    ));
+}
+
+#[test]
+fn local_policy_publishes_only_nodes_with_a_ready_endpoint_and_follows_it() {
+    let local = serde_json::json!({"externalTrafficPolicy": "Local"});
+    let w = World::two_nodes()
+        .service(svc("web", "2024-01-01T00:00:00Z", 80, local.clone()))
+        .slice(slice("web", &[("198.51.100.20", "node-b")]));
+    assert_eq!(w.ingress("web"), vec!["203.0.113.9"]);
+    let w = w.slice(slice("web", &[("198.51.100.20", "node-a")]));
+    assert_eq!(w.ingress("web"), vec!["203.0.113.10"]);
+    let w = w.slice(slice("web", &[]));
+    assert!(w.ingress("web").is_empty());
+    // Cluster: every node serves, endpoints or not (it answers, with a reset if need be).
+    let w = World::two_nodes().service(svc("web", "2024-01-01T00:00:00Z", 80, none()));
+    assert_eq!(w.ingress("web").len(), 2);
+}
+
+#[test]
+fn a_service_that_loses_its_port_everywhere_has_no_address_and_a_conflict_naming_the_winner() {
+    let w = World::two_nodes()
+        .service(svc("old", "2023-01-01T00:00:00Z", 80, none()))
+        .service(svc("young", "2024-01-01T00:00:00Z", 80, none()));
+    assert_eq!(w.ingress("old").len(), 2);
+    assert!(w.ingress("young").is_empty());
+    assert_eq!(
+        w.problems("young"),
+        vec![Problem::PortConflict {
+            protocol: Protocol::Tcp,
+            port: 80,
+            winner: ServiceKey::new("default", "old"),
+            nodes: vec!["node-a".into(), "node-b".into()],
+        }]
+    );
+    assert!(w.problems("young")[0].note().contains("default/old"));
+    assert!(w.problems("old").is_empty());
+}
+
+#[test]
+fn disjoint_node_selectors_share_a_port() {
+    let w = World::two_nodes()
+        .service(svc(
+            "a",
+            "2023-01-01T00:00:00Z",
+            80,
+            serde_json::json!({"__selector": "zone=a"}),
+        ))
+        .service(svc(
+            "b",
+            "2024-01-01T00:00:00Z",
+            80,
+            serde_json::json!({"__selector": "zone=b"}),
+        ));
+    assert_eq!(w.ingress("a"), vec!["203.0.113.10"]);
+    assert_eq!(w.ingress("b"), vec!["203.0.113.9"]);
+    assert!(w.problems("b").is_empty());
+}
+
+#[test]
+fn a_reserved_port_is_a_problem_and_gets_no_address() {
+    let w = World::two_nodes().service(svc("ssh", "2024-01-01T00:00:00Z", 22, none()));
+    assert!(w.ingress("ssh").is_empty());
+    assert_eq!(
+        w.problems("ssh"),
+        vec![Problem::ReservedPort {
+            ports: vec![(Protocol::Tcp, 22)]
+        }]
+    );
+}
+
+#[test]
+fn no_fresh_heartbeat_means_no_serving_nodes() {
+    let mut w = World::two_nodes().service(svc("web", "2024-01-01T00:00:00Z", 80, none()));
+    w.leases.clear();
+    assert!(w.ingress("web").is_empty());
+    let p = w.problems("web");
+    assert!(matches!(&p[0], Problem::NoServingNodes { why } if why.contains("heartbeat")));
+}
+
+#[test]
+fn other_classes_are_not_ours() {
+    let w = World::two_nodes().service(svc(
+        "web",
+        "2024-01-01T00:00:00Z",
+        80,
+        serde_json::json!({"loadBalancerClass": "example.com/other"}),
+    ));
+    assert!(!w.compute().contains_key(&ServiceKey::new("default", "web")));
+}
+
+#[test]
+fn heartbeats_are_read_with_their_families() {
+    let beats = heartbeat::read(&[beat("node-a", 3, "IPv6"), beat("node-b", 3, "")]);
+    assert_eq!(
+        beats["node-a"].families,
+        Families {
+            v4: false,
+            v6: true
+        }
+    );
+    assert_eq!(
+        beats["node-b"].families,
+        Families {
+            v4: false,
+            v6: false
+        }
+    );
+    assert_eq!(heartbeat::lease_name("node-a"), "nodelb-node-node-a");
+    let hb = Heartbeat {
+        node: "n".into(),
+        holder: None,
+        renewed: now(),
+        families: Families {
+            v4: true,
+            v6: false,
+        },
+    };
+    assert!(hb.fresh(
+        now() + SignedDuration::from_secs(14),
+        Duration::from_secs(15)
+    ));
+    assert!(!hb.fresh(
+        now() + SignedDuration::from_secs(15),
+        Duration::from_secs(15)
+    ));
+}
+
+// ---- what the writer does -----------------------------------------------------------------
+
+fn stored(ingress: &[&str], managers: &[&str]) -> Service {
+    let ing: Vec<_> = ingress
+        .iter()
+        .map(|ip| serde_json::json!({"ip": ip}))
+        .collect();
+    let mf: Vec<_> = managers
+        .iter()
+        .map(|m| serde_json::json!({"manager": m, "operation": "Apply", "subresource": "status",
+            "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:loadBalancer": {"f:ingress": {}}}}}))
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"namespace": "default", "name": "web", "managedFields": mf},
+        "spec": {"type": "LoadBalancer"},
+        "status": {"loadBalancer": {"ingress": ing}},
+    }))
+    .unwrap()
+}
+
+fn desired(ips: &[&str]) -> Desired {
+    Desired {
+        ingress: ips.iter().map(|a| a.parse().unwrap()).collect(),
+        ..Desired::default()
+    }
+}
+
+#[test]
+fn the_writer_writes_only_when_the_stored_value_differs() {
+    let s = stored(&["203.0.113.9"], &["nodelb"]);
+    assert_eq!(
+        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), None),
+        Write::Nothing
+    );
+    let Write::Apply { body, first } =
+        ingress::decide(&s, Some(&desired(&["203.0.113.9", "203.0.113.10"])), None)
+    else {
+        panic!()
+    };
+    assert!(!first);
+    assert_eq!(
+        body["status"]["loadBalancer"]["ingress"],
+        serde_json::json!([{"ip": "203.0.113.9"}, {"ip": "203.0.113.10"}])
+    );
+    let Write::Apply { first, .. } =
+        ingress::decide(&stored(&[], &[]), Some(&desired(&["203.0.113.9"])), None)
+    else {
+        panic!()
+    };
+    assert!(first, "nothing published before: EnsuredLoadBalancer");
+}
+
+#[test]
+fn ip_mode_is_written_only_when_the_server_keeps_it() {
+    let s = stored(&["203.0.113.9"], &["nodelb"]);
+    // A server that keeps ipMode: stored without it differs from desired with it.
+    let Write::Apply { body, .. } =
+        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), Some("Proxy"))
+    else {
+        panic!()
+    };
+    assert_eq!(
+        body["status"]["loadBalancer"]["ingress"][0]["ipMode"],
+        "Proxy"
+    );
+    // A server that drops it: never sent, so stored always equals computed.
+    assert_eq!(
+        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), None),
+        Write::Nothing
+    );
+}
+
+#[test]
+fn another_managers_ingress_is_left_alone() {
+    let s = stored(&["192.0.2.1"], &["metallb"]);
+    assert_eq!(
+        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), None),
+        Write::OwnedElsewhere {
+            managers: vec!["metallb".into()]
+        }
+    );
+}
+
+#[test]
+fn a_service_no_longer_ours_loses_only_what_nodelb_wrote() {
+    let ours = stored(&["203.0.113.9"], &["nodelb"]);
+    let Write::Clear { body } = ingress::decide(&ours, None, None) else {
+        panic!()
+    };
+    assert_eq!(body["status"], serde_json::json!({}));
+    let theirs = stored(&["192.0.2.1"], &["metallb"]);
+    assert_eq!(ingress::decide(&theirs, None, None), Write::Nothing);
+}
+
+#[test]
+fn recomputing_after_a_change_touches_only_what_changed_and_equals_a_fresh_computation() {
+    let mut w = World::two_nodes()
+        .service(svc(
+            "a",
+            "2023-01-01T00:00:00Z",
+            80,
+            serde_json::json!({"externalTrafficPolicy": "Local"}),
+        ))
+        .service(svc("b", "2024-01-01T00:00:00Z", 81, none()))
+        .service(svc("c", "2024-01-01T00:00:00Z", 82, none()))
+        .slice(slice("a", &[("198.51.100.20", "node-b")]));
+    let mut s = Status::default();
+    let beats = heartbeat::read(&w.leases);
+    let first = s.compute(&w.objects, &w.nodes, &beats, now(), &w.cfg);
+    assert_eq!(first.len(), 3);
+    assert!(
+        s.compute(&w.objects, &w.nodes, &beats, now(), &w.cfg)
+            .is_empty(),
+        "nothing changed"
+    );
+    // The endpoint moves to node-a: only `a` changes.
+    w = w.slice(slice("a", &[("198.51.100.20", "node-a")]));
+    let changed = s.compute(&w.objects, &w.nodes, &beats, now(), &w.cfg);
+    assert_eq!(changed, [ServiceKey::new("default", "a")].into());
+    assert_eq!(s.desired(), &w.compute());
+    // A heartbeat going stale changes every Service served there.
+    let later = now() + SignedDuration::from_secs(20);
+    let mut beats2 = beats.clone();
+    beats2.get_mut("node-a").unwrap().renewed = later;
+    let changed = s.compute(&w.objects, &w.nodes, &beats2, later, &w.cfg);
+    // `a` is Local with its endpoint on node-a: it does not change.
+    assert_eq!(
+        changed,
+        [
+            ServiceKey::new("default", "b"),
+            ServiceKey::new("default", "c")
+        ]
+        .into()
+    );
+}

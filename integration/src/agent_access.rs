@@ -1,0 +1,174 @@
+//! The reviewed list of every API request `nodelb-agent` can make, as RBAC sees it: what
+//! `manifests/base/rbac.yaml` must grant, no more and no less
+//! (`integration/tests/manifests.rs` checks the manifests against it; the e2e tests check that
+//! every request of the agent in the API double's audit log is on it).
+//!
+//! Adding a request to the agent means adding a row here, with the code that makes it, and the
+//! rule to the manifests: a reviewer sees the new privilege in one place.
+
+/// Where a grant applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scope {
+    /// Every namespace, or a cluster-scoped resource: a `ClusterRole` rule.
+    Cluster,
+    /// Only the agent's own namespace (`$POD_NAMESPACE`, `nodelb-system`): a `Role` rule there.
+    AgentNamespace,
+}
+
+/// One kind of request: an RBAC verb on a resource of an API group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AgentRequest {
+    /// RBAC verb as kube-apiserver's audit log spells it: `get`, `list`, `watch`, `create`,
+    /// `update`, `patch`, `delete`.
+    pub verb: &'static str,
+    /// API group; `""` is the core group.
+    pub group: &'static str,
+    /// Resource, or `resource/subresource`.
+    pub resource: &'static str,
+    pub scope: Scope,
+    /// The agent code that makes the request (and whether it has landed yet).
+    pub made_by: &'static str,
+}
+
+impl AgentRequest {
+    /// Whether this row covers a request, given the namespace it went to (`""` for a
+    /// cluster-scoped or all-namespaces request) and the agent's namespace.
+    pub fn covers(
+        &self,
+        verb: &str,
+        group: &str,
+        resource: &str,
+        namespace: &str,
+        agent_namespace: &str,
+    ) -> bool {
+        self.verb == verb
+            && self.group == group
+            && self.resource == resource
+            && match self.scope {
+                Scope::Cluster => true,
+                Scope::AgentNamespace => namespace == agent_namespace,
+            }
+    }
+}
+
+const fn req(
+    verb: &'static str,
+    group: &'static str,
+    resource: &'static str,
+    scope: Scope,
+    made_by: &'static str,
+) -> AgentRequest {
+    AgentRequest {
+        verb,
+        group,
+        resource,
+        scope,
+        made_by,
+    }
+}
+
+use Scope::{AgentNamespace, Cluster};
+
+const WATCH_SERVICES: &str =
+    "agent/src/run/caches.rs: Caches::start, watcher over Api::<Service>::all \
+     (every agent; the status leader reads the same cache, issue 4)";
+const WATCH_SLICES: &str =
+    "agent/src/run/caches.rs: Caches::start, watcher over Api::<EndpointSlice>::all";
+const WATCH_NODES: &str =
+    "agent/src/run/caches.rs: Caches::start, reflector over Api::<Node>::all with \
+     field selector metadata.name=<node>; the status leader watches all Nodes (issue 4)";
+const EVENTS_CREATE: &str = "agent/src/run/node_events.rs: kube Recorder::publish creates an \
+     events.k8s.io Event (Node Events go to namespace default); Service Events from the status \
+     leader (issue 4)";
+const EVENTS_PATCH: &str =
+    "agent/src/run/node_events.rs: kube Recorder::publish merge-patches the \
+     series of an Event it already created";
+const STATUS_APPLY: &str = "issue 4 (status writer, not in main yet): server-side apply of \
+     services/status under field manager nodelb";
+const LEASES: &str = "issue 4 (not in main yet): heartbeat Leases nodelb-node-<node> (create, \
+     update/patch to renew; the leader lists and watches them all) and election on the Lease \
+     nodelb-status (get, create, update/patch)";
+
+static EXPECTATIONS: [AgentRequest; 15] = [
+    req("list", "", "services", Cluster, WATCH_SERVICES),
+    req("watch", "", "services", Cluster, WATCH_SERVICES),
+    req("patch", "", "services/status", Cluster, STATUS_APPLY),
+    req(
+        "list",
+        "discovery.k8s.io",
+        "endpointslices",
+        Cluster,
+        WATCH_SLICES,
+    ),
+    req(
+        "watch",
+        "discovery.k8s.io",
+        "endpointslices",
+        Cluster,
+        WATCH_SLICES,
+    ),
+    req("list", "", "nodes", Cluster, WATCH_NODES),
+    req("watch", "", "nodes", Cluster, WATCH_NODES),
+    req("create", "events.k8s.io", "events", Cluster, EVENTS_CREATE),
+    req("patch", "events.k8s.io", "events", Cluster, EVENTS_PATCH),
+    req(
+        "get",
+        "coordination.k8s.io",
+        "leases",
+        AgentNamespace,
+        LEASES,
+    ),
+    req(
+        "list",
+        "coordination.k8s.io",
+        "leases",
+        AgentNamespace,
+        LEASES,
+    ),
+    req(
+        "watch",
+        "coordination.k8s.io",
+        "leases",
+        AgentNamespace,
+        LEASES,
+    ),
+    req(
+        "create",
+        "coordination.k8s.io",
+        "leases",
+        AgentNamespace,
+        LEASES,
+    ),
+    req(
+        "update",
+        "coordination.k8s.io",
+        "leases",
+        AgentNamespace,
+        LEASES,
+    ),
+    req(
+        "patch",
+        "coordination.k8s.io",
+        "leases",
+        AgentNamespace,
+        LEASES,
+    ),
+];
+
+/// Every request the agent can make, reviewed: the RBAC in `manifests/` grants exactly these.
+pub fn rbac_expectations() -> Vec<AgentRequest> {
+    EXPECTATIONS.to_vec()
+}
+
+/// Whether some row of [`rbac_expectations`] covers a request (see [`AgentRequest::covers`]).
+pub fn is_expected(
+    verb: &str,
+    group: &str,
+    resource: &str,
+    namespace: &str,
+    agent_namespace: &str,
+) -> bool {
+    rbac_expectations()
+        .iter()
+        .any(|r| r.covers(verb, group, resource, namespace, agent_namespace))
+}

@@ -1,0 +1,148 @@
+//! README.md keeps up with the agent: every flag of `nodelb-agent run --help` and every metric
+//! the agent exports is named in it. The names come from the agent itself (clap's description
+//! of `run`, the rendered metrics registry), so a new flag or metric fails here until it is
+//! documented.
+
+use clap::CommandFactory;
+use nodelb_agent::cli::Cli;
+use nodelb_agent::run::metrics::Metrics;
+use std::path::PathBuf;
+
+fn readme() -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// Whether `name` occurs in `text` as a whole token: not followed by a character that would
+/// make it a longer flag or metric name (`--ipv6` is not found in `--ipv6-only`).
+fn mentions(text: &str, name: &str) -> bool {
+    text.match_indices(name).any(|(i, _)| {
+        let before = text[..i].chars().next_back();
+        let after = text[i + name.len()..].chars().next();
+        let word = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+        !before.is_some_and(|c| word(c) && !name.starts_with('-')) && !after.is_some_and(word)
+    })
+}
+
+/// The long flags of `nodelb-agent run`, as `--help` prints them.
+fn run_flags() -> Vec<String> {
+    let mut cmd = Cli::command();
+    let help = cmd
+        .find_subcommand_mut("run")
+        .expect("a run subcommand")
+        .render_long_help()
+        .to_string();
+    let run = Cli::command();
+    let run = run.find_subcommand("run").unwrap();
+    let flags: Vec<String> = run
+        .get_arguments()
+        .filter_map(|a| a.get_long())
+        .filter(|l| *l != "help")
+        .map(|l| format!("--{l}"))
+        .collect();
+    for f in &flags {
+        assert!(mentions(&help, f), "{f} is not in `run --help`:\n{help}");
+    }
+    assert!(flags.len() >= 20, "{flags:?}");
+    flags
+}
+
+/// The names `agent/src/run/metrics.rs` registers (without the `nodelb_` prefix the registry
+/// adds), read from its source so a metric added there is never missed here.
+fn registered_names() -> Vec<String> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../agent/src/run/metrics.rs");
+    let src = std::fs::read_to_string(&path).unwrap();
+    src.split(".register(")
+        .skip(1)
+        .map(|rest| {
+            let rest = rest.trim_start();
+            let rest = rest.strip_prefix('"').expect("a name literal first");
+            rest[..rest.find('"').unwrap()].to_string()
+        })
+        .collect()
+}
+
+/// The metric names a scrape shows: counters with their `_total` suffix, others as declared.
+/// Families are rendered only once they have a child, so each gets one.
+fn metric_names() -> Vec<String> {
+    let m = Metrics::new();
+    m.record_sync(std::time::Duration::from_millis(1), true);
+    m.invalid("Service", "plan");
+    m.watch_error("services");
+    m.heartbeat_age
+        .get_or_create(&nodelb_agent::run::metrics::NodeLabel {
+            node: "node-a".into(),
+        })
+        .set(1.0);
+    m.status_writes
+        .get_or_create(&nodelb_agent::run::metrics::WriteLabel { result: "ok" })
+        .inc();
+    m.heartbeats
+        .get_or_create(&nodelb_agent::run::metrics::ResultLabel { result: "ok" })
+        .inc();
+    let text = m.render();
+    let types: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| {
+            let mut parts = l.split_whitespace();
+            (
+                parts.next().unwrap().to_string(),
+                parts.next().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let registered = registered_names();
+    assert!(registered.len() >= 9, "{registered:?}");
+    registered
+        .iter()
+        .map(|r| {
+            let name = format!("nodelb_{r}");
+            let (_, kind) = types.iter().find(|(n, _)| *n == name).unwrap_or_else(|| {
+                panic!("{name} is registered but not rendered: give it a sample above\n{text}")
+            });
+            match kind.as_str() {
+                "counter" => format!("{name}_total"),
+                _ => name,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn mentions_is_whole_token() {
+    assert!(mentions("use `--ipv6=true`", "--ipv6"));
+    assert!(mentions("--ipv6, --ipv4", "--ipv4"));
+    assert!(!mentions("--ipv6-only", "--ipv6"));
+    assert!(mentions("| `nodelb_syncs_total` |", "nodelb_syncs_total"));
+    assert!(!mentions("nodelb_syncs_total", "nodelb_syncs"));
+    assert!(!mentions("xnodelb_syncs", "nodelb_syncs"));
+}
+
+#[test]
+fn readme_documents_every_run_flag() {
+    let readme = readme();
+    let missing: Vec<String> = run_flags()
+        .into_iter()
+        .filter(|f| !mentions(&readme, f))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "README.md does not document these `nodelb-agent run` flags: {}",
+        missing.join(" ")
+    );
+}
+
+#[test]
+fn readme_documents_every_metric() {
+    let readme = readme();
+    let missing: Vec<String> = metric_names()
+        .into_iter()
+        .filter(|m| !mentions(&readme, m))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "README.md does not document these metrics: {}",
+        missing.join(" ")
+    );
+}
