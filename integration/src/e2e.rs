@@ -107,8 +107,14 @@ pub struct ClusterOptions {
     pub backends_per_node: usize,
     /// Run agents with `--ipv6=true` and give Nodes an IPv6 InternalIP too.
     pub ipv6: bool,
-    /// More `run` flags for every agent.
+    /// More `run` flags for every agent. A `--resync-interval` here replaces the harness's
+    /// default of 30 s.
     pub agent_args: Vec<String>,
+    /// The double serves Kubernetes 1.`api_version_minor` (ignored against a real cluster).
+    pub api_version_minor: u32,
+    /// Fields the double strips on write, to imitate an older server (ignored against a real
+    /// cluster); see [`ApiServerConfig::drop_fields`].
+    pub api_drop_fields: Vec<String>,
 }
 
 impl Default for ClusterOptions {
@@ -118,6 +124,8 @@ impl Default for ClusterOptions {
             backends_per_node: 3,
             ipv6: false,
             agent_args: Vec::new(),
+            api_version_minor: ApiServerConfig::default().version_minor,
+            api_drop_fields: Vec::new(),
         }
     }
 }
@@ -409,6 +417,8 @@ impl Cluster {
                         ),
                         (AGENT_TOKEN.into(), AGENT_USER.into(), vec![]),
                     ],
+                    version_minor: options.api_version_minor,
+                    drop_fields: options.api_drop_fields.clone(),
                     ..ApiServerConfig::default()
                 })
                 .expect("the API double starts");
@@ -562,6 +572,11 @@ impl Cluster {
         let bin = agent_binary();
         let ipv6 = self.options.ipv6;
         let extra = self.options.agent_args.clone();
+        let resync = if extra.iter().any(|a| a.starts_with("--resync-interval")) {
+            None
+        } else {
+            Some("30s")
+        };
         let node = &mut self.nodes[i];
         assert!(
             node.agent.as_mut().is_none_or(|a| !a.running()),
@@ -584,7 +599,7 @@ impl Cluster {
             .args(["--pod-namespace", AGENT_NAMESPACE])
             .args(["--health-addr", &format!("127.0.0.1:{HEALTH_PORT}")])
             .args(["--metrics-addr", &format!("127.0.0.1:{METRICS_PORT}")])
-            .args(["--resync-interval", "30s"])
+            .args(resync.iter().flat_map(|r| ["--resync-interval", r]))
             .arg(format!("--ipv6={ipv6}"))
             .args(&extra)
             .env(
