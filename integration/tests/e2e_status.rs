@@ -643,6 +643,12 @@ fn thousand_steady_services_see_no_write_through_resyncs_renewals_and_a_failover
     // Converged: writes still in flight when the last status landed are not counted.
     std::thread::sleep(Duration::from_secs(1));
     let mark = c.audit().map_or(0, |a| a.len());
+    if let Some(records) = c.audit() {
+        eprintln!(
+            "measured: {} status writes until convergence for {N} Services",
+            status_writes(&c, 2, &records).len()
+        );
+    }
     let window = Instant::now();
 
     std::thread::sleep(2 * RESYNC + Duration::from_secs(1));
