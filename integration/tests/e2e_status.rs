@@ -892,3 +892,56 @@ fn ip_mode_is_never_sent_to_a_1_29_server() {
     assert_eq!(stored, [(addr(&c, 0), None)], "no ipMode was sent");
     assert_rbac(&c);
 }
+
+/// A failover while the leader is still writing: 1,000 Services exist before the agents start,
+/// so the first leader's first round writes them all; it is SIGTERMed after its first 50
+/// writes and restarted at once (a rolling update). It releases the Lease and the other agent
+/// takes over at once, so it must stop writing then: the audit log shows every status write
+/// came from the node that held `nodelb-status`, and every Service ends with both nodes.
+#[test]
+fn failover_mid_convergence_keeps_one_writer() {
+    if !require_root("failover_mid_convergence_keeps_one_writer") {
+        return;
+    }
+    let _serial = serial();
+    let mut c = Cluster::build(options(2));
+    const N: u16 = 1000;
+    for k in 0..N {
+        apply(&c, service(&format!("burst-{k}"), 20000 + k));
+    }
+    for i in 0..2 {
+        c.start_agent(i);
+    }
+    for i in 0..2 {
+        c.wait_ready(i);
+    }
+    let leader = wait_leader(&c, 2, CHANGE);
+    wait_for("the leader's first 50 status writes", CHANGE, || {
+        let n = c.audit().map_or(50, |a| status_writes(&c, 2, &a).len());
+        if n >= 50 {
+            Ok(())
+        } else {
+            Err(format!("{n} writes"))
+        }
+    });
+    let stopped = Instant::now();
+    c.stop_agent(leader, Signal::SIGTERM);
+    eprintln!(
+        "measured: the writing leader exited {:?} after SIGTERM",
+        stopped.elapsed()
+    );
+    c.start_agent(leader);
+    c.wait_ready(leader);
+    let both = vec![addr(&c, 0), addr(&c, 1)];
+    wait_for(
+        "every Service publishes both nodes",
+        Duration::from_secs(120),
+        || all_publish(&c, &both, usize::from(N)),
+    );
+    eprintln!("measured: converged {:?} after SIGTERM", stopped.elapsed());
+    if let Some(records) = c.audit() {
+        let per_node = assert_writes_by_holder(&c, 2, &records);
+        eprintln!("measured: status writes per node {per_node:?}");
+    }
+    assert_rbac(&c);
+}
