@@ -930,6 +930,15 @@ fn failover_mid_convergence_keeps_one_writer() {
         "measured: the writing leader exited {:?} after SIGTERM",
         stopped.elapsed()
     );
+    let other = 1 - leader;
+    wait_for("the other agent takes over", CHANGE, || match holder(&c) {
+        Some(h) if h == pod(&c, other) => Ok(()),
+        h => Err(format!("holder {h:?}")),
+    });
+    eprintln!(
+        "measured: node {other} held the Lease {:?} after SIGTERM",
+        stopped.elapsed()
+    );
     c.start_agent(leader);
     c.wait_ready(leader);
     let both = vec![addr(&c, 0), addr(&c, 1)];
@@ -942,6 +951,10 @@ fn failover_mid_convergence_keeps_one_writer() {
     if let Some(records) = c.audit() {
         let per_node = assert_writes_by_holder(&c, 2, &records);
         eprintln!("measured: status writes per node {per_node:?}");
+        assert!(
+            per_node[leader] >= 50 && per_node[other] >= 1,
+            "both leaders wrote: {per_node:?}"
+        );
     }
     assert_rbac(&c);
 }
