@@ -6,8 +6,9 @@
 //! Durations are short so the suite stays fast: node heartbeats are fresh for 3 s (renewed
 //! every second), the `nodelb-status` Lease lasts 3 s (renew deadline 2 s, retry 500 ms), and
 //! agents resync every 2 s. Assertions wait on signals with generous bounds; measured times are
-//! printed (`--nocapture`), not asserted, except issue 4's one bound: a dead node leaves the
-//! status within 3× the node lease duration.
+//! printed (`--nocapture`), not asserted, except issue 4's bound (a dead node leaves the
+//! status within 3× the node lease duration) and that a released Lease is taken over in less
+//! than a lease duration (else it was not released).
 //!
 //! The tests run one at a time (a file-wide lock): they are about timing on a shared machine,
 //! and one test's thousand Services must not starve another test's heartbeats.
@@ -350,6 +351,10 @@ fn time_of(r: &AuditRecord) -> Timestamp {
 /// successful write of that Lease before it (acquire or renew; audit records are appended
 /// before the response is sent, so the log's order is causal) came from the same node, less
 /// than a lease duration earlier. Returns the number of status writes per node.
+///
+/// Limit: without request bodies a release (holder emptied) looks like a renewal, so a write by
+/// the releasing agent between its release and the next acquire would pass; any write after
+/// another agent acquired is caught.
 fn assert_writes_by_holder(c: &Cluster, nodes: usize, records: &[AuditRecord]) -> Vec<usize> {
     let mut per_node = vec![0; nodes];
     let mut last_lease: Option<(usize, &AuditRecord)> = None;
