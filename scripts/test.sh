@@ -6,4 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 cargo build --workspace --locked --all-targets
+# The end-to-end tests run this agent binary (built above with the workspace's features), so
+# they do not rebuild it with the agent crate's own feature set.
+export NODELB_AGENT_BIN="${NODELB_AGENT_BIN:-$PWD/target/debug/nodelb-agent}"
 cargo test --workspace --locked -- --test-threads=2

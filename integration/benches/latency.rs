@@ -695,6 +695,7 @@ fn one_size(n: usize, follower: bool, cfg: &Config) -> Res<SizeResult> {
         ipv6: false,
         agent_args: Vec::new(),
         resync_interval: AGENT_RESYNC,
+        ..ClusterOptions::default()
     });
     let api = c
         .double()

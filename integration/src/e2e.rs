@@ -107,11 +107,17 @@ pub struct ClusterOptions {
     pub backends_per_node: usize,
     /// Run agents with `--ipv6=true` and give Nodes an IPv6 InternalIP too.
     pub ipv6: bool,
-    /// More `run` flags for every agent.
+    /// More `run` flags for every agent. A `--resync-interval` here replaces the harness's
+    /// default of 30 s.
     pub agent_args: Vec<String>,
     /// Every agent's `--resync-interval` (30 s: tests see a resync; benchmarks use the agent's
     /// default of 300 s).
     pub resync_interval: Duration,
+    /// The double serves Kubernetes 1.`api_version_minor` (ignored against a real cluster).
+    pub api_version_minor: u32,
+    /// Fields the double strips on write, to imitate an older server (ignored against a real
+    /// cluster); see [`ApiServerConfig::drop_fields`].
+    pub api_drop_fields: Vec<String>,
 }
 
 impl Default for ClusterOptions {
@@ -122,6 +128,8 @@ impl Default for ClusterOptions {
             ipv6: false,
             agent_args: Vec::new(),
             resync_interval: Duration::from_secs(30),
+            api_version_minor: ApiServerConfig::default().version_minor,
+            api_drop_fields: Vec::new(),
         }
     }
 }
@@ -413,6 +421,8 @@ impl Cluster {
                         ),
                         (AGENT_TOKEN.into(), AGENT_USER.into(), vec![]),
                     ],
+                    version_minor: options.api_version_minor,
+                    drop_fields: options.api_drop_fields.clone(),
                     ..ApiServerConfig::default()
                 })
                 .expect("the API double starts");
@@ -574,7 +584,11 @@ impl Cluster {
         let bin = agent_binary();
         let ipv6 = self.options.ipv6;
         let extra = self.options.agent_args.clone();
-        let resync = format!("{}ms", self.options.resync_interval.as_millis());
+        let resync = if extra.iter().any(|a| a.starts_with("--resync-interval")) {
+            None
+        } else {
+            Some(format!("{}ms", self.options.resync_interval.as_millis()))
+        };
         let node = &mut self.nodes[i];
         assert!(
             node.agent.as_mut().is_none_or(|a| !a.running()),
@@ -597,7 +611,7 @@ impl Cluster {
             .args(["--pod-namespace", AGENT_NAMESPACE])
             .args(["--health-addr", &format!("127.0.0.1:{HEALTH_PORT}")])
             .args(["--metrics-addr", &format!("127.0.0.1:{METRICS_PORT}")])
-            .args(["--resync-interval", &resync])
+            .args(resync.iter().flat_map(|r| ["--resync-interval", r.as_str()]))
             .arg(format!("--ipv6={ipv6}"))
             .args(&extra)
             .env(

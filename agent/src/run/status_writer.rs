@@ -180,7 +180,14 @@ impl StatusWriter {
             };
         memory.version = Some(objects.version());
         keys.extend(changed);
-        for key in &keys {
+        for (done, key) in keys.iter().enumerate() {
+            // A round may be long (one write per Service); once the Lease is lost or released,
+            // another agent writes, so stop at once. What is left is redone from scratch the
+            // next time this agent leads (its memory starts empty then).
+            if !*self.leading.borrow() {
+                info!(left = keys.len() - done, "no longer leading: the status round stops");
+                return;
+            }
             let Some(svc) = objects.service(key) else {
                 memory.written.remove(key);
                 memory.reported.remove(key);

@@ -1,0 +1,965 @@
+//! End-to-end status: issue 4's "done means" against the real `nodelb-agent` binary. Two (or
+//! one) node namespaces, each with an agent that reaches the API double over its own link, so
+//! the double's audit log says which node made each request; the test reads Services, Leases,
+//! Events, metrics and the audit log, and kills, stops and restarts agents by pid.
+//!
+//! Durations are short so the suite stays fast: node heartbeats are fresh for 3 s (renewed
+//! every second), the `nodelb-status` Lease lasts 3 s (renew deadline 2 s, retry 500 ms), and
+//! agents resync every 2 s. Assertions wait on signals with generous bounds; measured times are
+//! printed (`--nocapture`), not asserted, except issue 4's bound (a dead node leaves the
+//! status within 3× the node lease duration) and that a released Lease is taken over in less
+//! than a lease duration (else it was not released).
+//!
+//! The tests run one at a time (a file-wide lock): they are about timing on a shared machine,
+//! and one test's thousand Services must not starve another test's heartbeats.
+//!
+//! Run as root: `cargo test -p nodelb-integration --test e2e_status -- --nocapture`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use nix::sys::signal::Signal;
+use nodelb_integration::apiserver::AuditRecord;
+use nodelb_integration::e2e::{
+    metric_sum, real_cluster, wait_for, Cluster, ClusterOptions, AGENT_NAMESPACE,
+};
+use nodelb_integration::netns::require_root;
+use serde_json::{json, Value};
+
+/// `--node-lease-duration`: a heartbeat is fresh this long.
+const NODE_LEASE: Duration = Duration::from_secs(3);
+/// `--lease-duration` of `nodelb-status`.
+const LEASE: Duration = Duration::from_secs(3);
+/// `--resync-interval`.
+const RESYNC: Duration = Duration::from_secs(2);
+/// Upper bound for a status change that needs no failover to show.
+const CHANGE: Duration = Duration::from_secs(20);
+/// The election Lease.
+const STATUS_LEASE: &str = "nodelb-status";
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// One test at a time (see the module docs); a failed test does not block the others.
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn options(nodes: usize) -> ClusterOptions {
+    let args = [
+        ("--node-lease-duration", "3s"),
+        ("--lease-duration", "3s"),
+        ("--renew-deadline", "2s"),
+        ("--retry-period", "500ms"),
+        ("--resync-interval", "2s"),
+    ];
+    ClusterOptions {
+        nodes,
+        backends_per_node: 1,
+        agent_args: args
+            .iter()
+            .flat_map(|(k, v)| [k.to_string(), v.to_string()])
+            .collect(),
+        ..ClusterOptions::default()
+    }
+}
+
+// ---- objects ---------------------------------------------------------------------------------
+
+/// A LoadBalancer Service with one TCP port named `tcp`.
+fn service(name: &str, port: u16) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"type": "LoadBalancer",
+                 "ports": [{"name": "tcp", "port": port, "protocol": "TCP"}]},
+    })
+}
+
+/// An IPv4 EndpointSlice `<svc>-1` with `(backend, ready)` endpoints on the backends' nodes.
+fn slice(c: &Cluster, svc: &str, endpoints: &[(usize, bool)]) -> Value {
+    let eps: Vec<Value> = endpoints
+        .iter()
+        .map(|(j, ready)| {
+            json!({"addresses": [c.backend_v4(*j).to_string()],
+                   "nodeName": c.node_name(c.backend_node(*j)),
+                   "conditions": {"ready": ready}})
+        })
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{svc}-1"),
+                     "labels": {"kubernetes.io/service-name": svc}},
+        "addressType": "IPv4",
+        "ports": [{"name": "tcp", "port": 8080, "protocol": "TCP"}],
+        "endpoints": eps,
+    })
+}
+
+fn apply(c: &Cluster, obj: Value) {
+    let what = format!("{} {}", obj["kind"], obj["metadata"]["name"]);
+    c.apply_value(obj)
+        .unwrap_or_else(|e| panic!("applying {what}: {e}"));
+}
+
+// ---- reading the cluster ---------------------------------------------------------------------
+
+/// A Service's stored `status.loadBalancer.ingress` as `(ip, ipMode)`.
+fn ingress(c: &Cluster, name: &str) -> Vec<(String, Option<String>)> {
+    let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
+    let svc = c
+        .block_on(api.get(name))
+        .unwrap_or_else(|e| panic!("reading Service {name}: {e}"));
+    svc.status
+        .and_then(|s| s.load_balancer)
+        .and_then(|lb| lb.ingress)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|i| (i.ip.unwrap_or_default(), i.ip_mode))
+        .collect()
+}
+
+/// The stored ingress addresses.
+fn ips(c: &Cluster, name: &str) -> Vec<String> {
+    ingress(c, name).into_iter().map(|(ip, _)| ip).collect()
+}
+
+/// Waits until Service `name` publishes exactly `want` (in order); returns how long it took.
+fn wait_ips(c: &Cluster, name: &str, want: &[String], timeout: Duration) -> Duration {
+    let t0 = Instant::now();
+    wait_for(&format!("{name}'s status lists {want:?}"), timeout, || {
+        let got = ips(c, name);
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!("{got:?}"))
+        }
+    });
+    t0.elapsed()
+}
+
+/// Ok when `n` Services in the test namespace publish exactly `want`.
+fn all_publish(c: &Cluster, want: &[String], n: usize) -> Result<(), String> {
+    let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
+    let list = c
+        .block_on(api.list(&Default::default()))
+        .map_err(|e| e.to_string())?;
+    let done = list
+        .items
+        .iter()
+        .filter(|s| {
+            let got: Vec<String> = s
+                .status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|lb| lb.ingress.as_ref())
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i.ip.clone())
+                .collect();
+            got == want
+        })
+        .count();
+    if done == n {
+        Ok(())
+    } else {
+        Err(format!("{done} of {n} publish {want:?}"))
+    }
+}
+
+/// Node `i`'s published IPv4 address (its InternalIP).
+fn addr(c: &Cluster, i: usize) -> String {
+    c.node_v4(i).to_string()
+}
+
+/// Node `i`'s agent identity (the harness's `--pod-name`).
+fn pod(c: &Cluster, i: usize) -> String {
+    format!("nodelb-agent-{}", c.node_name(i))
+}
+
+/// The holder of `nodelb-status` (empty when released), `None` before it exists.
+fn holder(c: &Cluster) -> Option<String> {
+    let api: Api<Lease> = Api::namespaced(c.admin().clone(), AGENT_NAMESPACE);
+    c.block_on(api.get_opt(STATUS_LEASE))
+        .unwrap_or_else(|e| panic!("reading Lease {STATUS_LEASE}: {e}"))
+        .map(|l| l.spec.and_then(|s| s.holder_identity).unwrap_or_default())
+}
+
+/// Waits until one of the `nodes` agents holds `nodelb-status` and says so in `nodelb_leader`;
+/// returns its index.
+fn wait_leader(c: &Cluster, nodes: usize, timeout: Duration) -> usize {
+    wait_for("an agent holds nodelb-status", timeout, || {
+        let h = holder(c).unwrap_or_default();
+        let i = (0..nodes)
+            .find(|i| pod(c, *i) == h)
+            .ok_or_else(|| format!("holder {h:?}"))?;
+        match metric_sum(&c.metrics(i), "nodelb_leader") {
+            1.0 => Ok(i),
+            v => Err(format!("{h} holds it but its nodelb_leader is {v}")),
+        }
+    })
+}
+
+/// `events.k8s.io/v1` Events about Service `svc` with `reason`.
+fn events(c: &Cluster, svc: &str, reason: &str) -> Vec<Value> {
+    c.events()
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == svc && e["reason"] == reason)
+        .collect()
+}
+
+fn wait_event(c: &Cluster, svc: &str, reason: &str) -> Value {
+    wait_for(&format!("a {reason} Event on {svc}"), CHANGE, || {
+        events(c, svc, reason)
+            .into_iter()
+            .next()
+            .ok_or_else(|| "none yet".to_string())
+    })
+}
+
+// ---- the audit log ---------------------------------------------------------------------------
+
+/// The node whose agent made the request (by source address), if any.
+fn node_of(c: &Cluster, nodes: usize, r: &AuditRecord) -> Option<usize> {
+    (0..nodes).find(|i| r.source.ip() == IpAddr::V4(c.node_api_addr(*i)))
+}
+
+fn is_write(r: &AuditRecord) -> bool {
+    matches!(r.verb.as_str(), "create" | "update" | "patch")
+}
+
+/// A write to a Service's status subresource (any result).
+fn is_status_write(r: &AuditRecord) -> bool {
+    is_write(r)
+        && r.object
+            .as_ref()
+            .is_some_and(|o| o.resource == "services" && o.subresource == "status")
+}
+
+/// A successful write of Lease `name` in the agents' namespace.
+fn is_lease_write(r: &AuditRecord, name: impl Fn(&str) -> bool) -> bool {
+    is_write(r)
+        && (200..300).contains(&r.code)
+        && r.object.as_ref().is_some_and(|o| {
+            o.resource == "leases.coordination.k8s.io"
+                && o.namespace == AGENT_NAMESPACE
+                && name(&o.name)
+        })
+}
+
+/// Agents' status writes among `records`, as `(node, service)`.
+fn status_writes(c: &Cluster, nodes: usize, records: &[AuditRecord]) -> Vec<(usize, String)> {
+    records
+        .iter()
+        .filter(|r| is_status_write(r))
+        .filter_map(|r| {
+            let n = node_of(c, nodes, r)?;
+            Some((n, r.object.as_ref().expect("a write").name.clone()))
+        })
+        .collect()
+}
+
+/// Heartbeat renewals among `records`, per node.
+fn renewals(c: &Cluster, nodes: usize, records: &[AuditRecord]) -> BTreeMap<usize, usize> {
+    let mut out = BTreeMap::new();
+    for r in records {
+        if is_lease_write(r, |n| n.starts_with("nodelb-node-")) {
+            if let Some(n) = node_of(c, nodes, r) {
+                *out.entry(n).or_default() += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The longest time each node went without a successful heartbeat renewal within `records`
+/// (from its first renewal there to its last).
+fn heartbeat_gaps(c: &Cluster, nodes: usize, records: &[AuditRecord]) -> Vec<Duration> {
+    let mut last: Vec<Option<Timestamp>> = vec![None; nodes];
+    let mut gaps = vec![Duration::ZERO; nodes];
+    for r in records {
+        if !is_lease_write(r, |n| n.starts_with("nodelb-node-")) {
+            continue;
+        }
+        let Some(n) = node_of(c, nodes, r) else {
+            continue;
+        };
+        let t = time_of(r);
+        if let Some(prev) = last[n] {
+            let gap = Duration::try_from(t.duration_since(prev)).unwrap_or_default();
+            gaps[n] = gaps[n].max(gap);
+        }
+        last[n] = Some(t);
+    }
+    gaps
+}
+
+/// The premise of a "no status write" check: no heartbeat went stale (the audit log shows a
+/// renewal at least every node lease duration). When the machine starves an agent for longer,
+/// its node rightly leaves the status; the error says so, so a failure is not blamed on the
+/// writer.
+fn heartbeats_stayed_fresh(
+    c: &Cluster,
+    nodes: usize,
+    records: &[AuditRecord],
+) -> Result<(), String> {
+    let gaps = heartbeat_gaps(c, nodes, records);
+    eprintln!("measured: longest heartbeat gaps {gaps:?} (node lease {NODE_LEASE:?})");
+    if gaps.iter().all(|g| *g < NODE_LEASE) {
+        Ok(())
+    } else {
+        Err(format!(
+            "NOTE: a heartbeat went unrenewed longer than the node lease ({gaps:?} ≥ \
+             {NODE_LEASE:?}): the agent was starved or restarted too slowly, so a status change \
+             was right"
+        ))
+    }
+}
+
+/// Status writes as readable lines: time, node, URI, code.
+fn describe_writes(c: &Cluster, nodes: usize, records: &[AuditRecord]) -> String {
+    records
+        .iter()
+        .filter(|r| is_status_write(r) && node_of(c, nodes, r).is_some())
+        .map(|r| {
+            format!(
+                "{} node {:?} {} {} -> {}",
+                r.time,
+                node_of(c, nodes, r),
+                r.verb,
+                r.uri,
+                r.code
+            )
+        })
+        .take(20)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn time_of(r: &AuditRecord) -> Timestamp {
+    r.time
+        .parse()
+        .unwrap_or_else(|e| panic!("audit time {:?}: {e}", r.time))
+}
+
+/// Every agent status write came from the node whose agent held `nodelb-status` then: the last
+/// successful write of that Lease before it (acquire or renew; audit records are appended
+/// before the response is sent, so the log's order is causal) came from the same node, less
+/// than a lease duration earlier. Returns the number of status writes per node.
+///
+/// Limit: without request bodies a release (holder emptied) looks like a renewal, so a write by
+/// the releasing agent between its release and the next acquire would pass; any write after
+/// another agent acquired is caught.
+fn assert_writes_by_holder(c: &Cluster, nodes: usize, records: &[AuditRecord]) -> Vec<usize> {
+    let mut per_node = vec![0; nodes];
+    let mut last_lease: Option<(usize, &AuditRecord)> = None;
+    let mut bad = Vec::new();
+    for r in records {
+        let Some(n) = node_of(c, nodes, r) else {
+            continue;
+        };
+        if is_lease_write(r, |name| name == STATUS_LEASE) {
+            last_lease = Some((n, r));
+        } else if is_status_write(r) {
+            per_node[n] += 1;
+            match last_lease {
+                Some((h, l)) if h == n => {
+                    let since = time_of(r).duration_since(time_of(l));
+                    if since.as_secs_f64() >= LEASE.as_secs_f64() {
+                        bad.push(format!(
+                            "{} {} from node {n}: its last Lease write was {since} earlier",
+                            r.time, r.uri
+                        ));
+                    }
+                }
+                other => bad.push(format!(
+                    "{} {} from node {n} ({}) while the Lease was last written by {:?}",
+                    r.time,
+                    r.uri,
+                    r.source,
+                    other.map(|(h, l)| (h, l.time.clone()))
+                )),
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "status writes by an agent that did not hold {STATUS_LEASE}:\n{}",
+        bad.join("\n")
+    );
+    per_node
+}
+
+/// The agents were never refused (401/403) and always used their ServiceAccount.
+fn assert_rbac(c: &Cluster) {
+    c.assert_agents_authorized();
+}
+
+/// Skips a test that only means something against the double.
+fn double_only(test: &str) -> bool {
+    if real_cluster().is_some() {
+        eprintln!("{test}: skipped against a real cluster (it configures the API double)");
+        return false;
+    }
+    true
+}
+
+// ---- tests -------------------------------------------------------------------------------------
+
+/// Two nodes publish their ExternalIPs (preferred over InternalIPs), numerically sorted — node-a's
+/// 192.0.2.100 after node-b's 192.0.2.99, the reverse of both node order and text order — with
+/// `ipMode: Proxy` on a 1.33 server. Then each agent in turn is SIGKILLed and restarted at once
+/// (well within its heartbeat's lease): no status write at all over the window.
+#[test]
+fn status_lists_both_nodes_sorted_and_a_restart_within_the_lease_writes_nothing() {
+    if !require_root("status_lists_both_nodes_sorted_and_a_restart_within_the_lease_writes_nothing")
+    {
+        return;
+    }
+    let _serial = serial();
+    let mut c = Cluster::build(options(2));
+    let external = ["192.0.2.100", "192.0.2.99"];
+    let nodes: Api<Node> = Api::all(c.admin().clone());
+    for (i, ext) in external.iter().enumerate() {
+        // The agent serves only addresses that are assigned on its host.
+        c.node_ns(i)
+            .sh_ok(&format!("ip addr add {ext}/32 dev lo"))
+            .unwrap_or_else(|e| panic!("adding {ext} to node {i}: {e}"));
+        let patch = json!({"status": {"addresses": [
+            {"type": "InternalIP", "address": addr(&c, i)},
+            {"type": "ExternalIP", "address": ext},
+            {"type": "Hostname", "address": c.node_name(i)}]}});
+        c.block_on(nodes.patch_status(
+            c.node_name(i),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        ))
+        .unwrap_or_else(|e| panic!("setting node {i}'s ExternalIP: {e}"));
+    }
+    for i in 0..2 {
+        c.start_agent(i);
+    }
+    for i in 0..2 {
+        c.wait_ready(i);
+    }
+
+    apply(&c, service("web", 8001));
+    let want: Vec<String> = vec!["192.0.2.99".into(), "192.0.2.100".into()];
+    let took = wait_ips(&c, "web", &want, CHANGE);
+    eprintln!("measured: web published both nodes {took:?} after it was created");
+    let stored = ingress(&c, "web");
+    assert!(
+        stored.iter().all(|(_, m)| m.as_deref() == Some("Proxy")),
+        "ipMode Proxy on a 1.33 server: {stored:?}"
+    );
+    let ensured = wait_event(&c, "web", "EnsuredLoadBalancer");
+    assert_eq!(ensured["type"], "Normal", "{ensured}");
+    let leader = wait_leader(&c, 2, CHANGE);
+
+    // Restart the other agent, then the leader, each at once after a SIGKILL.
+    let mark = c.audit().map_or(0, |a| a.len());
+    let t0 = Instant::now();
+    for i in [1 - leader, leader] {
+        let killed = Instant::now();
+        c.stop_agent(i, Signal::SIGKILL);
+        c.start_agent(i);
+        c.wait_ready(i);
+        eprintln!(
+            "measured: node {i}'s agent ({}) back ready {:?} after SIGKILL",
+            if i == leader { "leader" } else { "not leader" },
+            killed.elapsed()
+        );
+    }
+    // Long enough for a stale heartbeat to show (2 node lease durations) and for resyncs.
+    std::thread::sleep(2 * NODE_LEASE + 2 * RESYNC);
+    eprintln!("measured: restart window {:?}", t0.elapsed());
+    wait_leader(&c, 2, CHANGE);
+    assert_eq!(ips(&c, "web"), want, "status after the restarts");
+    if let Some(records) = c.audit() {
+        let window = &records[mark..];
+        let writes = status_writes(&c, 2, window);
+        let fresh = heartbeats_stayed_fresh(&c, 2, window);
+        assert!(
+            writes.is_empty(),
+            "a restart within the heartbeat's lease must not write status:\n{}\n{}",
+            describe_writes(&c, 2, window),
+            fresh.err().unwrap_or_default()
+        );
+        let beats = renewals(&c, 2, window);
+        eprintln!("measured: heartbeat renewals in the window {beats:?}");
+        assert!(
+            beats.values().all(|n| *n >= 2) && beats.len() == 2,
+            "both nodes renewed their heartbeats during the window: {beats:?}"
+        );
+    }
+    assert_rbac(&c);
+}
+
+/// The non-leader is SIGKILLed: its node leaves the status once its heartbeat is stale, within
+/// 3× the node lease duration (measured from the kill).
+#[test]
+fn a_killed_agents_node_leaves_the_status_within_three_node_lease_durations() {
+    if !require_root("a_killed_agents_node_leaves_the_status_within_three_node_lease_durations") {
+        return;
+    }
+    let _serial = serial();
+    let mut c = Cluster::start(options(2));
+    apply(&c, service("web", 8002));
+    wait_ips(&c, "web", &[addr(&c, 0), addr(&c, 1)], CHANGE);
+    let leader = wait_leader(&c, 2, CHANGE);
+    let victim = 1 - leader;
+
+    c.stop_agent(victim, Signal::SIGKILL);
+    let took = wait_ips(&c, "web", &[addr(&c, leader)], 3 * NODE_LEASE);
+    eprintln!(
+        "measured: node {victim} left web's status {took:?} after its agent was SIGKILLed \
+         (node lease {NODE_LEASE:?}, bound {:?})",
+        3 * NODE_LEASE
+    );
+    let updated = wait_event(&c, "web", "UpdatedLoadBalancer");
+    assert_eq!(updated["type"], "Normal", "{updated}");
+    assert_rbac(&c);
+}
+
+/// The leader is SIGKILLed: the other agent takes the Lease (holder and `nodelb_leader` say
+/// so), and the status stays right at every sample — both nodes until the dead one's heartbeat
+/// is stale, then the survivor only, never anything else, never back. The audit log shows
+/// every status write came from the node whose agent held `nodelb-status` then.
+#[test]
+fn leader_killed_the_other_takes_over_and_every_write_came_from_the_holder() {
+    if !require_root("leader_killed_the_other_takes_over_and_every_write_came_from_the_holder") {
+        return;
+    }
+    let _serial = serial();
+    let mut c = Cluster::start(options(2));
+    apply(&c, service("web", 8003));
+    let both = vec![addr(&c, 0), addr(&c, 1)];
+    wait_ips(&c, "web", &both, CHANGE);
+    let leader = wait_leader(&c, 2, CHANGE);
+    let survivor = 1 - leader;
+    let alone = vec![addr(&c, survivor)];
+    let transitions_before = metric_sum(&c.metrics(survivor), "nodelb_lease_transitions");
+
+    let killed = Instant::now();
+    c.stop_agent(leader, Signal::SIGKILL);
+    let (mut took_over, mut removed) = (None, None);
+    let mut samples = 0;
+    let deadline = killed + 4 * (LEASE + NODE_LEASE);
+    while Instant::now() < deadline {
+        let got = ips(&c, "web");
+        samples += 1;
+        if got == alone {
+            removed.get_or_insert_with(|| killed.elapsed());
+        } else {
+            assert!(
+                got == both && removed.is_none(),
+                "web's status at {:?} after the kill: {got:?} (dead node already removed at \
+                 {removed:?})",
+                killed.elapsed()
+            );
+        }
+        if took_over.is_none()
+            && holder(&c).as_deref() == Some(pod(&c, survivor).as_str())
+            && metric_sum(&c.metrics(survivor), "nodelb_leader") == 1.0
+        {
+            took_over = Some(killed.elapsed());
+        }
+        if took_over.is_some() && removed.is_some_and(|r| killed.elapsed() > r + 2 * RESYNC) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "measured: after the leader's SIGKILL, node {survivor} led at {took_over:?} (lease \
+         {LEASE:?}) and the dead node left the status at {removed:?} ({samples} samples)"
+    );
+    assert!(took_over.is_some(), "node {survivor} never took over");
+    assert!(
+        removed.is_some(),
+        "the dead node never left web's status: {:?}",
+        ips(&c, "web")
+    );
+    assert_eq!(ips(&c, "web"), alone);
+    assert!(
+        metric_sum(&c.metrics(survivor), "nodelb_lease_transitions") > transitions_before,
+        "nodelb_lease_transitions grows on takeover"
+    );
+    if let Some(records) = c.audit() {
+        let per_node = assert_writes_by_holder(&c, 2, &records);
+        eprintln!("measured: status writes per node {per_node:?}");
+        assert!(
+            per_node[leader] >= 1 && per_node[survivor] >= 1,
+            "both leaders wrote (else the check above proved nothing): {per_node:?}"
+        );
+    }
+    assert_rbac(&c);
+}
+
+/// `externalTrafficPolicy: Local`: only the node with a ready local endpoint is published (a
+/// not-ready endpoint does not count), and the status follows the endpoint to the other node.
+#[test]
+fn local_policy_lists_only_nodes_with_a_ready_local_endpoint() {
+    if !require_root("local_policy_lists_only_nodes_with_a_ready_local_endpoint") {
+        return;
+    }
+    let _serial = serial();
+    let c = Cluster::start(options(2));
+    assert_eq!((c.backend_node(0), c.backend_node(1)), (0, 1));
+    let mut svc = service("local", 8004);
+    svc["spec"]["externalTrafficPolicy"] = json!("Local");
+    apply(&c, svc);
+    apply(&c, slice(&c, "local", &[(0, false), (1, true)]));
+    let took = wait_ips(&c, "local", &[addr(&c, 1)], CHANGE);
+    eprintln!("measured: Local published node-b {took:?} after its slice");
+
+    // The endpoint moves to node-a.
+    apply(&c, slice(&c, "local", &[(0, true)]));
+    let took = wait_ips(&c, "local", &[addr(&c, 0)], CHANGE);
+    eprintln!("measured: Local followed the endpoint to node-a in {took:?}");
+    // Steady: no node without a ready endpoint comes back.
+    std::thread::sleep(2 * RESYNC);
+    assert_eq!(ips(&c, "local"), [addr(&c, 0)]);
+    assert_rbac(&c);
+}
+
+/// A Service that loses its port on every node keeps an empty status (never written) and gets
+/// a `PortConflict` Warning naming the winner; two Services on one port with disjoint node
+/// selectors each get their own node.
+#[test]
+fn conflict_loser_stays_empty_and_disjoint_selectors_share_a_port() {
+    if !require_root("conflict_loser_stays_empty_and_disjoint_selectors_share_a_port") {
+        return;
+    }
+    let _serial = serial();
+    let c = Cluster::start(options(2));
+    let both = vec![addr(&c, 0), addr(&c, 1)];
+    // Older, then younger (ties go by namespace/name, and `a` sorts first too).
+    apply(&c, service("conflict-a", 8005));
+    wait_ips(&c, "conflict-a", &both, CHANGE);
+    apply(&c, service("conflict-b", 8005));
+    let ev = wait_event(&c, "conflict-b", "PortConflict");
+    eprintln!("PortConflict Event: {}", ev["note"]);
+    assert_eq!(ev["type"], "Warning", "{ev}");
+    let winner = format!("{}/conflict-a", c.namespace());
+    assert!(
+        ev["note"].as_str().is_some_and(|n| n.contains(&winner)),
+        "the Event names the winner {winner}: {ev}"
+    );
+
+    for (i, name) in ["sel-a", "sel-b"].into_iter().enumerate() {
+        let mut svc = service(name, 8006);
+        svc["metadata"]["annotations"] = json!({
+            "nodelb.io/node-selector": format!("kubernetes.io/hostname={}", c.node_name(i))});
+        apply(&c, svc);
+    }
+    wait_ips(&c, "sel-a", &[addr(&c, 0)], CHANGE);
+    wait_ips(&c, "sel-b", &[addr(&c, 1)], CHANGE);
+
+    std::thread::sleep(2 * RESYNC);
+    assert_eq!(ips(&c, "conflict-a"), both);
+    assert!(ips(&c, "conflict-b").is_empty(), "the loser has no status");
+    assert_eq!(ips(&c, "sel-a"), [addr(&c, 0)]);
+    assert_eq!(ips(&c, "sel-b"), [addr(&c, 1)]);
+    for name in ["sel-a", "sel-b", "conflict-a"] {
+        assert!(
+            events(&c, name, "PortConflict").is_empty(),
+            "{name} has no conflict"
+        );
+    }
+    if let Some(records) = c.audit() {
+        let to_loser: Vec<(usize, String)> = status_writes(&c, 2, &records)
+            .into_iter()
+            .filter(|(_, s)| s == "conflict-b")
+            .collect();
+        assert!(
+            to_loser.is_empty(),
+            "the loser's status was written: {to_loser:?}"
+        );
+    }
+    assert_rbac(&c);
+}
+
+/// No flapping: 1,000 Services, once converged, see zero status writes over several resync
+/// periods, many heartbeat renewals and one leader failover (SIGTERM: the leader releases the
+/// Lease and the other takes over at once; the old leader is restarted).
+#[test]
+fn thousand_steady_services_see_no_write_through_resyncs_renewals_and_a_failover() {
+    if !require_root(
+        "thousand_steady_services_see_no_write_through_resyncs_renewals_and_a_failover",
+    ) {
+        return;
+    }
+    let _serial = serial();
+    let mut c = Cluster::start(options(2));
+    const N: u16 = 1000;
+    let t0 = Instant::now();
+    for k in 0..N {
+        apply(&c, service(&format!("many-{k}"), 20000 + k));
+    }
+    eprintln!("measured: {N} Services created in {:?}", t0.elapsed());
+    let both = vec![addr(&c, 0), addr(&c, 1)];
+    wait_for(
+        "every Service publishes both nodes",
+        Duration::from_secs(120),
+        || all_publish(&c, &both, usize::from(N)),
+    );
+    eprintln!(
+        "measured: {N} Services converged {:?} after the first create",
+        t0.elapsed()
+    );
+    // Converged: writes still in flight when the last status landed are not counted.
+    std::thread::sleep(Duration::from_secs(1));
+    let mark = c.audit().map_or(0, |a| a.len());
+    if let Some(records) = c.audit() {
+        eprintln!(
+            "measured: {} status writes until convergence for {N} Services",
+            status_writes(&c, 2, &records).len()
+        );
+    }
+    let window = Instant::now();
+
+    std::thread::sleep(2 * RESYNC + Duration::from_secs(1));
+    let leader = wait_leader(&c, 2, CHANGE);
+    let other = 1 - leader;
+    let stopped = Instant::now();
+    c.stop_agent(leader, Signal::SIGTERM);
+    let stop_took = stopped.elapsed();
+    let took = wait_for("the other agent takes over", CHANGE, || {
+        if holder(&c).as_deref() == Some(pod(&c, other).as_str()) {
+            Ok(stopped.elapsed())
+        } else {
+            Err(format!("holder {:?}", holder(&c)))
+        }
+    });
+    eprintln!(
+        "measured: SIGTERM → exit {stop_took:?}; node {other} held the Lease {took:?} after \
+         SIGTERM (lease {LEASE:?})"
+    );
+    assert!(
+        took < LEASE,
+        "a released Lease is taken at once, not after a lease duration: {took:?}"
+    );
+    c.start_agent(leader);
+    c.wait_ready(leader);
+    eprintln!(
+        "measured: old leader ready again {:?} after SIGTERM",
+        stopped.elapsed()
+    );
+    std::thread::sleep(2 * RESYNC + NODE_LEASE);
+    wait_leader(&c, 2, CHANGE);
+    all_publish(&c, &both, usize::from(N)).expect("every Service still publishes both nodes");
+    let span = window.elapsed();
+
+    if let Some(records) = c.audit() {
+        let w = &records[mark..];
+        let writes = status_writes(&c, 2, w);
+        let beats = renewals(&c, 2, w);
+        eprintln!(
+            "measured: steady window {span:?}: {} status writes, heartbeat renewals {beats:?}",
+            writes.len()
+        );
+        let fresh = heartbeats_stayed_fresh(&c, 2, w);
+        assert!(
+            writes.is_empty(),
+            "{} status writes after convergence:\n{}\n{}",
+            writes.len(),
+            describe_writes(&c, 2, w),
+            fresh.err().unwrap_or_default()
+        );
+        assert!(
+            beats.values().sum::<usize>() >= 10,
+            "many heartbeat renewals in the window: {beats:?}"
+        );
+        assert_writes_by_holder(&c, 2, &records);
+    }
+    assert!(span >= 2 * RESYNC);
+    assert_rbac(&c);
+}
+
+/// A 1.29 server that drops `ipMode`: status is written without it and stays put (no write
+/// loop); a Service of another `loadBalancerClass` is never written; a Service whose ingress
+/// `metallb` owns is never written and gets one `IngressOwnedElsewhere` Warning.
+#[test]
+fn old_server_gets_no_ip_mode_and_foreign_services_are_never_written() {
+    let test = "old_server_gets_no_ip_mode_and_foreign_services_are_never_written";
+    if !require_root(test) || !double_only(test) {
+        return;
+    }
+    let _serial = serial();
+    let mut c = Cluster::build(ClusterOptions {
+        api_version_minor: 29,
+        api_drop_fields: vec!["status.loadBalancer.ingress[].ipMode".into()],
+        ..options(2)
+    });
+    let mut other = service("other-class", 8008);
+    other["spec"]["loadBalancerClass"] = json!("example.com/other");
+    apply(&c, other);
+    apply(&c, service("owned", 8009));
+    let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
+    let theirs = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "owned", "namespace": c.namespace()},
+        "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.201"}]}}});
+    c.block_on(api.patch_status(
+        "owned",
+        &PatchParams::apply("metallb"),
+        &Patch::Apply(&theirs),
+    ))
+    .expect("metallb applies the status of owned");
+    for i in 0..2 {
+        c.start_agent(i);
+    }
+    for i in 0..2 {
+        c.wait_ready(i);
+    }
+    apply(&c, service("mine", 8007));
+    wait_ips(&c, "mine", &[addr(&c, 0), addr(&c, 1)], CHANGE);
+    wait_event(&c, "owned", "IngressOwnedElsewhere");
+    let mark = c.audit().map_or(0, |a| a.len());
+    std::thread::sleep(3 * RESYNC);
+
+    let stored = ingress(&c, "mine");
+    assert!(
+        stored.iter().all(|(_, m)| m.is_none()),
+        "no ipMode on a 1.29 server: {stored:?}"
+    );
+    let leader = wait_leader(&c, 2, CHANGE);
+    assert!(
+        c.agent_log(leader)
+            .contains("API server older than 1.30: ipMode is not written"),
+        "the leader saw the server's version"
+    );
+    assert_eq!(
+        ingress(&c, "owned"),
+        [("192.0.2.201".to_string(), None)],
+        "metallb's status stands"
+    );
+    assert!(ips(&c, "other-class").is_empty());
+    let owned_events = events(&c, "owned", "IngressOwnedElsewhere");
+    let leaders: BTreeSet<usize> = c
+        .audit()
+        .expect("the double's audit log")
+        .iter()
+        .filter(|r| is_lease_write(r, |n| n == STATUS_LEASE))
+        .filter_map(|r| node_of(&c, 2, r))
+        .collect();
+    assert_eq!(
+        owned_events.len(),
+        1,
+        "one Event (nodes that held {STATUS_LEASE}: {leaders:?}; each new leader reports \
+         once): {owned_events:#?}"
+    );
+    assert_eq!(owned_events[0]["type"], "Warning");
+    assert!(
+        owned_events[0]["series"].is_null(),
+        "published once, not repeated: {}",
+        owned_events[0]
+    );
+    let records = c.audit().expect("the double's audit log");
+    let writes = status_writes(&c, 2, &records);
+    eprintln!("measured: status writes {writes:?}");
+    assert!(
+        writes.iter().all(|(_, s)| s == "mine"),
+        "only mine is written: {writes:?}"
+    );
+    let after = status_writes(&c, 2, &records[mark..]);
+    let fresh = heartbeats_stayed_fresh(&c, 2, &records[mark..]);
+    assert!(
+        after.is_empty(),
+        "no write loop:\n{}\n{}",
+        describe_writes(&c, 2, &records[mark..]),
+        fresh.err().unwrap_or_default()
+    );
+    assert_rbac(&c);
+}
+
+/// On a 1.29 server that would keep `ipMode` (this double does not drop it), the stored status
+/// has none: so no write body carried it.
+#[test]
+fn ip_mode_is_never_sent_to_a_1_29_server() {
+    let test = "ip_mode_is_never_sent_to_a_1_29_server";
+    if !require_root(test) || !double_only(test) {
+        return;
+    }
+    let _serial = serial();
+    let c = Cluster::start(ClusterOptions {
+        api_version_minor: 29,
+        ..options(1)
+    });
+    apply(&c, service("plain", 8010));
+    wait_ips(&c, "plain", &[addr(&c, 0)], CHANGE);
+    std::thread::sleep(2 * RESYNC);
+    let stored = ingress(&c, "plain");
+    assert_eq!(stored, [(addr(&c, 0), None)], "no ipMode was sent");
+    assert_rbac(&c);
+}
+
+/// A failover while the leader is still writing: 1,000 Services exist before the agents start,
+/// so the first leader's first round writes them all; it is SIGTERMed after its first 50
+/// writes and restarted at once (a rolling update). It releases the Lease and the other agent
+/// takes over at once, so it must stop writing then: the audit log shows every status write
+/// came from the node that held `nodelb-status`, and every Service ends with both nodes.
+#[test]
+fn failover_mid_convergence_keeps_one_writer() {
+    if !require_root("failover_mid_convergence_keeps_one_writer") {
+        return;
+    }
+    let _serial = serial();
+    let mut c = Cluster::build(options(2));
+    const N: u16 = 1000;
+    for k in 0..N {
+        apply(&c, service(&format!("burst-{k}"), 20000 + k));
+    }
+    for i in 0..2 {
+        c.start_agent(i);
+    }
+    for i in 0..2 {
+        c.wait_ready(i);
+    }
+    let leader = wait_leader(&c, 2, CHANGE);
+    wait_for("the leader's first 50 status writes", CHANGE, || {
+        let n = c.audit().map_or(50, |a| status_writes(&c, 2, &a).len());
+        if n >= 50 {
+            Ok(())
+        } else {
+            Err(format!("{n} writes"))
+        }
+    });
+    let stopped = Instant::now();
+    c.stop_agent(leader, Signal::SIGTERM);
+    eprintln!(
+        "measured: the writing leader exited {:?} after SIGTERM",
+        stopped.elapsed()
+    );
+    let other = 1 - leader;
+    wait_for("the other agent takes over", CHANGE, || match holder(&c) {
+        Some(h) if h == pod(&c, other) => Ok(()),
+        h => Err(format!("holder {h:?}")),
+    });
+    eprintln!(
+        "measured: node {other} held the Lease {:?} after SIGTERM",
+        stopped.elapsed()
+    );
+    c.start_agent(leader);
+    c.wait_ready(leader);
+    let both = vec![addr(&c, 0), addr(&c, 1)];
+    wait_for(
+        "every Service publishes both nodes",
+        Duration::from_secs(120),
+        || all_publish(&c, &both, usize::from(N)),
+    );
+    eprintln!("measured: converged {:?} after SIGTERM", stopped.elapsed());
+    if let Some(records) = c.audit() {
+        let per_node = assert_writes_by_holder(&c, 2, &records);
+        eprintln!("measured: status writes per node {per_node:?}");
+        assert!(
+            per_node[leader] >= 50 && per_node[other] >= 1,
+            "both leaders wrote: {per_node:?}"
+        );
+    }
+    assert_rbac(&c);
+}
