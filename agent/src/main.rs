@@ -89,6 +89,6 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
 
 fn report_skipped(one: &OneShot) {
     for s in &one.objects.skipped {
-        eprintln!("warning: skipped {s}: not a Service, EndpointSlice or Node");
+        eprintln!("warning: skipped {s}");
     }
 }

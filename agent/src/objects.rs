@@ -115,16 +115,22 @@ impl Objects {
             name: name.clone(),
             source,
         };
+        // An object of a kind nodelb reads that does not deserialize is skipped with its
+        // reason, as the agent's watches skip it: the rest of the file is still planned.
+        let skip = |e: serde_json::Error| self_skipped(decode(e));
         match kind.as_str() {
-            "Service" => self
-                .services
-                .push(serde_json::from_value(value).map_err(decode)?),
-            "EndpointSlice" => self
-                .slices
-                .push(serde_json::from_value(value).map_err(decode)?),
-            "Node" => self
-                .nodes
-                .push(serde_json::from_value(value).map_err(decode)?),
+            "Service" => match serde_json::from_value(value) {
+                Ok(v) => self.services.push(v),
+                Err(e) => self.skipped.push(skip(e)),
+            },
+            "EndpointSlice" => match serde_json::from_value(value) {
+                Ok(v) => self.slices.push(v),
+                Err(e) => self.skipped.push(skip(e)),
+            },
+            "Node" => match serde_json::from_value(value) {
+                Ok(v) => self.nodes.push(v),
+                Err(e) => self.skipped.push(skip(e)),
+            },
             k if k == "List" || k.ends_with("List") => {
                 let serde_json::Value::Object(mut obj) = value else {
                     unreachable!("built from an object above")
@@ -143,11 +149,20 @@ impl Objects {
                     self.add_value(path, document, item)?;
                 }
             }
-            _ => self
-                .skipped
-                .push(format!("{}: {kind} {name}", path.display())),
+            _ => self.skipped.push(format!(
+                "{}: {kind} {name}: not a Service, EndpointSlice or Node",
+                path.display()
+            )),
         }
         Ok(())
+    }
+}
+
+/// The line a skipped, undecodable object leaves in [`Objects::skipped`].
+fn self_skipped(e: Error) -> String {
+    match &e {
+        Error::Decode { source, .. } => format!("{e}: {source}"),
+        _ => e.to_string(),
     }
 }
 
@@ -234,7 +249,10 @@ ports: [{name: http, port: 8080, protocol: TCP}]
         assert_eq!(o.services.len(), 1);
         assert_eq!(
             o.skipped,
-            vec!["test.yaml: ConfigMap kube-system/cfg".to_string()]
+            vec![
+                "test.yaml: ConfigMap kube-system/cfg: not a Service, EndpointSlice or Node"
+                    .to_string()
+            ]
         );
     }
 
@@ -242,13 +260,15 @@ ports: [{name: http, port: 8080, protocol: TCP}]
     fn bad_documents_name_file_document_and_object() {
         let e = read(&format!("{SERVICE}---\nkind: [unclosed\n")).unwrap_err();
         assert!(matches!(e, Error::Parse { document: 2, .. }), "{e}");
-        let e = read(
-            "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: d}\nspec: {ports: 3}\n",
-        )
-        .unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "test.yaml: document 1: Service d/s is not a valid Service"
+        let o = read(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: s, namespace: d}}\nspec: {{ports: 3}}\n---\n{SERVICE}"
+        ))
+        .unwrap();
+        assert_eq!(o.services.len(), 1, "the valid Service is still read");
+        assert!(
+            o.skipped[0].starts_with("test.yaml: document 1: Service d/s is not a valid Service: "),
+            "{:?}",
+            o.skipped
         );
         let e = read("just a string\n").unwrap_err();
         assert!(matches!(e, Error::Shape { .. }), "{e}");

@@ -611,7 +611,11 @@ impl Cluster {
             .args(["--pod-namespace", AGENT_NAMESPACE])
             .args(["--health-addr", &format!("127.0.0.1:{HEALTH_PORT}")])
             .args(["--metrics-addr", &format!("127.0.0.1:{METRICS_PORT}")])
-            .args(resync.iter().flat_map(|r| ["--resync-interval", r.as_str()]))
+            .args(
+                resync
+                    .iter()
+                    .flat_map(|r| ["--resync-interval", r.as_str()]),
+            )
             .arg(format!("--ipv6={ipv6}"))
             .args(&extra)
             .env(

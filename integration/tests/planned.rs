@@ -23,7 +23,6 @@ use nodelb_agent::plan::{plan, Families, Input, Plan};
 use nodelb_integration::netns::{require_root, Netns};
 use nodelb_integration::nft::{list_table, nft_check, nft_f, nodelb_replace};
 use nodelb_integration::objects::Objects;
-use nodelb_netfilter::render_replace;
 
 const NODE_NAME: &str = "node-a";
 const NODE_ADDRESSES: [&str; 2] = ["203.0.113.10", "2001:db8:1::10"];
@@ -75,8 +74,9 @@ impl Planned {
     }
 
     /// What `nodelb-agent render` prints: each table's replace script, IPv4 first.
+    /// What `nodelb-agent render` prints for this plan (the same function).
     fn script(&self) -> String {
-        self.plan.tables.iter().map(render_replace).collect()
+        nodelb_agent::oneshot::render(&self.plan)
     }
 
     /// Skipped documents, each handled Service's outcome, and every warning, one per line.

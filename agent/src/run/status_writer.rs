@@ -185,7 +185,10 @@ impl StatusWriter {
             // another agent writes, so stop at once. What is left is redone from scratch the
             // next time this agent leads (its memory starts empty then).
             if !*self.leading.borrow() {
-                info!(left = keys.len() - done, "no longer leading: the status round stops");
+                info!(
+                    left = keys.len() - done,
+                    "no longer leading: the status round stops"
+                );
                 return;
             }
             let Some(svc) = objects.service(key) else {
