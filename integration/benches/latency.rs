@@ -42,11 +42,11 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, PostParams};
 use nodelb_integration::e2e::{metric_sum, Cluster, ClusterOptions};
 use nodelb_integration::netns::Netns;
+use nodelb_integration::nft::nft_file;
 use nodelb_netfilter::{Family, TableRef, WatchEvent, Watcher};
 use serde_json::{json, Value};
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -500,38 +500,6 @@ fn endpoint_entries(ns: &Netns, port: u16) -> Res<String> {
 
 fn holds(entries: &str, addr: &str) -> bool {
     entries.contains(&format!(": {addr} . {TARGET_PORT}"))
-}
-
-/// `nft -f -` fed `script`, spawned from the calling thread (which must be inside the target
-/// namespace). Timed from spawn to exit.
-fn nft_file(script: &str) -> Res<Duration> {
-    let t0 = Instant::now();
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("spawning nft: {e}"))?;
-    let mut stdin = child.stdin.take().expect("piped stdin");
-    let out = std::thread::scope(|s| {
-        let writer = s.spawn(move || stdin.write_all(script.as_bytes()));
-        let out = child.wait_with_output();
-        (writer.join(), out)
-    });
-    let elapsed = t0.elapsed();
-    match out {
-        (Ok(Ok(())), Ok(o)) if o.status.success() => Ok(elapsed),
-        (_, Ok(o)) if !o.status.success() => Err(format!(
-            "nft -f failed ({}): {}",
-            o.status,
-            String::from_utf8_lossy(&o.stderr).trim()
-        )),
-        (w, o) => Err(format!(
-            "nft -f: writer {w:?}, wait {:?}",
-            o.map(|o| o.status)
-        )),
-    }
 }
 
 /// The peer: the agent's table copied into a scratch namespace, then the same one-endpoint

@@ -21,11 +21,10 @@
 
 use nodelb_integration::models::{bench_table, move_bench_endpoint};
 use nodelb_integration::netns::Netns;
-use nodelb_integration::nft::nft_f;
+use nodelb_integration::nft::{nft_f, nft_file};
 use nodelb_netfilter::ops::validate;
 use nodelb_netfilter::*;
-use std::io::Write;
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 const GOAL_INSTALL_MS: f64 = 300.0;
@@ -586,39 +585,6 @@ fn one_endpoint_change(
 
 fn elements(t: &Table, set: &str) -> usize {
     t.sets.get(set).map_or(0, |s| s.elements.len())
-}
-
-/// `nft -f -` fed `script`, spawned from the calling thread (which must be inside the target
-/// namespace: a child inherits its thread's network namespace). Timed from spawn to exit.
-fn nft_file(script: &str) -> Res<Duration> {
-    let t0 = Instant::now();
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("spawning nft: {e}"))?;
-    let mut stdin = child.stdin.take().expect("piped stdin");
-    // Write from another thread so a chatty nft cannot deadlock us on a full stderr pipe.
-    let out = std::thread::scope(|s| {
-        let writer = s.spawn(move || stdin.write_all(script.as_bytes()));
-        let out = child.wait_with_output();
-        (writer.join(), out)
-    });
-    let elapsed = t0.elapsed();
-    match out {
-        (Ok(Ok(())), Ok(o)) if o.status.success() => Ok(elapsed),
-        (_, Ok(o)) if !o.status.success() => Err(format!(
-            "nft -f failed ({}): {}",
-            o.status,
-            String::from_utf8_lossy(&o.stderr).trim()
-        )),
-        (w, o) => Err(format!(
-            "nft -f: writer {w:?}, wait {:?}",
-            o.map(|o| o.status)
-        )),
-    }
 }
 
 /// Checks that the kernel holds `model`: chain rule counts and set element counts read back

@@ -5,6 +5,7 @@ use crate::netns::Netns;
 use nodelb_netfilter::{render_replace, CommitStats, Committer, Nft, Op, Table};
 use std::io::Write;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// `nft list table <family> <name>` inside the namespace, or the error text.
 pub fn list_table(ns: &Netns, family: &str, name: &str) -> Result<String, String> {
@@ -67,4 +68,38 @@ pub fn nodelb_apply(ns: &Netns, ops: &[Op]) -> Result<CommitStats, nodelb_netfil
 /// Replace a table through `nft -f` of its rendered text, inside the namespace.
 pub fn nft_replace(ns: &Netns, t: &Table) -> Result<(), String> {
     nft_f(ns, &render_replace(t))
+}
+
+/// `nft -f -` fed `script`, spawned from the calling thread (which must be inside the target
+/// namespace: a child inherits its thread's network namespace). Timed from spawn to exit, for
+/// the benchmarks' peer figures.
+pub fn nft_file(script: &str) -> Result<Duration, String> {
+    let t0 = Instant::now();
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("spawning nft: {e}"))?;
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    // Write from another thread so a chatty nft cannot deadlock us on a full stderr pipe.
+    let out = std::thread::scope(|s| {
+        let writer = s.spawn(move || stdin.write_all(script.as_bytes()));
+        let out = child.wait_with_output();
+        (writer.join(), out)
+    });
+    let elapsed = t0.elapsed();
+    match out {
+        (Ok(Ok(())), Ok(o)) if o.status.success() => Ok(elapsed),
+        (_, Ok(o)) if !o.status.success() => Err(format!(
+            "nft -f failed ({}): {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        (w, o) => Err(format!(
+            "nft -f: writer {w:?}, wait {:?}",
+            o.map(|o| o.status)
+        )),
+    }
 }
