@@ -455,6 +455,14 @@ fn local_policy_with_endpoints_only_on_other_nodes_is_silent() {
                 "{f} {proto:?} {dst}: Local without a local endpoint must drop, not refuse\nnode ruleset:\n{}",
                 list_ruleset(&topo.node)
             );
+            // The node's own clients are not dropped: they go to the endpoints elsewhere, as
+            // kube-proxy sends them ("connections from the node itself work").
+            let out = request(&topo.node, proto, dst, ANSWER);
+            assert!(
+                matches!(&out, Outcome::Answered(line) if line.starts_with('b')),
+                "{f} {proto:?} {dst} from the node itself: {out:?}\nnode ruleset:\n{}",
+                list_ruleset(&topo.node)
+            );
         }
     }
 }

@@ -40,8 +40,9 @@ pub enum Selection {
         endpoints: Vec<Endpoint>,
         terminating: bool,
     },
-    /// `Local` policy and every usable endpoint is on another node.
-    DropNotLocal { elsewhere: usize },
+    /// `Local` policy and every usable endpoint is on another node: outside clients are
+    /// dropped; clients on the node itself go to `elsewhere`, as kube-proxy sends them.
+    DropNotLocal { elsewhere: Vec<Endpoint> },
     /// No usable endpoint anywhere.
     Reject,
 }
@@ -184,15 +185,16 @@ pub fn select(
         _ => (pick(&c.terminating), true),
     };
     if endpoints.is_empty() {
-        let elsewhere = if c.ready.is_empty() {
-            c.terminating.len()
+        let mut elsewhere: Vec<Endpoint> = if c.ready.is_empty() {
+            c.terminating.keys().copied().collect()
         } else {
-            c.ready.len()
+            c.ready.keys().copied().collect()
         };
-        return if elsewhere > 0 {
-            Selection::DropNotLocal { elsewhere }
-        } else {
+        elsewhere.truncate(MAX_ENDPOINTS);
+        return if elsewhere.is_empty() {
             Selection::Reject
+        } else {
+            Selection::DropNotLocal { elsewhere }
         };
     }
     if endpoints.len() > MAX_ENDPOINTS {

@@ -66,9 +66,9 @@ pub fn build(prep: &Prepared, claims: &Claims, ctx: &Context, tables: bool) -> F
                         ),
                         Selection::DropNotLocal { elsewhere } => (
                             PortResult::DropsNoLocalEndpoint {
-                                elsewhere: *elsewhere,
+                                elsewhere: elsewhere.len(),
                             },
-                            Action::Drop,
+                            Action::DropExceptNode(elsewhere.clone()),
                         ),
                         Selection::Reject => (PortResult::RejectsNoEndpoints, Action::Reject),
                     };

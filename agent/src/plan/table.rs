@@ -8,7 +8,8 @@
 //! - A Service port's chain drops clients outside `loadBalancerSourceRanges` (counted), then
 //!   either counts and goes to the shared chain `endpoints-N` for its endpoint count N, which
 //!   DNATs through `numgen random mod N` and the global `map endpoints` (`l4proto . th dport .
-//!   index : daddr . th dport`), or, for `Local` without a local endpoint, counts and drops.
+//!   index : daddr . th dport`), or, for `Local` without a local endpoint, sends clients on the
+//!   node itself to the endpoints elsewhere (as kube-proxy does) and counts and drops the rest.
 //!   Only the `endpoints-N` chains refer to the endpoint map: the kernel walks a whole map each
 //!   time a new chain binds to it, so 10,000 per-Service DNAT rules on a 50,000-element map
 //!   took 33 s to commit, and a few shared chains take milliseconds.
@@ -65,7 +66,9 @@ pub const COUNTERS_MAP: &str = "svc-counters";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     Forward(Vec<Endpoint>),
-    Drop,
+    /// `Local` without a local endpoint: drop, except clients on this node, which go to these
+    /// endpoints on other nodes.
+    DropExceptNode(Vec<Endpoint>),
     Reject,
 }
 
@@ -274,28 +277,16 @@ pub fn add_port(part: &mut Part, family: IpFamily, p: &PortProgram<'_>) {
             }
             return;
         }
-        Action::Drop => service_port_chain(part, &f, p, &note, Last::Drop),
+        Action::DropExceptNode(eps) => {
+            add_endpoints(part, p, &note, eps, false);
+            service_port_chain(part, &f, p, &note, Last::DropExceptNode(eps.len()))
+        }
         Action::Forward(eps) => {
-            for (i, e) in eps.iter().enumerate() {
-                part.elements.insert(
-                    (
-                        ENDPOINTS_MAP,
-                        Key::Values(vec![
-                            Value::Proto(p.port.protocol.l4()),
-                            Value::Port(p.port.port),
-                            Value::U32(i as u32),
-                        ]),
-                    ),
-                    element(
-                        Some(ElemData::Values(vec![value(e.addr), Value::Port(e.port)])),
-                        &note,
-                    ),
-                );
-                part.hairpin.entry(e.addr).or_insert_with(|| note.clone());
-            }
+            add_endpoints(part, p, &note, eps, true);
             service_port_chain(part, &f, p, &note, Last::Dnat(eps.len()))
         }
     };
+
     for a in p.addresses {
         let key = service_key(*a, p.port);
         part.elements.insert(
@@ -313,12 +304,45 @@ pub fn add_port(part: &mut Part, family: IpFamily, p: &PortProgram<'_>) {
     }
 }
 
+/// The endpoint map's elements of one Service port; `hairpin`: its endpoints may reach it
+/// through this node (not for endpoints that serve only this node's own clients).
+fn add_endpoints(
+    part: &mut Part,
+    p: &PortProgram<'_>,
+    note: &str,
+    eps: &[Endpoint],
+    hairpin: bool,
+) {
+    for (i, e) in eps.iter().enumerate() {
+        part.elements.insert(
+            (
+                ENDPOINTS_MAP,
+                Key::Values(vec![
+                    Value::Proto(p.port.protocol.l4()),
+                    Value::Port(p.port.port),
+                    Value::U32(i as u32),
+                ]),
+            ),
+            element(
+                Some(ElemData::Values(vec![value(e.addr), Value::Port(e.port)])),
+                note,
+            ),
+        );
+        if hairpin {
+            part.hairpin
+                .entry(e.addr)
+                .or_insert_with(|| note.to_string());
+        }
+    }
+}
+
 /// How a Service port's chain ends, after the source-range check.
 enum Last {
     /// DNAT to one of `n` endpoints.
     Dnat(usize),
-    /// `Local` policy without a local endpoint.
-    Drop,
+    /// `Local` policy without a local endpoint: clients on this node DNAT to one of `n`
+    /// endpoints elsewhere, everyone else is dropped.
+    DropExceptNode(usize),
     /// Nothing: allowed clients go on (to the no-endpoints reject).
     Nothing,
 }
@@ -377,10 +401,25 @@ fn service_port_chain(
                 .with_comment(note),
             )
         }
-        Last::Drop => chain.push(
-            Rule::new(vec![Stmt::counter(), Stmt::Verdict(Verdict::Drop)])
-                .with_comment(format!("{note}: Local policy, no endpoint on this node")),
-        ),
+        Last::DropExceptNode(n) => {
+            part.endpoint_chains.insert(n);
+            chain.push(
+                Rule::new(vec![
+                    Stmt::Lookup {
+                        keys: vec![f.saddr()],
+                        set: LOCAL_ADDRESSES_SET.into(),
+                        negate: false,
+                    },
+                    Stmt::counter(),
+                    Stmt::Verdict(Verdict::Goto(endpoint_chain_name(n))),
+                ])
+                .with_comment(format!("{note}: Local policy, this node's own clients")),
+            );
+            chain.push(
+                Rule::new(vec![Stmt::counter(), Stmt::Verdict(Verdict::Drop)])
+                    .with_comment(format!("{note}: Local policy, no endpoint on this node")),
+            )
+        }
         Last::Nothing => {}
     }
     part.chains.insert(name.clone(), chain);

@@ -530,6 +530,29 @@ fn local_policy_without_local_endpoint_drops() {
 }
 
 #[test]
+fn local_policy_without_local_endpoint_still_answers_the_nodes_own_clients() {
+    let p = World::new()
+        .service(&web("externalTrafficPolicy: Local"))
+        .slice(&web_slice("web-1", &["198.51.100.11 node-b"]))
+        .plan();
+    let t = p.v4();
+    let chain = chain_block(&t, "svc-default/web-tcp-80");
+    let own = chain.find("ip saddr @local-addresses counter packets 0 bytes 0 goto endpoints-1");
+    let drop = chain.find("counter packets 0 bytes 0 drop");
+    assert!(own.is_some() && drop.is_some() && own < drop, "{chain}");
+    assert!(
+        t.contains("tcp . 80 . 0 comment \"default/web:http\" : 198.51.100.11 . 8080"),
+        "{t}"
+    );
+    // Its own clients are masqueraded (the endpoint is elsewhere); outside ones never reach it.
+    assert!(
+        set_block(&t, "lb-services").contains("203.0.113.1 . tcp . 80"),
+        "{t}"
+    );
+    assert!(!set_block(&t, "hairpin").contains("198.51.100.11"), "{t}");
+}
+
+#[test]
 fn node_and_hairpin_clients_are_masqueraded_under_both_policies() {
     for policy in ["Cluster", "Local"] {
         let p = World::new()
