@@ -957,6 +957,38 @@ impl Cluster {
             "agent requests refused or not made as {AGENT_USER}:\n{}",
             refused.join("\n")
         );
+        // Every resource request the agent made is in the reviewed list of its requests
+        // (`agent_access.rs`, which the manifests test holds equal to the RBAC).
+        let unexpected: Vec<String> = agent
+            .iter()
+            .filter_map(|r| {
+                let (path, query) = r.uri.split_once('?').unwrap_or((&r.uri, ""));
+                let query: crate::apiserver::request::Query = query
+                    .split('&')
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect();
+                match crate::apiserver::request::classify(&r.method, path, &query) {
+                    crate::apiserver::request::RequestInfo::Resource(rr)
+                        if !crate::agent_access::is_expected(
+                            rr.verb,
+                            &rr.group,
+                            &rr.rbac_resource(),
+                            &rr.namespace,
+                            AGENT_NAMESPACE,
+                        ) =>
+                    {
+                        Some(format!("{} {} {}", r.source, r.verb, r.uri))
+                    }
+                    _ => None,
+                }
+            })
+            .collect();
+        assert!(
+            unexpected.is_empty(),
+            "agent requests outside the reviewed list (integration/src/agent_access.rs):\n{}",
+            unexpected.join("\n")
+        );
     }
 
     /// The harness's scratch directory (kubeconfigs, logs).
