@@ -546,7 +546,7 @@ fn daemonset_runs_on_every_node_one_node_at_a_time() {
     let limits = resources.limits.as_ref().expect("limits");
     assert_eq!(requests["cpu"].0, "50m");
     assert_eq!(requests["memory"].0, "64Mi");
-    assert_eq!(limits["memory"].0, "256Mi");
+    assert_eq!(limits["memory"].0, "512Mi");
     assert!(
         !limits.contains_key("cpu"),
         "no CPU limit: throttling only delays syncs"
