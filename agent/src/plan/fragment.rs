@@ -9,12 +9,33 @@ use super::endpoints::Selection;
 use super::prepare::{Context, Prepared, Stage};
 use super::table::{self, Action, Part, PortProgram};
 use super::IpFamily;
-use std::collections::BTreeMap;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fragment {
     pub outcome: ServiceOutcome,
-    pub parts: BTreeMap<IpFamily, Part>,
+    pub parts: FamilyParts,
+}
+
+/// A Service's Part per family: at most two, kept in a small vector (a map would allocate room
+/// for eleven Parts per Service).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FamilyParts(Vec<(IpFamily, Part)>);
+
+impl FamilyParts {
+    pub fn get(&self, family: &IpFamily) -> Option<&Part> {
+        self.0.iter().find(|(f, _)| f == family).map(|(_, p)| p)
+    }
+
+    fn entry(&mut self, family: IpFamily) -> &mut Part {
+        let i = match self.0.iter().position(|(f, _)| *f == family) {
+            Some(i) => i,
+            None => {
+                self.0.push((family, Part::default()));
+                self.0.len() - 1
+            }
+        };
+        &mut self.0[i].1
+    }
 }
 
 /// `tables: false` decides outcomes only (for the status writer, which plans for every node).
@@ -32,11 +53,11 @@ pub fn build(prep: &Prepared, claims: &Claims, ctx: &Context, tables: bool) -> F
         };
         return Fragment {
             outcome: outcome.clone(),
-            parts: BTreeMap::new(),
+            parts: FamilyParts::default(),
         };
     };
     let key = &prep.key;
-    let mut parts: BTreeMap<IpFamily, Part> = BTreeMap::new();
+    let mut parts = FamilyParts::default();
     let mut outcomes = Vec::new();
     for (family, skip) in families {
         if let Some(skip) = skip {
@@ -74,7 +95,7 @@ pub fn build(prep: &Prepared, claims: &Claims, ctx: &Context, tables: bool) -> F
                     };
                     if tables {
                         table::add_port(
-                            parts.entry(*family).or_default(),
+                            parts.entry(*family),
                             *family,
                             &PortProgram {
                                 service: key,
