@@ -90,13 +90,13 @@ pub struct PortProgram<'a> {
 pub struct Part {
     /// Elements of the shared sets and maps, by set name and key.
     pub elements: BTreeMap<(&'static str, Key), Element>,
-    pub chains: BTreeMap<String, Chain>,
+    pub chains: SmallMap<Chain>,
     /// The Service's own source-range set.
     pub source_set: Option<Set>,
     /// Endpoint addresses for the shared `hairpin` set, with this Service port's comment.
     pub hairpin: BTreeMap<IpAddr, String>,
     /// The Service's counter objects, by name (equal by name and comment only).
-    pub counters: BTreeMap<String, Counter>,
+    pub counters: SmallMap<Counter>,
     /// Endpoint counts whose shared `endpoints-N` chain this Service goes to.
     pub endpoint_chains: BTreeSet<usize>,
 }
@@ -116,6 +116,44 @@ pub fn endpoint_chain(n: usize) -> Chain {
         }])
         .with_comment(format!("one of {n} endpoints")),
     )
+}
+
+/// A few named items (a Service's chains or counters: one to three), sorted by name in a
+/// vector; a map would allocate room for eleven per Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SmallMap<V>(Vec<(String, V)>);
+
+impl<V> Default for SmallMap<V> {
+    fn default() -> Self {
+        SmallMap(Vec::new())
+    }
+}
+
+impl<V> SmallMap<V> {
+    pub fn insert(&mut self, name: String, v: V) {
+        match self.0.binary_search_by(|(n, _)| n.as_str().cmp(&name)) {
+            Ok(i) => self.0[i].1 = v,
+            Err(i) => self.0.insert(i, (name, v)),
+        }
+    }
+    pub fn get(&self, name: &str) -> Option<&V> {
+        self.0
+            .binary_search_by(|(n, _)| n.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.0[i].1)
+    }
+    pub fn contains_key(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+    pub fn keys(&self) -> impl Iterator<Item = &String> {
+        self.0.iter().map(|(n, _)| n)
+    }
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.0.iter().map(|(_, v)| v)
+    }
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &V)> {
+        self.0.iter().map(|(n, v)| (n, v))
+    }
 }
 
 /// `namespace/name:port`, the comment on everything a Service port owns.
@@ -541,7 +579,7 @@ pub fn edit_part(old: Option<&Part>, new: Option<&Part>, edit: &mut Edit) {
             _ => elem_edit(edit, set).add.push((key.clone(), e.clone())),
         }
     }
-    for (name, c) in &new.chains {
+    for (name, c) in new.chains.iter() {
         if old.chains.get(name) != Some(c) {
             edit.put_chains.push(c.clone());
         }
@@ -553,7 +591,7 @@ pub fn edit_part(old: Option<&Part>, new: Option<&Part>, edit: &mut Edit) {
     }
     // A counter's name says everything its comment does, so a counter that stays is equal
     // and never re-created (which would reset it).
-    for (name, c) in &new.counters {
+    for (name, c) in new.counters.iter() {
         if !old.counters.contains_key(name) {
             edit.add_counters.push(c.clone());
         }
