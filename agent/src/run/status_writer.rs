@@ -15,7 +15,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Client;
@@ -96,13 +96,10 @@ impl StatusWriter {
             wake.clone(),
             "leases",
         );
-        let recorder = Recorder::new(
-            self.client.clone(),
-            Reporter {
-                controller: REPORTING_CONTROLLER.into(),
-                instance: Some(self.pod_name.clone()),
-            },
-        );
+        let recorder = EventSink {
+            client: self.client.clone(),
+            instance: self.pod_name.clone(),
+        };
         loop {
             // Wait to lead.
             tokio::select! {
@@ -152,7 +149,7 @@ impl StatusWriter {
         nodes: &Store<Node>,
         leases: &Store<Lease>,
         ip_mode: Option<&str>,
-        recorder: &Recorder,
+        recorder: &EventSink,
     ) {
         let Some(objects) = self.objects.borrow_and_update().clone() else {
             return;
@@ -271,7 +268,7 @@ impl StatusWriter {
         key: &ServiceKey,
         svc: &Service,
         want: Option<&Desired>,
-        recorder: &Recorder,
+        recorder: &EventSink,
     ) {
         let now: BTreeSet<Problem> = want
             .map(|d| d.problems.iter().cloned().collect())
@@ -321,23 +318,54 @@ fn minor(s: &str) -> u32 {
     s.trim_end_matches('+').parse().unwrap_or(0)
 }
 
-async fn publish(recorder: &Recorder, svc: &Service, type_: EventType, reason: &str, note: &str) {
-    let reference = ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Service".into()),
-        name: svc.metadata.name.clone(),
-        namespace: svc.metadata.namespace.clone(),
-        uid: svc.metadata.uid.clone(),
+/// Service Events (`events.k8s.io/v1`), created directly: the writer decides itself when an
+/// Event is due (a problem that is new, a status written), so it keeps no cache of them — kube's
+/// `Recorder` keeps every Event it sent, some 27 MB at 10,000 Services.
+struct EventSink {
+    client: Client,
+    instance: String,
+}
+
+async fn publish(sink: &EventSink, svc: &Service, type_: EventType, reason: &str, note: &str) {
+    use k8s_openapi::api::events::v1::Event;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    let ns = svc
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let name = svc.metadata.name.clone().unwrap_or_default();
+    let ev = Event {
+        metadata: kube::api::ObjectMeta {
+            generate_name: Some(format!("{name}.")),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+        event_time: Some(MicroTime(Timestamp::now())),
+        type_: Some(
+            match type_ {
+                EventType::Normal => "Normal",
+                EventType::Warning => "Warning",
+            }
+            .into(),
+        ),
+        reason: Some(reason.into()),
+        note: Some(note.chars().take(1000).collect()),
+        action: Some("Program".into()),
+        reporting_controller: Some(REPORTING_CONTROLLER.into()),
+        reporting_instance: Some(sink.instance.clone()),
+        regarding: Some(ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Service".into()),
+            name: Some(name),
+            namespace: Some(ns.clone()),
+            uid: svc.metadata.uid.clone(),
+            ..Default::default()
+        }),
         ..Default::default()
     };
-    let ev = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note.chars().take(1000).collect()),
-        action: "Program".into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&ev, &reference).await {
+    let api: Api<Event> = Api::namespaced(sink.client.clone(), &ns);
+    if let Err(e) = api.create(&kube::api::PostParams::default(), &ev).await {
         warn!(reason, error = %e, "could not publish a Service Event");
     }
 }
