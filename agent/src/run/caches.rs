@@ -86,6 +86,40 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    drain(stream, resource, tx, metrics, wrap)
+}
+
+/// Watch `api` into a reflector's store; every change sends [`Trigger::Changed`].
+fn start_one<K>(
+    api: Api<DeserializeGuard<K>>,
+    config: watcher::Config,
+    resource: &'static str,
+    tx: UnboundedSender<Trigger>,
+    metrics: Arc<Metrics>,
+) -> (Store<DeserializeGuard<K>>, tokio::task::JoinHandle<()>)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store::<DeserializeGuard<K>>();
+    let stream = reflector::reflector(writer, watcher::watcher(api, config).default_backoff());
+    let task = drain(stream, resource, tx, metrics, |_| Trigger::Changed);
+    (reader, task)
+}
+
+/// Run a watch stream to its end: note objects that do not deserialize (once per object and
+/// error, so a re-list does not report them again), count watch errors, and send each event on
+/// as `wrap` makes it a trigger.
+fn drain<K, S>(
+    stream: S,
+    resource: &'static str,
+    tx: UnboundedSender<Trigger>,
+    metrics: Arc<Metrics>,
+    wrap: fn(Event<DeserializeGuard<K>>) -> Trigger,
+) -> tokio::task::JoinHandle<()>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    S: futures::Stream<Item = Result<Event<DeserializeGuard<K>>, watcher::Error>> + Send + 'static,
+{
     let kind = K::kind(&()).to_string();
     tokio::spawn(
         async move {
@@ -116,53 +150,6 @@ where
         }
         .instrument(info_span!("watch", resource)),
     )
-}
-
-fn start_one<K>(
-    api: Api<DeserializeGuard<K>>,
-    config: watcher::Config,
-    resource: &'static str,
-    tx: UnboundedSender<Trigger>,
-    metrics: Arc<Metrics>,
-) -> (Store<DeserializeGuard<K>>, tokio::task::JoinHandle<()>)
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-{
-    let (reader, writer) = reflector::store::<DeserializeGuard<K>>();
-    let stream = reflector::reflector(writer, watcher::watcher(api, config).default_backoff());
-    let kind = K::kind(&()).to_string();
-    let task = tokio::spawn(
-        async move {
-            // Which invalid objects were already reported, with their error, so a re-list does
-            // not report them again.
-            let mut reported: HashMap<(String, String), String> = HashMap::new();
-            let mut stream = std::pin::pin!(stream);
-            while let Some(ev) = stream.next().await {
-                match ev {
-                    Ok(ev) => {
-                        match &ev {
-                            Event::Apply(g) | Event::InitApply(g) => {
-                                note_invalid(g, &kind, &mut reported, &metrics)
-                            }
-                            Event::Delete(g) => {
-                                reported.remove(&(g.namespace().unwrap_or_default(), g.name_any()));
-                            }
-                            Event::Init | Event::InitDone => {}
-                        }
-                        if tx.send(Trigger::Changed).is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) => {
-                        metrics.watch_error(resource);
-                        warn!(error = %e, "watch failed; retrying with backoff");
-                    }
-                }
-            }
-        }
-        .instrument(info_span!("watch", resource)),
-    );
-    (reader, task)
 }
 
 fn note_invalid<K: Resource<DynamicType = ()>>(
