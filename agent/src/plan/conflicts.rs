@@ -36,10 +36,6 @@ pub struct Claims {
 }
 
 impl Claims {
-    pub fn clear(&mut self) {
-        self.slots.clear();
-    }
-
     /// The Service holding a slot.
     pub fn winner(&self, slot: &Slot) -> Option<&ServiceKey> {
         self.slots

@@ -55,6 +55,22 @@ fn slice_ref(s: &EndpointSlice) -> ObjectRef {
     )
 }
 
+/// Slices nodelb cannot use at all: an address type it does not know (FQDN slices are skipped
+/// silently: nodelb forwards to addresses only).
+pub fn check_slices(slices: &[&EndpointSlice], warnings: &mut Vec<Warning>) {
+    for s in slices {
+        if !matches!(s.address_type.as_str(), "IPv4" | "IPv6" | "FQDN") {
+            warnings.push(Warning::new(
+                slice_ref(s),
+                format!(
+                    "addressType {:?} is not IPv4, IPv6 or FQDN; slice skipped",
+                    s.address_type
+                ),
+            ));
+        }
+    }
+}
+
 fn slice_family(s: &EndpointSlice) -> Option<IpFamily> {
     match s.address_type.as_str() {
         "IPv4" => Some(IpFamily::V4),

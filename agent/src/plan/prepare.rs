@@ -4,7 +4,7 @@
 //! node-wide context, so it is cached per Service between syncs.
 
 use super::config::Config;
-use super::diagnosis::{FamilySkip, ObjectKind, ObjectRef, ServiceOutcome, Warning};
+use super::diagnosis::{FamilySkip, ObjectRef, ServiceOutcome, Warning};
 use super::endpoints::{self, Selection};
 use super::node::NodeInfo;
 use super::service::{self, Cidr, ServiceKey, ServicePortId, TrafficPolicy};
@@ -140,7 +140,7 @@ pub fn prepare(
         return done(ServiceOutcome::NotServed(why), warnings);
     }
 
-    check_slices(slices, &mut warnings);
+    endpoints::check_slices(slices, &mut warnings);
     let mut families = Vec::new();
     let mut ports = Vec::new();
     for family in &lb.families {
@@ -178,25 +178,6 @@ pub fn prepare(
         },
         warnings,
     })
-}
-
-/// Slices nodelb cannot use at all: an address type it does not know.
-fn check_slices(slices: &[&EndpointSlice], warnings: &mut Vec<Warning>) {
-    for s in slices {
-        if !matches!(s.address_type.as_str(), "IPv4" | "IPv6" | "FQDN") {
-            warnings.push(Warning::new(
-                ObjectRef::new(
-                    ObjectKind::EndpointSlice,
-                    Some(s.metadata.namespace.as_deref().unwrap_or("default")),
-                    s.metadata.name.as_deref().unwrap_or(""),
-                ),
-                format!(
-                    "addressType {:?} is not IPv4, IPv6 or FQDN; slice skipped",
-                    s.address_type
-                ),
-            ));
-        }
-    }
 }
 
 /// The same problem found twice (once per family or port) is one warning.
