@@ -224,25 +224,11 @@ impl Edit {
                 return Err(format!("set {f} {s} to remove does not exist"));
             }
         }
-        let check_verdict = |set: &str, e: &Element| -> Result<(), String> {
-            match &e.data {
-                Some(ElemData::Verdict(v)) => {
-                    if let Some(target) = v.target() {
-                        if !chain_exists(target) {
-                            return Err(format!(
-                                "an element of set {f} {set} jumps to missing chain {target}"
-                            ));
-                        }
-                    }
-                }
-                Some(ElemData::Counter(c)) if !counter_exists(c) => {
-                    return Err(format!(
-                        "an element of map {f} {set} names missing counter {c}"
-                    ));
-                }
-                _ => {}
-            }
-            Ok(())
+        let names = crate::ops::Names {
+            family: f,
+            chain: &chain_exists,
+            set: &set_exists,
+            counter: &counter_exists,
         };
         for (name, e) in &self.elements {
             let Some(set) = base.sets.get(name) else {
@@ -263,12 +249,12 @@ impl Edit {
                 if set.elements.contains_key(k) && !deleted.contains(k) {
                     return Err(format!("set {f} {name}: element {k:?} is already there"));
                 }
-                check_verdict(name, v)?;
+                names.check_element(name, v)?;
             }
         }
         for s in &self.add_sets {
             for e in s.elements.values() {
-                check_verdict(&s.name, e)?;
+                names.check_element(&s.name, e)?;
             }
         }
         for c in &self.put_chains {
@@ -281,32 +267,7 @@ impl Edit {
                 }
             }
             for (i, r) in c.rules.iter().enumerate() {
-                for s in &r.stmts {
-                    for target in s.chain_targets() {
-                        if !chain_exists(target) {
-                            return Err(format!(
-                                "rule {i} of chain {f} {} jumps to missing chain {target}",
-                                c.name
-                            ));
-                        }
-                    }
-                    if let Some(set) = s.set_refs() {
-                        if !set_exists(set) {
-                            return Err(format!(
-                                "rule {i} of chain {f} {} refers to missing set {set}",
-                                c.name
-                            ));
-                        }
-                    }
-                    if let Some(counter) = s.counter_ref() {
-                        if !counter_exists(counter) {
-                            return Err(format!(
-                                "rule {i} of chain {f} {} counts into missing counter {counter}",
-                                c.name
-                            ));
-                        }
-                    }
-                }
+                names.check_rule(&c.name, i, r)?;
             }
         }
         // A removed counter must not be used by a rule or an element that stays. One pass

@@ -311,56 +311,81 @@ pub fn diff<'a>(old: &'a Table, new: &'a Table) -> Result<Diff<'a>, String> {
     })
 }
 
-fn validate_rule(t: &Table, c: &Chain, i: usize, r: &Rule) -> Result<(), String> {
-    for s in &r.stmts {
-        for target in s.chain_targets() {
-            if !t.chains.contains_key(target) {
-                return Err(format!(
-                    "rule {i} of chain {} {} jumps to missing chain {target}",
-                    t.family, c.name
-                ));
+/// What exists in the table a check is made against (the table itself, or a table with an
+/// edit applied).
+pub(crate) struct Names<'a> {
+    pub family: Family,
+    pub chain: &'a dyn Fn(&str) -> bool,
+    pub set: &'a dyn Fn(&str) -> bool,
+    pub counter: &'a dyn Fn(&str) -> bool,
+}
+
+impl Names<'_> {
+    /// Every chain, set and counter rule `i` of `chain` refers to exists.
+    pub(crate) fn check_rule(&self, chain: &str, i: usize, r: &Rule) -> Result<(), String> {
+        let f = self.family;
+        for s in &r.stmts {
+            for target in s.chain_targets() {
+                if !(self.chain)(target) {
+                    return Err(format!(
+                        "rule {i} of chain {f} {chain} jumps to missing chain {target}"
+                    ));
+                }
+            }
+            if let Some(set) = s.set_refs() {
+                if !(self.set)(set) {
+                    return Err(format!(
+                        "rule {i} of chain {f} {chain} refers to missing set {set}"
+                    ));
+                }
+            }
+            if let Some(counter) = s.counter_ref() {
+                if !(self.counter)(counter) {
+                    return Err(format!(
+                        "rule {i} of chain {f} {chain} counts into missing counter {counter}"
+                    ));
+                }
             }
         }
-        if let Some(set) = s.set_refs() {
-            if !t.sets.contains_key(set) {
-                return Err(format!(
-                    "rule {i} of chain {} {} refers to missing set {set}",
-                    t.family, c.name
-                ));
-            }
-        }
-        if let Some(counter) = s.counter_ref() {
-            if !t.counters.contains_key(counter) {
-                return Err(format!(
-                    "rule {i} of chain {} {} counts into missing counter {counter}",
-                    t.family, c.name
-                ));
-            }
+        Ok(())
+    }
+
+    /// The chain or counter an element of `set` names exists.
+    pub(crate) fn check_element(&self, set: &str, e: &Element) -> Result<(), String> {
+        let f = self.family;
+        match &e.data {
+            Some(ElemData::Counter(name)) if !(self.counter)(name) => Err(format!(
+                "an element of map {f} {set} names missing counter {name}"
+            )),
+            Some(ElemData::Verdict(v)) => match v.target() {
+                Some(target) if !(self.chain)(target) => Err(format!(
+                    "an element of set {f} {set} jumps to missing chain {target}"
+                )),
+                _ => Ok(()),
+            },
+            _ => Ok(()),
         }
     }
-    Ok(())
+}
+
+fn validate_rule(t: &Table, c: &Chain, i: usize, r: &Rule) -> Result<(), String> {
+    Names {
+        family: t.family,
+        chain: &|n| t.chains.contains_key(n),
+        set: &|n| t.sets.contains_key(n),
+        counter: &|n| t.counters.contains_key(n),
+    }
+    .check_rule(&c.name, i, r)
 }
 
 fn validate_element(t: &Table, s: &Set, e: &Element) -> Result<(), String> {
-    if let Some(ElemData::Counter(name)) = &e.data {
-        if !t.counters.contains_key(name) {
-            return Err(format!(
-                "an element of map {} {} names missing counter {name}",
-                t.family, s.name
-            ));
-        }
+    Names {
+        family: t.family,
+        chain: &|n| t.chains.contains_key(n),
+        set: &|n| t.sets.contains_key(n),
+        counter: &|n| t.counters.contains_key(n),
     }
-    if let Some(ElemData::Verdict(v)) = &e.data {
-        if let Some(target) = v.target() {
-            if !t.chains.contains_key(target) {
-                return Err(format!(
-                    "an element of set {} {} jumps to missing chain {target}",
-                    t.family, s.name
-                ));
-            }
-        }
-    }
-    Ok(())
+    .check_element(&s.name, e)
 }
 
 /// Check a model for references the kernel would reject, so a broken model fails before it
