@@ -88,32 +88,7 @@ const PEER_RUNS: usize = 21;
 type Res<T> = Result<T, String>;
 
 fn main() -> ExitCode {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0
-        && Command::new("ip")
-            .args(["netns", "list"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-    if !root {
-        let ci = std::env::var("CI").as_deref() == Ok("true");
-        println!(
-            "SKIP latency bench: needs root and `ip netns`{}",
-            if ci { " (CI=true: failing)" } else { "" }
-        );
-        return if ci {
-            ExitCode::FAILURE
-        } else {
-            ExitCode::SUCCESS
-        };
-    }
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("latency bench FAILED: {e}");
-            println!("latency bench FAILED: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    nodelb_integration::netns::bench_main("latency", run)
 }
 
 struct Config {

@@ -120,32 +120,7 @@ impl Report {
 }
 
 fn main() -> ExitCode {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0
-        && Command::new("ip")
-            .args(["netns", "list"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-    if !root {
-        let ci = std::env::var("CI").as_deref() == Ok("true");
-        println!(
-            "SKIP netfilter bench: needs root and `ip netns`{}",
-            if ci { " (CI=true: failing)" } else { "" }
-        );
-        return if ci {
-            ExitCode::FAILURE
-        } else {
-            ExitCode::SUCCESS
-        };
-    }
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("netfilter bench FAILED: {e}");
-            println!("netfilter bench FAILED: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    nodelb_integration::netns::bench_main("netfilter", run)
 }
 
 fn run() -> Res<()> {

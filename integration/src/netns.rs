@@ -36,14 +36,7 @@ static COUNTER: AtomicUsize = AtomicUsize::new(0);
 /// root` to stderr and returns false. Use as
 /// `if !require_root("my_test") { return; }`.
 pub fn require_root(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let is_root = unsafe { libc::geteuid() } == 0;
-    let netns_works = is_root
-        && Command::new("ip")
-            .args(["netns", "list"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-    if netns_works {
+    if can_use_namespaces() {
         return true;
     }
     if std::env::var("CI").as_deref() == Ok("true") {
@@ -51,6 +44,43 @@ pub fn require_root(test: &str) -> bool {
     }
     eprintln!("SKIP {test}: needs root");
     false
+}
+
+/// Effective uid 0 and a working `ip netns`.
+fn can_use_namespaces() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    (unsafe { libc::geteuid() }) == 0
+        && Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+}
+
+/// The `main` of a benchmark (`harness = false`) that needs namespaces: without root and
+/// `ip netns` it prints a SKIP line and succeeds, or fails under `CI=true`; otherwise it runs
+/// `run` and turns an error into a printed FAILED line and a failing exit.
+pub fn bench_main(name: &str, run: impl FnOnce() -> Result<(), String>) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    if !can_use_namespaces() {
+        let ci = std::env::var("CI").as_deref() == Ok("true");
+        println!(
+            "SKIP {name} bench: needs root and `ip netns`{}",
+            if ci { " (CI=true: failing)" } else { "" }
+        );
+        return if ci {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name} bench FAILED: {e}");
+            println!("{name} bench FAILED: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// A network namespace owned by the test; deleted on drop.
