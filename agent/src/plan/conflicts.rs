@@ -6,7 +6,7 @@
 use super::service::{Protocol, ServiceKey};
 use super::IpFamily;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// What two Services can conflict on.
 pub type Slot = (IpFamily, Protocol, u16);
@@ -30,9 +30,11 @@ impl Claim {
     }
 }
 
+/// The claims on each slot, sorted oldest first (usually one: a vector, where a set would
+/// allocate room for eleven per slot).
 #[derive(Clone, Debug, Default)]
 pub struct Claims {
-    slots: BTreeMap<Slot, BTreeSet<Claim>>,
+    slots: BTreeMap<Slot, Vec<Claim>>,
 }
 
 impl Claims {
@@ -53,12 +55,17 @@ impl Claims {
     }
 
     pub fn add(&mut self, slot: Slot, claim: Claim) {
-        self.slots.entry(slot).or_default().insert(claim);
+        let c = self.slots.entry(slot).or_default();
+        if let Err(i) = c.binary_search(&claim) {
+            c.insert(i, claim);
+        }
     }
 
     pub fn remove(&mut self, slot: &Slot, claim: &Claim) {
         if let Some(c) = self.slots.get_mut(slot) {
-            c.remove(claim);
+            if let Ok(i) = c.binary_search(claim) {
+                c.remove(i);
+            }
             if c.is_empty() {
                 self.slots.remove(slot);
             }

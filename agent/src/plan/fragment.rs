@@ -1,12 +1,13 @@
 //! One Service after port conflicts: its outcome on this node and what it owns in each
 //! family's table.
 
-use super::conflicts::Claims;
+use super::conflicts::Slot;
 use super::diagnosis::{
     FamilyOutcome, FamilySkip, FamilyState, PortOutcome, PortResult, ServiceOutcome,
 };
 use super::endpoints::Selection;
 use super::prepare::{Context, Prepared, Stage};
+use super::service::ServiceKey;
 use super::table::{self, Action, Part, PortProgram};
 use super::IpFamily;
 
@@ -26,6 +27,10 @@ impl FamilyParts {
         self.0.iter().find(|(f, _)| f == family).map(|(_, p)| p)
     }
 
+    pub fn into_parts(self) -> impl Iterator<Item = (IpFamily, Part)> {
+        self.0.into_iter()
+    }
+
     fn entry(&mut self, family: IpFamily) -> &mut Part {
         let i = match self.0.iter().position(|(f, _)| *f == family) {
             Some(i) => i,
@@ -38,8 +43,39 @@ impl FamilyParts {
     }
 }
 
+/// The holder of each slot the Service claims, as an outcome recorded it: the winner of a
+/// port in conflict, else the Service itself (`None`).
+pub fn recorded_winner<'a>(outcome: &'a ServiceOutcome, slot: &Slot) -> Option<&'a ServiceKey> {
+    let ServiceOutcome::Served { families } = outcome else {
+        return None;
+    };
+    families
+        .iter()
+        .filter(|f| f.family == slot.0)
+        .flat_map(|f| match &f.state {
+            FamilyState::Served { ports, .. } => ports.as_slice(),
+            FamilyState::Skipped(_) => &[],
+        })
+        .find_map(|p| match &p.result {
+            PortResult::Conflict { winner }
+                if p.port.protocol == slot.1 && p.port.port == slot.2 =>
+            {
+                Some(winner)
+            }
+            _ => None,
+        })
+}
+
+/// `winner` says who holds each slot (the claims now, or [`recorded_winner`] of an earlier
+/// outcome, which rebuilds that earlier fragment: a fragment is a function of the prepared
+/// Service, the slots' holders and the context, so only outcomes are kept between syncs).
 /// `tables: false` decides outcomes only (for the status writer, which plans for every node).
-pub fn build(prep: &Prepared, claims: &Claims, ctx: &Context, tables: bool) -> Fragment {
+pub fn build<'k>(
+    prep: &Prepared,
+    winner: impl Fn(&Slot) -> Option<&'k ServiceKey>,
+    ctx: &Context,
+    tables: bool,
+) -> Fragment {
     let Stage::Ports {
         policy,
         source_ranges,
@@ -71,7 +107,7 @@ pub fn build(prep: &Prepared, claims: &Claims, ctx: &Context, tables: bool) -> F
         let mut results = Vec::new();
         for p in ports.iter().filter(|p| p.family == *family) {
             let slot = (*family, p.port.protocol, p.port.port);
-            let result = match claims.winner(&slot) {
+            let result = match winner(&slot) {
                 Some(w) if w != key => PortResult::Conflict { winner: w.clone() },
                 _ => {
                     let (result, action) = match &p.selection {

@@ -8,7 +8,7 @@
 
 use super::conflicts::{Claim, Claims, Slot};
 use super::diagnosis::{ServiceOutcome, Warning};
-use super::fragment::{self, Fragment};
+use super::fragment;
 use super::objects::Objects;
 use super::prepare::{prepare, Context, Prepared, Stage};
 use super::service::ServiceKey;
@@ -44,7 +44,9 @@ pub struct Planner {
     ctx: Option<Context>,
     prepared: BTreeMap<ServiceKey, Prepared>,
     claims: Claims,
-    fragments: BTreeMap<ServiceKey, Fragment>,
+    /// What each Service got. Its Parts are not kept: they are rebuilt from the prepared
+    /// Service and this outcome when they are needed (see [`fragment::recorded_winner`]).
+    outcomes: BTreeMap<ServiceKey, ServiceOutcome>,
     hairpin: BTreeMap<IpFamily, HairpinUsers>,
     /// How many Service ports use each shared `endpoints-N` chain, per family.
     endpoint_chains: BTreeMap<IpFamily, BTreeMap<usize, usize>>,
@@ -95,7 +97,7 @@ impl Planner {
         let rebuild = dirty.is_none() || self.ctx.as_ref() != Some(ctx);
         let keys: BTreeSet<ServiceKey> = if rebuild {
             let mut keys = objects.keys();
-            keys.extend(self.fragments.keys().cloned());
+            keys.extend(self.outcomes.keys().cloned());
             *self = Planner {
                 no_tables: self.no_tables,
                 ctx: Some(ctx.clone()),
@@ -106,14 +108,16 @@ impl Planner {
             dirty.cloned().unwrap_or_default()
         };
 
-        // 1. Prepare the dirty Services; track the slots whose claims move.
+        // 1. Prepare the dirty Services; track the slots whose claims move, and keep what
+        // was prepared before for the Services prepared again (their old Parts need it).
         let mut refresh: BTreeSet<ServiceKey> = BTreeSet::new();
         let mut winners_before: BTreeMap<Slot, Option<ServiceKey>> = BTreeMap::new();
+        let mut prepared_before: BTreeMap<ServiceKey, Option<Prepared>> = BTreeMap::new();
         for key in keys {
             let slices = objects.slices_of(&key);
             let new = prepare(&key, objects.service(&key), &slices, ctx);
             let old = self.prepared.get(&key);
-            if old == new.as_ref() && (old.is_some() || !self.fragments.contains_key(&key)) {
+            if old == new.as_ref() && (old.is_some() || !self.outcomes.contains_key(&key)) {
                 continue;
             }
             for (slot, claim) in claims_of(old) {
@@ -126,10 +130,11 @@ impl Planner {
                 winners_before.entry(slot).or_insert(w);
                 self.claims.add(slot, claim);
             }
-            match new {
+            let old = match new {
                 Some(p) => self.prepared.insert(key.clone(), p),
                 None => self.prepared.remove(&key),
             };
+            prepared_before.insert(key.clone(), old);
             refresh.insert(key);
         }
         // 2. A slot with a new holder changes every Service claiming it.
@@ -148,13 +153,29 @@ impl Planner {
         let mut changed = BTreeSet::new();
         // Endpoint counts touched, with whether their chain existed before this update.
         let mut chains_before: BTreeMap<IpFamily, BTreeMap<usize, bool>> = BTreeMap::new();
+        let tables = !self.no_tables;
         for key in refresh {
+            let claims = &self.claims;
             let new = self
                 .prepared
                 .get(&key)
-                .map(|p| fragment::build(p, &self.claims, ctx, !self.no_tables));
-            let old = self.fragments.remove(&key);
-            if old.as_ref().map(|f| &f.outcome) != new.as_ref().map(|f| &f.outcome) {
+                .map(|p| fragment::build(p, |s| claims.winner(s), ctx, tables));
+            let old_outcome = self.outcomes.remove(&key);
+            // The Service's Parts before this update, rebuilt from what it was prepared as and
+            // the holders its outcome recorded (the context is unchanged when not rebuilding).
+            let old = match (&old_outcome, rebuild || !tables) {
+                (Some(outcome), false) => {
+                    let prep = match prepared_before.get(&key) {
+                        Some(p) => p.as_ref(),
+                        None => self.prepared.get(&key),
+                    };
+                    prep.map(|p| {
+                        fragment::build(p, |s| fragment::recorded_winner(outcome, s), ctx, true)
+                    })
+                }
+                _ => None,
+            };
+            if old_outcome.as_ref() != new.as_ref().map(|f| &f.outcome) {
                 changed.insert(key.clone());
             }
             for family in ctx.families.iter() {
@@ -185,7 +206,9 @@ impl Planner {
                         .entry(*addr)
                         .or_insert_with(|| users.get(addr).and_then(|u| u.first()).cloned());
                     if let Some(u) = users.get_mut(addr) {
-                        u.remove(c);
+                        if let Ok(i) = u.binary_search(c) {
+                            u.remove(i);
+                        }
                         if u.is_empty() {
                             users.remove(addr);
                         }
@@ -195,11 +218,14 @@ impl Planner {
                     before
                         .entry(*addr)
                         .or_insert_with(|| users.get(addr).and_then(|u| u.first()).cloned());
-                    users.entry(*addr).or_default().insert(c.clone());
+                    let u = users.entry(*addr).or_default();
+                    if let Err(i) = u.binary_search(c) {
+                        u.insert(i, c.clone());
+                    }
                 }
             }
             if let Some(n) = new {
-                self.fragments.insert(key, n);
+                self.outcomes.insert(key, n.outcome);
             }
         }
         if rebuild {
@@ -252,31 +278,45 @@ impl Planner {
         }
     }
 
-    /// Every table as planned now, one per programmed family.
+    /// Every table as planned now, one per programmed family. Each Service's Parts are built
+    /// again here and moved into the tables.
     pub fn tables(&self) -> Vec<Table> {
         let Some(ctx) = &self.ctx else {
             return Vec::new();
         };
-        let empty = HairpinUsers::new();
-        ctx.families
+        let mut assemblies: Vec<(IpFamily, table::Assembly)> = ctx
+            .families
             .iter()
             .map(|family| {
-                table::assemble(
-                    table::skeleton(family, &ctx.config.table_name, &ctx.local_addresses),
-                    self.fragments.values().filter_map(|f| f.parts.get(&family)),
-                    self.hairpin.get(&family).unwrap_or(&empty),
-                )
+                let skeleton =
+                    table::skeleton(family, &ctx.config.table_name, &ctx.local_addresses);
+                (family, table::Assembly::new(skeleton))
             })
+            .collect();
+        if !self.no_tables {
+            for p in self.prepared.values() {
+                let f = fragment::build(p, |s| self.claims.winner(s), ctx, true);
+                for (family, part) in f.parts.into_parts() {
+                    if let Some((_, a)) = assemblies.iter_mut().find(|(f, _)| *f == family) {
+                        a.add(part);
+                    }
+                }
+            }
+        }
+        let empty = HairpinUsers::new();
+        assemblies
+            .into_iter()
+            .map(|(family, a)| a.finish(self.hairpin.get(&family).unwrap_or(&empty)))
             .collect()
     }
 
     /// What this node does for each Service nodelb handles.
     pub fn outcomes(&self) -> impl Iterator<Item = (&ServiceKey, &ServiceOutcome)> {
-        self.fragments.iter().map(|(k, f)| (k, &f.outcome))
+        self.outcomes.iter()
     }
 
     pub fn outcome(&self, key: &ServiceKey) -> Option<&ServiceOutcome> {
-        self.fragments.get(key).map(|f| &f.outcome)
+        self.outcomes.get(key)
     }
 
     /// The problems found in one Service and its slices.

@@ -464,9 +464,10 @@ fn service_port_chain(
     name
 }
 
-/// Who uses each hairpin address, by the comment of each user; the element's comment is the
-/// first user's, so it does not depend on the order Services were added.
-pub type HairpinUsers = BTreeMap<IpAddr, BTreeSet<String>>;
+/// Who uses each hairpin address, by the comment of each user, sorted; the element's comment
+/// is the first user's, so it does not depend on the order Services were added. (Usually one
+/// user: a vector, where a set would allocate room for eleven per address.)
+pub type HairpinUsers = BTreeMap<IpAddr, Vec<String>>;
 
 fn hairpin_key(addr: IpAddr) -> Key {
     Key::Values(vec![value(addr), value(addr)])
@@ -522,41 +523,53 @@ pub fn skeleton(family: IpFamily, name: &str, local_addresses: &BTreeSet<IpAddr>
     t
 }
 
-/// The whole table: the skeleton with every Service's Part and the hairpin users.
-pub fn assemble<'a>(
-    mut t: Table,
-    parts: impl IntoIterator<Item = &'a Part>,
-    hairpin: &HairpinUsers,
-) -> Table {
-    let mut counts = BTreeSet::new();
-    for part in parts {
-        counts.extend(part.endpoint_chains.iter().copied());
-        for ((set, key), e) in &part.elements {
-            if let Some(s) = t.sets.get_mut(*set) {
-                s.elements.insert(key.clone(), e.clone());
+/// A table being filled: the skeleton, then every Service's Part (moved in, not copied),
+/// then the shared chains and the hairpin elements.
+pub struct Assembly {
+    table: Table,
+    endpoint_counts: BTreeSet<usize>,
+}
+
+impl Assembly {
+    pub fn new(skeleton: Table) -> Assembly {
+        Assembly {
+            table: skeleton,
+            endpoint_counts: BTreeSet::new(),
+        }
+    }
+
+    pub fn add(&mut self, part: Part) {
+        let t = &mut self.table;
+        self.endpoint_counts.extend(part.endpoint_chains);
+        for ((set, key), e) in part.elements {
+            if let Some(s) = t.sets.get_mut(set) {
+                s.elements.insert(key, e);
             }
         }
-        for c in part.chains.values() {
-            t.chains.insert(c.name.clone(), c.clone());
+        for (name, c) in part.chains.0 {
+            t.chains.insert(name, c);
         }
-        if let Some(s) = &part.source_set {
-            t.sets.insert(s.name.clone(), s.clone());
+        if let Some(s) = part.source_set {
+            t.sets.insert(s.name.clone(), s);
         }
-        for c in part.counters.values() {
-            t.counters.insert(c.name.clone(), c.clone());
+        for (name, c) in part.counters.0 {
+            t.counters.insert(name, c);
         }
     }
-    for n in counts {
-        t.add_chain(endpoint_chain(n));
-    }
-    if let Some(s) = t.sets.get_mut(HAIRPIN_SET) {
-        for (addr, users) in hairpin {
-            if let Some(first) = users.first() {
-                s.insert(hairpin_key(*addr), None, Some(first.clone()));
+
+    pub fn finish(mut self, hairpin: &HairpinUsers) -> Table {
+        for n in std::mem::take(&mut self.endpoint_counts) {
+            self.table.add_chain(endpoint_chain(n));
+        }
+        if let Some(s) = self.table.sets.get_mut(HAIRPIN_SET) {
+            for (addr, users) in hairpin {
+                if let Some(first) = users.first() {
+                    s.insert(hairpin_key(*addr), None, Some(first.to_string()));
+                }
             }
         }
+        self.table
     }
-    t
 }
 
 /// Record in `edit` what changes when a Service's Part goes from `old` to `new` (hairpin
