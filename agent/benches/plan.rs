@@ -1,4 +1,9 @@
-//! How long `plan()` takes for N Services × M endpoints (the pure step of every sync).
+//! How long `plan()` takes for N Services × M endpoints (the pure step of every sync), and
+//! how much heap the agent's long-lived state takes: the objects, a planner kept between
+//! syncs, and the tables it assembles (the committed model the netfilter committer keeps).
+//! Heap is counted by a wrapping global allocator (bytes requested and still live; malloc's
+//! own overhead comes on top). The whole agent's peak RSS is measured by the latency bench of
+//! `nodelb-integration`.
 //! `cargo bench -p nodelb-agent --bench plan`; NODELB_BENCH_SERVICES / NODELB_BENCH_ENDPOINTS.
 
 use k8s_openapi::api::core::v1::Service;
@@ -7,9 +12,39 @@ use nodelb_agent::plan::{
     config::Config, node, plan, Context, Families, Input, Objects, Planner, TableChange,
 };
 use std::collections::BTreeSet;
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+
+/// The system allocator, counting the bytes live.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size(), Ordering::Relaxed);
+        System.alloc(l)
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        System.dealloc(p, l)
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        LIVE.fetch_add(new, Ordering::Relaxed);
+        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        System.realloc(p, l, new)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -80,7 +115,9 @@ fn main() {
     );
 
     // The agent's path: a planner kept between syncs, one EndpointSlice changed per sync.
+    let live0 = LIVE.load(Ordering::Relaxed);
     let mut objects = Objects::from_lists(services.iter(), slices.iter());
+    let live_objects = LIVE.load(Ordering::Relaxed);
     let ctx = Context::new(
         node.clone(),
         local.clone(),
@@ -91,7 +128,24 @@ fn main() {
         config.clone(),
     );
     let mut planner = Planner::new();
+    let live_ctx = LIVE.load(Ordering::Relaxed);
     planner.update(&objects, &ctx, None);
+    let live_planner = LIVE.load(Ordering::Relaxed);
+    let tables = planner.tables();
+    let live_tables = LIVE.load(Ordering::Relaxed);
+    let elements: usize = tables
+        .iter()
+        .flat_map(|t| t.sets.values())
+        .map(|s| s.elements.len())
+        .sum();
+    println!(
+        "heap: {n} Services x {m} endpoints: objects {:.1} MiB, planner {:.1} MiB, tables {:.1} MiB ({elements} elements, {} chains)",
+        mib(live_objects - live0),
+        mib(live_planner - live_ctx),
+        mib(live_tables - live_planner),
+        tables.iter().map(|t| t.chains.len()).sum::<usize>(),
+    );
+    drop(tables);
     let mut times = Vec::new();
     for k in 0..200 {
         let mut s = slices[(k * 37) % n].clone();

@@ -20,7 +20,9 @@
 //!    from its response (the write accepted), with p50/p99/max; the agent's own per-sync
 //!    timings (its debug log) break the time down.
 //! 3. Memory: `VmHWM` and `VmRSS` of the agent from `/proc/<pid>/status`, after the load and
-//!    after the latency run.
+//!    after the latency run and a full replace (drift made by the bench: a foreign chain in
+//!    nodelb's table, which the agent removes), so the peak includes the moment the agent
+//!    holds the committed model and newly assembled tables at once, as on every resync.
 //! 4. Peers, same run: kube-proxy's default minimum sync period (1 s, a constant of its
 //!    configuration, not measured), and `nft -f` of the same one-endpoint change as a one-line
 //!    incremental script in a scratch namespace holding a copy of the agent's table (process
@@ -869,6 +871,33 @@ fn one_size(n: usize, follower: bool, cfg: &Config) -> Res<SizeResult> {
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
     }
     let m_after = metrics(&c)?;
+
+    // A full replace at this size, as after drift or on a periodic resync: the moment the
+    // agent holds the committed model and newly assembled tables at once, so the peak below
+    // includes it. A chain added to nodelb's table by another process (this bench) is drift,
+    // which the agent repairs with a full replace that removes it.
+    let repairs_before = metric_sum(&m_after, "nodelb_drift_repairs_total");
+    c.node_ns(0)
+        .sh_ok("nft add chain ip nodelb bench-drift")
+        .map_err(|e| format!("adding a foreign chain: {e}"))?;
+    let t_drift = Instant::now();
+    while metric_sum(&metrics(&c)?, "nodelb_drift_repairs_total") <= repairs_before {
+        if t_drift.elapsed() > QUIET_TIMEOUT {
+            return Err(format!("the agent did not repair drift within {QUIET_TIMEOUT:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let listed = c
+        .node_ns(0)
+        .sh_ok("nft list chains ip nodelb")
+        .map_err(|e| format!("listing chains: {e}"))?;
+    if listed.contains("bench-drift") {
+        return Err("the drift repair left the foreign chain in nodelb's table".into());
+    }
+    println!(
+        "  drift (a foreign chain) repaired by a full replace within {:.0} ms",
+        ms(t_drift.elapsed())
+    );
     let (hwm, rss) = memory(pid)?;
 
     // Final check: the whole endpoint map, by listing (independent of nodelb's code).
@@ -946,7 +975,7 @@ fn one_size(n: usize, follower: bool, cfg: &Config) -> Res<SizeResult> {
         syncs.len()
     );
     println!(
-        "  agent memory after the latency run: VmHWM {:.1} MiB, VmRSS {:.1} MiB",
+        "  agent memory after the latency run and the drift repair: VmHWM {:.1} MiB, VmRSS {:.1} MiB",
         mib(hwm),
         mib(rss)
     );

@@ -410,6 +410,20 @@ impl Committer {
             .unwrap_or_default()
     }
 
+    /// Compare the kernel's table with what this committer last committed to it (without
+    /// copying the model); `None` when it committed nothing to that table.
+    pub fn drift(&mut self, t: &TableRef) -> Result<Option<crate::readback::Drift>, Error> {
+        let Some(model) = self.committed.get(t) else {
+            return Ok(None);
+        };
+        let stale: Vec<String> = self
+            .stale
+            .get(t)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        self.nft.drift(model, &stale).map(Some)
+    }
+
     /// Read the kernel's counters of each table and start the model's counter objects from
     /// them, so a full replace (which creates every counter anew) does not reset them.
     /// Packets counted between this read and the commit are lost. Returns how many counters

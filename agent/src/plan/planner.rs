@@ -42,11 +42,17 @@ pub struct Planner {
     /// Decide outcomes only, no table content (see [`Planner::outcomes_only`]).
     no_tables: bool,
     ctx: Option<Context>,
-    prepared: BTreeMap<ServiceKey, Prepared>,
+    /// The objects as of the last update (a persistent map's clone shares everything with
+    /// the caller's: what changes later is copied there, not here). Nothing derived per
+    /// Service is kept beyond outcomes, claims and warnings: what a Service was prepared as
+    /// before, and its Parts, are built again from these objects when an update needs them.
+    objects: Objects,
     claims: Claims,
-    /// What each Service got. Its Parts are not kept: they are rebuilt from the prepared
-    /// Service and this outcome when they are needed (see [`fragment::recorded_winner`]).
+    /// What each Service got (exactly the Services nodelb handles). Parts are rebuilt from the
+    /// prepared Service and this outcome (see [`fragment::recorded_winner`]).
     outcomes: BTreeMap<ServiceKey, ServiceOutcome>,
+    /// The problems found in each Service and its slices, for those that have any.
+    warnings: BTreeMap<ServiceKey, Vec<Warning>>,
     hairpin: BTreeMap<IpFamily, HairpinUsers>,
     /// How many Service ports use each shared `endpoints-N` chain, per family.
     endpoint_chains: BTreeMap<IpFamily, BTreeMap<usize, usize>>,
@@ -95,32 +101,41 @@ impl Planner {
         dirty: Option<&BTreeSet<ServiceKey>>,
     ) -> Update {
         let rebuild = dirty.is_none() || self.ctx.as_ref() != Some(ctx);
+        let previous = std::mem::replace(&mut self.objects, objects.clone());
         let keys: BTreeSet<ServiceKey> = if rebuild {
             let mut keys = objects.keys();
             keys.extend(self.outcomes.keys().cloned());
             *self = Planner {
                 no_tables: self.no_tables,
                 ctx: Some(ctx.clone()),
+                objects: objects.clone(),
                 ..Planner::default()
             };
             keys
         } else {
             dirty.cloned().unwrap_or_default()
         };
+        let prepare_in = |o: &Objects, key: &ServiceKey| {
+            prepare(key, o.service(key), &o.slices_of(key), ctx)
+        };
 
-        // 1. Prepare the dirty Services; track the slots whose claims move, and keep what
-        // was prepared before for the Services prepared again (their old Parts need it).
+        // 1. Prepare the dirty Services, now and as they were (after a rebuild nothing was);
+        // track the slots whose claims move.
         let mut refresh: BTreeSet<ServiceKey> = BTreeSet::new();
         let mut winners_before: BTreeMap<Slot, Option<ServiceKey>> = BTreeMap::new();
-        let mut prepared_before: BTreeMap<ServiceKey, Option<Prepared>> = BTreeMap::new();
+        let mut prepared: BTreeMap<ServiceKey, (Option<Prepared>, Option<Prepared>)> =
+            BTreeMap::new();
         for key in keys {
-            let slices = objects.slices_of(&key);
-            let new = prepare(&key, objects.service(&key), &slices, ctx);
-            let old = self.prepared.get(&key);
-            if old == new.as_ref() && (old.is_some() || !self.outcomes.contains_key(&key)) {
+            let new = prepare_in(objects, &key);
+            let old = if rebuild {
+                None
+            } else {
+                prepare_in(&previous, &key)
+            };
+            if old == new && (old.is_some() || !self.outcomes.contains_key(&key)) {
                 continue;
             }
-            for (slot, claim) in claims_of(old) {
+            for (slot, claim) in claims_of(old.as_ref()) {
                 let w = self.claims.winner(&slot).cloned();
                 winners_before.entry(slot).or_insert(w);
                 self.claims.remove(&slot, &claim);
@@ -130,11 +145,11 @@ impl Planner {
                 winners_before.entry(slot).or_insert(w);
                 self.claims.add(slot, claim);
             }
-            let old = match new {
-                Some(p) => self.prepared.insert(key.clone(), p),
-                None => self.prepared.remove(&key),
+            match new.as_ref().map(|p| &p.warnings).filter(|w| !w.is_empty()) {
+                Some(w) => self.warnings.insert(key.clone(), w.clone()),
+                None => self.warnings.remove(&key),
             };
-            prepared_before.insert(key.clone(), old);
+            prepared.insert(key.clone(), (old, new));
             refresh.insert(key);
         }
         // 2. A slot with a new holder changes every Service claiming it.
@@ -155,24 +170,28 @@ impl Planner {
         let mut chains_before: BTreeMap<IpFamily, BTreeMap<usize, bool>> = BTreeMap::new();
         let tables = !self.no_tables;
         for key in refresh {
+            // A Service refreshed only because a slot changed holder is prepared as before.
+            let (old_prep, new_prep) = match prepared.remove(&key) {
+                Some(p) => p,
+                None => {
+                    let p = prepare_in(objects, &key);
+                    (p.clone(), p)
+                }
+            };
             let claims = &self.claims;
-            let new = self
-                .prepared
-                .get(&key)
+            let new = new_prep
+                .as_ref()
                 .map(|p| fragment::build(p, |s| claims.winner(s), ctx, tables));
             let old_outcome = self.outcomes.remove(&key);
             // The Service's Parts before this update, rebuilt from what it was prepared as and
             // the holders its outcome recorded (the context is unchanged when not rebuilding).
-            let old = match (&old_outcome, rebuild || !tables) {
-                (Some(outcome), false) => {
-                    let prep = match prepared_before.get(&key) {
-                        Some(p) => p.as_ref(),
-                        None => self.prepared.get(&key),
-                    };
-                    prep.map(|p| {
-                        fragment::build(p, |s| fragment::recorded_winner(outcome, s), ctx, true)
-                    })
-                }
+            let old = match (&old_outcome, old_prep, rebuild || !tables) {
+                (Some(outcome), Some(p), false) => Some(fragment::build(
+                    &p,
+                    |s| fragment::recorded_winner(outcome, s),
+                    ctx,
+                    true,
+                )),
                 _ => None,
             };
             if old_outcome.as_ref() != new.as_ref().map(|f| &f.outcome) {
@@ -294,8 +313,16 @@ impl Planner {
             })
             .collect();
         if !self.no_tables {
-            for p in self.prepared.values() {
-                let f = fragment::build(p, |s| self.claims.winner(s), ctx, true);
+            for key in self.outcomes.keys() {
+                let Some(p) = prepare(
+                    key,
+                    self.objects.service(key),
+                    &self.objects.slices_of(key),
+                    ctx,
+                ) else {
+                    continue;
+                };
+                let f = fragment::build(&p, |s| self.claims.winner(s), ctx, true);
                 for (family, part) in f.parts.into_parts() {
                     if let Some((_, a)) = assemblies.iter_mut().find(|(f, _)| *f == family) {
                         a.add(part);
@@ -321,14 +348,14 @@ impl Planner {
 
     /// The problems found in one Service and its slices.
     pub fn warnings_of(&self, key: &ServiceKey) -> &[Warning] {
-        self.prepared
+        self.warnings
             .get(key)
-            .map(|p| p.warnings.as_slice())
+            .map(Vec::as_slice)
             .unwrap_or_default()
     }
 
     /// Every problem found in the input, Service by Service.
     pub fn warnings(&self) -> impl Iterator<Item = &Warning> {
-        self.prepared.values().flat_map(|p| &p.warnings)
+        self.warnings.values().flatten()
     }
 }

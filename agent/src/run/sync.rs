@@ -514,17 +514,13 @@ impl SyncLoop {
                 // Read the tables back: anything changed behind our back forces a replace.
                 for t in &tables {
                     let tr = TableRef::of(t);
-                    if let Some(model) = committer.committed(&tr) {
-                        let stale = committer.stale_chains(&tr);
-                        let model = model.clone();
-                        match committer.nft().drift(&model, &stale) {
-                            Ok(Drift::None) => {}
-                            Ok(d) => {
-                                drifted = Some(format!("{tr}: {d:?}"));
-                                replace = true;
-                            }
-                            Err(e) => return (committer, Err(e)),
+                    match committer.drift(&tr) {
+                        Ok(None | Some(Drift::None)) => {}
+                        Ok(Some(d)) => {
+                            drifted = Some(format!("{tr}: {d:?}"));
+                            replace = true;
                         }
+                        Err(e) => return (committer, Err(e)),
                     }
                 }
             }
