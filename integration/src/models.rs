@@ -156,7 +156,7 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
                 v(f.addr(1, 10 + i as u16)),
                 Value::Port(8080),
             ])),
-            Some(format!("default/web:http endpoint {i}")),
+            Some(format!("default/web:http endpoint {i}").into()),
         );
     }
     t.add_set(endpoints);
@@ -616,7 +616,7 @@ pub fn lb_table(f: Fam, name: &str, node_addrs: &[IpAddr], services: &[LbService
                     Value::U32(idx as u32),
                 ]),
                 Some(ElemData::Values(vec![v(*addr), Value::Port(*port)])),
-                Some(s.key.clone()),
+                Some(s.key.as_str().into()),
             );
         }
         let target = if n == 0 {
@@ -659,13 +659,13 @@ pub fn lb_table(f: Fam, name: &str, node_addrs: &[IpAddr], services: &[LbService
                     dispatch.insert(
                         key.clone(),
                         Some(ElemData::Verdict(Verdict::Goto(chain.clone()))),
-                        Some(s.key.clone()),
+                        Some(s.key.as_str().into()),
                     );
                     if s.masquerade {
-                        masq.insert(key, None, Some(s.key.clone()));
+                        masq.insert(key, None, Some(s.key.as_str().into()));
                     }
                 }
-                None => no_endpoints.insert(key, None, Some(s.key.clone())),
+                None => no_endpoints.insert(key, None, Some(s.key.as_str().into())),
             }
         }
     }

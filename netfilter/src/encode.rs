@@ -459,7 +459,7 @@ struct EncodedElem {
     verdict: Option<Verdict>,
     /// The counter object a `: counter` map element names.
     counter: Option<String>,
-    comment: Option<String>,
+    comment: Option<std::sync::Arc<str>>,
 }
 
 impl EncodedElem {

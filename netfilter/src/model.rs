@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 /// Address family of a table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -622,7 +623,9 @@ pub enum ElemData {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Element {
     pub data: Option<ElemData>,
-    pub comment: Option<String>,
+    /// Shared: the elements one Service port owns across sets all carry its comment, and
+    /// there are tens of thousands of them.
+    pub comment: Option<Arc<str>>,
 }
 
 /// A named set or map.
@@ -665,7 +668,7 @@ impl Set {
         self
     }
 
-    pub fn insert(&mut self, key: Key, data: Option<ElemData>, comment: Option<String>) {
+    pub fn insert(&mut self, key: Key, data: Option<ElemData>, comment: Option<Arc<str>>) {
         self.elements.insert(key, Element { data, comment });
     }
 

@@ -587,6 +587,11 @@ impl Committer {
         Ok(stats)
     }
 
+    /// The tables this committer has committed models of.
+    pub fn committed_tables(&self) -> Vec<TableRef> {
+        self.committed.keys().cloned().collect()
+    }
+
     /// Forget what was committed, so the next sync replaces tables whole (after drift).
     pub fn forget(&mut self, t: &TableRef) {
         self.committed.remove(t);

@@ -17,6 +17,7 @@ use super::IpFamily;
 use nodelb_netfilter::{Edit, Table, TableRef};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// What the kernel must do after an update.
 #[derive(Debug)]
@@ -163,7 +164,7 @@ impl Planner {
         // 3. New fragments, and what they change in each table.
         let replanned = refresh.len();
         let mut edits: BTreeMap<IpFamily, Edit> = BTreeMap::new();
-        let mut hairpin_before: BTreeMap<IpFamily, BTreeMap<IpAddr, Option<String>>> =
+        let mut hairpin_before: BTreeMap<IpFamily, BTreeMap<IpAddr, Option<Arc<str>>>> =
             BTreeMap::new();
         let mut changed = BTreeSet::new();
         // Endpoint counts touched, with whether their chain existed before this update.

@@ -45,6 +45,7 @@ use nodelb_netfilter::{
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// Priority of nodelb's nat chains: kube-proxy's and Docker's DNAT sit at -100 too.
 pub const NAT_PRIORITY: i32 = -100;
@@ -94,7 +95,7 @@ pub struct Part {
     /// The Service's own source-range set.
     pub source_set: Option<Set>,
     /// Endpoint addresses for the shared `hairpin` set, with this Service port's comment.
-    pub hairpin: BTreeMap<IpAddr, String>,
+    pub hairpin: BTreeMap<IpAddr, Arc<str>>,
     /// The Service's counter objects, by name (equal by name and comment only).
     pub counters: SmallMap<Counter>,
     /// Endpoint counts whose shared `endpoints-N` chain this Service goes to.
@@ -270,17 +271,17 @@ fn service_key(addr: IpAddr, port: &ServicePortId) -> Key {
     ])
 }
 
-fn element(data: Option<ElemData>, comment: &str) -> Element {
+fn element(data: Option<ElemData>, comment: &Arc<str>) -> Element {
     Element {
         data,
-        comment: Some(comment.to_string()),
+        comment: Some(comment.clone()),
     }
 }
 
 /// Add one Service port to a Service's Part.
 pub fn add_port(part: &mut Part, family: IpFamily, p: &PortProgram<'_>) {
     let f = Fam(family);
-    let note = comment(p.service, p.port);
+    let note: Arc<str> = comment(p.service, p.port).into();
     // Counted whatever the action, so a port that goes from rejecting to forwarding keeps its
     // counter and its map elements.
     let counter = counter_name(CounterKind::Traffic, p.service, p.port);
@@ -292,7 +293,7 @@ pub fn add_port(part: &mut Part, family: IpFamily, p: &PortProgram<'_>) {
     }
     part.counters.insert(
         counter.clone(),
-        Counter::new(counter).with_comment(note.clone()),
+        Counter::new(counter).with_comment(note.to_string()),
     );
     let target = match &p.action {
         Action::Reject => {
@@ -347,7 +348,7 @@ pub fn add_port(part: &mut Part, family: IpFamily, p: &PortProgram<'_>) {
 fn add_endpoints(
     part: &mut Part,
     p: &PortProgram<'_>,
-    note: &str,
+    note: &Arc<str>,
     eps: &[Endpoint],
     hairpin: bool,
 ) {
@@ -369,7 +370,7 @@ fn add_endpoints(
         if hairpin {
             part.hairpin
                 .entry(e.addr)
-                .or_insert_with(|| note.to_string());
+                .or_insert_with(|| note.clone());
         }
     }
 }
@@ -405,7 +406,7 @@ fn service_port_chain(
                 set.insert(
                     Key::Prefix(c.addr, c.len),
                     None,
-                    Some(p.service.to_string()),
+                    Some(p.service.to_string().into()),
                 );
             }
             part.source_set = Some(set);
@@ -467,7 +468,7 @@ fn service_port_chain(
 /// Who uses each hairpin address, by the comment of each user, sorted; the element's comment
 /// is the first user's, so it does not depend on the order Services were added. (Usually one
 /// user: a vector, where a set would allocate room for eleven per address.)
-pub type HairpinUsers = BTreeMap<IpAddr, Vec<String>>;
+pub type HairpinUsers = BTreeMap<IpAddr, Vec<Arc<str>>>;
 
 fn hairpin_key(addr: IpAddr) -> Key {
     Key::Values(vec![value(addr), value(addr)])
@@ -564,7 +565,7 @@ impl Assembly {
         if let Some(s) = self.table.sets.get_mut(HAIRPIN_SET) {
             for (addr, users) in hairpin {
                 if let Some(first) = users.first() {
-                    s.insert(hairpin_key(*addr), None, Some(first.to_string()));
+                    s.insert(hairpin_key(*addr), None, Some(first.clone()));
                 }
             }
         }
@@ -644,7 +645,7 @@ fn elem_edit<'e>(edit: &'e mut Edit, set: &str) -> &'e mut ElemEdit {
 /// each before the update and the users after it.
 pub fn edit_hairpin(
     addrs: &BTreeSet<IpAddr>,
-    before: &BTreeMap<IpAddr, Option<String>>,
+    before: &BTreeMap<IpAddr, Option<Arc<str>>>,
     after: &HairpinUsers,
     edit: &mut Edit,
 ) {

@@ -1,8 +1,9 @@
 //! The one sync loop: woken by watch changes, address changes, drift and a periodic resync;
 //! debounced; hands the Services that changed to the planner, which replans only those, and
-//! commits — a full replace first (only once every watch has listed), after failures and after
-//! drift, a diff of whole tables on resync and when node-wide input changed, and otherwise an
-//! edit of just what changed.
+//! commits — a full replace first (only once every watch has listed), after failures, after
+//! drift, on resync (after reading the kernel's tables back) and when node-wide input changed,
+//! and otherwise an edit of just what changed. A full replace drops the committed models before
+//! assembling the new tables, so the agent holds at most one copy of its tables.
 
 use super::caches::{valid, Caches};
 use super::http::SharedReadiness;
@@ -406,13 +407,30 @@ impl SyncLoop {
             || wake.drift.is_some()
             || wake.resync
             || matches!(update.change, TableChange::Rebuild);
+        // A periodic resync reads the kernel's tables back first: anything changed behind
+        // our back that the netfilter watch did not report is drift, repaired by the replace.
+        let resync_drift = if wake.resync && !self.replace_next {
+            self.check_drift().await
+        } else {
+            None
+        };
         let work = match update.change {
             TableChange::Edit(edits) if !whole => Work::Edit(edits),
-            _ => Work::Tables(self.planner.tables()),
+            _ => {
+                // Every whole sync replaces the tables: the committed models are dropped
+                // before the new tables are assembled, so the agent never holds both.
+                if let Some(c) = self.committer.as_mut() {
+                    for tr in c.committed_tables() {
+                        c.forget(&tr);
+                    }
+                }
+                Work::Tables(self.planner.tables())
+            }
         };
         let result = self
-            .commit(work, families, wake.drift.is_some() || wake.resync)
-            .await;
+            .commit(work, families)
+            .await
+            .map(|(objects, stats)| (objects, stats, resync_drift));
         if whole {
             // Foreign forward policies: read on whole syncs only (a dump of every chain).
             self.notes = match forward_policy::drop_chains(&self.config.table_name) {
@@ -480,64 +498,69 @@ impl SyncLoop {
         ok
     }
 
-    /// Commit the plan's tables and delete nodelb's tables of families not programmed. Returns
-    /// objects, stats and, when a resync found the kernel's tables differing, what differed.
+    /// Compare the kernel's tables with the models last committed; what differed, if anything.
+    /// A failed read is logged and ignores the check: the replace that follows reports any
+    /// real trouble with nf_tables.
+    async fn check_drift(&mut self) -> Option<String> {
+        let mut committer = self.committer.take()?;
+        let r = tokio::task::spawn_blocking(move || {
+            let mut found = None;
+            for tr in committer.committed_tables() {
+                match committer.drift(&tr) {
+                    Ok(None | Some(Drift::None)) => {}
+                    Ok(Some(d)) => found = Some(format!("{tr}: {d:?}")),
+                    Err(e) => {
+                        warn!(table = %tr, error = %e, "resync: reading the table back failed")
+                    }
+                }
+            }
+            (committer, found)
+        })
+        .await;
+        match r {
+            Ok((committer, found)) => {
+                self.committer = Some(committer);
+                found
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Commit the plan's tables (a full replace) or edits, and delete nodelb's tables of
+    /// families not programmed. Returns objects and stats.
     async fn commit(
         &mut self,
         work: Work,
         families: Families,
-        verify: bool,
-    ) -> Result<(usize, CommitStats, Option<String>), SyncError> {
+    ) -> Result<(usize, CommitStats), SyncError> {
         let mut committer = match self.committer.take() {
             Some(c) => c,
             None => Committer::new(Nft::open()?),
         };
         let config_table = self.config.table_name.clone();
-        let mut replace = std::mem::replace(&mut self.replace_next, true);
+        self.replace_next = true;
         let objects: usize = match &work {
             Work::Tables(tables) => tables.iter().map(Table::object_count).sum(),
             Work::Edit(edits) => edits.iter().map(|(_, e)| e.size()).sum(),
         };
         let r = tokio::task::spawn_blocking(move || {
-            let mut drifted = None;
-            let tables = match work {
+            let mut tables = match work {
                 Work::Edit(edits) => {
                     let stats = match committer.edit(edits) {
                         Ok(s) => s,
                         Err(e) => return (committer, Err(e)),
                     };
-                    return (committer, Ok((stats, None)));
+                    return (committer, Ok(stats));
                 }
                 Work::Tables(tables) => tables,
             };
-            if verify && !replace {
-                // Read the tables back: anything changed behind our back forces a replace.
-                for t in &tables {
-                    let tr = TableRef::of(t);
-                    match committer.drift(&tr) {
-                        Ok(None | Some(Drift::None)) => {}
-                        Ok(Some(d)) => {
-                            drifted = Some(format!("{tr}: {d:?}"));
-                            replace = true;
-                        }
-                        Err(e) => return (committer, Err(e)),
-                    }
-                }
+            // A full replace creates every counter anew: start them from what the kernel
+            // counted so far (after a restart too: the first sync replaces).
+            match committer.carry_counters(&mut tables) {
+                Ok(n) => debug!(counters = n, "carried counters over the replace"),
+                Err(e) => return (committer, Err(e)),
             }
-            let mut tables = tables;
-            if replace {
-                // A full replace creates every counter anew: start them from what the kernel
-                // counted so far (after a restart too: the first sync replaces).
-                match committer.carry_counters(&mut tables) {
-                    Ok(n) => debug!(counters = n, "carried counters over the replace"),
-                    Err(e) => return (committer, Err(e)),
-                }
-            }
-            let mut stats = match if replace {
-                committer.replace(tables)
-            } else {
-                committer.sync(tables)
-            } {
+            let mut stats = match committer.replace(tables) {
                 Ok(s) => s,
                 Err(e) => return (committer, Err(e)),
             };
@@ -561,14 +584,14 @@ impl SyncLoop {
                     }
                 }
             }
-            (committer, Ok((stats, drifted)))
+            (committer, Ok(stats))
         })
         .await;
         match r {
-            Ok((committer, Ok((stats, drifted)))) => {
+            Ok((committer, Ok(stats))) => {
                 self.committer = Some(committer);
                 self.replace_next = false;
-                Ok((objects, stats, drifted))
+                Ok((objects, stats))
             }
             // After a failure the committer is dropped: the next try opens a fresh socket and
             // replaces every table whole.
