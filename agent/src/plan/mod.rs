@@ -16,6 +16,7 @@ pub mod planner;
 pub mod prepare;
 pub mod selector;
 pub mod service;
+pub mod slim;
 pub mod table;
 
 pub use objects::Objects;
