@@ -410,6 +410,7 @@ impl<'de> Visitor<'de> for KeyIs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::status::ingress::ingress_managers;
     use kube::core::DeserializeGuard;
     use serde_json::json;
 
@@ -566,6 +567,7 @@ mod tests {
                 ..ObjectMeta::default()
             },
         );
+        assert_eq!(ingress_managers(&s), ["nodelb", "metallb-controller"]);
         let port = |name: &str, port, protocol: &str| ServicePort {
             name: Some(name.into()),
             port,
@@ -613,6 +615,7 @@ mod tests {
                        "fieldsV1": {"f:status": ["f:loadBalancer"]}}));
         let s: Service = watched(v);
         assert_eq!(s.metadata.managed_fields, None);
+        assert!(ingress_managers(&s).is_empty());
     }
 
     #[test]
