@@ -1,8 +1,9 @@
 //! Services and EndpointSlices as nodelb keeps them: k8s-openapi's types cut down to the fields
-//! nodelb reads, with the same names and field types, so readers do not change. At 10,000
-//! Services the full objects cost some 90 MB, nearly all of it in fields nothing reads (the
-//! managed fields' JSON trees, `targetRef`, `hints`, the last-applied annotation); here those
-//! are skipped while parsing and never stored.
+//! nodelb reads, with the same names and field types, so readers do not change. 10,000
+//! Services and their five-endpoint slices, as a cluster serves them, take 92 MiB as
+//! k8s-openapi types, nearly all of it fields nothing reads (the managed fields' JSON trees,
+//! `targetRef`, `hints`, the last-applied annotation); here those are skipped while parsing and
+//! never stored, and the same objects take 26 MiB.
 //!
 //! The watches deserialize straight into these types (they are `kube::Resource`s through
 //! k8s-openapi's traits), and so do files and tests. A kept field has k8s-openapi's type and
@@ -11,6 +12,7 @@
 //! it failed there because of a kept field. Values the planner checks itself (protocols,
 //! addresses, CIDRs, families) stay raw strings, so bad ones still reach it and are warned about.
 
+use super::endpoints::SERVICE_NAME_LABEL;
 use k8s_openapi::api::core::v1::LoadBalancerIngress;
 use k8s_openapi::api::discovery::v1::EndpointConditions;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta, Time};
@@ -19,12 +21,13 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
 
-/// The client-side-apply copy of the whole object, often the largest thing in it.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+/// nodelb's own annotations (such as [`super::service::NODE_SELECTOR_ANNOTATION`]): the only
+/// ones it reads. Others, like kubectl's last-applied copy of the whole object, are skipped.
+const OWN_ANNOTATIONS: &str = "nodelb.io/";
 
 /// A Service: `metadata` holds name, namespace, uid (Events), resourceVersion (the watch and
-/// the status writer), creationTimestamp (oldest wins a port), annotations but the last-applied
-/// one (the node selector), and of the managed fields only the managers of
+/// the status writer), creationTimestamp (oldest wins a port), nodelb's own annotations (the
+/// node selector), and of the managed fields only the managers of
 /// `status.loadBalancer.ingress`, each as its manager alone.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -79,8 +82,8 @@ pub struct LoadBalancerStatus {
     pub ingress: Option<Vec<LoadBalancerIngress>>,
 }
 
-/// An EndpointSlice: `metadata` holds name, namespace, resourceVersion (the watch) and labels
-/// (`kubernetes.io/service-name` files it under its Service).
+/// An EndpointSlice: `metadata` holds name, namespace, resourceVersion (the watch) and of the
+/// labels only `kubernetes.io/service-name` (which files it under its Service).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointSlice {
@@ -188,7 +191,7 @@ struct ServiceMeta {
     uid: Option<String>,
     resource_version: Option<String>,
     creation_timestamp: Option<Time>,
-    #[serde(default, deserialize_with = "annotations")]
+    #[serde(default, deserialize_with = "own_annotations")]
     annotations: Option<BTreeMap<String, String>>,
     #[serde(default, deserialize_with = "ingress_owners")]
     managed_fields: Option<Vec<ManagedFieldsEntry>>,
@@ -216,6 +219,7 @@ struct SliceMeta {
     name: Option<String>,
     namespace: Option<String>,
     resource_version: Option<String>,
+    #[serde(default, deserialize_with = "service_name_label")]
     labels: Option<BTreeMap<String, String>>,
 }
 
@@ -232,45 +236,53 @@ fn slice_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
     })
 }
 
-/// Annotations without [`LAST_APPLIED`], whose value is skipped unread.
-fn annotations<'de, D: Deserializer<'de>>(
+fn own_annotations<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<BTreeMap<String, String>>, D::Error> {
-    struct Annotations;
+    d.deserialize_option(Only(|k| k.starts_with(OWN_ANNOTATIONS)))
+}
 
-    impl<'de> Visitor<'de> for Annotations {
-        type Value = Option<BTreeMap<String, String>>;
+fn service_name_label<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    d.deserialize_option(Only(|k| k == SERVICE_NAME_LABEL))
+}
 
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("a map")
-        }
+/// A string map (labels, annotations) of only the keys this accepts; other values are skipped
+/// unread. Even one entry costs a whole B-tree node (some 540 bytes), so only what is read is
+/// worth it.
+struct Only(fn(&str) -> bool);
 
-        fn visit_none<E>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
+impl<'de> Visitor<'de> for Only {
+    type Value = Option<BTreeMap<String, String>>;
 
-        fn visit_unit<E>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-            d.deserialize_map(self)
-        }
-
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut out = BTreeMap::new();
-            while let Some(k) = map.next_key::<String>()? {
-                if k == LAST_APPLIED {
-                    map.next_value::<IgnoredAny>()?;
-                } else {
-                    out.insert(k, map.next_value()?);
-                }
-            }
-            Ok(Some(out))
-        }
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a map")
     }
 
-    d.deserialize_option(Annotations)
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = BTreeMap::new();
+        while let Some(k) = map.next_key::<String>()? {
+            if (self.0)(&k) {
+                out.insert(k, map.next_value()?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(Some(out))
+    }
 }
 
 /// One managed-fields entry, read only as far as [`ingress_owners`] needs.
@@ -292,7 +304,7 @@ fn ingress_owners<'de, D: Deserializer<'de>>(
     let Some(entries) = Option::<Vec<ManagedEntry>>::deserialize(d)? else {
         return Ok(None);
     };
-    let kept: Vec<ManagedFieldsEntry> = entries
+    let mut kept: Vec<ManagedFieldsEntry> = entries
         .into_iter()
         .filter(|e| e.owns_ingress && e.subresource.as_deref() == Some("status"))
         .map(|e| ManagedFieldsEntry {
@@ -300,6 +312,8 @@ fn ingress_owners<'de, D: Deserializer<'de>>(
             ..ManagedFieldsEntry::default()
         })
         .collect();
+    // Collecting a filter starts at room for four.
+    kept.shrink_to_fit();
     Ok((!kept.is_empty()).then_some(kept))
 }
 
@@ -460,7 +474,9 @@ mod tests {
                 "creationTimestamp": "2026-01-01T00:00:00Z",
                 "labels": {"app": "web"},
                 "annotations": {
-                    LAST_APPLIED: "{\"apiVersion\":\"v1\",\"kind\":\"Service\",\"metadata\":{}}",
+                    "kubectl.kubernetes.io/last-applied-configuration":
+                        "{\"apiVersion\":\"v1\",\"kind\":\"Service\",\"metadata\":{}}",
+                    "meta.helm.sh/release-name": "shop",
                     "nodelb.io/node-selector": "pool=edge",
                 },
                 "finalizers": ["service.kubernetes.io/load-balancer-cleanup"],
@@ -563,7 +579,7 @@ mod tests {
                 annotations: Some([("nodelb.io/node-selector".into(), "pool=edge".into())].into()),
                 // Of five managers, the two that own the ingress, without their fieldsV1.
                 managed_fields: Some(vec![owner("nodelb"), owner("metallb-controller")]),
-                // Dropped: labels, generation, finalizers.
+                // Dropped: labels, other annotations, generation, finalizers.
                 ..ObjectMeta::default()
             },
         );
@@ -631,14 +647,6 @@ mod tests {
             node_name: Some(format!("node-{i}")),
             // Dropped: hostname, zone, hints, deprecatedTopology, targetRef.
         };
-        let labels = [
-            ("app", "web"),
-            ("kubernetes.io/service-name", "web"),
-            (
-                "endpointslice.kubernetes.io/managed-by",
-                "endpointslice-controller.k8s.io",
-            ),
-        ];
         assert_eq!(
             s,
             EndpointSlice {
@@ -646,14 +654,9 @@ mod tests {
                     name: Some("web-x7k2p".into()),
                     namespace: Some("shop".into()),
                     resource_version: Some("4712".into()),
-                    labels: Some(
-                        labels
-                            .iter()
-                            .map(|(k, v)| (k.to_string(), v.to_string()))
-                            .collect()
-                    ),
-                    // Dropped: generateName, uid, generation, creationTimestamp,
-                    // annotations, ownerReferences, managedFields.
+                    labels: Some([(SERVICE_NAME_LABEL.into(), "web".into())].into()),
+                    // Dropped: the other labels, generateName, uid, generation,
+                    // creationTimestamp, annotations, ownerReferences, managedFields.
                     ..ObjectMeta::default()
                 },
                 address_type: "IPv4".into(),
@@ -716,13 +719,14 @@ mod tests {
             json!({"spec": {"ports": [{"port": "eighty"}]}}),
             json!({"spec": {"ports": 3}}),
             json!({"metadata": {"name": 7}}),
-            json!({"metadata": {"annotations": {"a": 1}}}),
+            json!({"metadata": {"annotations": {"nodelb.io/node-selector": 1}}}),
             json!({"metadata": {"creationTimestamp": "yesterday"}}),
         ] {
             assert!(svc(bad).is_none());
         }
         for bad in [
             json!({"apiVersion": "discovery.k8s.io/v1beta1"}),
+            json!({"metadata": {"labels": {"kubernetes.io/service-name": ["web"]}}}),
             json!({"endpoints": [{"addresses": "198.51.100.1"}]}),
             json!({"ports": [{"port": "http"}]}),
         ] {
