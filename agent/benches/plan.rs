@@ -6,8 +6,7 @@
 //! `nodelb-integration`.
 //! `cargo bench -p nodelb-agent --bench plan`; NODELB_BENCH_SERVICES / NODELB_BENCH_ENDPOINTS.
 
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use nodelb_agent::plan::slim::{EndpointSlice, Service};
 use nodelb_agent::plan::{
     config::Config, node, plan, Context, Families, Input, Objects, Planner, TableChange,
 };

@@ -2,8 +2,8 @@
 //! per file, `kind: List` (and `ServiceList`-style lists) unpacked. Services, EndpointSlices and
 //! Nodes are kept; anything else is skipped and reported.
 
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use crate::plan::slim::{EndpointSlice, Service};
+use k8s_openapi::api::core::v1::Node;
 use serde::Deserialize;
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -796,9 +796,8 @@ pub fn bench_services(n: usize, eps: usize) -> Vec<LbService> {
 /// whose address is 203.0.113.1 — the shape nodelb really programs (dispatch map, endpoint
 /// map, per-Service chains and counters). Reserved ports are switched off so every port counts.
 pub fn bench_table(n: usize, eps: usize) -> Table {
-    use k8s_openapi::api::core::v1::Service;
-    use k8s_openapi::api::discovery::v1::EndpointSlice;
     use nodelb_agent::plan;
+    use nodelb_agent::plan::slim::{EndpointSlice, Service};
     let mut services: Vec<Service> = Vec::with_capacity(n);
     let mut slices: Vec<EndpointSlice> = Vec::with_capacity(n);
     for s in bench_services(n, eps) {

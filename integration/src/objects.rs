@@ -2,8 +2,7 @@
 //! and `kind: List`, Services and EndpointSlices kept, other kinds ignored, documents that do
 //! not read as their kind reported and skipped (bad input never stops planning).
 
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use nodelb_agent::plan::slim::{EndpointSlice, Service};
 use serde::Deserialize;
 use serde_yaml_ng::Value;
 

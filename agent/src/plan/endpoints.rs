@@ -3,8 +3,8 @@
 
 use super::diagnosis::{ObjectKind, ObjectRef, Warning};
 use super::service::{Protocol, ServiceKey, ServicePortId, TrafficPolicy};
+use super::slim::EndpointSlice;
 use super::IpFamily;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 

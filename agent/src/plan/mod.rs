@@ -16,6 +16,7 @@ pub mod planner;
 pub mod prepare;
 pub mod selector;
 pub mod service;
+pub mod slim;
 pub mod table;
 
 pub use objects::Objects;
@@ -98,9 +99,9 @@ impl Families {
 #[derive(Clone, Debug)]
 pub struct Input<'a> {
     /// Every Service the agent sees (any type or class: the planner picks its own).
-    pub services: Vec<&'a k8s_openapi::api::core::v1::Service>,
+    pub services: Vec<&'a slim::Service>,
     /// Every EndpointSlice the agent sees.
-    pub slices: Vec<&'a k8s_openapi::api::discovery::v1::EndpointSlice>,
+    pub slices: Vec<&'a slim::EndpointSlice>,
     /// This node.
     pub node: &'a node::NodeInfo,
     /// Addresses assigned on the host right now (rtnetlink), every family.

@@ -4,9 +4,8 @@
 
 use super::endpoints::SERVICE_NAME_LABEL;
 use super::service::ServiceKey;
+use super::slim::{EndpointSlice, Service};
 use imbl::OrdMap;
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::sync::Arc;
 
 /// `namespace/name` of an EndpointSlice.

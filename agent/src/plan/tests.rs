@@ -8,9 +8,8 @@ use super::config::Config;
 use super::diagnosis::*;
 use super::node::{AddressKind, NodeInfo};
 use super::service::{Protocol, ServiceKey};
+use super::slim::{EndpointSlice, Service};
 use super::*;
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::collections::BTreeSet;
 
 const NODE: &str = "node-a";

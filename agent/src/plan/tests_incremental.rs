@@ -5,9 +5,8 @@
 use super::config::Config;
 use super::node::{AddressKind, NodeInfo};
 use super::service::ServiceKey;
+use super::slim::{EndpointSlice, Service};
 use super::*;
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 

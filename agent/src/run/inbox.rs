@@ -1,15 +1,13 @@
 //! Watch events in, the planner's [`Objects`] and the set of changed Services out.
 //!
-//! Services and EndpointSlices are kept once, here, slimmed of what the planner never reads
-//! (managed fields, the last-applied annotation), so 10,000 Services fit the memory goal. A
+//! Services and EndpointSlices are kept once, here, as the watches read them: already cut down
+//! to what nodelb reads ([`crate::plan::slim`]), so 10,000 Services fit the memory goal. A
 //! re-list (after a watch expired) does not report deletions, so it replaces its kind whole and
 //! asks for a full replan.
 
 use crate::plan::service::ServiceKey;
+use crate::plan::slim::{EndpointSlice, Service};
 use crate::plan::Objects;
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::DeserializeGuard;
 use kube::runtime::watcher::Event;
 use std::collections::BTreeSet;
@@ -20,22 +18,6 @@ use std::sync::Arc;
 pub enum ObjectEvent {
     Service(Box<Event<DeserializeGuard<Service>>>),
     Slice(Box<Event<DeserializeGuard<EndpointSlice>>>),
-}
-
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
-/// Drop what nothing reads. Of the managed fields only the status subresource's stay: the
-/// status writer needs to know who owns `status.loadBalancer.ingress`.
-fn slim(meta: &mut ObjectMeta) {
-    if let Some(mf) = meta.managed_fields.as_mut() {
-        mf.retain(|f| f.subresource.as_deref() == Some("status"));
-    }
-    if meta.managed_fields.as_ref().is_some_and(Vec::is_empty) {
-        meta.managed_fields = None;
-    }
-    if let Some(a) = meta.annotations.as_mut() {
-        a.remove(LAST_APPLIED);
-    }
 }
 
 #[derive(Debug, Default)]
@@ -84,8 +66,7 @@ impl Inbox {
         match ev {
             ObjectEvent::Service(ev) => match *ev {
                 Event::Init => self.relist_services = Some(Vec::new()),
-                Event::InitApply(DeserializeGuard(Ok(mut s))) => {
-                    slim(&mut s.metadata);
+                Event::InitApply(DeserializeGuard(Ok(s))) => {
                     self.relist_services
                         .get_or_insert_default()
                         .push(Arc::new(s));
@@ -96,8 +77,7 @@ impl Inbox {
                     self.full = true;
                     self.services_synced = true;
                 }
-                Event::Apply(DeserializeGuard(Ok(mut s))) => {
-                    slim(&mut s.metadata);
+                Event::Apply(DeserializeGuard(Ok(s))) => {
                     let k = self.objects_mut().put_service(Arc::new(s));
                     self.dirty.extend(k);
                 }
@@ -109,8 +89,7 @@ impl Inbox {
             },
             ObjectEvent::Slice(ev) => match *ev {
                 Event::Init => self.relist_slices = Some(Vec::new()),
-                Event::InitApply(DeserializeGuard(Ok(mut s))) => {
-                    slim(&mut s.metadata);
+                Event::InitApply(DeserializeGuard(Ok(s))) => {
                     self.relist_slices.get_or_insert_default().push(Arc::new(s));
                 }
                 Event::InitDone => {
@@ -119,8 +98,7 @@ impl Inbox {
                     self.full = true;
                     self.slices_synced = true;
                 }
-                Event::Apply(DeserializeGuard(Ok(mut s))) => {
-                    slim(&mut s.metadata);
+                Event::Apply(DeserializeGuard(Ok(s))) => {
                     let k = self.objects_mut().put_slice(Arc::new(s));
                     self.dirty.extend(k);
                 }
@@ -140,10 +118,7 @@ mod tests {
 
     fn svc(name: &str) -> DeserializeGuard<Service> {
         DeserializeGuard(Ok(serde_json::from_value(serde_json::json!({
-            "metadata": {"namespace": "ns", "name": name,
-                         "annotations": {LAST_APPLIED: "{...}", "keep": "me"},
-                         "managedFields": [{"manager": "kubectl"},
-                                           {"manager": "nodelb", "subresource": "status"}]},
+            "metadata": {"namespace": "ns", "name": name},
             "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]},
         }))
         .unwrap()))
@@ -194,24 +169,5 @@ mod tests {
             .objects()
             .service(&ServiceKey::new("ns", "c"))
             .is_some());
-    }
-
-    #[test]
-    fn stored_objects_are_slimmed() {
-        let mut inbox = Inbox::default();
-        inbox.apply(ObjectEvent::Service(Box::new(Event::Apply(svc("a")))));
-        let s = inbox
-            .objects()
-            .service(&ServiceKey::new("ns", "a"))
-            .unwrap();
-        let mf = s.metadata.managed_fields.as_ref().unwrap();
-        assert_eq!(
-            mf.len(),
-            1,
-            "only the status subresource's managed fields stay"
-        );
-        assert_eq!(mf[0].manager.as_deref(), Some("nodelb"));
-        let a = s.metadata.annotations.as_ref().unwrap();
-        assert!(!a.contains_key(LAST_APPLIED) && a.contains_key("keep"));
     }
 }

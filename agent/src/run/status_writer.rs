@@ -6,13 +6,14 @@
 use super::metrics::{Metrics, NodeLabel, WriteLabel};
 use super::node_events::REPORTING_CONTROLLER;
 use crate::plan::service::ServiceKey;
+use crate::plan::slim::Service;
 use crate::plan::Objects;
 use crate::status::heartbeat;
 use crate::status::ingress::{self, Write, FIELD_MANAGER};
 use crate::status::{Desired, Problem, Status, StatusConfig};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;

@@ -2,7 +2,8 @@
 //! what is stored, and with who owns the field (server-side apply's managedFields).
 
 use super::Desired;
-use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service};
+use crate::plan::slim::Service;
+use k8s_openapi::api::core::v1::LoadBalancerIngress;
 use serde_json::{json, Value};
 use std::net::IpAddr;
 
@@ -46,23 +47,15 @@ pub fn entries(ingress: &[IpAddr], ip_mode: Option<&str>) -> Vec<LoadBalancerIng
         .collect()
 }
 
-/// Field managers of `status.loadBalancer.ingress`, from managedFields.
+/// Field managers of `status.loadBalancer.ingress`. A [`Service`] keeps in managedFields only
+/// the entries that own it, each as its manager alone (their fieldsV1 trees are read while
+/// deserializing and not kept), so every manager listed there counts.
 pub fn ingress_managers(svc: &Service) -> Vec<String> {
     let mut out = Vec::new();
     for mf in svc.metadata.managed_fields.iter().flatten() {
-        let owns = mf
-            .fields_v1
-            .as_ref()
-            .map(|f| &f.0)
-            .and_then(|v| v.get("f:status"))
-            .and_then(|v| v.get("f:loadBalancer"))
-            .and_then(|v| v.get("f:ingress"))
-            .is_some();
-        if owns {
-            if let Some(m) = &mf.manager {
-                if !out.contains(m) {
-                    out.push(m.clone());
-                }
+        if let Some(m) = &mf.manager {
+            if !out.contains(m) {
+                out.push(m.clone());
             }
         }
     }

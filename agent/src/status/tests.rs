@@ -4,9 +4,8 @@ use super::heartbeat::{self, Heartbeat};
 use super::ingress::{self, Write};
 use super::*;
 use crate::plan::service::ServiceKey;
+use crate::plan::slim::{EndpointSlice, Service};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::sync::Arc;
 
 const NOW: &str = "2026-01-01T12:00:00Z";

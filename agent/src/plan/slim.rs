@@ -1,0 +1,752 @@
+//! Services and EndpointSlices as nodelb keeps them: k8s-openapi's types cut down to the fields
+//! nodelb reads, with the same names and field types, so readers do not change. 10,000
+//! Services and their five-endpoint slices, as a cluster serves them, take 92 MiB as
+//! k8s-openapi types, nearly all of it fields nothing reads (the managed fields' JSON trees,
+//! `targetRef`, `hints`, the last-applied annotation); here those are skipped while parsing and
+//! never stored, and the same objects take 26 MiB.
+//!
+//! The watches deserialize straight into these types (they are `kube::Resource`s through
+//! k8s-openapi's traits), and so do files and tests. A kept field has k8s-openapi's type and
+//! reads as k8s-openapi reads it (a required field that is missing or null is its default;
+//! `apiVersion` and `kind`, when present, must be the type's own), so an object fails here when
+//! it failed there because of a kept field. Values the planner checks itself (protocols,
+//! addresses, CIDRs, families) stay raw strings, so bad ones still reach it and are warned about.
+
+use super::endpoints::SERVICE_NAME_LABEL;
+use k8s_openapi::api::core::v1::LoadBalancerIngress;
+use k8s_openapi::api::discovery::v1::EndpointConditions;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta, Time};
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// nodelb's own annotations (such as [`super::service::NODE_SELECTOR_ANNOTATION`]): the only
+/// ones it reads. Others, like kubectl's last-applied copy of the whole object, are skipped.
+const OWN_ANNOTATIONS: &str = "nodelb.io/";
+
+/// A Service: `metadata` holds name, namespace, uid (Events), resourceVersion (the watch and
+/// the status writer), creationTimestamp (oldest wins a port), nodelb's own annotations (the
+/// node selector), and of the managed fields only the managers of
+/// `status.loadBalancer.ingress`, each as its manager alone.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Service {
+    #[serde(default, deserialize_with = "service_meta")]
+    pub metadata: ObjectMeta,
+    pub spec: Option<ServiceSpec>,
+    pub status: Option<ServiceStatus>,
+    /// `apiVersion` and `kind` are checked while reading (see `own`), not kept.
+    #[serde(default, deserialize_with = "own_api_version::<Service, _>")]
+    api_version: (),
+    #[serde(default, deserialize_with = "own_kind::<Service, _>")]
+    kind: (),
+}
+
+/// What the planner reads of a Service's spec.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceSpec {
+    #[serde(rename = "clusterIP")]
+    pub cluster_ip: Option<String>,
+    #[serde(rename = "clusterIPs")]
+    pub cluster_ips: Option<Vec<String>>,
+    pub external_traffic_policy: Option<String>,
+    pub ip_families: Option<Vec<String>>,
+    pub load_balancer_class: Option<String>,
+    pub load_balancer_source_ranges: Option<Vec<String>>,
+    pub ports: Option<Vec<ServicePort>>,
+    #[serde(rename = "type")]
+    pub type_: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServicePort {
+    pub name: Option<String>,
+    #[serde(default, deserialize_with = "or_default")]
+    pub port: i32,
+    pub protocol: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceStatus {
+    pub load_balancer: Option<LoadBalancerStatus>,
+}
+
+/// The stored ingress, whole: the status writer compares it with what it wants entry by entry.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadBalancerStatus {
+    pub ingress: Option<Vec<LoadBalancerIngress>>,
+}
+
+/// An EndpointSlice: `metadata` holds name, namespace, resourceVersion (the watch) and of the
+/// labels only `kubernetes.io/service-name` (which files it under its Service).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointSlice {
+    #[serde(default, deserialize_with = "slice_meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default, deserialize_with = "or_default")]
+    pub address_type: String,
+    #[serde(default, deserialize_with = "or_default")]
+    pub endpoints: Vec<Endpoint>,
+    pub ports: Option<Vec<EndpointPort>>,
+    /// Checked, not kept, as for [`Service`].
+    #[serde(default, deserialize_with = "own_api_version::<EndpointSlice, _>")]
+    api_version: (),
+    #[serde(default, deserialize_with = "own_kind::<EndpointSlice, _>")]
+    kind: (),
+}
+
+/// One backend: its addresses (the first counts), readiness, and node (`Local` policy).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Endpoint {
+    #[serde(default, deserialize_with = "or_default")]
+    pub addresses: Vec<String>,
+    pub conditions: Option<EndpointConditions>,
+    pub node_name: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointPort {
+    pub name: Option<String>,
+    pub port: Option<i32>,
+    pub protocol: Option<String>,
+}
+
+/// The API's names for each type are the real types' own: the watches ask for v1 Services and
+/// discovery.k8s.io/v1 EndpointSlices, and kube-runtime needs the metadata as `ObjectMeta`.
+macro_rules! mirror {
+    ($slim:ty, $full:ty) => {
+        impl k8s_openapi::Resource for $slim {
+            const API_VERSION: &'static str = <$full as k8s_openapi::Resource>::API_VERSION;
+            const GROUP: &'static str = <$full as k8s_openapi::Resource>::GROUP;
+            const KIND: &'static str = <$full as k8s_openapi::Resource>::KIND;
+            const VERSION: &'static str = <$full as k8s_openapi::Resource>::VERSION;
+            const URL_PATH_SEGMENT: &'static str =
+                <$full as k8s_openapi::Resource>::URL_PATH_SEGMENT;
+            type Scope = <$full as k8s_openapi::Resource>::Scope;
+        }
+
+        impl k8s_openapi::Metadata for $slim {
+            type Ty = ObjectMeta;
+
+            fn metadata(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+
+            fn metadata_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
+mirror!(Service, k8s_openapi::api::core::v1::Service);
+mirror!(
+    EndpointSlice,
+    k8s_openapi::api::discovery::v1::EndpointSlice
+);
+
+/// A required field as k8s-openapi reads it: missing or null is the default.
+fn or_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+fn own_api_version<'de, K: k8s_openapi::Resource, D: Deserializer<'de>>(
+    d: D,
+) -> Result<(), D::Error> {
+    own(d, K::API_VERSION)
+}
+
+fn own_kind<'de, K: k8s_openapi::Resource, D: Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+    own(d, K::KIND)
+}
+
+/// `apiVersion` or `kind`, when given, must be the type's own (a `discovery.k8s.io/v1beta1`
+/// slice in a file is not read as a v1 one), with k8s-openapi's error.
+fn own<'de, D: Deserializer<'de>>(d: D, want: &'static str) -> Result<(), D::Error> {
+    let got = String::deserialize(d)?;
+    if got == want {
+        Ok(())
+    } else {
+        Err(de::Error::invalid_value(de::Unexpected::Str(&got), &want))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ServiceMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+    creation_timestamp: Option<Time>,
+    #[serde(default, deserialize_with = "own_annotations")]
+    annotations: Option<BTreeMap<String, String>>,
+    #[serde(default, deserialize_with = "ingress_owners")]
+    managed_fields: Option<Vec<ManagedFieldsEntry>>,
+}
+
+fn service_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let Some(m) = Option::<ServiceMeta>::deserialize(d)? else {
+        return Ok(ObjectMeta::default());
+    };
+    Ok(ObjectMeta {
+        name: m.name,
+        namespace: m.namespace,
+        uid: m.uid,
+        resource_version: m.resource_version,
+        creation_timestamp: m.creation_timestamp,
+        annotations: m.annotations,
+        managed_fields: m.managed_fields,
+        ..ObjectMeta::default()
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SliceMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    resource_version: Option<String>,
+    #[serde(default, deserialize_with = "service_name_label")]
+    labels: Option<BTreeMap<String, String>>,
+}
+
+fn slice_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let Some(m) = Option::<SliceMeta>::deserialize(d)? else {
+        return Ok(ObjectMeta::default());
+    };
+    Ok(ObjectMeta {
+        name: m.name,
+        namespace: m.namespace,
+        resource_version: m.resource_version,
+        labels: m.labels,
+        ..ObjectMeta::default()
+    })
+}
+
+fn own_annotations<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    d.deserialize_option(Only(|k| k.starts_with(OWN_ANNOTATIONS)))
+}
+
+fn service_name_label<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    d.deserialize_option(Only(|k| k == SERVICE_NAME_LABEL))
+}
+
+/// A string map (labels, annotations) of only the keys this accepts; other values are skipped
+/// unread. Even one entry costs a whole B-tree node (some 540 bytes), so only what is read is
+/// worth it.
+struct Only(fn(&str) -> bool);
+
+impl<'de> Visitor<'de> for Only {
+    type Value = Option<BTreeMap<String, String>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a map")
+    }
+
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = BTreeMap::new();
+        while let Some(k) = map.next_key::<String>()? {
+            if (self.0)(&k) {
+                out.insert(k, map.next_value()?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(Some(out))
+    }
+}
+
+/// One managed-fields entry, read only as far as [`ingress_owners`] needs.
+#[derive(Deserialize)]
+struct ManagedEntry {
+    manager: Option<String>,
+    subresource: Option<String>,
+    #[serde(default, rename = "fieldsV1", deserialize_with = "owns_ingress")]
+    owns_ingress: bool,
+}
+
+/// Of the managed fields, the entries that own `status.loadBalancer.ingress` through the
+/// status subresource (where the API server records status writes), each kept as its manager
+/// alone: that is all the status writer asks of them (`status::ingress::ingress_managers`).
+/// The rest, and every fieldsV1 tree, are walked and dropped.
+fn ingress_owners<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Vec<ManagedFieldsEntry>>, D::Error> {
+    let Some(entries) = Option::<Vec<ManagedEntry>>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let mut kept: Vec<ManagedFieldsEntry> = entries
+        .into_iter()
+        .filter(|e| e.owns_ingress && e.subresource.as_deref() == Some("status"))
+        .map(|e| ManagedFieldsEntry {
+            manager: e.manager,
+            ..ManagedFieldsEntry::default()
+        })
+        .collect();
+    // Collecting a filter starts at room for four.
+    kept.shrink_to_fit();
+    Ok((!kept.is_empty()).then_some(kept))
+}
+
+const INGRESS_PATH: &[&str] = &["f:status", "f:loadBalancer", "f:ingress"];
+
+fn owns_ingress<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    Holds(INGRESS_PATH).deserialize(d)
+}
+
+/// Whether a fieldsV1 tree holds a path of keys. Whatever is at its end counts; a value on the
+/// way that is not a map holds nothing (fieldsV1 is free-form JSON, so it is not an error).
+struct Holds(&'static [&'static str]);
+
+impl<'de> DeserializeSeed<'de> for Holds {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        if self.0.is_empty() {
+            IgnoredAny::deserialize(d)?;
+            return Ok(true);
+        }
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Holds {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("fieldsV1")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        let (first, rest) = self.0.split_first().expect("an empty path is not walked");
+        let mut found = false;
+        while let Some(is_first) = map.next_key_seed(KeyIs(first))? {
+            if is_first {
+                found |= map.next_value_seed(Holds(rest))?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(found)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(false)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_any(self)
+    }
+
+    fn visit_none<E>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_unit<E>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<bool, E> {
+        Ok(false)
+    }
+}
+
+/// Whether a map key is this one, compared without being kept: fieldsV1 has a key per field of
+/// the object.
+struct KeyIs(&'static str);
+
+impl<'de> DeserializeSeed<'de> for KeyIs {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeyIs {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string key")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<bool, E> {
+        Ok(v == self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::ingress::ingress_managers;
+    use kube::core::DeserializeGuard;
+    use serde_json::json;
+
+    /// A Service as `kubectl get -o json` shows it after `kubectl apply`, a cloud controller's
+    /// condition, and two load balancers' status writes.
+    fn service_json() -> serde_json::Value {
+        let fields = |f: serde_json::Value| {
+            json!({"fieldsType": "FieldsV1", "fieldsV1": f,
+                                                    "apiVersion": "v1", "time": "2026-01-01T00:00:00Z"})
+        };
+        let mut kubectl = fields(json!({"f:metadata": {"f:annotations": {".": {},
+            "f:kubectl.kubernetes.io/last-applied-configuration": {}, "f:nodelb.io/node-selector": {}},
+            "f:labels": {".": {}, "f:app": {}}},
+            "f:spec": {"f:ports": {".": {}, "k:{\"port\":80,\"protocol\":\"TCP\"}": {".": {}, "f:name": {},
+            "f:port": {}, "f:protocol": {}, "f:targetPort": {}}}, "f:selector": {}, "f:type": {}}}));
+        kubectl["manager"] = json!("kubectl-client-side-apply");
+        kubectl["operation"] = json!("Update");
+        let mut conditions = fields(json!({"f:status": {"f:conditions": {".": {}}}}));
+        conditions["manager"] = json!("cloud-controller");
+        conditions["operation"] = json!("Update");
+        conditions["subresource"] = json!("status");
+        let mut ours = fields(json!({"f:status": {"f:loadBalancer": {"f:ingress": {}}}}));
+        ours["manager"] = json!("nodelb");
+        ours["operation"] = json!("Apply");
+        ours["subresource"] = json!("status");
+        let mut theirs = fields(
+            json!({"f:status": {"f:loadBalancer": {"f:ingress": {".": {},
+            "k:{\"ip\":\"192.0.2.1\"}": {".": {}, "f:ip": {}, "f:ipMode": {}}}}}}),
+        );
+        theirs["manager"] = json!("metallb-controller");
+        theirs["operation"] = json!("Update");
+        theirs["subresource"] = json!("status");
+        // Owns the load balancer status but not its ingress.
+        let mut near = fields(json!({"f:status": {"f:loadBalancer": {".": {}}}}));
+        near["manager"] = json!("near-miss");
+        near["operation"] = json!("Update");
+        near["subresource"] = json!("status");
+        json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": "web",
+                "namespace": "shop",
+                "uid": "6c1f8d3e-0000-4000-8000-000000000001",
+                "resourceVersion": "4711",
+                "generation": 3,
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "labels": {"app": "web"},
+                "annotations": {
+                    "kubectl.kubernetes.io/last-applied-configuration":
+                        "{\"apiVersion\":\"v1\",\"kind\":\"Service\",\"metadata\":{}}",
+                    "meta.helm.sh/release-name": "shop",
+                    "nodelb.io/node-selector": "pool=edge",
+                },
+                "finalizers": ["service.kubernetes.io/load-balancer-cleanup"],
+                "managedFields": [kubectl, conditions, ours, theirs, near],
+            },
+            "spec": {
+                "type": "LoadBalancer",
+                "loadBalancerClass": "nodelb.io/lb",
+                "clusterIP": "10.96.0.10",
+                "clusterIPs": ["10.96.0.10", "fd00::10"],
+                "ipFamilies": ["IPv4", "IPv6"],
+                "ipFamilyPolicy": "PreferDualStack",
+                "externalTrafficPolicy": "Local",
+                "healthCheckNodePort": 31000,
+                "internalTrafficPolicy": "Cluster",
+                "loadBalancerSourceRanges": ["192.0.2.0/24", "not-a-cidr"],
+                "allocateLoadBalancerNodePorts": true,
+                "sessionAffinity": "None",
+                "selector": {"app": "web"},
+                "ports": [
+                    {"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080,
+                     "nodePort": 30080, "appProtocol": "http"},
+                    {"name": "odd", "port": 81, "protocol": "ICMP", "targetPort": "metrics"},
+                ],
+            },
+            "status": {
+                "conditions": [{"type": "LoadBalancerReady", "status": "True", "reason": "Ok",
+                                "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                "loadBalancer": {"ingress": [{"ip": "192.0.2.1", "ipMode": "VIP"}]},
+            },
+        })
+    }
+
+    /// A five-endpoint slice as the EndpointSlice controller writes it.
+    fn slice_json() -> serde_json::Value {
+        let endpoints: Vec<_> = (1..=5)
+            .map(|i| {
+                json!({
+                    "addresses": [format!("198.51.100.{i}")],
+                    "conditions": {"ready": i != 5, "serving": true, "terminating": i == 5},
+                    "nodeName": format!("node-{i}"),
+                    "hostname": format!("web-{i}"),
+                    "zone": "zone-a",
+                    "hints": {"forZones": [{"name": "zone-a"}], "forNodes": [{"name": format!("node-{i}")}]},
+                    "deprecatedTopology": {"topology.kubernetes.io/zone": "zone-a"},
+                    "targetRef": {"kind": "Pod", "namespace": "shop", "name": format!("web-{i}"),
+                                  "uid": format!("6c1f8d3e-0000-4000-8000-00000000010{i}")},
+                })
+            })
+            .collect();
+        json!({
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "web-x7k2p",
+                "generateName": "web-",
+                "namespace": "shop",
+                "uid": "6c1f8d3e-0000-4000-8000-000000000002",
+                "resourceVersion": "4712",
+                "generation": 9,
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "labels": {"app": "web", "kubernetes.io/service-name": "web",
+                           "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
+                "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "2026-01-01T00:00:00Z"},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": "web",
+                                     "uid": "6c1f8d3e-0000-4000-8000-000000000001",
+                                     "controller": true, "blockOwnerDeletion": true}],
+                "managedFields": [{"manager": "kube-controller-manager", "operation": "Update",
+                                   "apiVersion": "discovery.k8s.io/v1", "time": "2026-01-01T00:00:00Z",
+                                   "fieldsType": "FieldsV1",
+                                   "fieldsV1": {"f:addressType": {}, "f:endpoints": {}, "f:ports": {}}}],
+            },
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP", "appProtocol": "http"}],
+            "endpoints": endpoints,
+        })
+    }
+
+    /// As the watches read objects.
+    fn watched<K: for<'de> Deserialize<'de> + kube::Resource>(v: serde_json::Value) -> K {
+        let DeserializeGuard(k) = serde_json::from_value(v).unwrap();
+        k.unwrap()
+    }
+
+    #[test]
+    fn a_watched_service_keeps_only_what_nodelb_reads() {
+        let s: Service = watched(service_json());
+        let owner = |m: &str| ManagedFieldsEntry {
+            manager: Some(m.into()),
+            ..ManagedFieldsEntry::default()
+        };
+        assert_eq!(
+            s.metadata,
+            ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("shop".into()),
+                uid: Some("6c1f8d3e-0000-4000-8000-000000000001".into()),
+                resource_version: Some("4711".into()),
+                creation_timestamp: Some(Time("2026-01-01T00:00:00Z".parse().unwrap())),
+                annotations: Some([("nodelb.io/node-selector".into(), "pool=edge".into())].into()),
+                // Of five managers, the two that own the ingress, without their fieldsV1.
+                managed_fields: Some(vec![owner("nodelb"), owner("metallb-controller")]),
+                // Dropped: labels, other annotations, generation, finalizers.
+                ..ObjectMeta::default()
+            },
+        );
+        assert_eq!(ingress_managers(&s), ["nodelb", "metallb-controller"]);
+        let port = |name: &str, port, protocol: &str| ServicePort {
+            name: Some(name.into()),
+            port,
+            protocol: Some(protocol.into()),
+        };
+        let strings = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect());
+        assert_eq!(
+            s.spec,
+            Some(ServiceSpec {
+                cluster_ip: Some("10.96.0.10".into()),
+                cluster_ips: strings(&["10.96.0.10", "fd00::10"]),
+                external_traffic_policy: Some("Local".into()),
+                ip_families: strings(&["IPv4", "IPv6"]),
+                load_balancer_class: Some("nodelb.io/lb".into()),
+                // Raw: the planner warns about the bad range and the bad protocol.
+                load_balancer_source_ranges: strings(&["192.0.2.0/24", "not-a-cidr"]),
+                ports: Some(vec![port("http", 80, "TCP"), port("odd", 81, "ICMP")]),
+                type_: Some("LoadBalancer".into()),
+            })
+        );
+        assert_eq!(
+            s.status,
+            Some(ServiceStatus {
+                load_balancer: Some(LoadBalancerStatus {
+                    ingress: Some(vec![LoadBalancerIngress {
+                        ip: Some("192.0.2.1".into()),
+                        ip_mode: Some("VIP".into()),
+                        ..LoadBalancerIngress::default()
+                    }]),
+                }),
+            })
+        );
+    }
+
+    #[test]
+    fn a_service_nobody_wrote_the_ingress_of_keeps_no_managed_fields() {
+        let mut v = service_json();
+        let mf = v["metadata"]["managedFields"].as_array_mut().unwrap();
+        mf.retain(|e| !matches!(e["manager"].as_str(), Some("nodelb" | "metallb-controller")));
+        // An ingress owned outside the status subresource is not a status write.
+        mf.push(json!({"manager": "kubectl", "operation": "Update",
+                       "fieldsV1": {"f:status": {"f:loadBalancer": {"f:ingress": {}}}}}));
+        // Free-form fieldsV1 that does not hold the path is not an error.
+        mf.push(json!({"manager": "odd", "subresource": "status",
+                       "fieldsV1": {"f:status": ["f:loadBalancer"]}}));
+        let s: Service = watched(v);
+        assert_eq!(s.metadata.managed_fields, None);
+        assert!(ingress_managers(&s).is_empty());
+    }
+
+    #[test]
+    fn a_watched_slice_keeps_only_what_nodelb_reads() {
+        let s: EndpointSlice = watched(slice_json());
+        let endpoint = |i: u8| Endpoint {
+            addresses: vec![format!("198.51.100.{i}")],
+            conditions: Some(EndpointConditions {
+                ready: Some(i != 5),
+                serving: Some(true),
+                terminating: Some(i == 5),
+            }),
+            node_name: Some(format!("node-{i}")),
+            // Dropped: hostname, zone, hints, deprecatedTopology, targetRef.
+        };
+        assert_eq!(
+            s,
+            EndpointSlice {
+                metadata: ObjectMeta {
+                    name: Some("web-x7k2p".into()),
+                    namespace: Some("shop".into()),
+                    resource_version: Some("4712".into()),
+                    labels: Some([(SERVICE_NAME_LABEL.into(), "web".into())].into()),
+                    // Dropped: the other labels, generateName, uid, generation,
+                    // creationTimestamp, annotations, ownerReferences, managedFields.
+                    ..ObjectMeta::default()
+                },
+                address_type: "IPv4".into(),
+                endpoints: (1..=5).map(endpoint).collect(),
+                ports: Some(vec![EndpointPort {
+                    name: Some("http".into()),
+                    port: Some(8080),
+                    protocol: Some("TCP".into()),
+                }]),
+                ..EndpointSlice::default()
+            }
+        );
+    }
+
+    #[test]
+    fn an_unreadable_service_is_still_named_for_the_watch_to_report() {
+        let mut v = service_json();
+        v["spec"]["ports"][0]["port"] = json!("eighty");
+        let full: DeserializeGuard<k8s_openapi::api::core::v1::Service> =
+            serde_json::from_value(v.clone()).unwrap();
+        let g: DeserializeGuard<Service> = serde_json::from_value(v).unwrap();
+        let invalid = g.0.unwrap_err();
+        assert_eq!(
+            invalid.error,
+            full.0.unwrap_err().error,
+            "the same error is logged"
+        );
+        assert_eq!(invalid.metadata.name.as_deref(), Some("web"));
+        assert_eq!(invalid.metadata.namespace.as_deref(), Some("shop"));
+    }
+
+    /// Deserialize `v` as the k8s-openapi type and as ours: both must accept it, or both
+    /// reject it with the same error.
+    fn same_verdict<Full, Slim>(v: serde_json::Value) -> Option<(Full, Slim)>
+    where
+        Full: for<'de> Deserialize<'de>,
+        Slim: for<'de> Deserialize<'de>,
+    {
+        let full = serde_json::from_value::<Full>(v.clone());
+        let slim = serde_json::from_value::<Slim>(v.clone());
+        match (full, slim) {
+            (Ok(f), Ok(s)) => Some((f, s)),
+            (Err(f), Err(s)) => {
+                assert_eq!(f.to_string(), s.to_string(), "{v}");
+                None
+            }
+            (f, s) => panic!("{v}: k8s-openapi {:?}, slim {:?}", f.err(), s.err()),
+        }
+    }
+
+    #[test]
+    fn kept_fields_are_read_as_k8s_openapi_reads_them() {
+        use k8s_openapi::api::core::v1::Service as FullService;
+        use k8s_openapi::api::discovery::v1::EndpointSlice as FullSlice;
+        let svc = same_verdict::<FullService, Service>;
+        let slice = same_verdict::<FullSlice, EndpointSlice>;
+        for bad in [
+            json!({"apiVersion": "v2", "kind": "Service"}),
+            json!({"apiVersion": "v1", "kind": "Pod"}),
+            json!({"spec": {"ports": [{"port": "eighty"}]}}),
+            json!({"spec": {"ports": 3}}),
+            json!({"metadata": {"name": 7}}),
+            json!({"metadata": {"annotations": {"nodelb.io/node-selector": 1}}}),
+            json!({"metadata": {"creationTimestamp": "yesterday"}}),
+        ] {
+            assert!(svc(bad).is_none());
+        }
+        for bad in [
+            json!({"apiVersion": "discovery.k8s.io/v1beta1"}),
+            json!({"metadata": {"labels": {"kubernetes.io/service-name": ["web"]}}}),
+            json!({"endpoints": [{"addresses": "198.51.100.1"}]}),
+            json!({"ports": [{"port": "http"}]}),
+        ] {
+            assert!(slice(bad).is_none());
+        }
+        // Required fields that are null or missing are their defaults.
+        let (f, s) = svc(json!({"metadata": null, "spec": {"ports": [{"port": null}]}})).unwrap();
+        assert_eq!(s.spec.unwrap().ports.unwrap()[0].port, 0);
+        assert_eq!(f.spec.unwrap().ports.unwrap()[0].port, 0);
+        let (f, s) =
+            slice(json!({"addressType": null, "endpoints": [{"addresses": null}]})).unwrap();
+        assert_eq!(
+            (f.address_type, s.address_type),
+            (String::new(), String::new())
+        );
+        assert!(f.endpoints[0].addresses.is_empty() && s.endpoints[0].addresses.is_empty());
+        // Both types read the realistic objects.
+        let (f, s) = svc(service_json()).unwrap();
+        assert_eq!(f.metadata.name, s.metadata.name);
+        let (f, s) = slice(slice_json()).unwrap();
+        assert_eq!(f.endpoints.len(), s.endpoints.len());
+    }
+}
