@@ -57,6 +57,8 @@ impl Claims {
     pub fn add(&mut self, slot: Slot, claim: Claim) {
         let c = self.slots.entry(slot).or_default();
         if let Err(i) = c.binary_search(&claim) {
+            // Exactly: a vector grows to room for four claims at first.
+            c.reserve_exact(1);
             c.insert(i, claim);
         }
     }

@@ -63,12 +63,19 @@ impl IpFamily {
     }
 }
 
-impl std::fmt::Display for IpFamily {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+impl IpFamily {
+    /// `IPv4` or `IPv6`, as the API writes families.
+    pub fn label(self) -> &'static str {
+        match self {
             IpFamily::V4 => "IPv4",
             IpFamily::V6 => "IPv6",
-        })
+        }
+    }
+}
+
+impl std::fmt::Display for IpFamily {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
     }
 }
 

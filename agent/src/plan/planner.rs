@@ -240,6 +240,7 @@ impl Planner {
                         .or_insert_with(|| users.get(addr).and_then(|u| u.first()).cloned());
                     let u = users.entry(*addr).or_default();
                     if let Err(i) = u.binary_search(c) {
+                        u.reserve_exact(1);
                         u.insert(i, c.clone());
                     }
                 }

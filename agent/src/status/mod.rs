@@ -93,8 +93,6 @@ impl Problem {
 pub struct Desired {
     /// Addresses to publish, in order.
     pub ingress: Vec<IpAddr>,
-    /// Nodes serving it, per family (for logs).
-    pub nodes: BTreeMap<IpFamily, Vec<String>>,
     pub problems: Vec<Problem>,
 }
 
@@ -211,6 +209,8 @@ impl Status {
         let mut warnings = Vec::new();
         let lb = service::read(svc, key.clone(), &mut warnings);
         let mut desired = Desired::default();
+        // Nodes serving it, per family.
+        let mut serving: BTreeMap<IpFamily, Vec<&String>> = BTreeMap::new();
         let mut conflicts: BTreeMap<(Protocol, u16, ServiceKey), Vec<String>> = BTreeMap::new();
         let reserved: Vec<(Protocol, u16)> = lb
             .ports
@@ -247,11 +247,7 @@ impl Status {
                             }
                         }
                         if serves {
-                            desired
-                                .nodes
-                                .entry(f.family)
-                                .or_default()
-                                .push(node.clone());
+                            serving.entry(f.family).or_default().push(node);
                         }
                     }
                 }
@@ -261,12 +257,11 @@ impl Status {
             }
         }
         for family in &lb.families {
-            let mut addrs: Vec<IpAddr> = desired
-                .nodes
+            let mut addrs: Vec<IpAddr> = serving
                 .get(family)
                 .into_iter()
                 .flatten()
-                .flat_map(|n| published(&self.candidates[n].0, *family))
+                .flat_map(|n| published(&self.candidates[*n].0, *family))
                 .collect();
             addrs.sort();
             addrs.dedup();
