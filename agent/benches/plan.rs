@@ -10,8 +10,8 @@ use nodelb_agent::plan::slim::{EndpointSlice, Service};
 use nodelb_agent::plan::{
     config::Config, node, plan, Context, Families, Input, Objects, Planner, TableChange,
 };
-use std::collections::BTreeSet;
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -21,10 +21,23 @@ use std::time::Instant;
 struct Counting;
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+fn count(add: usize) {
+    let now = LIVE.fetch_add(add, Ordering::Relaxed) + add;
+    PEAK.fetch_max(now, Ordering::Relaxed);
+}
+
+/// Reset the peak to what is live now; returns that.
+fn peak_from_now() -> usize {
+    let now = LIVE.load(Ordering::Relaxed);
+    PEAK.store(now, Ordering::Relaxed);
+    now
+}
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size(), Ordering::Relaxed);
+        count(l.size());
         System.alloc(l)
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
@@ -32,7 +45,7 @@ unsafe impl GlobalAlloc for Counting {
         System.dealloc(p, l)
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new, Ordering::Relaxed);
+        count(new);
         LIVE.fetch_sub(l.size(), Ordering::Relaxed);
         System.realloc(p, l, new)
     }
@@ -130,19 +143,37 @@ fn main() {
     let live_ctx = LIVE.load(Ordering::Relaxed);
     planner.update(&objects, &ctx, None);
     let live_planner = LIVE.load(Ordering::Relaxed);
+    let before_tables = peak_from_now();
     let tables = planner.tables();
     let live_tables = LIVE.load(Ordering::Relaxed);
+    let peak_tables = PEAK.load(Ordering::Relaxed) - before_tables;
+    // A full replace's batch, as the committer encodes it (no kernel needed to encode).
+    let before_batch = peak_from_now();
+    let ops: Vec<_> = tables
+        .iter()
+        .flat_map(nodelb_netfilter::full_replace)
+        .collect();
+    let batch = nodelb_netfilter::Batch::encode(1, &ops).expect("the planner's tables encode");
+    let batch_peak = PEAK.load(Ordering::Relaxed) - before_batch;
+    let batch_live = LIVE.load(Ordering::Relaxed) - before_batch;
+    drop((batch, ops));
     let elements: usize = tables
         .iter()
         .flat_map(|t| t.sets.values())
         .map(|s| s.elements.len())
         .sum();
     println!(
-        "heap: {n} Services x {m} endpoints: objects {:.1} MiB, planner {:.1} MiB, tables {:.1} MiB ({elements} elements, {} chains)",
+        "heap: {n} Services x {m} endpoints: objects {:.1} MiB, planner {:.1} MiB, tables {:.1} MiB ({elements} elements, {} chains; {:.1} MiB at the peak of assembling them)",
         mib(live_objects - live0),
         mib(live_planner - live_ctx),
         mib(live_tables - live_planner),
         tables.iter().map(|t| t.chains.len()).sum::<usize>(),
+        mib(peak_tables),
+    );
+    println!(
+        "heap: a full replace's batch of those tables: {:.1} MiB kept until committed, {:.1} MiB at the peak of encoding",
+        mib(batch_live),
+        mib(batch_peak),
     );
     drop(tables);
     let mut times = Vec::new();

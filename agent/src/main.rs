@@ -27,6 +27,7 @@ fn main() -> ExitCode {
 fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Run(args) => {
+            nodelb_agent::run::malloc::tune();
             nodelb_agent::run::logging::init(args.log_format);
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

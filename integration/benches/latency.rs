@@ -883,7 +883,9 @@ fn one_size(n: usize, follower: bool, cfg: &Config) -> Res<SizeResult> {
     let t_drift = Instant::now();
     while metric_sum(&metrics(&c)?, "nodelb_drift_repairs_total") <= repairs_before {
         if t_drift.elapsed() > QUIET_TIMEOUT {
-            return Err(format!("the agent did not repair drift within {QUIET_TIMEOUT:?}"));
+            return Err(format!(
+                "the agent did not repair drift within {QUIET_TIMEOUT:?}"
+            ));
         }
         std::thread::sleep(Duration::from_millis(100));
     }

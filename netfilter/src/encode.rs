@@ -308,8 +308,43 @@ impl Batch {
             _ => None,
         };
         let what = |n: usize| format!("{n} elements of set {t} {}", set.name);
-        let mut encoded: Vec<EncodedElem> =
-            Vec::with_capacity(items.len() * if set.interval { 2 } else { 1 });
+        let ty = if add {
+            NFT_MSG_NEWSETELEM
+        } else {
+            NFT_MSG_DELSETELEM
+        };
+        let flags = if add { F_CREATE } else { 0 };
+        let action = if add { "add" } else { "delete" };
+        // Elements are encoded a message at a time (each message stays under the attribute
+        // size limit), so a set of 50,000 elements is never staged whole.
+        let mut chunk: Vec<EncodedElem> = Vec::new();
+        let mut size = 0;
+        let flush = |b: &mut Batch, chunk: &mut Vec<EncodedElem>, size: &mut usize| {
+            if chunk.is_empty() {
+                return;
+            }
+            let ns = NlSet::with(t.family.nfproto(), &t.name, &set.name);
+            for el in chunk.iter() {
+                ns.add(el.to_nl());
+            }
+            b.msg(
+                ty,
+                t.family,
+                flags,
+                sys::Payload::SetElems(&ns),
+                obj(action, what(chunk.len())),
+            );
+            chunk.clear();
+            *size = 0;
+        };
+        let push =
+            |b: &mut Batch, el: EncodedElem, chunk: &mut Vec<EncodedElem>, size: &mut usize| {
+                if !chunk.is_empty() && *size + el.size() > ELEM_MSG_BUDGET {
+                    flush(b, chunk, size);
+                }
+                *size += el.size();
+                chunk.push(el);
+            };
         for (k, e) in items {
             let comment = e.and_then(|e| e.comment.clone());
             let (key, end) = match k {
@@ -367,46 +402,17 @@ impl Batch {
                     }
                 }
             }
-            encoded.push(el);
+            push(self, el, &mut chunk, &mut size);
             if let Some(end) = end {
-                encoded.push(EncodedElem {
+                let el = EncodedElem {
                     key: end,
                     flags: NFT_SET_ELEM_INTERVAL_END,
                     ..Default::default()
-                });
+                };
+                push(self, el, &mut chunk, &mut size);
             }
         }
-        // Chunk into messages that stay under the attribute size limit.
-        let ty = if add {
-            NFT_MSG_NEWSETELEM
-        } else {
-            NFT_MSG_DELSETELEM
-        };
-        let flags = if add { F_CREATE } else { 0 };
-        let mut start = 0;
-        while start < encoded.len() {
-            let mut size = 0;
-            let mut end = start;
-            while end < encoded.len()
-                && (end == start || size + encoded[end].size() <= ELEM_MSG_BUDGET)
-            {
-                size += encoded[end].size();
-                end += 1;
-            }
-            let ns = NlSet::with(t.family.nfproto(), &t.name, &set.name);
-            for el in &encoded[start..end] {
-                ns.add(el.to_nl());
-            }
-            let action = if add { "add" } else { "delete" };
-            self.msg(
-                ty,
-                t.family,
-                flags,
-                sys::Payload::SetElems(&ns),
-                obj(action, what(end - start)),
-            );
-            start = end;
-        }
+        flush(self, &mut chunk, &mut size);
         Ok(())
     }
 

@@ -116,9 +116,8 @@ impl Planner {
         } else {
             dirty.cloned().unwrap_or_default()
         };
-        let prepare_in = |o: &Objects, key: &ServiceKey| {
-            prepare(key, o.service(key), &o.slices_of(key), ctx)
-        };
+        let prepare_in =
+            |o: &Objects, key: &ServiceKey| prepare(key, o.service(key), &o.slices_of(key), ctx);
 
         // 1. Prepare the dirty Services, now and as they were (after a rebuild nothing was);
         // track the slots whose claims move.

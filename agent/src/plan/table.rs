@@ -368,9 +368,7 @@ fn add_endpoints(
             ),
         );
         if hairpin {
-            part.hairpin
-                .entry(e.addr)
-                .or_insert_with(|| note.clone());
+            part.hairpin.entry(e.addr).or_insert_with(|| note.clone());
         }
     }
 }

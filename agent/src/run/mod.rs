@@ -7,6 +7,7 @@ pub mod http;
 pub mod inbox;
 pub mod leader;
 pub mod logging;
+pub mod malloc;
 pub mod metrics;
 pub mod node_events;
 pub mod status_writer;

@@ -437,6 +437,8 @@ impl SyncLoop {
                 Ok(chains) => chains.iter().map(|c| c.to_string()).collect(),
                 Err(e) => vec![format!("foreign forward policies unknown: {e}")],
             };
+            // The old tables and the batch are freed: return their pages.
+            super::malloc::trim();
         }
         let took = t0.elapsed();
         let ok = match result {
