@@ -153,9 +153,11 @@ fn main() {
         .iter()
         .flat_map(nodelb_netfilter::full_replace)
         .collect();
+    let ops_live = LIVE.load(Ordering::Relaxed) - before_batch;
     let batch = nodelb_netfilter::Batch::encode(1, &ops).expect("the planner's tables encode");
     let batch_peak = PEAK.load(Ordering::Relaxed) - before_batch;
     let batch_live = LIVE.load(Ordering::Relaxed) - before_batch;
+    let (batch_bytes, batch_messages, n_ops) = (batch.len(), batch.message_count(), ops.len());
     drop((batch, ops));
     let elements: usize = tables
         .iter()
@@ -171,7 +173,8 @@ fn main() {
         mib(peak_tables),
     );
     println!(
-        "heap: a full replace's batch of those tables: {:.1} MiB kept until committed, {:.1} MiB at the peak of encoding",
+        "heap: a full replace's batch of those tables ({batch_bytes} bytes in {batch_messages} messages, from {n_ops} operations taking {:.1} MiB): {:.1} MiB kept until committed, {:.1} MiB at the peak of encoding",
+        mib(ops_live),
         mib(batch_live),
         mib(batch_peak),
     );
