@@ -896,8 +896,17 @@ fn one_size(n: usize, follower: bool, cfg: &Config) -> Res<SizeResult> {
     if listed.trim() != "gone" {
         return Err("the drift repair left the foreign chain in nodelb's table".into());
     }
+    let log = c.agent_log(0);
+    let took = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("repaired drift with a full replace"))
+        .and_then(|l| l.split("took=").nth(1))
+        .and_then(|t| t.split_whitespace().next())
+        .unwrap_or("?")
+        .to_string();
     println!(
-        "  drift (a foreign chain) repaired by a full replace within {:.0} ms",
+        "  drift (a foreign chain) repaired by a full replace within {:.0} ms (the agent's sync took {took})",
         ms(t_drift.elapsed())
     );
     let (hwm, rss) = memory(pid)?;

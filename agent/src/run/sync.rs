@@ -450,7 +450,7 @@ impl SyncLoop {
                 self.metrics.endpoints_programmed.set(n_endpoints as i64);
                 if let Some(why) = wake.drift.as_ref().or(repaired.as_ref()) {
                     self.metrics.drift_repairs.inc();
-                    info!(why = %why, "repaired drift with a full replace");
+                    info!(why = %why, took = ?took, "repaired drift with a full replace");
                 }
                 debug!(objects, bytes = stats.bytes, encode = ?stats.encode, commit = ?stats.commit,
                        services = n_services, endpoints = n_endpoints, replanned = update.replanned,

@@ -1,0 +1,28 @@
+//! glibc malloc settings for the long-running agent. Its heap is tens of thousands of small,
+//! long-lived objects (the cluster's Services and slices, the committed tables) with large
+//! short-lived allocations between them (list pages, netlink batches, full-table assemblies,
+//! metric scrapes). With glibc's defaults each thread that allocates gets its own arena, and
+//! the mmap threshold grows after each large free, so later large buffers land inside the heap
+//! and leave it fragmented: at 10,000 Services the agent's RSS was 176 MiB against 122 MiB of
+//! live heap (the latency bench of `nodelb-integration` measures it).
+
+/// At most two arenas (the agent runs two worker threads), and buffers of 128 KiB and more
+/// always mapped on their own, so freeing them returns the memory at once.
+pub fn tune() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator parameters; called before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 * 1024);
+    }
+}
+
+/// Give free pages back to the kernel (after a full replace, which frees a whole table).
+pub fn trim() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim is thread-safe and only releases free memory.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
