@@ -3,7 +3,7 @@
 
 use super::diagnosis::{ObjectKind, ObjectRef, Warning};
 use super::service::{Protocol, ServiceKey, ServicePortId, TrafficPolicy};
-use super::slim::EndpointSlice;
+use super::stored::EndpointSlice;
 use super::IpFamily;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;

@@ -2,9 +2,8 @@
 //! each Service's EndpointSlices by the `kubernetes.io/service-name` label. Watch events update
 //! it in one place and say which Service they touched, so a sync replans only those.
 
-use super::endpoints::SERVICE_NAME_LABEL;
 use super::service::ServiceKey;
-use super::slim::{EndpointSlice, Service};
+use super::stored::{EndpointSlice, Service};
 use imbl::OrdMap;
 use std::sync::Arc;
 
@@ -34,20 +33,20 @@ fn namespace(ns: Option<&str>) -> &str {
 
 impl Objects {
     /// From plain lists (files, tests). Of two Services with one key the first is kept.
-    pub fn from_lists<'a>(
-        services: impl IntoIterator<Item = &'a Service>,
-        slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    pub fn from_lists(
+        services: impl IntoIterator<Item = Service>,
+        slices: impl IntoIterator<Item = EndpointSlice>,
     ) -> Objects {
         let mut o = Objects::default();
         for s in services {
-            if let Some(key) = ServiceKey::of(s) {
+            if let Some(key) = ServiceKey::of(&s) {
                 if !o.services.contains_key(&key) {
-                    o.services.insert(key, Arc::new(s.clone()));
+                    o.services.insert(key, Arc::new(s));
                 }
             }
         }
         for s in slices {
-            o.put_slice(Arc::new(s.clone()));
+            o.put_slice(Arc::new(s));
         }
         o
     }
@@ -130,9 +129,8 @@ impl Objects {
         let name = slice.metadata.name.clone().unwrap_or_default();
         let Some(service) = slice
             .metadata
-            .labels
+            .service_name
             .as_ref()
-            .and_then(|l| l.get(SERVICE_NAME_LABEL))
             .filter(|n| !n.is_empty())
         else {
             return touched;
@@ -211,14 +209,14 @@ impl Objects {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::slim;
 
     fn svc(name: &str) -> Arc<Service> {
-        Arc::new(
-            serde_json::from_value(
-                serde_json::json!({"metadata": {"namespace": "ns", "name": name}}),
-            )
-            .unwrap(),
+        let s: slim::Service = serde_json::from_value(
+            serde_json::json!({"metadata": {"namespace": "ns", "name": name}}),
         )
+        .unwrap();
+        Arc::new(s.into())
     }
 
     #[test]
