@@ -102,7 +102,7 @@ pub fn candidates(
             continue;
         };
         for ep in &s.endpoints {
-            let Some(first) = ep.addresses.first() else {
+            let Some(first) = &ep.address else {
                 continue;
             };
             let addr = match first.trim().parse::<IpAddr>() {

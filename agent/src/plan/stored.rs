@@ -6,10 +6,12 @@
 //! resourceVersion through it): 360 bytes in every object, plus a B-tree node for a slice's one
 //! kept label. Stored, the metadata holds only its read fields, under the same names and types,
 //! and the two derived facts nodelb asks of the rest: the Service of a slice, and the managers
-//! of a Service's ingress. The body is kept as watched.
+//! of a Service's ingress. The body is kept as watched, but for an endpoint's addresses, of
+//! which only the first counts.
 
 use super::endpoints::SERVICE_NAME_LABEL;
-use super::slim::{self, Endpoint, EndpointPort, ServiceSpec, ServiceStatus};
+use super::slim::{self, EndpointPort, ServiceSpec, ServiceStatus};
+use k8s_openapi::api::discovery::v1::EndpointConditions;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::BTreeMap;
 
@@ -45,6 +47,17 @@ pub struct EndpointSlice {
     pub address_type: String,
     pub endpoints: Vec<Endpoint>,
     pub ports: Option<Vec<EndpointPort>>,
+}
+
+/// One backend: its first address, readiness, and node (`Local` policy).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Endpoint {
+    /// The first of the endpoint's addresses: the API calls them fungible, and nodelb, like
+    /// kube-proxy, uses only the first. A vector for it would be one more allocation per
+    /// endpoint.
+    pub address: Option<String>,
+    pub conditions: Option<EndpointConditions>,
+    pub node_name: Option<String>,
 }
 
 /// What is read of a slice's metadata: its name and namespace (warnings, its place among its
@@ -111,8 +124,18 @@ impl From<slim::EndpointSlice> for EndpointSlice {
                 service_name: m.labels.and_then(|mut l| l.remove(SERVICE_NAME_LABEL)),
             },
             address_type,
-            endpoints,
+            endpoints: endpoints.into_iter().map(Endpoint::from).collect(),
             ports,
+        }
+    }
+}
+
+impl From<slim::Endpoint> for Endpoint {
+    fn from(e: slim::Endpoint) -> Endpoint {
+        Endpoint {
+            address: e.addresses.into_iter().next(),
+            conditions: e.conditions,
+            node_name: e.node_name,
         }
     }
 }
@@ -159,8 +182,10 @@ mod tests {
     }
 
     #[test]
-    fn a_stored_slice_keeps_its_service_name_not_its_labels() {
-        let w: slim::EndpointSlice = watched(slice_json());
+    fn a_stored_slice_keeps_its_service_name_not_its_labels_and_first_addresses() {
+        let mut v = slice_json();
+        v["endpoints"][0]["addresses"] = json!(["198.51.100.1", "198.51.100.101"]);
+        let w: slim::EndpointSlice = watched(v);
         let s = EndpointSlice::from(w.clone());
         assert_eq!(
             s.metadata,
@@ -170,10 +195,20 @@ mod tests {
                 service_name: Some("web".into()),
             }
         );
+        let endpoint = |i: u8| Endpoint {
+            address: Some(format!("198.51.100.{i}")),
+            conditions: Some(EndpointConditions {
+                ready: Some(i != 5),
+                serving: Some(true),
+                terminating: Some(i == 5),
+            }),
+            node_name: Some(format!("node-{i}")),
+        };
+        assert_eq!(s.endpoints, (1..=5).map(endpoint).collect::<Vec<_>>());
         assert_eq!(
-            (s.address_type, s.endpoints, s.ports),
-            (w.address_type, w.endpoints, w.ports),
-            "the body as read"
+            (s.address_type, s.ports),
+            (w.address_type, w.ports),
+            "the rest as read"
         );
         let mut v = slice_json();
         v["metadata"]["labels"] = json!({"app": "web"});
