@@ -128,7 +128,11 @@ fn main() {
 
     // The agent's path: a planner kept between syncs, one EndpointSlice changed per sync.
     let live0 = LIVE.load(Ordering::Relaxed);
-    let mut objects = Objects::from_lists(services.iter(), slices.iter());
+    // Stored as the agent's inbox stores them.
+    let mut objects = Objects::from_lists(
+        services.iter().cloned().map(Into::into),
+        slices.iter().cloned().map(Into::into),
+    );
     let live_objects = LIVE.load(Ordering::Relaxed);
     let ctx = Context::new(
         node.clone(),
@@ -183,8 +187,9 @@ fn main() {
     for k in 0..200 {
         let mut s = slices[(k * 37) % n].clone();
         s.endpoints[0].addresses[0] = format!("198.51.100.{}", 2 + k % 250);
+        let s = Arc::new(s.into());
         let t0 = Instant::now();
-        let dirty = objects.put_slice(Arc::new(s)).into_iter().collect();
+        let dirty = objects.put_slice(s).into_iter().collect();
         let u = planner.update(&objects, &ctx, Some(&dirty));
         times.push(t0.elapsed());
         assert!(matches!(u.change, TableChange::Edit(_)));

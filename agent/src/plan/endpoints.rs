@@ -3,7 +3,7 @@
 
 use super::diagnosis::{ObjectKind, ObjectRef, Warning};
 use super::service::{Protocol, ServiceKey, ServicePortId, TrafficPolicy};
-use super::slim::EndpointSlice;
+use super::stored::EndpointSlice;
 use super::IpFamily;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -102,7 +102,7 @@ pub fn candidates(
             continue;
         };
         for ep in &s.endpoints {
-            let Some(first) = ep.addresses.first() else {
+            let Some(first) = &ep.address else {
                 continue;
             };
             let addr = match first.trim().parse::<IpAddr>() {

@@ -17,6 +17,7 @@ pub mod prepare;
 pub mod selector;
 pub mod service;
 pub mod slim;
+pub mod stored;
 pub mod table;
 
 pub use objects::Objects;
@@ -101,8 +102,8 @@ impl Families {
     }
 }
 
-/// Everything the planner looks at, as plain data. Built by the caller from watch caches (or
-/// from files, for `render`/`apply`); the planner does no I/O.
+/// Everything the planner looks at, as plain data, with the objects as read (from files, for
+/// `render`/`apply`, or tests); the planner does no I/O.
 #[derive(Clone, Debug)]
 pub struct Input<'a> {
     /// Every Service the agent sees (any type or class: the planner picks its own).
@@ -131,7 +132,31 @@ pub struct Plan {
 /// Plan this node's tables. Pure: same input, same output. The agent keeps a [`Planner`]
 /// between syncs instead; this is that planner run once from nothing.
 pub fn plan(input: &Input<'_>) -> Plan {
-    let objects = Objects::from_lists(input.services.iter().copied(), input.slices.iter().copied());
+    let services: Vec<stored::Service> = input
+        .services
+        .iter()
+        .map(|s| stored::Service::from((*s).clone()))
+        .collect();
+    // Not kept (a Service has no key without a name), so warned about here.
+    let nameless: Vec<diagnosis::Warning> = services
+        .iter()
+        .filter(|s| service::ServiceKey::of(s).is_none() && service::is_handled(s, input.config))
+        .map(|svc| {
+            diagnosis::Warning::new(
+                diagnosis::ObjectRef::new(
+                    diagnosis::ObjectKind::Service,
+                    svc.metadata.namespace.as_deref(),
+                    "",
+                ),
+                "Service without a name; skipped",
+            )
+        })
+        .collect();
+    let slices = input
+        .slices
+        .iter()
+        .map(|s| stored::EndpointSlice::from((*s).clone()));
+    let objects = Objects::from_lists(services, slices);
     let ctx = Context::new(
         input.node.clone(),
         input.local_addresses.clone(),
@@ -141,18 +166,7 @@ pub fn plan(input: &Input<'_>) -> Plan {
     let mut planner = Planner::new();
     planner.update(&objects, &ctx, None);
     let mut warnings: Vec<diagnosis::Warning> = planner.warnings().cloned().collect();
-    for svc in &input.services {
-        if service::ServiceKey::of(svc).is_none() && service::is_handled(svc, input.config) {
-            warnings.push(diagnosis::Warning::new(
-                diagnosis::ObjectRef::new(
-                    diagnosis::ObjectKind::Service,
-                    svc.metadata.namespace.as_deref(),
-                    "",
-                ),
-                "Service without a name; skipped",
-            ));
-        }
-    }
+    warnings.extend(nameless);
     Plan {
         tables: planner.tables(),
         services: planner

@@ -2,10 +2,10 @@
 //! each Service's EndpointSlices by the `kubernetes.io/service-name` label. Watch events update
 //! it in one place and say which Service they touched, so a sync replans only those.
 
-use super::endpoints::SERVICE_NAME_LABEL;
 use super::service::ServiceKey;
-use super::slim::{EndpointSlice, Service};
+use super::stored::{EndpointSlice, Service};
 use imbl::OrdMap;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// `namespace/name` of an EndpointSlice.
@@ -13,62 +13,101 @@ type SliceId = (String, String);
 
 /// Persistent maps: a clone shares everything and costs nothing, so the status writer can hold
 /// a snapshot while the sync loop keeps changing its own copy (a change copies only the path
-/// to what changed, not 20,000 entries).
+/// to what changed, not 10,000 entries).
 #[derive(Clone, Debug, Default)]
 pub struct Objects {
-    services: OrdMap<ServiceKey, Arc<Service>>,
-    slices: OrdMap<ServiceKey, OrdMap<String, Arc<EndpointSlice>>>,
-    /// Which Service each slice was filed under, to move it when its label changes.
-    slice_owner: OrdMap<SliceId, ServiceKey>,
-    /// A counter bumped by every change, and the last change of each Service key: a reader
-    /// that remembers a version learns what changed since (see [`Objects::changed_since`]).
+    /// Everything about one Service key in one entry, so the key is stored once: its Service,
+    /// its slices and its last change. An entry with neither Service nor slices remembers a
+    /// change (a deletion) until the next whole replacement.
+    entries: OrdMap<ServiceKey, Entry>,
+    /// The Service name each slice was filed under (in the slice's namespace), to move it when
+    /// its label changes.
+    slice_owner: OrdMap<SliceId, String>,
+    /// A counter bumped by every change: a reader that remembers a version learns what
+    /// changed since (see [`Objects::changed_since`]).
     version: u64,
-    changed: OrdMap<ServiceKey, u64>,
     /// The version of the last whole replacement (after which everything counts as changed).
     replaced: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Entry {
+    service: Option<Arc<Service>>,
+    /// In name order; usually one. A map would allocate a whole node for it.
+    slices: Vec<Arc<EndpointSlice>>,
+    /// The version of the key's last change (0: none since it was listed).
+    changed: u64,
+}
+
+impl Entry {
+    fn is_empty(&self) -> bool {
+        self.service.is_none() && self.slices.is_empty()
+    }
+
+    /// Where a slice of this name is, or would go.
+    fn find(&self, name: &str) -> Result<usize, usize> {
+        self.slices.binary_search_by(|s| slice_name(s).cmp(name))
+    }
 }
 
 fn namespace(ns: Option<&str>) -> &str {
     ns.filter(|n| !n.is_empty()).unwrap_or("default")
 }
 
+fn slice_name(s: &EndpointSlice) -> &str {
+    s.metadata.name.as_deref().unwrap_or_default()
+}
+
+fn slice_id(s: &EndpointSlice) -> SliceId {
+    (
+        namespace(s.metadata.namespace.as_deref()).to_string(),
+        slice_name(s).to_string(),
+    )
+}
+
 impl Objects {
     /// From plain lists (files, tests). Of two Services with one key the first is kept.
-    pub fn from_lists<'a>(
-        services: impl IntoIterator<Item = &'a Service>,
-        slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    pub fn from_lists(
+        services: impl IntoIterator<Item = Service>,
+        slices: impl IntoIterator<Item = EndpointSlice>,
     ) -> Objects {
         let mut o = Objects::default();
         for s in services {
-            if let Some(key) = ServiceKey::of(s) {
-                if !o.services.contains_key(&key) {
-                    o.services.insert(key, Arc::new(s.clone()));
+            if let Some(key) = ServiceKey::of(&s) {
+                let e = o.entries.entry(key).or_default();
+                if e.service.is_none() {
+                    e.service = Some(Arc::new(s));
                 }
             }
         }
         for s in slices {
-            o.put_slice(Arc::new(s.clone()));
+            o.put_slice(Arc::new(s));
         }
         o
     }
 
     pub fn services(&self) -> impl Iterator<Item = (&ServiceKey, &Service)> {
-        self.services.iter().map(|(k, v)| (k, v.as_ref()))
+        self.entries
+            .iter()
+            .filter_map(|(k, e)| Some((k, e.service.as_deref()?)))
     }
 
     pub fn service(&self, key: &ServiceKey) -> Option<&Service> {
-        self.services.get(key).map(Arc::as_ref)
+        self.entries.get(key)?.service.as_deref()
     }
 
     pub fn service_count(&self) -> usize {
-        self.services.len()
+        self.entries
+            .values()
+            .filter(|e| e.service.is_some())
+            .count()
     }
 
     /// The slices labelled with this Service's name, in name order.
     pub fn slices_of(&self, key: &ServiceKey) -> Vec<&EndpointSlice> {
-        self.slices
+        self.entries
             .get(key)
-            .map(|m| m.values().map(Arc::as_ref).collect())
+            .map(|e| e.slices.iter().map(Arc::as_ref).collect())
             .unwrap_or_default()
     }
 
@@ -78,47 +117,37 @@ impl Objects {
     }
 
     /// The Services changed after `version`; `None` when everything was replaced since.
-    pub fn changed_since(&self, version: u64) -> Option<std::collections::BTreeSet<ServiceKey>> {
+    pub fn changed_since(&self, version: u64) -> Option<BTreeSet<ServiceKey>> {
         if self.replaced > version {
             return None;
         }
         Some(
-            self.changed
+            self.entries
                 .iter()
-                .filter(|(_, v)| **v > version)
+                .filter(|(_, e)| e.changed > version)
                 .map(|(k, _)| k.clone())
                 .collect(),
         )
     }
 
-    /// After a replacement every reader starts over: forget changes of keys that are gone.
-    fn prune_changes(&mut self) {
-        let (services, slices) = (&self.services, &self.slices);
-        self.changed = self
-            .changed
-            .iter()
-            .filter(|(k, _)| services.contains_key(*k) || slices.contains_key(*k))
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
-    }
-
-    fn touch(&mut self, key: &ServiceKey) {
+    /// The entry of a key, which changes now.
+    fn touch(&mut self, key: &ServiceKey) -> &mut Entry {
         self.version += 1;
-        self.changed.insert(key.clone(), self.version);
+        let e = self.entries.entry(key.clone()).or_default();
+        e.changed = self.version;
+        e
     }
 
     /// Add or replace a Service; returns its key (`None` for a nameless object).
     pub fn put_service(&mut self, svc: Arc<Service>) -> Option<ServiceKey> {
         let key = ServiceKey::of(&svc)?;
-        self.services.insert(key.clone(), svc);
-        self.touch(&key);
+        self.touch(&key).service = Some(svc);
         Some(key)
     }
 
     pub fn delete_service(&mut self, svc: &Service) -> Option<ServiceKey> {
         let key = ServiceKey::of(svc)?;
-        self.services.remove(&key);
-        self.touch(&key);
+        self.touch(&key).service = None;
         Some(key)
     }
 
@@ -126,72 +155,105 @@ impl Objects {
     /// it is filed under, and the one it was filed under before if its label moved).
     pub fn put_slice(&mut self, slice: Arc<EndpointSlice>) -> Vec<ServiceKey> {
         let mut touched = self.delete_slice(&slice);
-        let ns = namespace(slice.metadata.namespace.as_deref()).to_string();
-        let name = slice.metadata.name.clone().unwrap_or_default();
         let Some(service) = slice
             .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(SERVICE_NAME_LABEL))
+            .service_name
+            .as_deref()
             .filter(|n| !n.is_empty())
         else {
             return touched;
         };
-        let key = ServiceKey::new(ns.clone(), service.clone());
-        self.slices
-            .entry(key.clone())
-            .or_default()
-            .insert(name.clone(), slice);
-        self.slice_owner.insert((ns, name), key.clone());
+        let (ns, name) = slice_id(&slice);
+        let key = ServiceKey::new(ns.clone(), service);
+        self.slice_owner.insert((ns, name), service.to_string());
         if !touched.contains(&key) {
-            touched.push(key);
+            touched.push(key.clone());
         }
         for k in &touched {
             self.touch(k);
+        }
+        let e = self.entries.entry(key).or_default();
+        match e.find(slice_name(&slice)) {
+            Ok(at) => e.slices[at] = slice,
+            Err(at) => {
+                // Room for exactly one more: a growing vector would leave room for four.
+                e.slices.reserve_exact(1);
+                e.slices.insert(at, slice);
+            }
         }
         touched
     }
 
     /// Remove a slice; returns the Service it was filed under, if any.
     pub fn delete_slice(&mut self, slice: &EndpointSlice) -> Vec<ServiceKey> {
-        let id = (
-            namespace(slice.metadata.namespace.as_deref()).to_string(),
-            slice.metadata.name.clone().unwrap_or_default(),
-        );
-        let Some(key) = self.slice_owner.remove(&id) else {
+        let id = slice_id(slice);
+        let Some(service) = self.slice_owner.remove(&id) else {
             return Vec::new();
         };
-        if let Some(m) = self.slices.get_mut(&key) {
-            m.remove(&id.1);
-            if m.is_empty() {
-                self.slices.remove(&key);
-            }
+        let (ns, name) = id;
+        let key = ServiceKey::new(ns, service);
+        let e = self.touch(&key);
+        if let Ok(at) = e.find(&name) {
+            e.slices.remove(at);
+            e.slices.shrink_to_fit();
         }
-        self.touch(&key);
         vec![key]
     }
 
     /// Replace every Service (after a re-list, which does not report deletions).
     pub fn replace_services(&mut self, services: impl IntoIterator<Item = Arc<Service>>) {
-        self.services = OrdMap::new();
+        self.entries = self
+            .entries
+            .iter()
+            .filter(|(_, e)| !e.slices.is_empty())
+            .map(|(k, e)| {
+                let e = Entry {
+                    service: None,
+                    ..e.clone()
+                };
+                (k.clone(), e)
+            })
+            .collect();
         for s in services {
             self.put_service(s);
         }
-        self.version += 1;
-        self.replaced = self.version;
-        self.prune_changes();
+        self.replaced();
     }
 
     /// Replace every slice (after a re-list).
     pub fn replace_slices(&mut self, slices: impl IntoIterator<Item = Arc<EndpointSlice>>) {
-        self.slices = OrdMap::new();
+        self.entries = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.service.is_some())
+            .map(|(k, e)| {
+                let e = Entry {
+                    slices: Vec::new(),
+                    ..e.clone()
+                };
+                (k.clone(), e)
+            })
+            .collect();
         self.slice_owner = OrdMap::new();
         for s in slices {
             self.put_slice(s);
         }
+        self.replaced();
+    }
+
+    /// After a replacement every reader starts over: forget changes of keys that are gone
+    /// (left by a slice listed twice, under two labels).
+    fn replaced(&mut self) {
         self.version += 1;
         self.replaced = self.version;
-        self.prune_changes();
+        if self.entries.values().any(Entry::is_empty) {
+            self.entries = self
+                .entries
+                .iter()
+                .filter(|(_, e)| !e.is_empty())
+                .map(|(k, e)| (k.clone(), e.clone()))
+                .collect();
+        }
     }
 
     pub fn slice_count(&self) -> usize {
@@ -199,11 +261,11 @@ impl Objects {
     }
 
     /// Every Service key that has a Service or slices.
-    pub fn keys(&self) -> std::collections::BTreeSet<ServiceKey> {
-        self.services
-            .keys()
-            .chain(self.slices.keys())
-            .cloned()
+    pub fn keys(&self) -> BTreeSet<ServiceKey> {
+        self.entries
+            .iter()
+            .filter(|(_, e)| !e.is_empty())
+            .map(|(k, _)| k.clone())
             .collect()
     }
 }
@@ -211,14 +273,34 @@ impl Objects {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::slim;
 
     fn svc(name: &str) -> Arc<Service> {
-        Arc::new(
-            serde_json::from_value(
-                serde_json::json!({"metadata": {"namespace": "ns", "name": name}}),
-            )
-            .unwrap(),
+        let s: slim::Service = serde_json::from_value(
+            serde_json::json!({"metadata": {"namespace": "ns", "name": name}}),
         )
+        .unwrap();
+        Arc::new(s.into())
+    }
+
+    fn slice(name: &str, service: &str) -> Arc<EndpointSlice> {
+        let s: slim::EndpointSlice = serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "ns", "name": name,
+                         "labels": {"kubernetes.io/service-name": service}},
+        }))
+        .unwrap();
+        Arc::new(s.into())
+    }
+
+    fn key(name: &str) -> ServiceKey {
+        ServiceKey::new("ns", name)
+    }
+
+    fn names(o: &Objects, service: &str) -> Vec<String> {
+        o.slices_of(&key(service))
+            .iter()
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect()
     }
 
     #[test]
@@ -229,12 +311,68 @@ mod tests {
         o.put_service(svc("b"));
         o.delete_service(&svc("a"));
         let changed = o.changed_since(v).unwrap();
-        assert_eq!(
-            changed,
-            [ServiceKey::new("ns", "a"), ServiceKey::new("ns", "b")].into()
-        );
+        assert_eq!(changed, [key("a"), key("b")].into());
         assert!(o.changed_since(o.version()).unwrap().is_empty());
         o.replace_services([svc("c")]);
         assert_eq!(o.changed_since(v), None, "a replacement changes everything");
+    }
+
+    #[test]
+    fn slices_are_filed_by_label_in_name_order_and_move_with_it() {
+        let mut o = Objects::default();
+        o.put_service(svc("a"));
+        for name in ["a-2", "a-3", "a-1"] {
+            assert_eq!(o.put_slice(slice(name, "a")), [key("a")]);
+        }
+        assert_eq!(names(&o, "a"), ["a-1", "a-2", "a-3"]);
+        // A new version replaces the old in place.
+        o.put_slice(slice("a-2", "a"));
+        assert_eq!(
+            (names(&o, "a"), o.slice_count()),
+            (vec!["a-1".into(), "a-2".into(), "a-3".into()], 3)
+        );
+        // Relabelled, it moves: both Services changed; the new one has no Service object.
+        let v = o.version();
+        assert_eq!(o.put_slice(slice("a-2", "b")), [key("a"), key("b")]);
+        assert_eq!(o.changed_since(v).unwrap(), [key("a"), key("b")].into());
+        assert_eq!(
+            (names(&o, "a"), names(&o, "b")),
+            (vec!["a-1".into(), "a-3".into()], vec!["a-2".into()])
+        );
+        assert_eq!(o.keys(), [key("a"), key("b")].into());
+        // Deleted, it is gone, and so is `b`, but its change is still reported.
+        let v = o.version();
+        assert_eq!(o.delete_slice(&slice("a-2", "b")), [key("b")]);
+        assert_eq!(o.delete_slice(&slice("a-2", "b")), Vec::<ServiceKey>::new());
+        assert_eq!(o.keys(), [key("a")].into());
+        assert_eq!(o.changed_since(v).unwrap(), [key("b")].into());
+        // Without the label a slice is not filed, and leaves where it was.
+        assert_eq!(o.put_slice(slice("a-1", "")), [key("a")]);
+        assert_eq!((names(&o, "a"), o.slice_count()), (vec!["a-3".into()], 1));
+        assert_eq!(o.service_count(), 1);
+    }
+
+    #[test]
+    fn a_relist_forgets_what_is_gone_and_keeps_the_rest() {
+        let mut o = Objects::default();
+        o.put_service(svc("a"));
+        o.put_slice(slice("b-1", "b"));
+        o.put_slice(slice("c-1", "c"));
+        o.delete_service(&svc("d"));
+        // Services re-listed: `a` is gone, slices stay.
+        o.replace_services([svc("c")]);
+        assert_eq!(o.keys(), [key("b"), key("c")].into());
+        assert_eq!((o.service_count(), o.slice_count()), (1, 2));
+        let v = o.version();
+        // Slices re-listed: `b` is gone with its slice, `c`'s Service stays. (A slice listed
+        // twice is filed as the last copy says: under `c`, not `b`.)
+        o.replace_slices([slice("c-2", "c"), slice("b-1", "b"), slice("b-1", "c")]);
+        assert_eq!(o.keys(), [key("c")].into());
+        assert_eq!(names(&o, "c"), ["b-1", "c-2"]);
+        assert_eq!(o.changed_since(v), None);
+        assert_eq!(o.entries.len(), 1, "nothing is kept of b or d");
+        let v = o.version();
+        o.put_service(svc("a"));
+        assert_eq!(o.changed_since(v).unwrap(), [key("a")].into());
     }
 }

@@ -8,7 +8,7 @@ use super::diagnosis::{FamilySkip, ObjectRef, ServiceOutcome, Warning};
 use super::endpoints::{self, Selection};
 use super::node::NodeInfo;
 use super::service::{self, Cidr, ServiceKey, ServicePortId, TrafficPolicy};
-use super::slim::{EndpointSlice, Service};
+use super::stored::{EndpointSlice, Service};
 use super::{Families, IpFamily};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::{BTreeMap, BTreeSet};

@@ -5,7 +5,7 @@ use super::config::Config;
 use super::diagnosis::{NotServed, ObjectRef, Warning};
 use super::node::NodeInfo;
 use super::selector::Selector;
-use super::slim::Service;
+use super::stored::Service;
 use super::IpFamily;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use nodelb_netfilter::L4Proto;

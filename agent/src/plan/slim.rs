@@ -1,9 +1,10 @@
-//! Services and EndpointSlices as nodelb keeps them: k8s-openapi's types cut down to the fields
+//! Services and EndpointSlices as nodelb reads them: k8s-openapi's types cut down to the fields
 //! nodelb reads, with the same names and field types, so readers do not change. 10,000
 //! Services and their five-endpoint slices, as a cluster serves them, take 92 MiB as
 //! k8s-openapi types, nearly all of it fields nothing reads (the managed fields' JSON trees,
 //! `targetRef`, `hints`, the last-applied annotation); here those are skipped while parsing and
-//! never stored, and the same objects take 26 MiB.
+//! never stored, and the same objects take 26 MiB. Each is then converted once to the smaller
+//! form the agent stores ([`super::stored`]).
 //!
 //! The watches deserialize straight into these types (they are `kube::Resource`s through
 //! k8s-openapi's traits), and so do files and tests. A kept field has k8s-openapi's type and
@@ -296,7 +297,7 @@ struct ManagedEntry {
 
 /// Of the managed fields, the entries that own `status.loadBalancer.ingress` through the
 /// status subresource (where the API server records status writes), each kept as its manager
-/// alone: that is all the status writer asks of them (`status::ingress::ingress_managers`).
+/// alone: the stored form keeps just their names (`stored::ServiceMeta::ingress_owners`).
 /// The rest, and every fieldsV1 tree, are walked and dropped.
 fn ingress_owners<'de, D: Deserializer<'de>>(
     d: D,
@@ -422,15 +423,14 @@ impl<'de> Visitor<'de> for KeyIs {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
-    use crate::status::ingress::ingress_managers;
     use kube::core::DeserializeGuard;
     use serde_json::json;
 
     /// A Service as `kubectl get -o json` shows it after `kubectl apply`, a cloud controller's
     /// condition, and two load balancers' status writes.
-    fn service_json() -> serde_json::Value {
+    pub(in crate::plan) fn service_json() -> serde_json::Value {
         let fields = |f: serde_json::Value| {
             json!({"fieldsType": "FieldsV1", "fieldsV1": f,
                                                     "apiVersion": "v1", "time": "2026-01-01T00:00:00Z"})
@@ -511,7 +511,7 @@ mod tests {
     }
 
     /// A five-endpoint slice as the EndpointSlice controller writes it.
-    fn slice_json() -> serde_json::Value {
+    pub(in crate::plan) fn slice_json() -> serde_json::Value {
         let endpoints: Vec<_> = (1..=5)
             .map(|i| {
                 json!({
@@ -556,7 +556,9 @@ mod tests {
     }
 
     /// As the watches read objects.
-    fn watched<K: for<'de> Deserialize<'de> + kube::Resource>(v: serde_json::Value) -> K {
+    pub(in crate::plan) fn watched<K: for<'de> Deserialize<'de> + kube::Resource>(
+        v: serde_json::Value,
+    ) -> K {
         let DeserializeGuard(k) = serde_json::from_value(v).unwrap();
         k.unwrap()
     }
@@ -583,7 +585,6 @@ mod tests {
                 ..ObjectMeta::default()
             },
         );
-        assert_eq!(ingress_managers(&s), ["nodelb", "metallb-controller"]);
         let port = |name: &str, port, protocol: &str| ServicePort {
             name: Some(name.into()),
             port,
@@ -631,7 +632,6 @@ mod tests {
                        "fieldsV1": {"f:status": ["f:loadBalancer"]}}));
         let s: Service = watched(v);
         assert_eq!(s.metadata.managed_fields, None);
-        assert!(ingress_managers(&s).is_empty());
     }
 
     #[test]

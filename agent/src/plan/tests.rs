@@ -353,6 +353,20 @@ fn no_served_address_means_no_rules() {
 // ---- endpoints ---------------------------------------------------------------------------
 
 #[test]
+fn an_endpoint_forwards_to_its_first_address_only() {
+    let p = World::new()
+        .service(&web(""))
+        .slice(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {namespace: default, name: web-1, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\nendpoints:\n- addresses: [198.51.100.10, 198.51.100.11]\n",
+        )
+        .plan();
+    assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
+    let t = p.v4();
+    assert!(t.contains("198.51.100.10 . 8080"), "{t}");
+    assert!(!t.contains("198.51.100.11"), "{t}");
+}
+
+#[test]
 fn slice_port_is_matched_by_name_and_protocol() {
     let p = World::new()
         .service(&svc(

@@ -94,14 +94,17 @@ fn incremental_updates_equal_planning_from_scratch() {
     let mut objects = Objects::default();
     let mut services: Vec<Option<Service>> = Vec::new();
     let mut slices: Vec<EndpointSlice> = Vec::new();
+    // Which of `slices` are in `objects` now.
+    let mut live: Vec<bool> = Vec::new();
     for i in 0..12 {
         let s = service(i, &mut rng);
-        objects.put_service(Arc::new(s.clone()));
+        objects.put_service(Arc::new(s.clone().into()));
         services.push(Some(s));
         for (k, fam) in ["IPv4", "IPv6"].iter().enumerate() {
             let sl = slice(i, &format!("s{i}-{k}"), fam, &mut rng);
-            objects.put_slice(Arc::new(sl.clone()));
+            objects.put_slice(Arc::new(sl.clone().into()));
             slices.push(sl);
+            live.push(true);
         }
     }
     let mut planner = Planner::new();
@@ -128,10 +131,10 @@ fn incremental_updates_equal_planning_from_scratch() {
                         Some(service(i, &mut rng))
                     };
                     match &s {
-                        Some(s) => dirty.extend(objects.put_service(Arc::new(s.clone()))),
+                        Some(s) => dirty.extend(objects.put_service(Arc::new(s.clone().into()))),
                         None => {
                             if let Some(old) = &services[i as usize] {
-                                dirty.extend(objects.delete_service(old));
+                                dirty.extend(objects.delete_service(&old.clone().into()));
                             }
                         }
                     }
@@ -140,7 +143,8 @@ fn incremental_updates_equal_planning_from_scratch() {
                 1 => {
                     // A slice is deleted.
                     let j = rng.next(slices.len() as u64) as usize;
-                    dirty.extend(objects.delete_slice(&slices[j]));
+                    dirty.extend(objects.delete_slice(&slices[j].clone().into()));
+                    live[j] = false;
                 }
                 2 => {
                     // A slice moves to another Service.
@@ -150,8 +154,9 @@ fn incremental_updates_equal_planning_from_scratch() {
                         "kubernetes.io/service-name".into(),
                         format!("s{}", rng.next(services.len() as u64)),
                     );
-                    dirty.extend(objects.put_slice(Arc::new(sl.clone())));
+                    dirty.extend(objects.put_slice(Arc::new(sl.clone().into())));
                     slices[j] = sl;
+                    live[j] = true;
                 }
                 _ => {
                     // Endpoints change.
@@ -163,8 +168,9 @@ fn incremental_updates_equal_planning_from_scratch() {
                     let name = slices[j].metadata.name.clone().unwrap();
                     let fam = slices[j].address_type.clone();
                     let sl = slice(owner, &name, &fam, &mut rng);
-                    dirty.extend(objects.put_slice(Arc::new(sl.clone())));
+                    dirty.extend(objects.put_slice(Arc::new(sl.clone().into())));
                     slices[j] = sl;
+                    live[j] = true;
                 }
             }
         }
@@ -194,15 +200,16 @@ fn incremental_updates_equal_planning_from_scratch() {
             edit.apply(t);
         }
 
-        let live: Vec<&Service> = services.iter().flatten().collect();
-        let current: Vec<EndpointSlice> = objects
-            .keys()
+        let live_services: Vec<&Service> = services.iter().flatten().collect();
+        let current: Vec<&EndpointSlice> = slices
             .iter()
-            .flat_map(|k| objects.slices_of(k).into_iter().cloned())
+            .zip(&live)
+            .filter_map(|(s, live)| live.then_some(s))
             .collect();
+        assert_eq!(current.len(), objects.slice_count(), "step {step}");
         let fresh = plan(&Input {
-            services: live,
-            slices: current.iter().collect(),
+            services: live_services,
+            slices: current,
             node: &node,
             local_addresses: &local,
             families,
@@ -257,7 +264,7 @@ fn one_endpoint_change_replans_one_service() {
             "spec": {"type": "LoadBalancer", "ports": [{"port": 1000 + i}]},
         }))
         .unwrap();
-        objects.put_service(Arc::new(s));
+        objects.put_service(Arc::new(s.into()));
     }
     let mut planner = Planner::new();
     planner.update(&objects, &ctx, None);
@@ -268,7 +275,7 @@ fn one_endpoint_change_replans_one_service() {
         "endpoints": [{"addresses": ["198.51.100.10"]}],
     }))
     .unwrap();
-    let dirty: BTreeSet<ServiceKey> = objects.put_slice(Arc::new(sl)).into_iter().collect();
+    let dirty: BTreeSet<ServiceKey> = objects.put_slice(Arc::new(sl.into())).into_iter().collect();
     let u = planner.update(&objects, &ctx, Some(&dirty));
     assert_eq!(u.replanned, 1);
     assert_eq!(u.changed, dirty);

@@ -1,13 +1,13 @@
 //! Watch events in, the planner's [`Objects`] and the set of changed Services out.
 //!
-//! Services and EndpointSlices are kept once, here, as the watches read them: already cut down
-//! to what nodelb reads ([`crate::plan::slim`]), so 10,000 Services fit the memory goal. A
-//! re-list (after a watch expired) does not report deletions, so it replaces its kind whole and
-//! asks for a full replan.
+//! Services and EndpointSlices are kept once, here: each object the watches read
+//! ([`crate::plan::slim`]) is converted to its stored form ([`crate::plan::stored`]) as it
+//! arrives, so 10,000 Services fit the memory goal. A re-list (after a watch expired) does not
+//! report deletions, so it replaces its kind whole and asks for a full replan.
 
 use crate::plan::service::ServiceKey;
 use crate::plan::slim::{EndpointSlice, Service};
-use crate::plan::Objects;
+use crate::plan::{stored, Objects};
 use kube::core::DeserializeGuard;
 use kube::runtime::watcher::Event;
 use std::collections::BTreeSet;
@@ -26,8 +26,8 @@ pub struct Inbox {
     objects: Arc<Objects>,
     dirty: BTreeSet<ServiceKey>,
     full: bool,
-    relist_services: Option<Vec<Arc<Service>>>,
-    relist_slices: Option<Vec<Arc<EndpointSlice>>>,
+    relist_services: Option<Vec<Arc<stored::Service>>>,
+    relist_slices: Option<Vec<Arc<stored::EndpointSlice>>>,
     pub services_synced: bool,
     pub slices_synced: bool,
 }
@@ -69,7 +69,7 @@ impl Inbox {
                 Event::InitApply(DeserializeGuard(Ok(s))) => {
                     self.relist_services
                         .get_or_insert_default()
-                        .push(Arc::new(s));
+                        .push(Arc::new(s.into()));
                 }
                 Event::InitDone => {
                     let all = self.relist_services.take().unwrap_or_default();
@@ -78,11 +78,11 @@ impl Inbox {
                     self.services_synced = true;
                 }
                 Event::Apply(DeserializeGuard(Ok(s))) => {
-                    let k = self.objects_mut().put_service(Arc::new(s));
+                    let k = self.objects_mut().put_service(Arc::new(s.into()));
                     self.dirty.extend(k);
                 }
                 Event::Delete(DeserializeGuard(Ok(s))) => {
-                    let k = self.objects_mut().delete_service(&s);
+                    let k = self.objects_mut().delete_service(&s.into());
                     self.dirty.extend(k);
                 }
                 Event::InitApply(_) | Event::Apply(_) | Event::Delete(_) => {}
@@ -90,7 +90,9 @@ impl Inbox {
             ObjectEvent::Slice(ev) => match *ev {
                 Event::Init => self.relist_slices = Some(Vec::new()),
                 Event::InitApply(DeserializeGuard(Ok(s))) => {
-                    self.relist_slices.get_or_insert_default().push(Arc::new(s));
+                    self.relist_slices
+                        .get_or_insert_default()
+                        .push(Arc::new(s.into()));
                 }
                 Event::InitDone => {
                     let all = self.relist_slices.take().unwrap_or_default();
@@ -99,11 +101,11 @@ impl Inbox {
                     self.slices_synced = true;
                 }
                 Event::Apply(DeserializeGuard(Ok(s))) => {
-                    let k = self.objects_mut().put_slice(Arc::new(s));
+                    let k = self.objects_mut().put_slice(Arc::new(s.into()));
                     self.dirty.extend(k);
                 }
                 Event::Delete(DeserializeGuard(Ok(s))) => {
-                    let k = self.objects_mut().delete_slice(&s);
+                    let k = self.objects_mut().delete_slice(&s.into());
                     self.dirty.extend(k);
                 }
                 Event::InitApply(_) | Event::Apply(_) | Event::Delete(_) => {}

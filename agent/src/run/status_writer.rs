@@ -6,7 +6,8 @@
 use super::metrics::{Metrics, NodeLabel, WriteLabel};
 use super::node_events::REPORTING_CONTROLLER;
 use crate::plan::service::ServiceKey;
-use crate::plan::slim::Service;
+use crate::plan::slim;
+use crate::plan::stored::Service;
 use crate::plan::Objects;
 use crate::status::heartbeat;
 use crate::status::ingress::{self, Write, FIELD_MANAGER};
@@ -286,7 +287,7 @@ impl StatusWriter {
         key: &ServiceKey,
         body: serde_json::Value,
     ) -> Result<Option<String>, kube::Error> {
-        let api: Api<Service> = Api::namespaced(self.client.clone(), &key.namespace);
+        let api: Api<slim::Service> = Api::namespaced(self.client.clone(), &key.namespace);
         let s = api
             .patch_status(
                 &key.name,

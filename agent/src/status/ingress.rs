@@ -2,7 +2,7 @@
 //! what is stored, and with who owns the field (server-side apply's managedFields).
 
 use super::Desired;
-use crate::plan::slim::Service;
+use crate::plan::stored::Service;
 use k8s_openapi::api::core::v1::LoadBalancerIngress;
 use serde_json::{json, Value};
 use std::net::IpAddr;
@@ -47,21 +47,6 @@ pub fn entries(ingress: &[IpAddr], ip_mode: Option<&str>) -> Vec<LoadBalancerIng
         .collect()
 }
 
-/// Field managers of `status.loadBalancer.ingress`. A [`Service`] keeps in managedFields only
-/// the entries that own it, each as its manager alone (their fieldsV1 trees are read while
-/// deserializing and not kept), so every manager listed there counts.
-pub fn ingress_managers(svc: &Service) -> Vec<String> {
-    let mut out = Vec::new();
-    for mf in svc.metadata.managed_fields.iter().flatten() {
-        if let Some(m) = &mf.manager {
-            if !out.contains(m) {
-                out.push(m.clone());
-            }
-        }
-    }
-    out
-}
-
 fn body(svc: &Service, status: Value) -> Value {
     json!({
         "apiVersion": "v1",
@@ -76,11 +61,12 @@ fn body(svc: &Service, status: Value) -> Value {
 
 /// Decide the write for a Service; `desired` is `None` when nodelb does not handle it.
 pub fn decide(svc: &Service, desired: Option<&Desired>, ip_mode: Option<&str>) -> Write {
-    let managers = ingress_managers(svc);
+    let managers = &svc.metadata.ingress_owners;
     let ours = managers.iter().any(|m| m == FIELD_MANAGER);
     let others: Vec<String> = managers
-        .into_iter()
-        .filter(|m| m != FIELD_MANAGER)
+        .iter()
+        .filter(|m| *m != FIELD_MANAGER)
+        .cloned()
         .collect();
     let current = stored(svc);
     let Some(desired) = desired else {

@@ -19,7 +19,7 @@ use crate::plan::config::Config;
 use crate::plan::diagnosis::{FamilyState, PortResult, ServiceOutcome};
 use crate::plan::node::{AddressKind, NodeInfo};
 use crate::plan::service::{self, Protocol, ServiceKey, TrafficPolicy};
-use crate::plan::slim::Service;
+use crate::plan::stored::Service;
 use crate::plan::{Context, Families, IpFamily, Objects, Planner};
 use heartbeat::Heartbeat;
 use k8s_openapi::api::core::v1::Node;
