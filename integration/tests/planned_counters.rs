@@ -175,10 +175,7 @@ fn service_counters_count_every_packet_and_survive_a_full_replace() {
         .iter()
         .find(|(l, _)| l.port == "tcp-80" && l.family == "IPv4")
         .expect("IPv4 tcp-80 sample");
-    assert_eq!(
-        (v4_tcp.0.namespace, v4_tcp.0.service),
-        ("default", "web")
-    );
+    assert_eq!((v4_tcp.0.namespace, v4_tcp.0.service), ("default", "web"));
     assert_eq!(v4_tcp.1, counter(&local, IpFamily::V4, TCP).0);
 
     // The kernel holds what the agent committed with carried values; the planner's tables
