@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use nodelb_netfilter::L4Proto;
 use std::collections::BTreeSet;
 use std::fmt;
+use std::sync::Arc;
 use std::net::IpAddr;
 
 /// Label that takes a node out of every LoadBalancer's serving nodes (any value).
@@ -18,18 +19,19 @@ pub const EXCLUDE_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-b
 /// Annotation holding a label selector that limits a Service's serving nodes.
 pub const NODE_SELECTOR_ANNOTATION: &str = "nodelb.io/node-selector";
 
-/// `namespace/name` of a Service.
+/// `namespace/name` of a Service. Shared, not copied: the objects, the planners, the claims
+/// and the status writer each index every Service by it, and a clone costs no allocation.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServiceKey {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
 }
 
 impl ServiceKey {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> ServiceKey {
+    pub fn new(namespace: impl AsRef<str>, name: impl AsRef<str>) -> ServiceKey {
         ServiceKey {
-            namespace: namespace.into(),
-            name: name.into(),
+            namespace: namespace.as_ref().into(),
+            name: name.as_ref().into(),
         }
     }
 
