@@ -182,6 +182,14 @@ fn main() {
         mib(batch_live),
         mib(batch_peak),
     );
+    let mut o = Planner::outcomes_only();
+    let before_o = LIVE.load(Ordering::Relaxed);
+    o.update(&objects, &ctx, None);
+    println!(
+        "heap: an outcomes-only planner (the leader's status writer keeps one per serving node): {:.1} MiB",
+        mib(LIVE.load(Ordering::Relaxed) - before_o)
+    );
+    drop(o);
     drop(tables);
     let mut times = Vec::new();
     for k in 0..200 {

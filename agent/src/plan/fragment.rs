@@ -151,6 +151,8 @@ pub fn build<'k>(
                 result,
             });
         }
+        // Outcomes are kept for every Service: no spare room in their lists.
+        results.shrink_to_fit();
         outcomes.push(FamilyOutcome {
             family: *family,
             state: FamilyState::Served {
@@ -159,6 +161,7 @@ pub fn build<'k>(
             },
         });
     }
+    outcomes.shrink_to_fit();
     let outcome = if outcomes
         .iter()
         .all(|f| matches!(f.state, FamilyState::Skipped(_)))

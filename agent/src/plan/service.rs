@@ -11,8 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use nodelb_netfilter::L4Proto;
 use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::Arc;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// Label that takes a node out of every LoadBalancer's serving nodes (any value).
 pub const EXCLUDE_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";

@@ -102,9 +102,28 @@ impl From<slim::Service> for Service {
                 annotations: m.annotations,
                 ingress_owners,
             },
-            spec,
-            status,
+            spec: spec.map(|mut s| {
+                exact(&mut s.cluster_ips);
+                exact(&mut s.ip_families);
+                exact(&mut s.load_balancer_source_ranges);
+                exact(&mut s.ports);
+                s
+            }),
+            status: status.map(|mut s| {
+                if let Some(lb) = s.load_balancer.as_mut() {
+                    exact(&mut lb.ingress);
+                }
+                s
+            }),
         }
+    }
+}
+
+/// A list as parsed has room to grow (four entries for one); stored, it has none: at 10,000
+/// Services the spare room was megabytes.
+fn exact<T>(v: &mut Option<Vec<T>>) {
+    if let Some(v) = v {
+        v.shrink_to_fit();
     }
 }
 
@@ -124,8 +143,17 @@ impl From<slim::EndpointSlice> for EndpointSlice {
                 service_name: m.labels.and_then(|mut l| l.remove(SERVICE_NAME_LABEL)),
             },
             address_type,
-            endpoints: endpoints.into_iter().map(Endpoint::from).collect(),
-            ports,
+            endpoints: {
+                // (Collected in place, with the parsed list's spare room.)
+                let mut e: Vec<Endpoint> = endpoints.into_iter().map(Endpoint::from).collect();
+                e.shrink_to_fit();
+                e
+            },
+            ports: {
+                let mut p = ports;
+                exact(&mut p);
+                p
+            },
         }
     }
 }

@@ -459,6 +459,8 @@ fn service_port_chain(
         }
         Last::Nothing => {}
     }
+    // The committed table keeps one such chain per Service port: no spare room.
+    chain.rules.shrink_to_fit();
     part.chains.insert(name.clone(), chain);
     name
 }
