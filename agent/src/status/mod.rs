@@ -312,6 +312,9 @@ impl Status {
                 });
             }
         }
+        // Kept for every Service: no spare room.
+        desired.ingress.shrink_to_fit();
+        desired.problems.shrink_to_fit();
         Some(desired)
     }
 }
