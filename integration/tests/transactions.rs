@@ -428,3 +428,34 @@ fn counters_are_read_back_never_reset_by_a_sync_and_carried_over_a_replace() {
         Drift::Changed(vec!["counter alien is not nodelb's".into()])
     );
 }
+
+#[test]
+fn a_consuming_replace_installs_what_a_replace_installs() {
+    if !require_root("a_consuming_replace_installs_what_a_replace_installs") {
+        return;
+    }
+    // Every kind of object, elements of several sets (a verdict map, a counter map, an
+    // interval set) among them.
+    let t = kitchen_sink(Fam::V4, "nodelb");
+    let tr = TableRef::of(&t);
+    let consumed = Netns::new("consume");
+    let mut c = consumed.run(|| Committer::new(Nft::open().unwrap()));
+    consumed
+        .run(|| c.replace_consuming(vec![t.clone()]))
+        .expect("consuming replace");
+    assert!(
+        c.committed(&tr).is_none(),
+        "the committer holds no model until it is given back"
+    );
+    let plain = Netns::new("consume-ref");
+    nodelb_replace(&plain, std::slice::from_ref(&t)).unwrap();
+    assert_eq!(
+        normalized(&list_table(&consumed, "ip", "nodelb").unwrap()),
+        normalized(&list_table(&plain, "ip", "nodelb").unwrap())
+    );
+    // Given back, the model is the baseline for reading back and for syncs.
+    c.adopt(vec![t.clone()]);
+    assert_eq!(consumed.run(|| c.drift(&tr)).unwrap(), Some(Drift::None));
+    let stats = consumed.run(|| c.sync(vec![t.clone()])).unwrap();
+    assert_eq!(stats.messages, 0, "nothing differs from the adopted model");
+}

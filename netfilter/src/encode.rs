@@ -8,6 +8,7 @@ use crate::sys::{self, NlChain, NlElem, NlExpr, NlObj, NlRule, NlSet, NlTable};
 use crate::types::{encode_value, Layout};
 use crate::udata::{set as ud, Udata};
 use nftnl::nftnl_sys as nsys;
+use std::collections::BTreeMap;
 use std::fmt;
 
 const NFT_MSG_NEWTABLE: u16 = 0;
@@ -98,6 +99,41 @@ impl Batch {
         }
         b.finish();
         Ok(b)
+    }
+
+    /// A full replace of `tables` that consumes them: everything but set elements is encoded
+    /// from the element-less tables, then each set's elements, after which they are dropped.
+    /// The batch grows as the models shrink, so the two are never held whole at once (at
+    /// 10,000 Services a 27 MiB model and a 10 MB batch). Elements come last, which is valid:
+    /// what they refer to (chains, counters) is created before them in the same batch.
+    /// Returns the batch and the tables without their elements.
+    pub fn encode_replace(
+        first_seq: u32,
+        mut tables: Vec<Table>,
+    ) -> Result<(Batch, Vec<Table>), EncodeError> {
+        let mut elements: Vec<(usize, String, BTreeMap<Key, Element>)> = Vec::new();
+        for (i, t) in tables.iter_mut().enumerate() {
+            for (name, set) in t.sets.iter_mut() {
+                if !set.elements.is_empty() {
+                    elements.push((i, name.clone(), std::mem::take(&mut set.elements)));
+                }
+            }
+        }
+        let mut b = Batch::new(first_seq);
+        for t in &tables {
+            for op in crate::ops::full_replace(t) {
+                b.push_op(&op)?;
+            }
+        }
+        for (i, name, elems) in elements {
+            let t = &tables[i];
+            let set = &t.sets[&name];
+            let items: Vec<(&Key, Option<&Element>)> =
+                elems.iter().map(|(k, e)| (k, Some(e))).collect();
+            b.push_elems(&TableRef::of(t), set, &items, true)?;
+        }
+        b.finish();
+        Ok((b, tables))
     }
 
     fn finish(&mut self) {

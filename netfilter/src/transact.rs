@@ -462,6 +462,39 @@ impl Committer {
         Ok(stats)
     }
 
+    /// Atomically replace every given table, as [`Committer::replace`] does, but consuming the
+    /// models while they are encoded ([`Batch::encode_replace`]), so a model and its batch are
+    /// never held whole at once. For a caller that can build the same tables again: after it,
+    /// this committer holds no model of them until they are given back with
+    /// [`Committer::adopt`].
+    pub fn replace_consuming(&mut self, tables: Vec<Table>) -> Result<CommitStats, Error> {
+        for t in &tables {
+            ops::validate(t).map_err(Error::Invalid)?;
+        }
+        let refs: Vec<TableRef> = tables.iter().map(TableRef::of).collect();
+        for tr in &refs {
+            self.committed.remove(tr);
+        }
+        let t0 = Instant::now();
+        let (batch, rest) = Batch::encode_replace(self.nft.seq.wrapping_add(1), tables)?;
+        drop(rest);
+        let encode = t0.elapsed();
+        let mut stats = self.nft.commit(&batch)?;
+        stats.encode = encode;
+        for tr in &refs {
+            self.stale.remove(tr);
+        }
+        Ok(stats)
+    }
+
+    /// Take `tables` as what the kernel holds: the tables [`Committer::replace_consuming`] just
+    /// committed, built again by the caller.
+    pub fn adopt(&mut self, tables: Vec<Table>) {
+        for t in tables {
+            self.committed.insert(TableRef::of(&t), t);
+        }
+    }
+
     /// Bring the kernel from the last committed models to `tables` in one batch: only what
     /// changed is sent; a table not committed before (or whose change needs it) is replaced
     /// whole, its counters carried over from the kernel. Counters that stay are never sent

@@ -3,7 +3,9 @@
 //! commits — a full replace first (only once every watch has listed), after failures, after
 //! drift, on resync (after reading the kernel's tables back) and when node-wide input changed,
 //! and otherwise an edit of just what changed. A full replace drops the committed models before
-//! assembling the new tables, so the agent holds at most one copy of its tables.
+//! assembling the new tables, consumes those while encoding them, and builds them again for
+//! the committer once the batch is committed and freed: the agent never holds two copies of
+//! its tables, nor a whole table and its whole batch.
 
 use super::caches::{valid, Caches};
 use super::http::SharedReadiness;
@@ -545,6 +547,7 @@ impl SyncLoop {
             Work::Tables(tables) => tables.iter().map(Table::object_count).sum(),
             Work::Edit(edits) => edits.iter().map(|(_, e)| e.size()).sum(),
         };
+        let whole = matches!(work, Work::Tables(_));
         let r = tokio::task::spawn_blocking(move || {
             let mut tables = match work {
                 Work::Edit(edits) => {
@@ -562,7 +565,9 @@ impl SyncLoop {
                 Ok(n) => debug!(counters = n, "carried counters over the replace"),
                 Err(e) => return (committer, Err(e)),
             }
-            let mut stats = match committer.replace(tables) {
+            // The tables are consumed while encoded; the planner builds them again below for
+            // the committer's model, once the batch is freed.
+            let mut stats = match committer.replace_consuming(tables) {
                 Ok(s) => s,
                 Err(e) => return (committer, Err(e)),
             };
@@ -590,7 +595,10 @@ impl SyncLoop {
         })
         .await;
         match r {
-            Ok((committer, Ok(stats))) => {
+            Ok((mut committer, Ok(stats))) => {
+                if whole {
+                    committer.adopt(self.planner.tables());
+                }
                 self.committer = Some(committer);
                 self.replace_next = false;
                 Ok((objects, stats))
