@@ -441,7 +441,7 @@ fn a_consuming_replace_installs_what_a_replace_installs() {
     let consumed = Netns::new("consume");
     let mut c = consumed.run(|| Committer::new(Nft::open().unwrap()));
     consumed
-        .run(|| c.replace_consuming(vec![t.clone()]))
+        .run(|| c.replace_consuming(vec![t.clone()], &mut || {}))
         .expect("consuming replace");
     assert!(
         c.committed(&tr).is_none(),

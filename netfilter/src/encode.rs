@@ -106,10 +106,13 @@ impl Batch {
     /// The batch grows as the models shrink, so the two are never held whole at once (at
     /// 10,000 Services a 27 MiB model and a 10 MB batch). Elements come last, which is valid:
     /// what they refer to (chains, counters) is created before them in the same batch.
-    /// Returns the batch and the tables without their elements.
+    /// `freed` is called after each set's elements are dropped (an allocator may return the
+    /// pages they held before the batch grows further). Returns the batch and the tables
+    /// without their elements.
     pub fn encode_replace(
         first_seq: u32,
         mut tables: Vec<Table>,
+        freed: &mut dyn FnMut(),
     ) -> Result<(Batch, Vec<Table>), EncodeError> {
         let mut elements: Vec<(usize, String, BTreeMap<Key, Element>)> = Vec::new();
         for (i, t) in tables.iter_mut().enumerate() {
@@ -131,6 +134,9 @@ impl Batch {
             let items: Vec<(&Key, Option<&Element>)> =
                 elems.iter().map(|(k, e)| (k, Some(e))).collect();
             b.push_elems(&TableRef::of(t), set, &items, true)?;
+            drop(items);
+            drop(elems);
+            freed();
         }
         b.finish();
         Ok((b, tables))

@@ -466,8 +466,12 @@ impl Committer {
     /// models while they are encoded ([`Batch::encode_replace`]), so a model and its batch are
     /// never held whole at once. For a caller that can build the same tables again: after it,
     /// this committer holds no model of them until they are given back with
-    /// [`Committer::adopt`].
-    pub fn replace_consuming(&mut self, tables: Vec<Table>) -> Result<CommitStats, Error> {
+    /// [`Committer::adopt`]. `freed` is called each time a part of the models was dropped.
+    pub fn replace_consuming(
+        &mut self,
+        tables: Vec<Table>,
+        freed: &mut dyn FnMut(),
+    ) -> Result<CommitStats, Error> {
         for t in &tables {
             ops::validate(t).map_err(Error::Invalid)?;
         }
@@ -476,8 +480,9 @@ impl Committer {
             self.committed.remove(tr);
         }
         let t0 = Instant::now();
-        let (batch, rest) = Batch::encode_replace(self.nft.seq.wrapping_add(1), tables)?;
+        let (batch, rest) = Batch::encode_replace(self.nft.seq.wrapping_add(1), tables, freed)?;
         drop(rest);
+        freed();
         let encode = t0.elapsed();
         let mut stats = self.nft.commit(&batch)?;
         stats.encode = encode;

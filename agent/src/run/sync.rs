@@ -567,7 +567,8 @@ impl SyncLoop {
             }
             // The tables are consumed while encoded; the planner builds them again below for
             // the committer's model, once the batch is freed.
-            let mut stats = match committer.replace_consuming(tables) {
+            // Pages of the dropped models go back as the batch grows.
+            let mut stats = match committer.replace_consuming(tables, &mut super::malloc::trim) {
                 Ok(s) => s,
                 Err(e) => return (committer, Err(e)),
             };
