@@ -130,11 +130,11 @@ impl Batch {
         }
         for (i, name, elems) in elements {
             let t = &tables[i];
-            let set = &t.sets[&name];
-            let items: Vec<(&Key, Option<&Element>)> =
-                elems.iter().map(|(k, e)| (k, Some(e))).collect();
-            b.push_elems(&TableRef::of(t), set, &items, true)?;
-            drop(items);
+            b.push_op(&Op::AddElems {
+                table: TableRef::of(t),
+                set: &t.sets[&name],
+                elems: elems.iter().collect(),
+            })?;
             drop(elems);
             freed();
         }

@@ -59,6 +59,11 @@ pub struct Planner {
     endpoint_chains: BTreeMap<IpFamily, BTreeMap<usize, usize>>,
 }
 
+/// One Service of `objects`, prepared (`None`: not nodelb's).
+fn prepare_in(objects: &Objects, key: &ServiceKey, ctx: &Context) -> Option<Prepared> {
+    prepare(key, objects.service(key), &objects.slices_of(key), ctx)
+}
+
 fn claims_of(p: Option<&Prepared>) -> Vec<(Slot, Claim)> {
     let Some(Prepared {
         key,
@@ -116,8 +121,6 @@ impl Planner {
         } else {
             dirty.cloned().unwrap_or_default()
         };
-        let prepare_in =
-            |o: &Objects, key: &ServiceKey| prepare(key, o.service(key), &o.slices_of(key), ctx);
 
         // 1. Prepare the dirty Services, now and as they were (after a rebuild nothing was);
         // track the slots whose claims move.
@@ -126,11 +129,11 @@ impl Planner {
         let mut prepared: BTreeMap<ServiceKey, (Option<Prepared>, Option<Prepared>)> =
             BTreeMap::new();
         for key in keys {
-            let new = prepare_in(objects, &key);
+            let new = prepare_in(objects, &key, ctx);
             let old = if rebuild {
                 None
             } else {
-                prepare_in(&previous, &key)
+                prepare_in(&previous, &key, ctx)
             };
             if old == new && (old.is_some() || !self.outcomes.contains_key(&key)) {
                 continue;
@@ -174,7 +177,7 @@ impl Planner {
             let (old_prep, new_prep) = match prepared.remove(&key) {
                 Some(p) => p,
                 None => {
-                    let p = prepare_in(objects, &key);
+                    let p = prepare_in(objects, &key, ctx);
                     (p.clone(), p)
                 }
             };
@@ -315,12 +318,7 @@ impl Planner {
             .collect();
         if !self.no_tables {
             for key in self.outcomes.keys() {
-                let Some(p) = prepare(
-                    key,
-                    self.objects.service(key),
-                    &self.objects.slices_of(key),
-                    ctx,
-                ) else {
+                let Some(p) = prepare_in(&self.objects, key, ctx) else {
                     continue;
                 };
                 let f = fragment::build(&p, |s| self.claims.winner(s), ctx, true);

@@ -565,9 +565,9 @@ impl SyncLoop {
                 Ok(n) => debug!(counters = n, "carried counters over the replace"),
                 Err(e) => return (committer, Err(e)),
             }
-            // The tables are consumed while encoded; the planner builds them again below for
-            // the committer's model, once the batch is freed.
-            // Pages of the dropped models go back as the batch grows.
+            // The tables are consumed while encoded, the pages of what is dropped going back
+            // as the batch grows; the planner builds them again below for the committer's
+            // model, once the batch is freed.
             let mut stats = match committer.replace_consuming(tables, &mut super::malloc::trim) {
                 Ok(s) => s,
                 Err(e) => return (committer, Err(e)),
