@@ -230,12 +230,10 @@ pub fn feature_table(f: IpFamily) -> Table {
         MapData::Value(SetType::Typeof(vec![addr_ty, dport])),
     );
     map.insert(
-        Key::Values(vec![
-            Value::Proto(L4Proto::Tcp),
-            Value::Port(9),
-            Value::U32(0),
-        ]),
-        Some(ElemData::Values(vec![Value::from(addr), Value::Port(9)])),
+        Key::Values(vec![Value::Proto(L4Proto::Tcp), Value::Port(9), Value::U32(0)].into()),
+        Some(ElemData::Values(
+            vec![Value::from(addr), Value::Port(9)].into(),
+        )),
         Some("nodelb check".into()),
     );
     t.add_set(map);

@@ -121,20 +121,12 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
     )
     .with_comment("dispatch");
     services.insert(
-        Key::Values(vec![
-            v(f.addr(2, 1)),
-            Value::Proto(L4Proto::Tcp),
-            Value::Port(80),
-        ]),
+        Key::Values(vec![v(f.addr(2, 1)), Value::Proto(L4Proto::Tcp), Value::Port(80)].into()),
         Some(ElemData::Verdict(Verdict::Goto("svc-a".into()))),
         Some("default/web:http".into()),
     );
     services.insert(
-        Key::Values(vec![
-            v(f.addr(2, 1)),
-            Value::Proto(L4Proto::Udp),
-            Value::Port(53),
-        ]),
+        Key::Values(vec![v(f.addr(2, 1)), Value::Proto(L4Proto::Udp), Value::Port(53)].into()),
         Some(ElemData::Verdict(Verdict::Jump("svc-b".into()))),
         None,
     );
@@ -147,27 +139,26 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
     );
     for i in 0..2u32 {
         endpoints.insert(
-            Key::Values(vec![
-                Value::Proto(L4Proto::Tcp),
-                Value::Port(80),
-                Value::U32(i),
-            ]),
-            Some(ElemData::Values(vec![
-                v(f.addr(1, 10 + i as u16)),
-                Value::Port(8080),
-            ])),
+            Key::Values(vec![Value::Proto(L4Proto::Tcp), Value::Port(80), Value::U32(i)].into()),
+            Some(ElemData::Values(
+                vec![v(f.addr(1, 10 + i as u16)), Value::Port(8080)].into(),
+            )),
             Some(format!("default/web:http endpoint {i}").into()),
         );
     }
     t.add_set(endpoints);
 
     let mut marks = Set::new("marks", SetType::Type(vec![DataType::Mark]));
-    marks.insert(Key::Values(vec![Value::U32(1)]), None, None);
+    marks.insert(Key::Values(vec![Value::U32(1)].into()), None, None);
     t.add_set(marks);
 
     let mut ports = Set::new("ports", SetType::Typeof(vec![th_dport]));
-    ports.insert(Key::Values(vec![Value::Port(22)]), None, Some("ssh".into()));
-    ports.insert(Key::Values(vec![Value::Port(6443)]), None, None);
+    ports.insert(
+        Key::Values(vec![Value::Port(22)].into()),
+        None,
+        Some("ssh".into()),
+    );
+    ports.insert(Key::Values(vec![Value::Port(6443)].into()), None, None);
     t.add_set(ports);
 
     let mut portmap = Set::map(
@@ -176,12 +167,12 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
         MapData::Verdict,
     );
     portmap.insert(
-        Key::Values(vec![Value::Port(443)]),
+        Key::Values(vec![Value::Port(443)].into()),
         Some(ElemData::Verdict(Verdict::Accept)),
         None,
     );
     portmap.insert(
-        Key::Values(vec![Value::Port(444)]),
+        Key::Values(vec![Value::Port(444)].into()),
         Some(ElemData::Verdict(Verdict::Drop)),
         None,
     );
@@ -193,8 +184,8 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
         MapData::Value(SetType::Type(vec![f.addr_type()])),
     );
     addrmap.insert(
-        Key::Values(vec![v(f.addr(2, 5))]),
-        Some(ElemData::Values(vec![v(f.addr(1, 5))])),
+        Key::Values(vec![v(f.addr(2, 5))].into()),
+        Some(ElemData::Values(vec![v(f.addr(1, 5))].into())),
         None,
     );
     t.add_set(addrmap);
@@ -442,20 +433,12 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
     )
     .with_comment("service counters");
     counters.insert(
-        Key::Values(vec![
-            v(f.addr(1, 1)),
-            Value::Proto(L4Proto::Tcp),
-            Value::Port(80),
-        ]),
+        Key::Values(vec![v(f.addr(1, 1)), Value::Proto(L4Proto::Tcp), Value::Port(80)].into()),
         Some(ElemData::Counter("svc/default/web/http".into())),
         Some("default/web:http".into()),
     );
     counters.insert(
-        Key::Values(vec![
-            v(f.addr(1, 2)),
-            Value::Proto(L4Proto::Tcp),
-            Value::Port(80),
-        ]),
+        Key::Values(vec![v(f.addr(1, 2)), Value::Proto(L4Proto::Tcp), Value::Port(80)].into()),
         Some(ElemData::Counter("svc/default/web/http".into())),
         None,
     );
@@ -610,12 +593,15 @@ pub fn lb_table(f: Fam, name: &str, node_addrs: &[IpAddr], services: &[LbService
         let n = s.endpoints.len();
         for (idx, (addr, port)) in s.endpoints.iter().enumerate() {
             endpoints.insert(
-                Key::Values(vec![
-                    Value::Proto(s.proto),
-                    Value::Port(s.port),
-                    Value::U32(idx as u32),
-                ]),
-                Some(ElemData::Values(vec![v(*addr), Value::Port(*port)])),
+                Key::Values(
+                    vec![
+                        Value::Proto(s.proto),
+                        Value::Port(s.port),
+                        Value::U32(idx as u32),
+                    ]
+                    .into(),
+                ),
+                Some(ElemData::Values(vec![v(*addr), Value::Port(*port)].into())),
                 Some(s.key.as_str().into()),
             );
         }
@@ -653,7 +639,8 @@ pub fn lb_table(f: Fam, name: &str, node_addrs: &[IpAddr], services: &[LbService
             Some(chain)
         };
         for addr in node_addrs {
-            let key = Key::Values(vec![v(*addr), Value::Proto(s.proto), Value::Port(s.port)]);
+            let key =
+                Key::Values(vec![v(*addr), Value::Proto(s.proto), Value::Port(s.port)].into());
             match &target {
                 Some(chain) => {
                     dispatch.insert(
@@ -858,11 +845,14 @@ pub fn bench_table(n: usize, eps: usize) -> Table {
 /// change there is, used by the incremental test and the benchmark.
 pub fn move_bench_endpoint(t: &mut Table, i: usize, to_port: u16) {
     let eps = t.set_mut("endpoints").expect("endpoints map");
-    let key = Key::Values(vec![
-        Value::Proto(L4Proto::Tcp),
-        Value::Port(1024 + i as u16),
-        Value::U32(0),
-    ]);
+    let key = Key::Values(
+        vec![
+            Value::Proto(L4Proto::Tcp),
+            Value::Port(1024 + i as u16),
+            Value::U32(0),
+        ]
+        .into(),
+    );
     let e = eps
         .elements
         .get_mut(&key)
@@ -870,5 +860,7 @@ pub fn move_bench_endpoint(t: &mut Table, i: usize, to_port: u16) {
     let Some(ElemData::Values(vals)) = &mut e.data else {
         panic!("endpoint data is not a value list")
     };
-    vals[1] = Value::Port(to_port);
+    let mut v = vals.to_vec();
+    v[1] = Value::Port(to_port);
+    *vals = v.into();
 }

@@ -357,7 +357,7 @@ mod tests {
             MapData::Verdict,
         );
         m.insert(
-            Key::Values(vec![Value::Port(80)]),
+            Key::Values(vec![Value::Port(80)].into()),
             Some(ElemData::Verdict(Verdict::Goto("a".into()))),
             Some("a".into()),
         );
@@ -368,7 +368,7 @@ mod tests {
 
     fn elem(port: u16, chain: &str) -> (Key, Element) {
         (
-            Key::Values(vec![Value::Port(port)]),
+            Key::Values(vec![Value::Port(port)].into()),
             Element {
                 data: Some(ElemData::Verdict(Verdict::Goto(chain.into()))),
                 comment: Some(chain.into()),
@@ -385,7 +385,7 @@ mod tests {
         edit.elements.insert(
             "services".into(),
             ElemEdit {
-                del: vec![Key::Values(vec![Value::Port(80)])],
+                del: vec![Key::Values(vec![Value::Port(80)].into())],
                 add: vec![elem(80, "b"), elem(81, "b")],
             },
         );
@@ -419,7 +419,7 @@ mod tests {
             MapData::Counter,
         );
         m.insert(
-            Key::Values(vec![Value::Port(80)]),
+            Key::Values(vec![Value::Port(80)].into()),
             Some(ElemData::Counter("c".into())),
             None,
         );
@@ -444,7 +444,7 @@ mod tests {
         del.elements.insert(
             "counts".into(),
             ElemEdit {
-                del: vec![Key::Values(vec![Value::Port(80)])],
+                del: vec![Key::Values(vec![Value::Port(80)].into())],
                 add: vec![],
             },
         );
@@ -465,7 +465,7 @@ mod tests {
             ElemEdit {
                 del: vec![],
                 add: vec![(
-                    Key::Values(vec![Value::Port(81)]),
+                    Key::Values(vec![Value::Port(81)].into()),
                     Element {
                         data: Some(ElemData::Counter("nope".into())),
                         comment: None,

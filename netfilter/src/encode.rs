@@ -791,7 +791,7 @@ impl RuleCtx {
                 let elems = NlSet::with(t.family.nfproto(), &t.name, name);
                 elems.u32(nsys::NFTNL_SET_ID, id);
                 for (k, v) in &map.elements {
-                    let key = layout.encode(k)?;
+                    let key = layout.encode(k.iter().copied())?;
                     elems.add(
                         EncodedElem {
                             key,

@@ -13,6 +13,7 @@ mod sys;
 pub mod transact;
 pub mod types;
 pub mod udata;
+pub mod values;
 pub mod watch;
 
 pub use edit::{Edit, ElemEdit};

@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
+pub use crate::values::Values;
+
 /// Address family of a table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
@@ -607,7 +609,7 @@ pub enum MapData {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Key {
     /// One value per concatenated field.
-    Values(Vec<Value>),
+    Values(Values),
     /// A CIDR in an interval set (single-field keys only).
     Prefix(IpAddr, u8),
 }
@@ -615,7 +617,7 @@ pub enum Key {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ElemData {
     Verdict(Verdict),
-    Values(Vec<Value>),
+    Values(Values),
     /// The name of a counter object, in a `: counter` map.
     Counter(String),
 }

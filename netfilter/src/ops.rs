@@ -428,7 +428,7 @@ mod tests {
             MapData::Verdict,
         );
         m.insert(
-            Key::Values(vec![Value::Port(port)]),
+            Key::Values(vec![Value::Port(port)].into()),
             Some(ElemData::Verdict(Verdict::Goto("ep".into()))),
             None,
         );
@@ -504,7 +504,7 @@ mod tests {
         let mut new = old.clone();
         new.add_chain(Chain::regular("ep2"));
         new.set_mut("services").unwrap().insert(
-            Key::Values(vec![Value::Port(90)]),
+            Key::Values(vec![Value::Port(90)].into()),
             Some(ElemData::Verdict(Verdict::Jump("ep2".into()))),
             None,
         );
@@ -532,7 +532,7 @@ mod tests {
         let old = table(80, false);
         let mut new = old.clone();
         new.set_mut("services").unwrap().insert(
-            Key::Values(vec![Value::Port(90)]),
+            Key::Values(vec![Value::Port(90)].into()),
             Some(ElemData::Verdict(Verdict::Jump("nowhere".into()))),
             None,
         );
@@ -554,7 +554,7 @@ mod tests {
             MapData::Counter,
         );
         m.insert(
-            Key::Values(vec![Value::Port(port)]),
+            Key::Values(vec![Value::Port(port)].into()),
             Some(ElemData::Counter("svc/web".into())),
             None,
         );

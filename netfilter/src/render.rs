@@ -125,11 +125,11 @@ fn render_set(out: &mut String, family: Family, s: &Set) {
     out.push_str("\t}\n");
 }
 
-fn values_text(l: &Layout, vals: &[Value]) -> String {
+fn values_text(l: &Layout, vals: impl IntoIterator<Item = Value>) -> String {
     l.fields
         .iter()
         .zip(vals)
-        .map(|(f, v)| value_text(*f, *v))
+        .map(|(f, v)| value_text(*f, v))
         .collect::<Vec<_>>()
         .join(" . ")
 }
@@ -228,7 +228,13 @@ fn stmt_text(family: Family, s: &Stmt) -> String {
             let elems: Vec<_> = map
                 .elements
                 .iter()
-                .map(|(k, v)| format!("{} : {}", values_text(&layout, k), verdict_text(v)))
+                .map(|(k, v)| {
+                    format!(
+                        "{} : {}",
+                        values_text(&layout, k.iter().copied()),
+                        verdict_text(v)
+                    )
+                })
                 .collect();
             format!(
                 "{} vmap {{ {} }}",
@@ -292,11 +298,14 @@ mod tests {
             MapData::Verdict,
         );
         s.insert(
-            Key::Values(vec![
-                Value::Ipv4("203.0.113.1".parse().unwrap()),
-                Value::Proto(L4Proto::Tcp),
-                Value::Port(80),
-            ]),
+            Key::Values(
+                vec![
+                    Value::Ipv4("203.0.113.1".parse().unwrap()),
+                    Value::Proto(L4Proto::Tcp),
+                    Value::Port(80),
+                ]
+                .into(),
+            ),
             Some(ElemData::Verdict(Verdict::Goto("ep".into()))),
             Some("default/web:http".into()),
         );
@@ -357,7 +366,7 @@ mod tests {
             MapData::Counter,
         );
         m.insert(
-            Key::Values(vec![Value::Port(80)]),
+            Key::Values(vec![Value::Port(80)].into()),
             Some(ElemData::Counter("svc/default/web/http".into())),
             None,
         );

@@ -440,7 +440,12 @@ impl Layout {
     }
 
     /// Encode one value per field.
-    pub fn encode(&self, values: &[Value]) -> Result<Vec<u8>, String> {
+    pub fn encode<I>(&self, values: I) -> Result<Vec<u8>, String>
+    where
+        I: IntoIterator<Item = Value>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let values = values.into_iter();
         if values.len() != self.fields.len() {
             return Err(format!(
                 "{} values for a key of {} fields",
@@ -450,7 +455,7 @@ impl Layout {
         }
         let mut out = Vec::with_capacity(self.len());
         for (f, v) in self.fields.iter().zip(values) {
-            let bytes = encode_value(*f, *v)?;
+            let bytes = encode_value(*f, v)?;
             out.extend_from_slice(&bytes);
             if self.is_concat() {
                 out.resize(out.len() + pad4(f.len) - f.len, 0);

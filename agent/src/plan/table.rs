@@ -264,11 +264,14 @@ fn value(ip: IpAddr) -> Value {
 }
 
 fn service_key(addr: IpAddr, port: &ServicePortId) -> Key {
-    Key::Values(vec![
-        value(addr),
-        Value::Proto(port.protocol.l4()),
-        Value::Port(port.port),
-    ])
+    Key::Values(
+        vec![
+            value(addr),
+            Value::Proto(port.protocol.l4()),
+            Value::Port(port.port),
+        ]
+        .into(),
+    )
 }
 
 fn element(data: Option<ElemData>, comment: &Arc<str>) -> Element {
@@ -356,14 +359,19 @@ fn add_endpoints(
         part.elements.insert(
             (
                 ENDPOINTS_MAP,
-                Key::Values(vec![
-                    Value::Proto(p.port.protocol.l4()),
-                    Value::Port(p.port.port),
-                    Value::U32(i as u32),
-                ]),
+                Key::Values(
+                    vec![
+                        Value::Proto(p.port.protocol.l4()),
+                        Value::Port(p.port.port),
+                        Value::U32(i as u32),
+                    ]
+                    .into(),
+                ),
             ),
             element(
-                Some(ElemData::Values(vec![value(e.addr), Value::Port(e.port)])),
+                Some(ElemData::Values(
+                    vec![value(e.addr), Value::Port(e.port)].into(),
+                )),
                 note,
             ),
         );
@@ -471,7 +479,7 @@ fn service_port_chain(
 pub type HairpinUsers = BTreeMap<IpAddr, Vec<Arc<str>>>;
 
 fn hairpin_key(addr: IpAddr) -> Key {
-    Key::Values(vec![value(addr), value(addr)])
+    Key::Values(vec![value(addr), value(addr)].into())
 }
 
 /// The table with no Service in it: declarations, base chains and the host's addresses.
@@ -503,7 +511,7 @@ pub fn skeleton(family: IpFamily, name: &str, local_addresses: &BTreeSet<IpAddr>
         .with_comment("addresses of this host: its own clients are masqueraded");
     for a in local_addresses.iter().filter(|a| IpFamily::of(a) == family) {
         local.insert(
-            Key::Values(vec![value(*a)]),
+            Key::Values(vec![value(*a)].into()),
             None,
             Some("host address".into()),
         );
