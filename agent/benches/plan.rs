@@ -22,10 +22,47 @@ struct Counting;
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
+/// Allocations live, and the bytes glibc's malloc takes for them (a chunk is the request plus
+/// an 8-byte header, rounded up to 16, at least 32; large requests are mapped pages).
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+static CHUNKS: AtomicUsize = AtomicUsize::new(0);
+
+fn chunk(size: usize) -> usize {
+    if size >= 128 * 1024 {
+        (size + 8).div_ceil(4096) * 4096
+    } else {
+        ((size + 8).div_ceil(16) * 16).max(32)
+    }
+}
 
 fn count(add: usize) {
     let now = LIVE.fetch_add(add, Ordering::Relaxed) + add;
     PEAK.fetch_max(now, Ordering::Relaxed);
+    ALLOCS.fetch_add(1, Ordering::Relaxed);
+    CHUNKS.fetch_add(chunk(add), Ordering::Relaxed);
+}
+
+fn uncount(size: usize) {
+    LIVE.fetch_sub(size, Ordering::Relaxed);
+    ALLOCS.fetch_sub(1, Ordering::Relaxed);
+    CHUNKS.fetch_sub(chunk(size), Ordering::Relaxed);
+}
+
+/// Allocations and malloc chunk bytes live now.
+fn footprint() -> (usize, usize) {
+    (
+        ALLOCS.load(Ordering::Relaxed),
+        CHUNKS.load(Ordering::Relaxed),
+    )
+}
+
+/// "N allocations, X MiB as malloc chunks" between two footprints.
+fn chunks_text(from: (usize, usize), to: (usize, usize)) -> String {
+    format!(
+        "{} allocations, {:.1} MiB as malloc chunks",
+        to.0 - from.0,
+        mib(to.1 - from.1)
+    )
 }
 
 /// Reset the peak to what is live now; returns that.
@@ -41,12 +78,12 @@ unsafe impl GlobalAlloc for Counting {
         System.alloc(l)
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        uncount(l.size());
         System.dealloc(p, l)
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
         count(new);
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        uncount(l.size());
         System.realloc(p, l, new)
     }
 }
@@ -128,12 +165,14 @@ fn main() {
 
     // The agent's path: a planner kept between syncs, one EndpointSlice changed per sync.
     let live0 = LIVE.load(Ordering::Relaxed);
+    let fp0 = footprint();
     // Stored as the agent's inbox stores them.
     let mut objects = Objects::from_lists(
         services.iter().cloned().map(Into::into),
         slices.iter().cloned().map(Into::into),
     );
     let live_objects = LIVE.load(Ordering::Relaxed);
+    let fp_objects = footprint();
     let ctx = Context::new(
         node.clone(),
         local.clone(),
@@ -145,11 +184,14 @@ fn main() {
     );
     let mut planner = Planner::new();
     let live_ctx = LIVE.load(Ordering::Relaxed);
+    let fp_ctx = footprint();
     planner.update(&objects, &ctx, None);
     let live_planner = LIVE.load(Ordering::Relaxed);
+    let fp_planner = footprint();
     let before_tables = peak_from_now();
     let tables = planner.tables();
     let live_tables = LIVE.load(Ordering::Relaxed);
+    let fp_tables = footprint();
     let peak_tables = PEAK.load(Ordering::Relaxed) - before_tables;
     // A full replace's batch, as the committer encodes it (no kernel needed to encode).
     let before_batch = peak_from_now();
@@ -177,6 +219,12 @@ fn main() {
         mib(peak_tables),
     );
     println!(
+        "heap: objects {}; planner {}; tables {}",
+        chunks_text(fp0, fp_objects),
+        chunks_text(fp_ctx, fp_planner),
+        chunks_text(fp_planner, fp_tables),
+    );
+    println!(
         "heap: a full replace's batch of those tables ({batch_bytes} bytes in {batch_messages} messages, from {n_ops} operations taking {:.1} MiB): {:.1} MiB kept until committed, {:.1} MiB at the peak of encoding",
         mib(ops_live),
         mib(batch_live),
@@ -194,7 +242,7 @@ fn main() {
     let mut times = Vec::new();
     for k in 0..200 {
         let mut s = slices[(k * 37) % n].clone();
-        s.endpoints[0].addresses[0] = format!("198.51.100.{}", 2 + k % 250);
+        s.endpoints[0].addresses[0] = format!("198.51.100.{}", 2 + k % 250).into();
         let s = Arc::new(s.into());
         let t0 = Instant::now();
         let dirty = objects.put_slice(s).into_iter().collect();

@@ -3,6 +3,7 @@
 
 use super::diagnosis::{ObjectKind, ObjectRef, Warning};
 use super::service::{Protocol, ServiceKey, ServicePortId, TrafficPolicy};
+use super::slim::Str;
 use super::stored::EndpointSlice;
 use super::IpFamily;
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,9 +27,9 @@ pub struct Endpoint {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Candidates {
     /// Ready endpoints (`ready` unset counts as ready), with the node each runs on.
-    pub ready: BTreeMap<Endpoint, Option<String>>,
+    pub ready: BTreeMap<Endpoint, Option<Str>>,
     /// Serving but terminating endpoints: the fallback when none is ready.
-    pub terminating: BTreeMap<Endpoint, Option<String>>,
+    pub terminating: BTreeMap<Endpoint, Option<Str>>,
 }
 
 /// The endpoints picked for one Service port on one family on this node.
@@ -190,7 +191,7 @@ pub fn select(
     port: &ServicePortId,
     warnings: &mut Vec<Warning>,
 ) -> Selection {
-    let pick = |m: &BTreeMap<Endpoint, Option<String>>| -> Vec<Endpoint> {
+    let pick = |m: &BTreeMap<Endpoint, Option<Str>>| -> Vec<Endpoint> {
         m.iter()
             .filter(|(_, n)| policy == TrafficPolicy::Cluster || n.as_deref() == Some(node))
             .map(|(e, _)| *e)

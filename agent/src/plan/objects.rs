@@ -299,7 +299,7 @@ mod tests {
     fn names(o: &Objects, service: &str) -> Vec<String> {
         o.slices_of(&key(service))
             .iter()
-            .map(|s| s.metadata.name.clone().unwrap())
+            .map(|s| s.metadata.name.as_deref().unwrap().to_string())
             .collect()
     }
 

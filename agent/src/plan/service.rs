@@ -5,6 +5,7 @@ use super::config::Config;
 use super::diagnosis::{NotServed, ObjectRef, Warning};
 use super::node::NodeInfo;
 use super::selector::Selector;
+use super::slim::Str;
 use super::stored::Service;
 use super::IpFamily;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -114,7 +115,7 @@ impl fmt::Display for Protocol {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServicePortId {
     /// `None` for an unnamed port (`name` unset or empty).
-    pub name: Option<String>,
+    pub name: Option<Str>,
     pub protocol: Protocol,
     pub port: u16,
 }
@@ -123,7 +124,7 @@ impl ServicePortId {
     /// The port's name, else its number: the part after `:` in comments.
     pub fn label(&self) -> String {
         match &self.name {
-            Some(n) => n.clone(),
+            Some(n) => n.to_string(),
             None => self.port.to_string(),
         }
     }
@@ -336,7 +337,7 @@ pub fn read<'a>(svc: &'a Service, key: ServiceKey, warnings: &mut Vec<Warning>) 
         .annotations
         .as_ref()
         .and_then(|a| a.get(NODE_SELECTOR_ANNOTATION))
-        .map(String::as_str);
+        .map(String::as_str); // annotations keep String
 
     LbService {
         key,

@@ -22,6 +22,10 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
 
+/// The strings kept of an object: up to 24 bytes (names, protocols, addresses, versions) are
+/// stored inline, not as an allocation of their own each.
+pub type Str = compact_str::CompactString;
+
 /// nodelb's own annotations (such as [`super::service::NODE_SELECTOR_ANNOTATION`]): the only
 /// ones it reads. Others, like kubectl's last-applied copy of the whole object, are skipped.
 const OWN_ANNOTATIONS: &str = "nodelb.io/";
@@ -49,25 +53,25 @@ pub struct Service {
 #[serde(rename_all = "camelCase")]
 pub struct ServiceSpec {
     #[serde(rename = "clusterIP")]
-    pub cluster_ip: Option<String>,
+    pub cluster_ip: Option<Str>,
     #[serde(rename = "clusterIPs")]
-    pub cluster_ips: Option<Vec<String>>,
-    pub external_traffic_policy: Option<String>,
-    pub ip_families: Option<Vec<String>>,
-    pub load_balancer_class: Option<String>,
-    pub load_balancer_source_ranges: Option<Vec<String>>,
+    pub cluster_ips: Option<Vec<Str>>,
+    pub external_traffic_policy: Option<Str>,
+    pub ip_families: Option<Vec<Str>>,
+    pub load_balancer_class: Option<Str>,
+    pub load_balancer_source_ranges: Option<Vec<Str>>,
     pub ports: Option<Vec<ServicePort>>,
     #[serde(rename = "type")]
-    pub type_: Option<String>,
+    pub type_: Option<Str>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ServicePort {
-    pub name: Option<String>,
+    pub name: Option<Str>,
     #[serde(default, deserialize_with = "or_default")]
     pub port: i32,
-    pub protocol: Option<String>,
+    pub protocol: Option<Str>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -91,7 +95,7 @@ pub struct EndpointSlice {
     #[serde(default, deserialize_with = "slice_meta")]
     pub metadata: ObjectMeta,
     #[serde(default, deserialize_with = "or_default")]
-    pub address_type: String,
+    pub address_type: Str,
     #[serde(default, deserialize_with = "or_default")]
     pub endpoints: Vec<Endpoint>,
     pub ports: Option<Vec<EndpointPort>>,
@@ -107,17 +111,17 @@ pub struct EndpointSlice {
 #[serde(rename_all = "camelCase")]
 pub struct Endpoint {
     #[serde(default, deserialize_with = "or_default")]
-    pub addresses: Vec<String>,
+    pub addresses: Vec<Str>,
     pub conditions: Option<EndpointConditions>,
-    pub node_name: Option<String>,
+    pub node_name: Option<Str>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointPort {
-    pub name: Option<String>,
+    pub name: Option<Str>,
     pub port: Option<i32>,
-    pub protocol: Option<String>,
+    pub protocol: Option<Str>,
 }
 
 /// The API's names for each type are the real types' own: the watches ask for v1 Services and
@@ -590,7 +594,7 @@ pub(super) mod tests {
             port,
             protocol: Some(protocol.into()),
         };
-        let strings = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect());
+        let strings = |v: &[&str]| Some(v.iter().map(|s| Str::from(*s)).collect());
         assert_eq!(
             s.spec,
             Some(ServiceSpec {
@@ -638,13 +642,13 @@ pub(super) mod tests {
     fn a_watched_slice_keeps_only_what_nodelb_reads() {
         let s: EndpointSlice = watched(slice_json());
         let endpoint = |i: u8| Endpoint {
-            addresses: vec![format!("198.51.100.{i}")],
+            addresses: vec![format!("198.51.100.{i}").into()],
             conditions: Some(EndpointConditions {
                 ready: Some(i != 5),
                 serving: Some(true),
                 terminating: Some(i == 5),
             }),
-            node_name: Some(format!("node-{i}")),
+            node_name: Some(format!("node-{i}").into()),
             // Dropped: hostname, zone, hints, deprecatedTopology, targetRef.
         };
         assert_eq!(
@@ -740,7 +744,7 @@ pub(super) mod tests {
             slice(json!({"addressType": null, "endpoints": [{"addresses": null}]})).unwrap();
         assert_eq!(
             (f.address_type, s.address_type),
-            (String::new(), String::new())
+            (String::new(), Str::default())
         );
         assert!(f.endpoints[0].addresses.is_empty() && s.endpoints[0].addresses.is_empty());
         // Both types read the realistic objects.

@@ -10,7 +10,7 @@
 //! which only the first counts.
 
 use super::endpoints::SERVICE_NAME_LABEL;
-use super::slim::{self, EndpointPort, ServiceSpec, ServiceStatus};
+use super::slim::{self, EndpointPort, ServiceSpec, ServiceStatus, Str};
 use k8s_openapi::api::discovery::v1::EndpointConditions;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::BTreeMap;
@@ -28,23 +28,23 @@ pub struct Service {
 /// nodelb's own annotations (the node selector).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ServiceMeta {
-    pub name: Option<String>,
-    pub namespace: Option<String>,
-    pub uid: Option<String>,
-    pub resource_version: Option<String>,
+    pub name: Option<Str>,
+    pub namespace: Option<Str>,
+    pub uid: Option<Str>,
+    pub resource_version: Option<Str>,
     pub creation_timestamp: Option<Time>,
     pub annotations: Option<BTreeMap<String, String>>,
     /// The field managers that own `status.loadBalancer.ingress` through the status
     /// subresource, each once, in managedFields order: whether nodelb, someone else or nobody
     /// owns it is all the status writer asks of managedFields.
-    pub ingress_owners: Vec<String>,
+    pub ingress_owners: Vec<Str>,
 }
 
 /// An EndpointSlice.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EndpointSlice {
     pub metadata: SliceMeta,
-    pub address_type: String,
+    pub address_type: Str,
     pub endpoints: Vec<Endpoint>,
     pub ports: Option<Vec<EndpointPort>>,
 }
@@ -55,19 +55,19 @@ pub struct Endpoint {
     /// The first of the endpoint's addresses: the API calls them fungible, and nodelb, like
     /// kube-proxy, uses only the first. A vector for it would be one more allocation per
     /// endpoint.
-    pub address: Option<String>,
+    pub address: Option<Str>,
     pub conditions: Option<EndpointConditions>,
-    pub node_name: Option<String>,
+    pub node_name: Option<Str>,
 }
 
 /// What is read of a slice's metadata: its name and namespace (warnings, its place among its
 /// Service's slices) and its one read label.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SliceMeta {
-    pub name: Option<String>,
-    pub namespace: Option<String>,
+    pub name: Option<Str>,
+    pub namespace: Option<Str>,
     /// The `kubernetes.io/service-name` label, as given: the Service the slice is filed under.
-    pub service_name: Option<String>,
+    pub service_name: Option<Str>,
 }
 
 impl From<slim::Service> for Service {
@@ -80,12 +80,12 @@ impl From<slim::Service> for Service {
         } = s;
         // The watched form keeps only the entries that own the ingress (see `slim`); one
         // manager may have several (an Apply and an Update).
-        let mut ingress_owners: Vec<String> = Vec::new();
+        let mut ingress_owners: Vec<Str> = Vec::new();
         for manager in m
             .managed_fields
             .into_iter()
             .flatten()
-            .filter_map(|e| e.manager)
+            .filter_map(|e| e.manager.map(Str::from))
         {
             if !ingress_owners.contains(&manager) {
                 ingress_owners.push(manager);
@@ -94,10 +94,10 @@ impl From<slim::Service> for Service {
         ingress_owners.shrink_to_fit();
         Service {
             metadata: ServiceMeta {
-                name: m.name,
-                namespace: m.namespace,
-                uid: m.uid,
-                resource_version: m.resource_version,
+                name: m.name.map(Str::from),
+                namespace: m.namespace.map(Str::from),
+                uid: m.uid.map(Str::from),
+                resource_version: m.resource_version.map(Str::from),
                 creation_timestamp: m.creation_timestamp,
                 annotations: m.annotations,
                 ingress_owners,
@@ -138,9 +138,12 @@ impl From<slim::EndpointSlice> for EndpointSlice {
         } = s;
         EndpointSlice {
             metadata: SliceMeta {
-                name: m.name,
-                namespace: m.namespace,
-                service_name: m.labels.and_then(|mut l| l.remove(SERVICE_NAME_LABEL)),
+                name: m.name.map(Str::from),
+                namespace: m.namespace.map(Str::from),
+                service_name: m
+                    .labels
+                    .and_then(|mut l| l.remove(SERVICE_NAME_LABEL))
+                    .map(Str::from),
             },
             address_type,
             endpoints: {
@@ -224,13 +227,13 @@ mod tests {
             }
         );
         let endpoint = |i: u8| Endpoint {
-            address: Some(format!("198.51.100.{i}")),
+            address: Some(format!("198.51.100.{i}").into()),
             conditions: Some(EndpointConditions {
                 ready: Some(i != 5),
                 serving: Some(true),
                 terminating: Some(i == 5),
             }),
-            node_name: Some(format!("node-{i}")),
+            node_name: Some(format!("node-{i}").into()),
         };
         assert_eq!(s.endpoints, (1..=5).map(endpoint).collect::<Vec<_>>());
         assert_eq!(

@@ -201,7 +201,9 @@ impl StatusWriter {
             self.report_problems(reported, key, svc, want, recorder)
                 .await;
             if let Some((wrote, rv)) = memory.written.get(key) {
-                if want.map(|d| &d.ingress) == Some(wrote) && svc.metadata.resource_version == *rv {
+                if want.map(|d| &d.ingress) == Some(wrote)
+                    && svc.metadata.resource_version.as_deref() == rv.as_deref()
+                {
                     continue; // written; the watch has not caught up yet
                 }
             }
@@ -334,9 +336,10 @@ async fn publish(sink: &EventSink, svc: &Service, type_: EventType, reason: &str
     let ns = svc
         .metadata
         .namespace
-        .clone()
-        .unwrap_or_else(|| "default".into());
-    let name = svc.metadata.name.clone().unwrap_or_default();
+        .as_deref()
+        .unwrap_or("default")
+        .to_string();
+    let name = svc.metadata.name.as_deref().unwrap_or_default().to_string();
     let ev = Event {
         metadata: kube::api::ObjectMeta {
             generate_name: Some(format!("{name}.")),
@@ -361,7 +364,7 @@ async fn publish(sink: &EventSink, svc: &Service, type_: EventType, reason: &str
             kind: Some("Service".into()),
             name: Some(name),
             namespace: Some(ns.clone()),
-            uid: svc.metadata.uid.clone(),
+            uid: svc.metadata.uid.as_deref().map(String::from),
             ..Default::default()
         }),
         ..Default::default()

@@ -66,7 +66,7 @@ pub fn decide(svc: &Service, desired: Option<&Desired>, ip_mode: Option<&str>) -
     let others: Vec<String> = managers
         .iter()
         .filter(|m| *m != FIELD_MANAGER)
-        .cloned()
+        .map(|m| m.to_string())
         .collect();
     let current = stored(svc);
     let Some(desired) = desired else {
