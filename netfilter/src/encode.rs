@@ -9,7 +9,7 @@ use crate::types::{encode_value, Layout};
 use crate::udata::{set as ud, Udata};
 use nftnl::nftnl_sys as nsys;
 use std::collections::BTreeMap;
-use std::fmt;
+use std::fmt::{self, Write as _};
 
 const NFT_MSG_NEWTABLE: u16 = 0;
 const NFT_MSG_DELTABLE: u16 = 2;
@@ -74,7 +74,11 @@ pub struct Batch {
     buf: Vec<u8>,
     first_seq: u32,
     next_seq: u32,
-    objects: Vec<ObjectRef>,
+    /// What each message creates, deletes or flushes, as errors name it ("add chain ip nodelb
+    /// x"), one after the other, and where each starts: a `String` per message would be some
+    /// 2.6 MB more at the peak of a full replace of 10,000 Services (30,000 messages).
+    descriptions: String,
+    starts: Vec<u32>,
     next_set_id: u32,
 }
 
@@ -84,7 +88,8 @@ impl Batch {
             buf: Vec::with_capacity(64 * 1024),
             first_seq,
             next_seq: first_seq + 1,
-            objects: Vec::new(),
+            descriptions: String::new(),
+            starts: Vec::new(),
             next_set_id: 1,
         };
         sys::append_batch_marker(&mut b.buf, true, first_seq);
@@ -157,12 +162,12 @@ impl Batch {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.objects.is_empty()
+        self.starts.is_empty()
     }
 
     /// Messages carrying objects (batch markers excluded).
     pub fn message_count(&self) -> usize {
-        self.objects.len()
+        self.starts.len()
     }
 
     pub fn first_seq(&self) -> u32 {
@@ -171,13 +176,18 @@ impl Batch {
 
     /// Sequence numbers of the messages that expect an ACK.
     pub fn acked_seqs(&self) -> std::ops::Range<u32> {
-        self.first_seq + 1..self.first_seq + 1 + self.objects.len() as u32
+        self.first_seq + 1..self.first_seq + 1 + self.starts.len() as u32
     }
 
     /// The object a sequence number carries.
-    pub fn object(&self, seq: u32) -> Option<&ObjectRef> {
-        seq.checked_sub(self.first_seq + 1)
-            .and_then(|i| self.objects.get(i as usize))
+    pub fn object(&self, seq: u32) -> Option<&str> {
+        let i = seq.checked_sub(self.first_seq + 1)? as usize;
+        let start = *self.starts.get(i)? as usize;
+        let end = self
+            .starts
+            .get(i + 1)
+            .map_or(self.descriptions.len(), |e| *e as usize);
+        Some(&self.descriptions[start..end])
     }
 
     /// The sequence number one past this batch, for the next one.
@@ -203,7 +213,8 @@ impl Batch {
             payload,
         );
         self.next_seq += 1;
-        self.objects.push(obj);
+        self.starts.push(self.descriptions.len() as u32);
+        let _ = write!(self.descriptions, "{obj}");
     }
 
     fn push_op(&mut self, op: &Op<'_>) -> Result<(), EncodeError> {
@@ -968,4 +979,39 @@ pub fn expected_element_count(s: &Set) -> usize {
             Key::Values(_) => 1,
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Chain;
+
+    #[test]
+    fn each_message_of_a_batch_is_named_by_its_sequence_number() {
+        let t = TableRef {
+            family: Family::Ip,
+            name: "nodelb".into(),
+        };
+        let chain = Chain::regular("svc-a");
+        let ops = [
+            Op::AddTable(t.clone()),
+            Op::AddChain(t.clone(), &chain),
+            Op::DelChain(t.clone(), "svc-gone".into()),
+        ];
+        let b = Batch::encode(100, &ops).unwrap();
+        assert_eq!(b.message_count(), 3);
+        assert_eq!(b.acked_seqs(), 101..104);
+        let named: Vec<Option<&str>> = (99..105).map(|s| b.object(s)).collect();
+        assert_eq!(
+            named,
+            [
+                None, // before the batch
+                None, // the batch's begin marker
+                Some("add table ip nodelb"),
+                Some("add chain ip nodelb svc-a"),
+                Some("delete chain ip nodelb svc-gone"),
+                None, // the end marker
+            ]
+        );
+    }
 }

@@ -282,7 +282,7 @@ impl Nft {
                 if code != 0 && first_error.is_none() {
                     let object = batch
                         .object(seq)
-                        .map(|o| o.to_string())
+                        .map(str::to_string)
                         .unwrap_or_else(|| format!("message {seq}"));
                     first_error = Some(Error::Rejected {
                         object,
