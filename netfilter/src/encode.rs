@@ -106,31 +106,58 @@ impl Batch {
         Ok(b)
     }
 
-    /// A full replace of `tables` that consumes them: everything but set elements is encoded
-    /// from the element-less tables, then each set's elements, after which they are dropped.
-    /// The batch grows as the models shrink, so the two are never held whole at once (at
-    /// 10,000 Services a 27 MiB model and a 10 MB batch). Elements come last, which is valid:
-    /// what they refer to (chains, counters) is created before them in the same batch.
-    /// `freed` is called after each set's elements are dropped (an allocator may return the
-    /// pages they held before the batch grows further). Returns the batch and the tables
-    /// without their elements.
+    /// A full replace of `tables` that consumes them: the declarations (table, counters,
+    /// chains, sets) are encoded from tables stripped of rules and elements, then each chain's
+    /// rules and each set's elements, which are dropped once encoded. The batch grows as the
+    /// models shrink, so the two are never held whole at once (at 10,000 Services a 19 MiB
+    /// model and a 10 MB batch). Rules and elements come after every declaration, which is
+    /// valid: what they refer to is created before them in the same batch. `freed` is called
+    /// as parts are dropped (an allocator may return the pages they held before the batch
+    /// grows further).
     pub fn encode_replace(
         first_seq: u32,
         mut tables: Vec<Table>,
         freed: &mut dyn FnMut(),
-    ) -> Result<(Batch, Vec<Table>), EncodeError> {
+    ) -> Result<Batch, EncodeError> {
         let mut elements: Vec<(usize, String, BTreeMap<Key, Element>)> = Vec::new();
+        let mut rules: Vec<(usize, String, Vec<Rule>)> = Vec::new();
         for (i, t) in tables.iter_mut().enumerate() {
             for (name, set) in t.sets.iter_mut() {
                 if !set.elements.is_empty() {
                     elements.push((i, name.clone(), std::mem::take(&mut set.elements)));
                 }
             }
+            for (name, chain) in t.chains.iter_mut() {
+                if !chain.rules.is_empty() {
+                    rules.push((i, name.clone(), std::mem::take(&mut chain.rules)));
+                }
+            }
         }
         let mut b = Batch::new(first_seq);
+        // Declarations first (table, counters, chains, sets), then the rules, then the
+        // elements, as `full_replace` orders them; what was encoded is dropped on the way.
         for t in &tables {
             for op in crate::ops::full_replace(t) {
                 b.push_op(&op)?;
+            }
+        }
+        let mut dropped = 0;
+        for (i, chain, rs) in rules {
+            let table = TableRef::of(&tables[i]);
+            for (index, rule) in rs.iter().enumerate() {
+                b.push_op(&Op::AddRule {
+                    table: table.clone(),
+                    chain: &chain,
+                    index,
+                    rule,
+                })?;
+            }
+            dropped += rs.len();
+            drop(rs);
+            // Not after every chain: giving pages back walks the heap.
+            if dropped >= 2048 {
+                freed();
+                dropped = 0;
             }
         }
         for (i, name, elems) in elements {
@@ -143,8 +170,10 @@ impl Batch {
             drop(elems);
             freed();
         }
+        drop(tables);
+        freed();
         b.finish();
-        Ok((b, tables))
+        Ok(b)
     }
 
     fn finish(&mut self) {

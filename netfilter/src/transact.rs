@@ -480,9 +480,7 @@ impl Committer {
             self.committed.remove(tr);
         }
         let t0 = Instant::now();
-        let (batch, rest) = Batch::encode_replace(self.nft.seq.wrapping_add(1), tables, freed)?;
-        drop(rest);
-        freed();
+        let batch = Batch::encode_replace(self.nft.seq.wrapping_add(1), tables, freed)?;
         let encode = t0.elapsed();
         let mut stats = self.nft.commit(&batch)?;
         stats.encode = encode;
