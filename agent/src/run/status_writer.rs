@@ -6,7 +6,7 @@
 use super::metrics::{Metrics, NodeLabel, WriteLabel};
 use super::node_events::REPORTING_CONTROLLER;
 use crate::plan::service::ServiceKey;
-use crate::plan::slim;
+use crate::plan::slim::{self, Str};
 use crate::plan::stored::Service;
 use crate::plan::Objects;
 use crate::status::heartbeat;
@@ -50,8 +50,8 @@ struct Memory {
     status: Status,
     /// What we wrote, and the Service's resourceVersion then: until the watch shows a newer
     /// version, the stored value we see is the old one, and writing again would be a repeat.
-    written: BTreeMap<ServiceKey, (Vec<IpAddr>, Option<String>)>,
-    /// Problems already reported per Service.
+    written: BTreeMap<ServiceKey, (Vec<IpAddr>, Option<Str>)>,
+    /// Problems already reported per Service (none kept for a Service without any).
     reported: BTreeMap<ServiceKey, BTreeSet<Problem>>,
     /// Services whose ingress another manager owns, already reported.
     foreign: BTreeSet<ServiceKey>,
@@ -200,6 +200,9 @@ impl StatusWriter {
             let reported = memory.reported.entry(key.clone()).or_default();
             self.report_problems(reported, key, svc, want, recorder)
                 .await;
+            if reported.is_empty() {
+                memory.reported.remove(key);
+            }
             if let Some((wrote, rv)) = memory.written.get(key) {
                 if want.map(|d| &d.ingress) == Some(wrote)
                     && svc.metadata.resource_version.as_deref() == rv.as_deref()
@@ -235,7 +238,7 @@ impl StatusWriter {
                             self.count("ok");
                             memory
                                 .written
-                                .insert(key.clone(), (want.ingress.clone(), rv));
+                                .insert(key.clone(), (want.ingress.clone(), rv.map(Str::from)));
                             let list: Vec<String> =
                                 want.ingress.iter().map(|a| a.to_string()).collect();
                             info!(service = %key, ingress = ?list, "status written");
