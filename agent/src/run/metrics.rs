@@ -121,15 +121,33 @@ impl CounterSource for KernelCounters {
 #[derive(Debug)]
 struct ServiceCounters(Box<dyn CounterSource>);
 
-/// The three metric families from counter values; names nodelb does not make are skipped.
-pub fn service_counter_samples(
+/// The metric families read from the kernel's counters, in the order of [`KERNEL_COUNTERS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sampled {
+    /// A Service port's traffic counter: its packets.
+    Packets,
+    /// A Service port's traffic counter: its bytes.
+    Bytes,
+    /// A Service's source-range drop counter: its packets.
+    Drops,
+}
+
+const SAMPLED: [Sampled; 3] = [Sampled::Packets, Sampled::Bytes, Sampled::Drops];
+
+/// The samples of one metric family from counter values, in the order read, their labels
+/// borrowed from the names; names nodelb does not make are skipped.
+fn samples(
     read: &[(IpFamily, CounterValues)],
-) -> [Vec<(ServicePortLabels<'_>, u64)>; 3] {
-    let (mut packets, mut bytes, mut drops) = (Vec::new(), Vec::new(), Vec::new());
-    for (family, values) in read {
-        for (name, &(p, b)) in values {
-            let Some((kind, namespace, service, port)) = parse_counter_name(name) else {
-                continue;
+    of: Sampled,
+) -> impl Iterator<Item = (ServicePortLabels<'_>, u64)> {
+    read.iter().flat_map(move |(family, values)| {
+        values.iter().filter_map(move |(name, &(packets, bytes))| {
+            let (kind, namespace, service, port) = parse_counter_name(name)?;
+            let value = match (of, kind) {
+                (Sampled::Packets, CounterKind::Traffic) => packets,
+                (Sampled::Bytes, CounterKind::Traffic) => bytes,
+                (Sampled::Drops, CounterKind::SourceRangeDrops) => packets,
+                _ => return None,
             };
             let labels = ServicePortLabels {
                 namespace,
@@ -137,16 +155,16 @@ pub fn service_counter_samples(
                 port,
                 family: family.label(),
             };
-            match kind {
-                CounterKind::Traffic => {
-                    packets.push((labels, p));
-                    bytes.push((labels, b));
-                }
-                CounterKind::SourceRangeDrops => drops.push((labels, p)),
-            }
-        }
-    }
-    [packets, bytes, drops]
+            Some((labels, value))
+        })
+    })
+}
+
+/// The three metric families from counter values; names nodelb does not make are skipped.
+pub fn service_counter_samples(
+    read: &[(IpFamily, CounterValues)],
+) -> [Vec<(ServicePortLabels<'_>, u64)>; 3] {
+    SAMPLED.map(|of| samples(read, of).collect())
 }
 
 /// The counters read from the kernel on each scrape: name (before `_total`) and help.
@@ -168,17 +186,16 @@ pub const KERNEL_COUNTERS: [(&str, &str); 3] = [
 impl Collector for ServiceCounters {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let read = self.0.read();
-        let samples = service_counter_samples(&read);
-        let help = KERNEL_COUNTERS;
-        for ((name, help), samples) in help.iter().zip(samples) {
+        // Each family straight from the values read: no list of all samples.
+        for ((name, help), of) in KERNEL_COUNTERS.iter().zip(SAMPLED) {
             let mut family = encoder.encode_descriptor(
                 name,
                 help,
                 None,
                 prometheus_client::metrics::MetricType::Counter,
             )?;
-            for (labels, v) in &samples {
-                ConstCounter::new(*v).encode(family.encode_family(labels)?)?;
+            for (labels, v) in samples(&read, of) {
+                ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
             }
         }
         Ok(())
