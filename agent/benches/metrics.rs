@@ -1,14 +1,19 @@
 //! How much heap one `/metrics` scrape takes at N Services (one port each, IPv4, as in the
-//! latency bench of `nodelb-integration`): the kernel's counters read, and the scrape's text.
+//! latency bench of `nodelb-integration`): the kernel's counters read, and the scrape's text
+//! rendered into one String (`Metrics::render`) or streamed in chunks (`Metrics::stream`, what
+//! the agent serves) to a reader that drops each chunk, as the HTTP server does once it has
+//! written it.
 //! Heap is counted by a wrapping global allocator (bytes requested and still live; malloc's
 //! own overhead comes on top).
 //! `cargo bench -p nodelb-agent --bench metrics`; NODELB_BENCH_SERVICES.
 
+use futures::StreamExt;
 use nodelb_agent::plan::IpFamily;
 use nodelb_agent::run::metrics::{CounterSource, Metrics};
 use nodelb_netfilter::CounterValues;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// The system allocator, counting the bytes live.
 struct Counting;
@@ -86,17 +91,41 @@ fn main() {
     let read_live = LIVE.load(Ordering::Relaxed) - base;
     drop(read);
 
-    let metrics = Metrics::with_counters(Box::new(source));
+    let metrics = Arc::new(Metrics::with_counters(Box::new(source)));
     metrics.record_sync(std::time::Duration::from_millis(40), true);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // Returns the bytes and chunks streamed.
+    let stream = || {
+        rt.block_on(async {
+            let mut chunks = std::pin::pin!(metrics.clone().stream());
+            let (mut len, mut n) = (0, 0);
+            while let Some(chunk) = chunks.next().await {
+                len += chunk.expect("a whole scrape").len();
+                n += 1;
+            }
+            (len, n)
+        })
+    };
+    // The first starts the blocking thread, which stays for the next.
+    stream();
 
     let base = peak_from_now();
     let text = metrics.render();
     let render_peak = peak_above(base);
     let len = text.len();
     drop(text);
+
+    let base = peak_from_now();
+    let (streamed, chunks) = stream();
+    let stream_peak = peak_above(base);
+    assert_eq!(streamed, len);
     println!(
-        "heap: a scrape of {n} Services ({len} bytes of text): the counters read {:.2} MiB; rendered into one String {:.2} MiB at the peak",
+        "heap: a scrape of {n} Services ({len} bytes of text): the counters read {:.2} MiB; at the peak: rendered into one String {:.2} MiB, streamed in {chunks} chunks {:.2} MiB",
         mib(read_live),
         mib(render_peak),
+        mib(stream_peak),
     );
 }
