@@ -4,6 +4,7 @@
 
 use super::metrics::{Metrics, CONTENT_TYPE};
 use crate::plan::IpFamily;
+use axum::body::Body;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -84,10 +85,17 @@ fn metrics_routes(metrics: Arc<Metrics>) -> Router {
         get(move || {
             let metrics = metrics.clone();
             async move {
-                // Rendering reads the kernel's counters over netlink: off the async workers.
-                match tokio::task::spawn_blocking(move || metrics.render()).await {
-                    Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
-                    Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+                use futures::StreamExt;
+                // Streamed as it is encoded, so a scrape never holds its whole text.
+                let mut chunks = metrics.stream().boxed();
+                // A scrape that fails before its first chunk still answers with a status that
+                // says so.
+                match chunks.next().await {
+                    Some(Err(_)) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+                    first => {
+                        let body = Body::from_stream(futures::stream::iter(first).chain(chunks));
+                        ([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response()
+                    }
                 }
             }
         }),
@@ -133,6 +141,9 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::run::metrics::CounterSource;
+    use nodelb_netfilter::CounterValues;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
     fn readiness_says_what_is_missing() {
@@ -163,34 +174,36 @@ mod tests {
         assert!(body.starts_with("ready\nnote: table inet fw"), "{body}");
     }
 
+    /// A free port on loopback (port 0: the kernel picks).
+    fn free_addr() -> SocketAddr {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    }
+
+    /// The whole raw response to a GET of `path`.
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
     #[tokio::test]
     async fn serves_health_readiness_and_metrics() {
         let ready: SharedReadiness = Default::default();
         let metrics = Arc::new(Metrics::new());
-        // Port 0 on loopback: pick free ports; one listener when both addresses are equal.
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        drop(l);
+        // One listener when both addresses are equal.
+        let addr = free_addr();
         let tasks = serve(addr, addr, ready.clone(), metrics.clone())
             .await
             .unwrap();
         assert_eq!(tasks.len(), 1);
-        let get = |path: &str| {
-            let path = path.to_string();
-            async move {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-                s.write_all(
-                    format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                        .as_bytes(),
-                )
-                .await
-                .unwrap();
-                let mut out = String::new();
-                s.read_to_string(&mut out).await.unwrap();
-                out
-            }
-        };
+        let get = |path: &'static str| get(addr, path);
         assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
         assert!(get("/readyz").await.starts_with("HTTP/1.1 503"));
         {
@@ -206,6 +219,62 @@ mod tests {
             m.to_lowercase()
                 .contains("content-type: application/openmetrics-text"),
             "{m}"
+        );
+        for t in tasks {
+            t.abort();
+        }
+    }
+
+    /// Traffic counters of `n` Service ports in IPv4.
+    #[derive(Debug)]
+    struct Ports(u64);
+
+    impl CounterSource for Ports {
+        fn read(&self) -> Vec<(IpFamily, CounterValues)> {
+            let v = (0..self.0)
+                .map(|i| (format!("svc/default/svc-{i}/http"), (i, 1000 * i)))
+                .collect();
+            vec![(IpFamily::V4, v)]
+        }
+    }
+
+    #[tokio::test]
+    async fn a_client_that_hangs_up_mid_scrape_stops_its_encoding() {
+        // About 10 MB of text: more than the sockets hold.
+        let metrics = Arc::new(Metrics::with_counters(Box::new(Ports(50_000))));
+        let addr = free_addr();
+        let tasks = serve(addr, addr, Default::default(), metrics.clone())
+            .await
+            .unwrap();
+        let idle = Arc::strong_count(&metrics);
+        {
+            let s = tokio::net::TcpSocket::new_v4().unwrap();
+            s.set_recv_buffer_size(4096).unwrap();
+            let mut s = s.connect(addr).await.unwrap();
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let mut start = vec![0; 64 * 1024];
+            s.read_exact(&mut start).await.unwrap();
+            assert!(start.starts_with(b"HTTP/1.1 200"));
+            // Hangs up here.
+        }
+        // The scrape's encoder holds a reference to the metrics until it stops.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while Arc::strong_count(&metrics) > idle {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the encoder still runs"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        // The next scrape is whole: its last chunk ends the text and the chunked body.
+        let m = get(addr, "/metrics").await;
+        assert!(m.starts_with("HTTP/1.1 200"), "{}", &m[..200]);
+        assert!(
+            m.ends_with("\n# EOF\n\r\n0\r\n\r\n"),
+            "{}",
+            &m[m.len() - 200..]
         );
         for t in tasks {
             t.abort();

@@ -5,12 +5,16 @@
 //! every 15-60 s costs a dump of at most two objects per Service port, while syncs come with
 //! every endpoint change and would still leave the values stale between them. Labels come
 //! from the counters' names, so the values need no state from the sync loop.
+//!
+//! A scrape is streamed: the text goes to the response in chunks of about [`CHUNK`] bytes as
+//! it is encoded, so a scrape of 10,000 Services never holds its whole text (megabytes).
 
 use crate::plan::table::{parse_counter_name, CounterKind};
 use crate::plan::{Families, IpFamily};
+use futures::Stream;
 use nodelb_netfilter::{CounterValues, Nft, TableRef};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::counter::Counter;
@@ -18,7 +22,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::mpsc;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -121,15 +128,33 @@ impl CounterSource for KernelCounters {
 #[derive(Debug)]
 struct ServiceCounters(Box<dyn CounterSource>);
 
-/// The three metric families from counter values; names nodelb does not make are skipped.
-pub fn service_counter_samples(
+/// The metric families read from the kernel's counters, in the order of [`KERNEL_COUNTERS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sampled {
+    /// A Service port's traffic counter: its packets.
+    Packets,
+    /// A Service port's traffic counter: its bytes.
+    Bytes,
+    /// A Service's source-range drop counter: its packets.
+    Drops,
+}
+
+const SAMPLED: [Sampled; 3] = [Sampled::Packets, Sampled::Bytes, Sampled::Drops];
+
+/// The samples of one metric family from counter values, in the order read, their labels
+/// borrowed from the names; names nodelb does not make are skipped.
+fn samples(
     read: &[(IpFamily, CounterValues)],
-) -> [Vec<(ServicePortLabels<'_>, u64)>; 3] {
-    let (mut packets, mut bytes, mut drops) = (Vec::new(), Vec::new(), Vec::new());
-    for (family, values) in read {
-        for (name, &(p, b)) in values {
-            let Some((kind, namespace, service, port)) = parse_counter_name(name) else {
-                continue;
+    of: Sampled,
+) -> impl Iterator<Item = (ServicePortLabels<'_>, u64)> {
+    read.iter().flat_map(move |(family, values)| {
+        values.iter().filter_map(move |(name, &(packets, bytes))| {
+            let (kind, namespace, service, port) = parse_counter_name(name)?;
+            let value = match (of, kind) {
+                (Sampled::Packets, CounterKind::Traffic) => packets,
+                (Sampled::Bytes, CounterKind::Traffic) => bytes,
+                (Sampled::Drops, CounterKind::SourceRangeDrops) => packets,
+                _ => return None,
             };
             let labels = ServicePortLabels {
                 namespace,
@@ -137,16 +162,16 @@ pub fn service_counter_samples(
                 port,
                 family: family.label(),
             };
-            match kind {
-                CounterKind::Traffic => {
-                    packets.push((labels, p));
-                    bytes.push((labels, b));
-                }
-                CounterKind::SourceRangeDrops => drops.push((labels, p)),
-            }
-        }
-    }
-    [packets, bytes, drops]
+            Some((labels, value))
+        })
+    })
+}
+
+/// The three metric families from counter values; names nodelb does not make are skipped.
+pub fn service_counter_samples(
+    read: &[(IpFamily, CounterValues)],
+) -> [Vec<(ServicePortLabels<'_>, u64)>; 3] {
+    SAMPLED.map(|of| samples(read, of).collect())
 }
 
 /// The counters read from the kernel on each scrape: name (before `_total`) and help.
@@ -168,17 +193,16 @@ pub const KERNEL_COUNTERS: [(&str, &str); 3] = [
 impl Collector for ServiceCounters {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let read = self.0.read();
-        let samples = service_counter_samples(&read);
-        let help = KERNEL_COUNTERS;
-        for ((name, help), samples) in help.iter().zip(samples) {
+        // Each family straight from the values read: no list of all samples.
+        for ((name, help), of) in KERNEL_COUNTERS.iter().zip(SAMPLED) {
             let mut family = encoder.encode_descriptor(
                 name,
                 help,
                 None,
                 prometheus_client::metrics::MetricType::Counter,
             )?;
-            for (labels, v) in &samples {
-                ConstCounter::new(*v).encode(family.encode_family(labels)?)?;
+            for (labels, v) in samples(&read, of) {
+                ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
             }
         }
         Ok(())
@@ -186,7 +210,13 @@ impl Collector for ServiceCounters {
 }
 
 pub struct Metrics {
+    /// The agent's own metrics. Encoding one holds its lock, which the sync loop and the
+    /// leader take to update it, so a scrape encodes them into memory (a few KiB) before
+    /// it sends anything.
     registry: Registry,
+    /// The kernel's per-Service counters (nothing, without a source): most of a scrape's text,
+    /// encoded straight into the response.
+    service_counters: Registry,
     pub sync_duration: Histogram,
     pub syncs: Family<ResultLabel, Counter>,
     pub sync_objects: Gauge,
@@ -222,8 +252,9 @@ impl Metrics {
 
     fn build(counters: Option<Box<dyn CounterSource>>) -> Metrics {
         let mut registry = Registry::with_prefix("nodelb");
+        let mut service_counters = Registry::with_prefix("nodelb");
         if let Some(source) = counters {
-            registry.register_collector(Box::new(ServiceCounters(source)));
+            service_counters.register_collector(Box::new(ServiceCounters(source)));
         }
         // 1 ms .. ~16 s.
         let sync_duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
@@ -309,6 +340,7 @@ impl Metrics {
         );
         Metrics {
             registry,
+            service_counters,
             sync_duration,
             syncs,
             sync_objects,
@@ -350,8 +382,108 @@ impl Metrics {
     /// The text exposition (OpenMetrics text, which Prometheus scrapes).
     pub fn render(&self) -> String {
         let mut out = String::new();
-        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        self.encode(&mut out)
+            .expect("writing to a String cannot fail");
         out
+    }
+
+    /// The text of [`Metrics::render`] into `out`: the agent's own metrics (through memory,
+    /// so that none of their locks is held while `out` blocks), the kernel's counters, `# EOF`.
+    /// Stops at the first error of `out`.
+    pub fn encode(&self, out: &mut impl fmt::Write) -> fmt::Result {
+        let mut own = String::new();
+        encode_registry(&mut own, &self.registry)?;
+        out.write_str(&own)?;
+        drop(own);
+        encode_registry(out, &self.service_counters)?;
+        encode_eof(out)
+    }
+
+    /// The text of [`Metrics::render`] as a stream of chunks for an HTTP response, encoded on
+    /// a blocking thread (a scrape reads the kernel's counters over netlink) at most a few
+    /// chunks ahead of the reader. Dropping the stream (the client went away) stops the
+    /// encoding at its next chunk. A scrape that cannot be encoded whole ends in an error, so
+    /// that the client sees a broken response rather than a short one.
+    pub fn stream(self: Arc<Self>) -> impl Stream<Item = Result<String, ScrapeError>> + Send {
+        let (tx, rx) = mpsc::channel(2);
+        let encoder = tokio::task::spawn_blocking(move || {
+            let mut out = ChunkWriter::new(tx);
+            self.encode(&mut out)?;
+            out.finish()
+        });
+        futures::stream::unfold(Some((rx, encoder)), |state| async move {
+            let (mut rx, encoder) = state?;
+            if let Some(chunk) = rx.recv().await {
+                return Some((Ok(chunk), Some((rx, encoder))));
+            }
+            // The encoder is done, and its sender with it: whole, or not.
+            let e = match encoder.await {
+                Ok(Ok(())) => return None,
+                Ok(Err(e)) => ScrapeError::Encode(e),
+                Err(e) => ScrapeError::Encoder(e),
+            };
+            tracing::warn!(error = %e, "metrics scrape failed");
+            Some((Err(e), None))
+        })
+    }
+}
+
+/// Why a streamed scrape ended before its end.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeError {
+    #[error("encoding the metrics")]
+    Encode(#[source] fmt::Error),
+    #[error("the metrics encoder panicked or was cancelled")]
+    Encoder(#[source] tokio::task::JoinError),
+}
+
+/// Text goes to a streamed scrape in chunks of about this many bytes.
+pub const CHUNK: usize = 64 * 1024;
+
+/// A [`fmt::Write`] that hands its text on in chunks of about [`CHUNK`] bytes through a
+/// bounded channel, waiting while the channel is full; so it must not run on an async worker.
+/// Once the receiver is gone every write fails, which stops the encoding that writes.
+struct ChunkWriter {
+    buf: String,
+    tx: mpsc::Sender<String>,
+}
+
+impl ChunkWriter {
+    fn new(tx: mpsc::Sender<String>) -> ChunkWriter {
+        ChunkWriter {
+            buf: String::with_capacity(CHUNK),
+            tx,
+        }
+    }
+
+    fn send(&mut self) -> fmt::Result {
+        let chunk = std::mem::take(&mut self.buf);
+        self.tx.blocking_send(chunk).map_err(|_| fmt::Error)?;
+        // The next buffer only once this one is in the channel.
+        self.buf.reserve(CHUNK);
+        Ok(())
+    }
+
+    /// Send what is left.
+    fn finish(self) -> fmt::Result {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        self.tx.blocking_send(self.buf).map_err(|_| fmt::Error)
+    }
+}
+
+impl fmt::Write for ChunkWriter {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        // Send before the buffer would grow; a piece longer than a chunk goes in one.
+        if !self.buf.is_empty() && self.buf.len() + s.len() > CHUNK {
+            self.send()?;
+        }
+        self.buf.push_str(s);
+        if self.buf.len() >= CHUNK {
+            self.send()?;
+        }
+        Ok(())
     }
 }
 
@@ -457,5 +589,104 @@ mod tests {
             !text.contains("someone-elses") && !text.contains(" 99"),
             "{text}"
         );
+    }
+
+    /// `n` Service ports with traffic counters in IPv4 and IPv6, and drops for every tenth.
+    fn many_services(n: u64) -> Metrics {
+        let mut v4 = CounterValues::new();
+        let mut v6 = CounterValues::new();
+        for i in 0..n {
+            let ns = format!("team-{}", i % 50);
+            v4.insert(format!("svc/{ns}/svc-{i}/http"), (i, 1500 * i));
+            v6.insert(format!("svc/{ns}/svc-{i}/http"), (2 * i, 900 * i));
+            if i % 10 == 0 {
+                v4.insert(format!("drops/{ns}/svc-{i}/http"), (7 * i, 0));
+            }
+        }
+        let m = Metrics::with_counters(Box::new(Fixed(vec![
+            (IpFamily::V4, v4),
+            (IpFamily::V6, v6),
+        ])));
+        m.record_sync(Duration::from_millis(3), true);
+        m.heartbeat_age
+            .get_or_create(&NodeLabel {
+                node: "node-a".into(),
+            })
+            .set(1.5);
+        m
+    }
+
+    #[tokio::test]
+    async fn a_streamed_scrape_is_the_rendered_text_in_chunks() {
+        use futures::StreamExt;
+        let m = Arc::new(many_services(10_000));
+        let chunks: Vec<String> = m
+            .clone()
+            .stream()
+            .map(|c| c.expect("a whole scrape"))
+            .collect()
+            .await;
+        let text = m.render();
+        assert!(
+            chunks.len() > 20 && chunks.iter().all(|c| c.len() <= CHUNK),
+            "{} chunks of {:?} bytes",
+            chunks.len(),
+            chunks.iter().map(String::len).collect::<Vec<_>>()
+        );
+        let streamed = chunks.concat();
+        // (Not assert_eq!: a difference would print megabytes.)
+        let same = streamed.len() == text.len() && streamed == text;
+        let first_difference = streamed.bytes().zip(text.bytes()).position(|(a, b)| a != b);
+        assert!(
+            same,
+            "streamed {} bytes, rendered {}; first difference at {first_difference:?}",
+            streamed.len(),
+            text.len()
+        );
+        assert!(text.ends_with("\n# EOF\n"));
+        assert!(text.contains(
+            "nodelb_service_bytes_total{namespace=\"team-49\",service=\"svc-9999\",port=\"http\",family=\"IPv6\"} 8999100\n"
+        ));
+    }
+
+    #[test]
+    fn a_chunk_writer_stops_the_encoding_once_its_reader_is_gone() {
+        let m = many_services(10_000);
+        let (tx, mut rx) = mpsc::channel(2);
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let encoder = std::thread::spawn(move || {
+            let mut out = ChunkWriter::new(tx);
+            let encoded = m.encode(&mut out);
+            done_tx.send(()).unwrap();
+            encoded
+        });
+        assert!(rx.blocking_recv().is_some());
+        // The client hangs up after the first chunk.
+        drop(rx);
+        // The encoder waits for room in the channel, at most until then; not forever.
+        done.recv_timeout(Duration::from_secs(30))
+            .expect("the encoder stopped");
+        assert_eq!(encoder.join().expect("no panic"), Err(fmt::Error));
+    }
+
+    #[tokio::test]
+    async fn dropping_a_streamed_scrape_releases_its_encoder() {
+        use futures::StreamExt;
+        let m = Arc::new(many_services(10_000));
+        let mut chunks = m.clone().stream().boxed();
+        assert!(chunks.next().await.expect("a chunk").is_ok());
+        drop(chunks);
+        // The encoder holds its own reference until it stops.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while Arc::strong_count(&m) > 1 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the encoder still runs"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // And the next scrape is whole.
+        let chunks: Vec<_> = m.clone().stream().collect().await;
+        assert!(chunks.iter().all(Result::is_ok));
     }
 }

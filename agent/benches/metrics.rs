@@ -1,0 +1,131 @@
+//! How much heap one `/metrics` scrape takes at N Services (one port each, IPv4, as in the
+//! latency bench of `nodelb-integration`): the kernel's counters read, and the scrape's text
+//! rendered into one String (`Metrics::render`) or streamed in chunks (`Metrics::stream`, what
+//! the agent serves) to a reader that drops each chunk, as the HTTP server does once it has
+//! written it.
+//! Heap is counted by a wrapping global allocator (bytes requested and still live; malloc's
+//! own overhead comes on top).
+//! `cargo bench -p nodelb-agent --bench metrics`; NODELB_BENCH_SERVICES.
+
+use futures::StreamExt;
+use nodelb_agent::plan::IpFamily;
+use nodelb_agent::run::metrics::{CounterSource, Metrics};
+use nodelb_netfilter::CounterValues;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// The system allocator, counting the bytes live.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+fn count(add: usize) {
+    let now = LIVE.fetch_add(add, Ordering::Relaxed) + add;
+    PEAK.fetch_max(now, Ordering::Relaxed);
+}
+
+/// Reset the peak to what is live now; returns that.
+fn peak_from_now() -> usize {
+    let now = LIVE.load(Ordering::Relaxed);
+    PEAK.store(now, Ordering::Relaxed);
+    now
+}
+
+/// The peak above `base` since [`peak_from_now`] returned it.
+fn peak_above(base: usize) -> usize {
+    PEAK.load(Ordering::Relaxed) - base
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        count(l.size());
+        System.alloc(l)
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        System.dealloc(p, l)
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        count(new);
+        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        System.realloc(p, l, new)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// The counters a dump of the kernel's table gives: a new map on each read, as from netlink.
+#[derive(Debug)]
+struct Dump(Vec<(IpFamily, CounterValues)>);
+
+impl CounterSource for Dump {
+    fn read(&self) -> Vec<(IpFamily, CounterValues)> {
+        self.0.clone()
+    }
+}
+
+fn main() {
+    let n: u64 = std::env::var("NODELB_BENCH_SERVICES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let values: CounterValues = (0..n)
+        .map(|i| {
+            (
+                format!("svc/bench/svc-{i}/http"),
+                (1_000 + i * 37, 1_000_000 + i * 4_100),
+            )
+        })
+        .collect();
+    let source = Dump(vec![(IpFamily::V4, values)]);
+
+    let base = peak_from_now();
+    let read = source.read();
+    let read_live = LIVE.load(Ordering::Relaxed) - base;
+    drop(read);
+
+    let metrics = Arc::new(Metrics::with_counters(Box::new(source)));
+    metrics.record_sync(std::time::Duration::from_millis(40), true);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // Returns the bytes and chunks streamed.
+    let stream = || {
+        rt.block_on(async {
+            let mut chunks = std::pin::pin!(metrics.clone().stream());
+            let (mut len, mut n) = (0, 0);
+            while let Some(chunk) = chunks.next().await {
+                len += chunk.expect("a whole scrape").len();
+                n += 1;
+            }
+            (len, n)
+        })
+    };
+    // The first starts the blocking thread, which stays for the next.
+    stream();
+
+    let base = peak_from_now();
+    let text = metrics.render();
+    let render_peak = peak_above(base);
+    let len = text.len();
+    drop(text);
+
+    let base = peak_from_now();
+    let (streamed, chunks) = stream();
+    let stream_peak = peak_above(base);
+    assert_eq!(streamed, len);
+    println!(
+        "heap: a scrape of {n} Services ({len} bytes of text): the counters read {:.2} MiB; at the peak: rendered into one String {:.2} MiB, streamed in {chunks} chunks {:.2} MiB",
+        mib(read_live),
+        mib(render_peak),
+        mib(stream_peak),
+    );
+}
