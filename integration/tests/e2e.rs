@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use nodelb_integration::e2e::{metric_sum, wait_for, Cluster, ClusterOptions};
 use nodelb_integration::netns::{require_root, Netns};
+use nodelb_integration::nft::nft_f;
 use nodelb_integration::traffic::{tcp_request, tcp_server, Outcome, Server};
 use serde_json::json;
 
@@ -277,6 +278,38 @@ fn services_and_endpoints_follow_the_api() {
 
     assert!(c.readyz(0).is_ok_and(|(code, _)| code == 200));
     c.assert_agents_authorized();
+}
+
+/// Another process changing nodelb's table (drift) is noticed through the nftables event
+/// watch and repaired by a full replace — and so is the next change after that repair (the
+/// watch is paused around the agent's own replace and must listen again).
+#[test]
+fn drift_is_repaired_each_time_another_process_changes_the_table() {
+    if !require_root("drift_is_repaired_each_time_another_process_changes_the_table") {
+        return;
+    }
+    let c = start(ClusterOptions::default());
+    let _servers = start_backends(&c, false);
+    c.apply(&service("web", 8011, ""));
+    c.apply(&slice(&c, "web", "1", &[0]));
+    wait_answer_from(&c, c.client(), v4(&c, 8011), "b0");
+    for round in 1..=2 {
+        // The dispatch to Service ports gone: the node's own port answers (reset) until the
+        // agent puts it back.
+        nft_f(c.node_ns(0), "flush chain ip nodelb prerouting").unwrap();
+        wait_for(&format!("drift repair {round}"), CHANGE, || {
+            match metric_sum(&c.metrics(0), "nodelb_drift_repairs_total") as usize {
+                n if n >= round => Ok(()),
+                n => Err(format!("{n} repairs")),
+            }
+        });
+        wait_answer_from(&c, c.client(), v4(&c, 8011), "b0");
+    }
+    assert!(
+        c.agent_log(0)
+            .contains("repaired drift with a full replace"),
+        "the repair is logged"
+    );
 }
 
 /// externalTrafficPolicy Local (keeps the client's address; drops when the endpoint is on

@@ -300,6 +300,47 @@ fn readback_counts_match_the_model_and_detect_foreign_changes() {
     );
 }
 
+/// A [`Watcher`] of `watched` on a thread in `ns`, its events sent to `events`.
+struct WatchThread {
+    events: std::sync::mpsc::Receiver<WatchEvent>,
+    pause: WatchPause,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: std::thread::JoinHandle<()>,
+}
+
+impl WatchThread {
+    fn start(ns: &Netns, watched: TableRef) -> WatchThread {
+        let (tx, events) = std::sync::mpsc::channel();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let ns_for_thread = ns.name().to_string();
+        let handle = std::thread::spawn(move || {
+            let f = std::fs::File::open(format!("/run/netns/{ns_for_thread}")).unwrap();
+            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let mut w = Watcher::open(vec![watched]).unwrap();
+            ready_tx.send(w.pause_handle().unwrap()).unwrap();
+            while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(ev) = w.next(Duration::from_millis(100)).unwrap() {
+                    tx.send(ev).unwrap();
+                }
+            }
+        });
+        let pause = ready_rx.recv().unwrap();
+        WatchThread {
+            events,
+            pause,
+            stop,
+            handle,
+        }
+    }
+
+    fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle.join().unwrap();
+    }
+}
+
 #[test]
 fn watcher_reports_foreign_changes_to_nodelb_tables_only() {
     if !require_root("watcher_reports_foreign_changes_to_nodelb_tables_only") {
@@ -308,24 +349,8 @@ fn watcher_reports_foreign_changes_to_nodelb_tables_only() {
     let ns = Netns::new("watch");
     let t = kitchen_sink(Fam::V4, "nodelb");
     let tr = TableRef::of(&t);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let watched = tr.clone();
-    let ns_for_thread = ns.name().to_string();
-    let handle = std::thread::spawn(move || {
-        let f = std::fs::File::open(format!("/run/netns/{ns_for_thread}")).unwrap();
-        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        let mut w = Watcher::open(vec![watched]).unwrap();
-        ready_tx.send(()).unwrap();
-        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
-            if let Some(ev) = w.next(Duration::from_millis(100)).unwrap() {
-                tx.send(ev).unwrap();
-            }
-        }
-    });
-    ready_rx.recv().unwrap();
+    let w = WatchThread::start(&ns, tr.clone());
+    let rx = &w.events;
     // Our own commits are not reported.
     let mut c = ns.run(|| Committer::new(Nft::open().unwrap()));
     c.replace(vec![t.clone()]).unwrap();
@@ -356,8 +381,7 @@ fn watcher_reports_foreign_changes_to_nodelb_tables_only() {
     let ev = rx
         .recv_timeout(Duration::from_secs(1))
         .expect("drift reported within a second");
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    handle.join().unwrap();
+    w.stop();
     match ev {
         WatchEvent::Foreign(fc) => {
             assert_eq!(fc.tables, vec![tr]);
@@ -367,6 +391,36 @@ fn watcher_reports_foreign_changes_to_nodelb_tables_only() {
                 "{fc:?}"
             );
         }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn a_paused_watcher_hears_nothing_until_it_listens_again() {
+    if !require_root("a_paused_watcher_hears_nothing_until_it_listens_again") {
+        return;
+    }
+    let ns = Netns::new("watch-pause");
+    let t = kitchen_sink(Fam::V4, "nodelb");
+    let tr = TableRef::of(&t);
+    nodelb_replace(&ns, std::slice::from_ref(&t)).unwrap();
+    let w = WatchThread::start(&ns, tr.clone());
+    {
+        let _paused = w.pause.pause().unwrap();
+        nft_f(&ns, "flush chain ip nodelb input").unwrap();
+        assert!(
+            w.events.recv_timeout(Duration::from_millis(500)).is_err(),
+            "paused: nothing heard"
+        );
+    }
+    nft_f(&ns, "flush chain ip nodelb forward").unwrap();
+    let ev = w
+        .events
+        .recv_timeout(Duration::from_secs(1))
+        .expect("listening again: drift reported within a second");
+    w.stop();
+    match ev {
+        WatchEvent::Foreign(fc) => assert_eq!(fc.tables, vec![tr]),
         other => panic!("unexpected {other:?}"),
     }
 }

@@ -23,4 +23,4 @@ pub use ops::{diff, full_replace, needs_full_replace, Diff, Op, TableRef};
 pub use readback::{CounterValues, Drift, TableSummary};
 pub use render::{render_replace, render_table};
 pub use transact::{CommitStats, Committer, Error, Nft};
-pub use watch::{ForeignChange, WatchEvent, Watcher};
+pub use watch::{ForeignChange, Paused, WatchEvent, WatchPause, Watcher};

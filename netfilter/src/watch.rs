@@ -8,6 +8,7 @@ use crate::netlink::{messages, Msg};
 use crate::ops::TableRef;
 use crate::transact::{mnl_fd, own_portids, Error, SOCKET_BUFFER_BYTES};
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 const NFNLGRP_NFTABLES: u32 = 7;
@@ -28,6 +29,60 @@ pub enum WatchEvent {
     Foreign(ForeignChange),
     /// Events were lost (the socket overran): assume anything may have changed.
     Overrun,
+}
+
+/// Join or leave the nftables event group.
+fn membership(fd: RawFd, join: bool) -> Result<(), Error> {
+    let (option, name) = if join {
+        (libc::NETLINK_ADD_MEMBERSHIP, "NETLINK_ADD_MEMBERSHIP")
+    } else {
+        (libc::NETLINK_DROP_MEMBERSHIP, "NETLINK_DROP_MEMBERSHIP")
+    };
+    let group = NFNLGRP_NFTABLES as i32;
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_NETLINK,
+            option,
+            &group as *const i32 as *const libc::c_void,
+            4,
+        )
+    };
+    if r < 0 {
+        return Err(Error::SocketOption {
+            option: name,
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+/// Stops a [`Watcher`]'s subscription for a while, from any thread: for a process's own large
+/// transactions. With any listener, the kernel builds an event per object a transaction
+/// touches (a full replace of 10,000 Services touches some 130,000), which lengthens the commit
+/// and can overrun the watcher's buffer; a process need not be told of its own. Changes
+/// committed by others while paused are not reported.
+pub struct WatchPause {
+    fd: OwnedFd,
+}
+
+impl WatchPause {
+    /// Leave the event group until the returned guard is dropped.
+    pub fn pause(&self) -> Result<Paused<'_>, Error> {
+        membership(self.fd.as_raw_fd(), false)?;
+        Ok(Paused(self))
+    }
+}
+
+/// While it lives, the watcher hears nothing; dropped, it listens again.
+pub struct Paused<'a>(&'a WatchPause);
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = membership(self.0.fd.as_raw_fd(), true) {
+            tracing::error!(error = %e, "cannot listen to nftables events again; drift is found by the periodic resync only");
+        }
+    }
 }
 
 pub struct Watcher {
@@ -82,28 +137,28 @@ impl Watcher {
                 source: io::Error::last_os_error(),
             });
         }
-        let group = NFNLGRP_NFTABLES as i32;
-        let r = unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_NETLINK,
-                libc::NETLINK_ADD_MEMBERSHIP,
-                &group as *const i32 as *const libc::c_void,
-                4,
-            )
-        };
-        if r < 0 {
-            return Err(Error::SocketOption {
-                option: "NETLINK_ADD_MEMBERSHIP",
-                source: io::Error::last_os_error(),
-            });
-        }
+        membership(fd, true)?;
         Ok(Watcher {
             sock,
             tables,
 
             pending: Vec::new(),
             buf: vec![0; 1 << 20],
+        })
+    }
+
+    /// A handle that stops and restarts this watcher's subscription from another thread.
+    pub fn pause_handle(&self) -> Result<WatchPause, Error> {
+        let fd = unsafe { libc::dup(self.fd()) };
+        if fd < 0 {
+            return Err(Error::SocketOption {
+                option: "dup",
+                source: io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: a new descriptor of our own (the same socket as the watcher's).
+        Ok(WatchPause {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
         })
     }
 

@@ -54,8 +54,13 @@ pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result
 }
 
 /// Watch nftables events for foreign changes to nodelb's tables on a thread of its own (the
-/// watcher blocks); each becomes a [`Trigger::Drift`]. Ends when the receiver is gone.
-fn spawn_drift_watch(table_name: &str, tx: mpsc::UnboundedSender<Trigger>) {
+/// watcher blocks); each becomes a [`Trigger::Drift`]. Ends when the receiver is gone. Returns
+/// the handle that pauses the watch around the agent's own full replaces.
+fn spawn_drift_watch(
+    table_name: &str,
+    tx: mpsc::UnboundedSender<Trigger>,
+) -> Option<nodelb_netfilter::WatchPause> {
+    let (pause_tx, pause_rx) = std::sync::mpsc::sync_channel(1);
     let tables = vec![
         TableRef {
             family: Family::Ip,
@@ -73,9 +78,15 @@ fn spawn_drift_watch(table_name: &str, tx: mpsc::UnboundedSender<Trigger>) {
                 Ok(w) => w,
                 Err(e) => {
                     warn!(error = %e, "cannot watch nftables events; drift is found by the periodic resync only");
+                    let _ = pause_tx.send(None);
                     return;
                 }
             };
+            let pause = watcher
+                .pause_handle()
+                .map_err(|e| warn!(error = %e, "the nftables event watch cannot be paused; it hears the agent's full replaces too"))
+                .ok();
+            let _ = pause_tx.send(pause);
             while !tx.is_closed() {
                 let why = match watcher.next(Duration::from_secs(1)) {
                     Ok(None) => continue,
@@ -102,7 +113,9 @@ fn spawn_drift_watch(table_name: &str, tx: mpsc::UnboundedSender<Trigger>) {
         });
     if let Err(e) = spawned {
         warn!(error = %e, "cannot start the nftables event thread");
+        return None;
     }
+    pause_rx.recv().ok().flatten()
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -192,7 +205,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         });
     }
-    spawn_drift_watch(&config.table_name, tx.clone());
+    let watch_pause = spawn_drift_watch(&config.table_name, tx.clone());
     drop(tx);
 
     let node_events =
@@ -224,7 +237,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.sync_debounce,
         args.resync_interval,
     )
-    .with_status(families_tx, objects_tx, leading_rx.clone());
+    .with_status(families_tx, objects_tx, leading_rx.clone())
+    .with_watch_pause(watch_pause);
     let (stop_tx, stop_rx) = watch::channel(false);
     let election = tokio::spawn(leader::elect(
         client.clone(),

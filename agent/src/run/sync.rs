@@ -188,6 +188,9 @@ pub struct SyncLoop {
     leading: Option<watch::Receiver<bool>>,
     warnings: WarningLog,
     backoff: Backoff,
+    /// Pauses the drift watch around a full replace: the agent need not hear its own
+    /// (at 10,000 Services some 130,000 events, built by the kernel during the commit).
+    watch_pause: Option<Arc<nodelb_netfilter::WatchPause>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -240,6 +243,7 @@ impl SyncLoop {
             leading: None,
             warnings: WarningLog::default(),
             backoff: Backoff::default(),
+            watch_pause: None,
         }
     }
 
@@ -315,6 +319,12 @@ impl SyncLoop {
             }
         }
         info!("sync loop stopped; nodelb's rules stay in place");
+    }
+
+    /// The drift watch's pause handle, if it runs.
+    pub fn with_watch_pause(mut self, pause: Option<nodelb_netfilter::WatchPause>) -> SyncLoop {
+        self.watch_pause = pause.map(Arc::new);
+        self
     }
 
     /// Channels to the heartbeat and the status writer.
@@ -548,6 +558,7 @@ impl SyncLoop {
             Work::Edit(edits) => edits.iter().map(|(_, e)| e.size()).sum(),
         };
         let whole = matches!(work, Work::Tables(_));
+        let watch_pause = self.watch_pause.clone();
         let r = tokio::task::spawn_blocking(move || {
             let mut tables = match work {
                 Work::Edit(edits) => {
@@ -565,6 +576,13 @@ impl SyncLoop {
                 Ok(n) => debug!(counters = n, "carried counters over the replace"),
                 Err(e) => return (committer, Err(e)),
             }
+            // The drift watch does not listen to our own replace (a change by another process
+            // meanwhile goes unheard; the periodic resync reads the tables back).
+            let _paused = watch_pause.as_deref().and_then(|p| {
+                p.pause()
+                    .map_err(|e| warn!(error = %e, "cannot pause the nftables event watch"))
+                    .ok()
+            });
             // The tables are consumed while encoded, the pages of what is dropped going back
             // as the batch grows; the planner builds them again below for the committer's
             // model, once the batch is freed.
