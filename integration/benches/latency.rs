@@ -22,7 +22,9 @@
 //! 3. Memory: `VmHWM` and `VmRSS` of the agent from `/proc/<pid>/status`, after the load and
 //!    after the latency run and a full replace (drift made by the bench: a foreign chain in
 //!    nodelb's table, which the agent removes), so the peak includes the moment the agent
-//!    holds the committed model and newly assembled tables at once, as on every resync.
+//!    holds the committed model and newly assembled tables at once, as on every resync. The
+//!    bench's event subscriber is stopped before it: with a listener the kernel builds an event
+//!    per object of the replace (the agent pauses its own watch for it).
 //! 4. Peers, same run: kube-proxy's default minimum sync period (1 s, a constant of its
 //!    configuration, not measured), and `nft -f` of the same one-endpoint change as a one-line
 //!    incremental script in a scratch namespace holding a copy of the agent's table (process
@@ -871,6 +873,10 @@ fn one_size(n: usize, follower: bool, cfg: &Config) -> Res<SizeResult> {
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
     }
     let m_after = metrics(&c)?;
+    // The bench's own event subscriber goes before the repair: with any listener the kernel
+    // builds an event per object of a full replace (the agent pauses its own watch for it), so
+    // the repair is timed as on a node where nothing else listens.
+    drop(watch);
 
     // A full replace at this size, as after drift or on a periodic resync: the moment the
     // agent holds the committed model and newly assembled tables at once, so the peak below
@@ -996,7 +1002,6 @@ fn one_size(n: usize, follower: bool, cfg: &Config) -> Res<SizeResult> {
         .node_ns(0)
         .sh_ok("nft list table ip nodelb")
         .map_err(|e| format!("listing the agent's table: {e}"))?;
-    drop(watch);
     drop(c);
     let (change, empty, load) =
         nft_peer(&table, ports[0], &format!("{ns}/{}:tcp", service_name(0)))?;
