@@ -45,6 +45,26 @@ const PROTOS: [L4Proto; 5] = [
 ];
 const FAMILIES: [Family; 3] = [Family::Ip, Family::Ip6, Family::Inet];
 
+/// A protocol's place in [`PROTOS`] (a match, so a new protocol cannot be forgotten here).
+fn proto_index(p: L4Proto) -> u8 {
+    match p {
+        L4Proto::Tcp => 0,
+        L4Proto::Udp => 1,
+        L4Proto::Sctp => 2,
+        L4Proto::Icmp => 3,
+        L4Proto::Icmpv6 => 4,
+    }
+}
+
+/// A family's place in [`FAMILIES`].
+fn family_index(f: Family) -> u8 {
+    match f {
+        Family::Ip => 0,
+        Family::Ip6 => 1,
+        Family::Inet => 2,
+    }
+}
+
 /// Bytes a value takes packed, its tag included.
 fn packed_len(v: Value) -> usize {
     1 + match v {
@@ -68,10 +88,7 @@ fn pack(v: Value, out: &mut [u8]) {
         }
         Value::Proto(p) => {
             *tag = PROTO;
-            rest[0] = PROTOS
-                .iter()
-                .position(|q| *q == p)
-                .expect("a known protocol") as u8;
+            rest[0] = proto_index(p);
         }
         Value::Port(p) => {
             *tag = PORT;
@@ -83,10 +100,7 @@ fn pack(v: Value, out: &mut [u8]) {
         }
         Value::NfProto(f) => {
             *tag = NFPROTO;
-            rest[0] = FAMILIES
-                .iter()
-                .position(|g| *g == f)
-                .expect("a known family") as u8;
+            rest[0] = family_index(f);
         }
     }
 }
@@ -333,6 +347,16 @@ mod tests {
                 assert_eq!(va.cmp(&vb), a.cmp(b), "{a:?} vs {b:?}");
                 assert_eq!(va == vb, a == b, "{a:?} vs {b:?}");
             }
+        }
+    }
+
+    #[test]
+    fn protocol_and_family_indexes_match_their_tables() {
+        for (i, p) in PROTOS.iter().enumerate() {
+            assert_eq!(proto_index(*p) as usize, i, "{p:?}");
+        }
+        for (i, f) in FAMILIES.iter().enumerate() {
+            assert_eq!(family_index(*f) as usize, i, "{f:?}");
         }
     }
 
