@@ -3,7 +3,7 @@
 # the netlink encoder, nftables (`nft`, the reference the tests compare against) and iproute2
 # (`ip netns`). Runs apt-get only when something is missing.
 set -euo pipefail
-packages=(libnftnl-dev libmnl-dev pkg-config nftables iproute2 gcc)
+packages=(libnftnl-dev libmnl-dev pkg-config nftables iproute2 gcc etcd-server)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

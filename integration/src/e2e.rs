@@ -71,7 +71,8 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 
-use crate::apiserver::{kubeconfig, ApiServer, ApiServerConfig, AuditRecord};
+use crate::control_plane::{self, AuditRecord, ControlPlane, ControlPlaneOptions};
+use crate::old_server_proxy::{OldServer, OldServerProxy};
 use crate::netns::{link, route, Netns};
 
 /// The agent's user: the ServiceAccount of `manifests/rbac.yaml`.
@@ -87,7 +88,8 @@ pub const REAL_KUBECONFIG_ENV: &str = "NODELB_E2E_KUBECONFIG";
 
 const API_PORT: u16 = 6443;
 const ADMIN_TOKEN: &str = "e2e-admin-token";
-const AGENT_TOKEN: &str = "e2e-agent-token";
+/// Where the old-server proxy listens in the `api` namespace, when a test asks for one.
+const OLD_SERVER_PROXY_PORT: u16 = 6480;
 const MAX_NODES: usize = 8;
 const MAX_BACKENDS: usize = 16;
 /// Upper bound for waiting on the agent to become ready.
@@ -113,11 +115,10 @@ pub struct ClusterOptions {
     /// Every agent's `--resync-interval` (30 s: tests see a resync; benchmarks use the agent's
     /// default of 300 s).
     pub resync_interval: Duration,
-    /// The double serves Kubernetes 1.`api_version_minor` (ignored against a real cluster).
-    pub api_version_minor: u32,
-    /// Fields the double strips on write, to imitate an older server (ignored against a real
-    /// cluster); see [`ApiServerConfig::drop_fields`].
-    pub api_drop_fields: Vec<String>,
+    /// Agents reach kube-apiserver through a fault-injecting proxy that imitates an older
+    /// server ([`OldServerProxy`]); the test's admin client talks to the server directly.
+    /// Ignored against a real cluster.
+    pub old_server: Option<OldServer>,
 }
 
 impl Default for ClusterOptions {
@@ -128,15 +129,19 @@ impl Default for ClusterOptions {
             ipv6: false,
             agent_args: Vec::new(),
             resync_interval: Duration::from_secs(30),
-            api_version_minor: ApiServerConfig::default().version_minor,
-            api_drop_fields: Vec::new(),
+            old_server: None,
         }
     }
 }
 
 /// Which API server the agents talk to.
 enum ApiBackend {
-    Double(ApiServer),
+    /// etcd and kube-apiserver started for this cluster in the `api` namespace.
+    Local {
+        cp: ControlPlane,
+        admin_kubeconfig: PathBuf,
+        proxy: Option<OldServerProxy>,
+    },
     Real,
 }
 
@@ -204,8 +209,8 @@ pub struct Cluster {
     client: Netns,
     stranger: Netns,
     backends: Vec<Netns>,
-    api_ns: Netns,
     backend: ApiBackend,
+    api_ns: Netns,
     admin: Client,
     namespace: String,
     node_prefix: String,
@@ -402,59 +407,40 @@ impl Cluster {
             .collect();
         wire(&api_ns, &client, &stranger, &node_nss, &backends, &options);
 
-        // The API server (or relay) listener inside the api namespace.
-        let std_listener = api_ns.run(|| {
-            let l = std::net::TcpListener::bind(("0.0.0.0", API_PORT))
-                .unwrap_or_else(|e| panic!("binding the API listener in the api namespace: {e}"));
-            l.set_nonblocking(true).expect("non-blocking listener");
-            l
-        });
         let (backend, admin, node_prefix, namespace) = match &real {
             None => {
-                let api = ApiServer::new(ApiServerConfig {
-                    rbac_dir: Some(manifests_dir()),
-                    tokens: vec![
-                        (
-                            ADMIN_TOKEN.into(),
-                            "e2e-admin".into(),
-                            vec!["system:masters".into()],
-                        ),
-                        (AGENT_TOKEN.into(), AGENT_USER.into(), vec![]),
-                    ],
-                    version_minor: options.api_version_minor,
-                    drop_fields: options.api_drop_fields.clone(),
-                    ..ApiServerConfig::default()
-                })
-                .expect("the API double starts");
-                let admin = rt.block_on(async {
-                    let agents =
-                        tokio::net::TcpListener::from_std(std_listener).expect("a tokio listener");
-                    api.spawn(agents);
-                    let local = tokio::net::TcpListener::bind("127.0.0.1:0")
-                        .await
-                        .expect("binding the admin listener on 127.0.0.1");
-                    let addr = local.local_addr().expect("admin listener address");
-                    api.spawn(local);
-                    let text = kubeconfig::render(&format!("http://{addr}"), ADMIN_TOKEN)
-                        .expect("admin kubeconfig");
-                    client_from(Kubeconfig::from_yaml(&text).expect("admin kubeconfig")).await
-                });
-                for (i, _) in node_nss.iter().enumerate() {
-                    kubeconfig::write(
-                        &dir.join(format!("kubeconfig-{i}")),
-                        &format!("http://{}:{API_PORT}", api_addr(i)),
-                        AGENT_TOKEN,
+                let (cp, admin, admin_kubeconfig) = start_control_plane(&rt, &api_ns, &dir);
+                let proxy = options.old_server.map(|old| {
+                    let proxy = OldServerProxy::start(
+                        &api_ns,
+                        OLD_SERVER_PROXY_PORT,
+                        (Ipv4Addr::LOCALHOST, control_plane::API_PORT).into(),
+                        cp.ca_pem(),
+                        old,
                     )
-                    .expect("agent kubeconfig");
-                }
+                    .unwrap_or_else(|e| panic!("starting the old-server proxy: {e}"));
+                    eprintln!("e2e: agents reach kube-apiserver through {proxy:?}");
+                    proxy
+                });
                 (
-                    ApiBackend::Double(api),
+                    ApiBackend::Local {
+                        cp,
+                        admin_kubeconfig,
+                        proxy,
+                    },
                     admin,
                     String::new(),
                     "e2e".to_string(),
                 )
             }
             Some(path) => {
+                // The relay's listener inside the api namespace.
+                        let std_listener = api_ns.run(|| {
+                    let l = std::net::TcpListener::bind(("0.0.0.0", API_PORT))
+                        .unwrap_or_else(|e| panic!("binding the API listener in the api namespace: {e}"));
+                    l.set_nonblocking(true).expect("non-blocking listener");
+                    l
+                });
                 eprintln!(
                     "e2e: real cluster mode ({REAL_KUBECONFIG_ENV}={})",
                     path.display()
@@ -486,7 +472,7 @@ impl Cluster {
                 });
                 let token = match std::env::var("NODELB_E2E_AGENT_TOKEN") {
                     Ok(t) if !t.is_empty() => t,
-                    _ => rt.block_on(service_account_token(&admin)),
+                    _ => rt.block_on(service_account_token(&admin, None)),
                 };
                 for i in 0..node_nss.len() {
                     let text = relayed_kubeconfig(
@@ -535,7 +521,56 @@ impl Cluster {
             rt: Some(rt),
         };
         c.create_base_objects();
+        c.give_agents_identities();
         c
+    }
+
+    /// Against the local control plane: one Pod per node from the installed DaemonSet's
+    /// template (bound to the node, as the DaemonSet controller would make it; no kubelet runs
+    /// it), and for each a token of the `nodelb` ServiceAccount bound to that Pod, minted
+    /// through the TokenRequest API, in the agent's kubeconfig. So the server authenticates
+    /// each agent as the ServiceAccount and authorizes it with the RBAC of `manifests/`.
+    fn give_agents_identities(&self) {
+        let ApiBackend::Local { cp, proxy, .. } = &self.backend else {
+            return;
+        };
+        use k8s_openapi::api::apps::v1::DaemonSet;
+        use k8s_openapi::api::core::v1::Pod;
+        let admin = self.admin.clone();
+        let ds: DaemonSet = self
+            .block_on(Api::<DaemonSet>::namespaced(admin.clone(), AGENT_NAMESPACE).get("nodelb-agent"))
+            .unwrap_or_else(|e| panic!("the DaemonSet from manifests/ is installed: {e}"));
+        let template = ds
+            .spec
+            .map(|s| s.template)
+            .expect("the DaemonSet has a pod template");
+        let pods: Api<Pod> = Api::namespaced(admin.clone(), AGENT_NAMESPACE);
+        for node in &self.nodes {
+            let name = agent_pod_name(&node.name);
+            let mut meta = template.metadata.clone().unwrap_or_default();
+            meta.name = Some(name.clone());
+            meta.namespace = Some(AGENT_NAMESPACE.into());
+            let mut spec = template.spec.clone().expect("the template has a pod spec");
+            spec.node_name = Some(node.name.clone());
+            let pod = Pod {
+                metadata: meta,
+                spec: Some(spec),
+                ..Default::default()
+            };
+            let pod = self
+                .block_on(pods.create(&PostParams::default(), &pod))
+                .unwrap_or_else(|e| panic!("creating the agent Pod {name}: {e}"));
+            let token = self.block_on(service_account_token(
+                &admin,
+                Some((name.as_str(), pod.metadata.uid.as_deref().unwrap_or_default())),
+            ));
+            let server = match proxy {
+                Some(_) => format!("http://{}:{OLD_SERVER_PROXY_PORT}", api_addr(node.index)),
+                None => format!("https://{}:{}", api_addr(node.index), control_plane::API_PORT),
+            };
+            std::fs::write(&node.kubeconfig, cp.kubeconfig(&server, &token))
+                .unwrap_or_else(|e| panic!("writing {}: {e}", node.kubeconfig.display()));
+        }
     }
 
     fn create_base_objects(&self) {
@@ -607,7 +642,7 @@ impl Cluster {
             .arg("--kubeconfig")
             .arg(&node.kubeconfig)
             .args(["--node-name", &node.name])
-            .args(["--pod-name", &format!("nodelb-agent-{}", node.name)])
+            .args(["--pod-name", &agent_pod_name(&node.name)])
             .args(["--pod-namespace", AGENT_NAMESPACE])
             .args(["--health-addr", &format!("127.0.0.1:{HEALTH_PORT}")])
             .args(["--metrics-addr", &format!("127.0.0.1:{METRICS_PORT}")])
@@ -812,10 +847,21 @@ impl Cluster {
         &self.admin
     }
 
-    /// The in-process double, `None` in real cluster mode.
-    pub fn double(&self) -> Option<&ApiServer> {
+    /// The control plane the harness started, `None` in real cluster mode.
+    pub fn control_plane(&self) -> Option<&ControlPlane> {
         match &self.backend {
-            ApiBackend::Double(api) => Some(api),
+            ApiBackend::Local { cp, .. } => Some(cp),
+            ApiBackend::Real => None,
+        }
+    }
+
+    /// A kubeconfig file for the test's admin (`system:masters`), `None` in real cluster mode
+    /// (use `NODELB_E2E_KUBECONFIG`'s).
+    pub fn admin_kubeconfig(&self) -> Option<&Path> {
+        match &self.backend {
+            ApiBackend::Local {
+                admin_kubeconfig, ..
+            } => Some(admin_kubeconfig),
             ApiBackend::Real => None,
         }
     }
@@ -910,10 +956,10 @@ impl Cluster {
 
     // ---- audit ------------------------------------------------------------------------------
 
-    /// The double's audit log; `None` (with a message on stderr) in real cluster mode.
+    /// kube-apiserver's audit log; `None` (with a message on stderr) in real cluster mode.
     pub fn audit(&self) -> Option<Vec<AuditRecord>> {
         match &self.backend {
-            ApiBackend::Double(api) => Some(api.audit()),
+            ApiBackend::Local { cp, .. } => Some(cp.audit()),
             ApiBackend::Real => {
                 eprintln!("e2e: audit log assertions skipped against a real cluster");
                 None
@@ -931,13 +977,13 @@ impl Cluster {
             .filter(|r| {
                 self.nodes
                     .iter()
-                    .any(|n| r.source.ip() == IpAddr::V4(api_net(n.index, 2)))
+                    .any(|n| r.source == IpAddr::V4(api_net(n.index, 2)))
             })
             .collect();
         for node in &self.nodes {
             let src = IpAddr::V4(self.node_api_addr(node.index));
             assert!(
-                agent.iter().any(|r| r.source.ip() == src),
+                agent.iter().any(|r| r.source == src),
                 "no request from node {} ({src}) in the audit log",
                 node.name
             );
@@ -962,26 +1008,15 @@ impl Cluster {
         let unexpected: Vec<String> = agent
             .iter()
             .filter_map(|r| {
-                let (path, query) = r.uri.split_once('?').unwrap_or((&r.uri, ""));
-                let query: crate::apiserver::request::Query = query
-                    .split('&')
-                    .filter_map(|kv| kv.split_once('='))
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect();
-                match crate::apiserver::request::classify(&r.method, path, &query) {
-                    crate::apiserver::request::RequestInfo::Resource(rr)
-                        if !crate::agent_access::is_expected(
-                            rr.verb,
-                            &rr.group,
-                            &rr.rbac_resource(),
-                            &rr.namespace,
-                            AGENT_NAMESPACE,
-                        ) =>
-                    {
-                        Some(format!("{} {} {}", r.source, r.verb, r.uri))
-                    }
-                    _ => None,
-                }
+                let o = r.object.as_ref()?;
+                (!crate::agent_access::is_expected(
+                    &r.verb,
+                    &o.group,
+                    &o.rbac_resource(),
+                    &o.namespace,
+                    AGENT_NAMESPACE,
+                ))
+                .then(|| format!("{} {} {}", r.source, r.verb, r.uri))
             })
             .collect();
         assert!(
@@ -1088,16 +1123,24 @@ async fn relay(listener: tokio::net::TcpListener, upstream: (String, u16)) {
     }
 }
 
-/// A token of the agent's ServiceAccount from the real cluster (TokenRequest).
-async fn service_account_token(admin: &Client) -> String {
-    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+/// A token of the agent's ServiceAccount (TokenRequest), bound to the agent's Pod (name, uid)
+/// when there is one.
+async fn service_account_token(admin: &Client, pod: Option<(&str, &str)>) -> String {
+    use k8s_openapi::api::authentication::v1::{
+        BoundObjectReference, TokenRequest, TokenRequestSpec,
+    };
     use k8s_openapi::api::core::v1::ServiceAccount;
     let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), AGENT_NAMESPACE);
     let tr = TokenRequest {
         spec: TokenRequestSpec {
             audiences: vec![],
             expiration_seconds: Some(3600),
-            ..Default::default()
+            bound_object_ref: pod.map(|(name, uid)| BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(name.into()),
+                uid: Some(uid.into()),
+            }),
         },
         ..Default::default()
     };
@@ -1112,6 +1155,134 @@ async fn service_account_token(admin: &Client) -> String {
         .status
         .map(|s| s.token)
         .expect("a TokenRequest status")
+}
+
+/// The agent Pod's name on `node`, as `--pod-name` gives it (the status Lease's holder).
+pub fn agent_pod_name(node: &str) -> String {
+    format!("nodelb-agent-{node}")
+}
+
+/// Starts etcd and kube-apiserver in `api_ns` (see [`crate::control_plane`]), an admin client
+/// that reaches it through a relay on 127.0.0.1 in the test's own namespace, waits for
+/// `/readyz`, and installs `manifests/` with the pinned `kubectl apply -k`, as a user would.
+/// Returns the control plane, the admin client and the admin kubeconfig's path.
+pub fn start_control_plane(
+    rt: &tokio::runtime::Runtime,
+    api_ns: &Netns,
+    dir: &Path,
+) -> (ControlPlane, Client, PathBuf) {
+    let serving_ips = (0..MAX_NODES).map(|i| IpAddr::V4(api_addr(i))).collect();
+    let mut cp = ControlPlane::start(
+        api_ns,
+        dir,
+        &ControlPlaneOptions {
+            advertise: api_addr(0),
+            serving_ips,
+            tokens: vec![(
+                ADMIN_TOKEN.into(),
+                "e2e-admin".into(),
+                vec!["system:masters".into()],
+            )],
+        },
+    )
+    .unwrap_or_else(|e| panic!("starting the control plane: {e}"));
+    let port = rt.block_on(spawn_admin_relay(api_ns));
+    let text = cp.kubeconfig(&format!("https://127.0.0.1:{port}"), ADMIN_TOKEN);
+    let admin_kubeconfig = dir.join("admin.kubeconfig");
+    std::fs::write(&admin_kubeconfig, &text)
+        .unwrap_or_else(|e| panic!("writing {}: {e}", admin_kubeconfig.display()));
+    let admin = rt
+        .block_on(control_plane::client_from_kubeconfig(&text))
+        .unwrap_or_else(|e| panic!("the admin client: {e}"));
+    let took = rt
+        .block_on(cp.wait_ready(&admin))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let version = rt
+        .block_on(admin.apiserver_version())
+        .unwrap_or_else(|e| panic!("GET /version: {e}"));
+    eprintln!(
+        "e2e: real kube-apiserver {} (etcd from Debian) ready in {:.1} s, in netns {}",
+        version.git_version,
+        took.as_secs_f64(),
+        api_ns.name()
+    );
+    assert_eq!(
+        version.git_version,
+        cp.version(),
+        "the server reports the version it was built as"
+    );
+    install_manifests(&admin_kubeconfig);
+    (cp, admin, admin_kubeconfig)
+}
+
+/// `kubectl apply --server-side -k manifests/` with the pinned kubectl.
+fn install_manifests(kubeconfig: &Path) {
+    let kubectl = control_plane::kubectl().unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["apply", "--server-side", "--field-manager=e2e-install", "-k"])
+        .arg(manifests_dir())
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", kubectl.display()));
+    assert!(
+        out.status.success(),
+        "kubectl apply -k manifests/ failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A listener on 127.0.0.1 in the test's namespace whose connections are relayed to
+/// kube-apiserver on 127.0.0.1:6443 inside `api_ns` (the outgoing socket is made there). Plain
+/// TCP: TLS runs end to end between the client and the server. Returns the port.
+async fn spawn_admin_relay(api_ns: &Netns) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binding the admin relay on 127.0.0.1");
+    let port = listener.local_addr().expect("the relay's address").port();
+    let ns_path = api_ns.path();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut inbound, _)) = listener.accept().await else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let ns_path = ns_path.clone();
+            tokio::spawn(async move {
+                let out = tokio::task::spawn_blocking(move || {
+                    let ns = std::fs::File::open(&ns_path)?;
+                    // A thread of its own joins the namespace, connects and ends: the socket
+                    // stays in the namespace it was made in.
+                    std::thread::spawn(move || {
+                        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                            .map_err(std::io::Error::from)?;
+                        let s = std::net::TcpStream::connect((
+                            Ipv4Addr::LOCALHOST,
+                            control_plane::API_PORT,
+                        ))?;
+                        s.set_nonblocking(true)?;
+                        Ok::<_, std::io::Error>(s)
+                    })
+                    .join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("relay thread panicked")))
+                })
+                .await;
+                match out {
+                    Ok(Ok(s)) => {
+                        let Ok(mut out) = tokio::net::TcpStream::from_std(s) else {
+                            return;
+                        };
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                    }
+                    // Refused while the server starts: the client sees the closed connection.
+                    Ok(Err(_)) | Err(_) => {}
+                }
+            });
+        }
+    });
+    port
 }
 
 /// The real kubeconfig's current cluster, reached through the relay at `server` with the

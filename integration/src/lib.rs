@@ -1,8 +1,10 @@
 pub mod agent_access;
 pub mod apiserver;
+pub mod control_plane;
 pub mod e2e;
 pub mod models;
 pub mod netns;
+pub mod old_server_proxy;
 pub mod nft;
 pub mod objects;
 pub mod traffic;
