@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what nodelb builds and tests with on Debian/Ubuntu: libnftnl and libmnl headers for
-# the netlink encoder, nftables (`nft`, the reference the tests compare against) and iproute2
-# (`ip netns`). Runs apt-get only when something is missing.
+# the netlink encoder, nftables (`nft`, the reference the tests compare against), iproute2
+# (`ip netns`) and etcd (the store of the real kube-apiserver the end-to-end tests run
+# against). Runs apt-get only when something is missing. Then builds that kube-apiserver once
+# per machine (scripts/kube-apiserver.sh; needs Go).
 set -euo pipefail
 packages=(libnftnl-dev libmnl-dev pkg-config nftables iproute2 gcc etcd-server)
 missing=()
@@ -15,3 +17,4 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt-get install -y "${missing[@]}"
 fi
 command -v cargo >/dev/null || { echo "deps: cargo not found; install a Rust toolchain (rustup) first" >&2; exit 1; }
+"$(dirname "$0")/kube-apiserver.sh" >/dev/null

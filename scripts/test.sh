@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: unit, golden and differential tests, kernel tests in network
-# namespaces with real traffic. Run as root; without root the namespace tests skip with a
-# message, and with CI=true they fail instead.
+# namespaces with real traffic, end-to-end tests of the real agent binary against a real
+# kube-apiserver with etcd (built once per machine by scripts/deps.sh). Run as root; without
+# root the namespace tests skip with a message, and with CI=true they fail instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh

@@ -1,7 +1,7 @@
 //! The reviewed list of every API request `nodelb-agent` can make, as RBAC sees it: what
 //! `manifests/base/rbac.yaml` must grant, no more and no less
 //! (`integration/tests/manifests.rs` checks the manifests against it; the e2e tests check that
-//! every request of the agent in the API double's audit log is on it).
+//! every request of the agent in kube-apiserver's audit log is on it).
 //!
 //! Adding a request to the agent means adding a row here, with the code that makes it, and the
 //! rule to the manifests: a reviewer sees the new privilege in one place.

@@ -295,6 +295,20 @@ impl ControlPlane {
         &self.ca_pem
     }
 
+    /// The process ids of etcd and kube-apiserver, while they were started.
+    pub fn pids(&self) -> Vec<u32> {
+        [&self.etcd, &self.apiserver]
+            .into_iter()
+            .flatten()
+            .map(Child::id)
+            .collect()
+    }
+
+    /// etcd's data directory (deleted on drop).
+    pub fn etcd_data(&self) -> &Path {
+        &self.etcd_data
+    }
+
     /// kube-apiserver's own log.
     pub fn log_path(&self) -> PathBuf {
         self.dir.join("kube-apiserver.log")

@@ -27,12 +27,16 @@
 //!
 //! # API server
 //!
-//! By default the in-process double ([`crate::apiserver`]) on a tokio runtime the harness owns,
-//! with RBAC from `manifests/`, an admin token (`system:masters`) for the test and the
-//! ServiceAccount token of `system:serviceaccount:nodelb-system:nodelb` for agents. Its agent
-//! listener lives in the `api` namespace, so every node reaches it over its own veth and the
-//! audit log's source address says which node asked. The test's admin client talks to a
-//! second listener on 127.0.0.1 in the root namespace.
+//! By default a real kube-apiserver with etcd, started for each cluster in the `api` namespace
+//! ([`crate::control_plane`]; built from the pinned `k8s.io/kubernetes` module by
+//! `scripts/kube-apiserver.sh`). The harness installs `manifests/` with the pinned
+//! `kubectl apply --server-side -k`, creates Nodes, one agent Pod per node from the
+//! DaemonSet's template, and gives each agent a token of the `nodelb` ServiceAccount bound to
+//! its Pod (TokenRequest): the server's own authenticator and RBAC authorizer judge every agent
+//! request. Agents reach the server over their own veth, so the audit log's source address says
+//! which node asked. The test's admin (a static token in `system:masters`) reaches it through a
+//! relay on 127.0.0.1 in the test's own namespace. A test that needs an older server puts
+//! [`crate::old_server_proxy`] between the agents and the real one.
 //!
 //! **Real cluster mode:** when `NODELB_E2E_KUBECONFIG` names a kubeconfig, the admin client
 //! comes from it; the `api` namespace holds a TCP relay to the real server instead of the

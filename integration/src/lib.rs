@@ -1,5 +1,4 @@
 pub mod agent_access;
-pub mod apiserver;
 pub mod control_plane;
 pub mod e2e;
 pub mod models;
