@@ -77,19 +77,16 @@ const WATCH_SLICES: &str =
 const WATCH_NODES: &str =
     "agent/src/run/caches.rs: Caches::start, reflector over Api::<Node>::all with \
      field selector metadata.name=<node>; the status leader watches all Nodes (issue 4)";
-const EVENTS_CREATE: &str = "agent/src/run/node_events.rs: kube Recorder::publish creates an \
-     events.k8s.io Event (Node Events go to namespace default); Service Events from the status \
-     leader (issue 4)";
-const EVENTS_PATCH: &str =
-    "agent/src/run/node_events.rs: kube Recorder::publish merge-patches the \
-     series of an Event it already created";
+const EVENTS_CREATE: &str = "agent/src/run/node_events.rs: new_event, created by \
+     NodeEvents::update (Node Events, namespace default) and by the status writer's publish \
+     (Service Events from the status leader); each Event is created once, never patched";
 const STATUS_APPLY: &str = "issue 4 (status writer, not in main yet): server-side apply of \
      services/status under field manager nodelb";
 const LEASES: &str = "issue 4 (not in main yet): heartbeat Leases nodelb-node-<node> (create, \
      update/patch to renew; the leader lists and watches them all) and election on the Lease \
      nodelb-status (get, create, update/patch)";
 
-static EXPECTATIONS: [AgentRequest; 15] = [
+static EXPECTATIONS: [AgentRequest; 14] = [
     req("list", "", "services", Cluster, WATCH_SERVICES),
     req("watch", "", "services", Cluster, WATCH_SERVICES),
     req("patch", "", "services/status", Cluster, STATUS_APPLY),
@@ -110,7 +107,6 @@ static EXPECTATIONS: [AgentRequest; 15] = [
     req("list", "", "nodes", Cluster, WATCH_NODES),
     req("watch", "", "nodes", Cluster, WATCH_NODES),
     req("create", "events.k8s.io", "events", Cluster, EVENTS_CREATE),
-    req("patch", "events.k8s.io", "events", Cluster, EVENTS_PATCH),
     req(
         "get",
         "coordination.k8s.io",

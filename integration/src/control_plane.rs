@@ -100,8 +100,11 @@ pub fn pinned_version() -> String {
     text.lines()
         .find_map(|l| {
             let mut w = l.split_whitespace();
-            (w.next() == Some("k8s.io/kubernetes"))
-                .then(|| w.next().filter(|v| v.starts_with("v1.")).map(str::to_string))?
+            (w.next() == Some("k8s.io/kubernetes")).then(|| {
+                w.next()
+                    .filter(|v| v.starts_with("v1."))
+                    .map(str::to_string)
+            })?
         })
         .unwrap_or_else(|| panic!("{} requires no k8s.io/kubernetes", path.display()))
 }
@@ -271,7 +274,10 @@ impl ControlPlane {
             .arg("--allow-privileged=true")
             .arg("--service-account-issuer=https://kubernetes.default.svc")
             .arg(format!("--service-account-key-file={}", d("sa.pub")))
-            .arg(format!("--service-account-signing-key-file={}", d("sa.key")))
+            .arg(format!(
+                "--service-account-signing-key-file={}",
+                d("sa.key")
+            ))
             .arg(format!("--service-cluster-ip-range={SERVICE_CIDRS}"))
             .arg(format!("--audit-policy-file={}", d("audit-policy.yaml")))
             .arg(format!("--audit-log-path={}", d("audit.log")))
@@ -387,7 +393,10 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        for child in [self.apiserver.take(), self.etcd.take()].into_iter().flatten() {
+        for child in [self.apiserver.take(), self.etcd.take()]
+            .into_iter()
+            .flatten()
+        {
             let mut child = child;
             let _ = nix::sys::signal::kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
             let _ = child.wait();
@@ -495,7 +504,10 @@ mod tests {
         let r = parse_audit(text);
         assert_eq!(r.len(), 3, "{r:#?}");
         assert_eq!(r[0].verb, "watch");
-        assert_eq!(r[0].time, "2026-11-24T01:00:00.000001Z", "the first line of a watch");
+        assert_eq!(
+            r[0].time, "2026-11-24T01:00:00.000001Z",
+            "the first line of a watch"
+        );
         assert_eq!(r[1].object, None);
         assert_eq!(r[1].source, IpAddr::V4(Ipv4Addr::LOCALHOST));
         let o = r[2].object.as_ref().unwrap();

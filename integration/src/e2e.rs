@@ -76,8 +76,8 @@ use nix::unistd::Pid;
 use serde_json::{json, Value};
 
 use crate::control_plane::{self, AuditRecord, ControlPlane, ControlPlaneOptions};
-use crate::old_server_proxy::{OldServer, OldServerProxy};
 use crate::netns::{link, route, Netns};
+use crate::old_server_proxy::{OldServer, OldServerProxy};
 
 /// The agent's user: the ServiceAccount of `manifests/rbac.yaml`.
 pub const AGENT_USER: &str = "system:serviceaccount:nodelb-system:nodelb";
@@ -439,9 +439,11 @@ impl Cluster {
             }
             Some(path) => {
                 // The relay's listener inside the api namespace.
-                        let std_listener = api_ns.run(|| {
-                    let l = std::net::TcpListener::bind(("0.0.0.0", API_PORT))
-                        .unwrap_or_else(|e| panic!("binding the API listener in the api namespace: {e}"));
+                let std_listener = api_ns.run(|| {
+                    let l =
+                        std::net::TcpListener::bind(("0.0.0.0", API_PORT)).unwrap_or_else(|e| {
+                            panic!("binding the API listener in the api namespace: {e}")
+                        });
                     l.set_nonblocking(true).expect("non-blocking listener");
                     l
                 });
@@ -542,7 +544,9 @@ impl Cluster {
         use k8s_openapi::api::core::v1::Pod;
         let admin = self.admin.clone();
         let ds: DaemonSet = self
-            .block_on(Api::<DaemonSet>::namespaced(admin.clone(), AGENT_NAMESPACE).get("nodelb-agent"))
+            .block_on(
+                Api::<DaemonSet>::namespaced(admin.clone(), AGENT_NAMESPACE).get("nodelb-agent"),
+            )
             .unwrap_or_else(|e| panic!("the DaemonSet from manifests/ is installed: {e}"));
         let template = ds
             .spec
@@ -566,11 +570,18 @@ impl Cluster {
                 .unwrap_or_else(|e| panic!("creating the agent Pod {name}: {e}"));
             let token = self.block_on(service_account_token(
                 &admin,
-                Some((name.as_str(), pod.metadata.uid.as_deref().unwrap_or_default())),
+                Some((
+                    name.as_str(),
+                    pod.metadata.uid.as_deref().unwrap_or_default(),
+                )),
             ));
             let server = match proxy {
                 Some(_) => format!("http://{}:{OLD_SERVER_PROXY_PORT}", api_addr(node.index)),
-                None => format!("https://{}:{}", api_addr(node.index), control_plane::API_PORT),
+                None => format!(
+                    "https://{}:{}",
+                    api_addr(node.index),
+                    control_plane::API_PORT
+                ),
             };
             std::fs::write(&node.kubeconfig, cp.kubeconfig(&server, &token))
                 .unwrap_or_else(|e| panic!("writing {}: {e}", node.kubeconfig.display()));
@@ -1225,7 +1236,12 @@ fn install_manifests(kubeconfig: &Path) {
     let out = Command::new(&kubectl)
         .arg("--kubeconfig")
         .arg(kubeconfig)
-        .args(["apply", "--server-side", "--field-manager=e2e-install", "-k"])
+        .args([
+            "apply",
+            "--server-side",
+            "--field-manager=e2e-install",
+            "-k",
+        ])
         .arg(manifests_dir())
         .output()
         .unwrap_or_else(|e| panic!("running {}: {e}", kubectl.display()));

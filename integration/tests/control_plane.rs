@@ -31,7 +31,11 @@ fn control_plane_is_real_enforces_rbac_and_cleans_up() {
             advertise: Ipv4Addr::new(192, 0, 2, 1),
             serving_ips: vec![IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1))],
             tokens: vec![
-                ("admin-token".into(), "admin".into(), vec!["system:masters".into()]),
+                (
+                    "admin-token".into(),
+                    "admin".into(),
+                    vec!["system:masters".into()],
+                ),
                 ("nobody-token".into(), "nobody".into(), vec![]),
             ],
         },
@@ -53,8 +57,14 @@ fn control_plane_is_real_enforces_rbac_and_cleans_up() {
             .unwrap();
         rt.block_on(async {
             let admin = client_from_kubeconfig(&admin_cfg).await.unwrap();
-            let took = cp.wait_ready(&admin).await.unwrap_or_else(|e| panic!("{e}"));
-            eprintln!("measured: kube-apiserver ready in {:.1} s", took.as_secs_f64());
+            let took = cp
+                .wait_ready(&admin)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            eprintln!(
+                "measured: kube-apiserver ready in {:.1} s",
+                took.as_secs_f64()
+            );
             let version = admin.apiserver_version().await.unwrap().git_version;
             let list = |cfg: String| async move {
                 let c = client_from_kubeconfig(&cfg).await.unwrap();
@@ -67,7 +77,11 @@ fn control_plane_is_real_enforces_rbac_and_cleans_up() {
             (version, list(nobody_cfg).await, list(stranger_cfg).await)
         })
     });
-    assert_eq!(version, pinned_version(), "the server reports the pinned release");
+    assert_eq!(
+        version,
+        pinned_version(),
+        "the server reports the pinned release"
+    );
     assert_eq!(nobody, 403, "RBAC: a user without a grant is forbidden");
     assert_eq!(stranger, 401, "an unknown token is not authenticated");
 

@@ -36,7 +36,13 @@ fn external_cluster_mode_runs_against_a_kubeconfig() {
     // The admin relay this starts (127.0.0.1 here) is the cluster's address for the child.
     let (cp, _admin, kubeconfig) = start_control_plane(&rt, &ns, &dir);
     let out = Command::new(std::env::current_exe().unwrap())
-        .args([CHILD, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            CHILD,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("NODELB_E2E_KUBECONFIG", &kubeconfig)
         .output()
         .expect("running the child test");
@@ -58,7 +64,10 @@ fn external_cluster_mode_runs_against_a_kubeconfig() {
         .iter()
         .filter(|r| r.user == "system:serviceaccount:nodelb-system:nodelb" && r.code < 300)
         .count();
-    assert!(agent_requests > 0, "no agent request in the server's audit log");
+    assert!(
+        agent_requests > 0,
+        "no agent request in the server's audit log"
+    );
     drop(cp);
     rt.shutdown_background();
     let _ = std::fs::remove_dir_all(&dir);
@@ -89,12 +98,14 @@ fn external_cluster_child() {
         c.node_name(0)
     ));
     let dst = SocketAddr::new(c.node_v4(0).into(), 8001);
-    wait_for("b0 answers through the node", Duration::from_secs(20), || {
-        match tcp_request(c.client(), dst, Duration::from_secs(2)) {
+    wait_for(
+        "b0 answers through the node",
+        Duration::from_secs(20),
+        || match tcp_request(c.client(), dst, Duration::from_secs(2)) {
             Outcome::Answered(a) if a.starts_with("b0") => Ok(()),
             other => Err(format!("{other:?}")),
-        }
-    });
+        },
+    );
     let api: Api<Service> = Api::namespaced(c.admin().clone(), &ns);
     let want = IpAddr::from(c.node_v4(0)).to_string();
     wait_for("the status names the node", Duration::from_secs(30), || {

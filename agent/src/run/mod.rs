@@ -3,6 +3,7 @@
 //! readiness and metrics. SIGTERM/SIGINT stop the agent and leave its rules in place.
 
 pub mod caches;
+pub mod events;
 pub mod http;
 pub mod inbox;
 pub mod leader;

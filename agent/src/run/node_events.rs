@@ -3,13 +3,12 @@
 //! while it persists; again if it comes back after going away.
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use kube::Client;
 use std::collections::BTreeSet;
 use tracing::warn;
 
-/// The `reportingController` of nodelb's Events.
-pub const REPORTING_CONTROLLER: &str = "nodelb.io/nodelb";
+use super::events::{create_event, new_event};
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct NodeProblem {
@@ -19,24 +18,18 @@ pub struct NodeProblem {
 }
 
 pub struct NodeEvents {
-    recorder: Option<Recorder>,
+    client: Option<Client>,
+    /// `reportingInstance`: the agent's Pod.
+    instance: String,
     node_name: String,
     active: BTreeSet<NodeProblem>,
 }
 
 impl NodeEvents {
     pub fn new(client: Option<Client>, node_name: &str, pod_name: Option<String>) -> NodeEvents {
-        let recorder = client.map(|c| {
-            Recorder::new(
-                c,
-                Reporter {
-                    controller: REPORTING_CONTROLLER.into(),
-                    instance: Some(pod_name.unwrap_or_else(|| format!("nodelb-agent-{node_name}"))),
-                },
-            )
-        });
         NodeEvents {
-            recorder,
+            client,
+            instance: pod_name.unwrap_or_else(|| format!("nodelb-agent-{node_name}")),
             node_name: node_name.to_string(),
             active: BTreeSet::new(),
         }
@@ -54,7 +47,7 @@ impl NodeEvents {
     /// Returns the new problems.
     pub fn update(&mut self, now: Vec<NodeProblem>, node_uid: Option<String>) -> Vec<NodeProblem> {
         let fresh = self.new_problems(now);
-        let Some(recorder) = self.recorder.clone() else {
+        let Some(client) = self.client.clone() else {
             return fresh;
         };
         let reference = ObjectReference {
@@ -65,17 +58,16 @@ impl NodeEvents {
             ..Default::default()
         };
         for p in fresh.iter().cloned() {
-            let recorder = recorder.clone();
-            let reference = reference.clone();
+            let ev = new_event(
+                reference.clone(),
+                EventType::Warning,
+                p.reason,
+                &p.note,
+                &self.instance,
+            );
+            let client = client.clone();
             tokio::spawn(async move {
-                let ev = Event {
-                    type_: EventType::Warning,
-                    reason: p.reason.into(),
-                    note: Some(p.note.chars().take(1000).collect()),
-                    action: "Program".into(),
-                    secondary: None,
-                };
-                if let Err(e) = recorder.publish(&ev, &reference).await {
+                if let Err(e) = create_event(client, &ev).await {
                     warn!(reason = p.reason, error = %e, "could not publish a Node Event");
                 }
             });

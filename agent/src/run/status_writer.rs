@@ -3,8 +3,8 @@
 //! heartbeat Leases, and write it with server-side apply under the field manager `nodelb` —
 //! only where the stored value differs. Service Events come from here only.
 
+use super::events::{create_event, new_event};
 use super::metrics::{Metrics, NodeLabel, WriteLabel};
-use super::node_events::REPORTING_CONTROLLER;
 use crate::plan::service::ServiceKey;
 use crate::plan::slim::{self, Str};
 use crate::plan::stored::Service;
@@ -334,46 +334,28 @@ struct EventSink {
 }
 
 async fn publish(sink: &EventSink, svc: &Service, type_: EventType, reason: &str, note: &str) {
-    use k8s_openapi::api::events::v1::Event;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-    let ns = svc
-        .metadata
-        .namespace
-        .as_deref()
-        .unwrap_or("default")
-        .to_string();
-    let name = svc.metadata.name.as_deref().unwrap_or_default().to_string();
-    let ev = Event {
-        metadata: kube::api::ObjectMeta {
-            generate_name: Some(format!("{name}.")),
-            namespace: Some(ns.clone()),
-            ..Default::default()
-        },
-        event_time: Some(MicroTime(Timestamp::now())),
-        type_: Some(
-            match type_ {
-                EventType::Normal => "Normal",
-                EventType::Warning => "Warning",
-            }
-            .into(),
+    let regarding = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Service".into()),
+        name: svc.metadata.name.as_deref().map(String::from),
+        namespace: Some(
+            svc.metadata
+                .namespace
+                .as_deref()
+                .unwrap_or("default")
+                .to_string(),
         ),
-        reason: Some(reason.into()),
-        note: Some(note.chars().take(1000).collect()),
-        action: Some("Program".into()),
-        reporting_controller: Some(REPORTING_CONTROLLER.into()),
-        reporting_instance: Some(sink.instance.clone()),
-        regarding: Some(ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Service".into()),
-            name: Some(name),
-            namespace: Some(ns.clone()),
-            uid: svc.metadata.uid.as_deref().map(String::from),
-            ..Default::default()
-        }),
+        uid: svc.metadata.uid.as_deref().map(String::from),
         ..Default::default()
     };
-    let api: Api<Event> = Api::namespaced(sink.client.clone(), &ns);
-    if let Err(e) = api.create(&kube::api::PostParams::default(), &ev).await {
-        warn!(reason, error = %e, "could not publish a Service Event");
+    let ev = new_event(regarding, type_, reason, note, &sink.instance);
+    if let Err(e) = create_event(sink.client.clone(), &ev).await {
+        warn!(
+            namespace = ev.metadata.namespace.as_deref().unwrap_or_default(),
+            service = svc.metadata.name.as_deref().unwrap_or_default(),
+            reason,
+            error = %e,
+            "could not publish a Service Event"
+        );
     }
 }
