@@ -1,7 +1,10 @@
-//! End-to-end status: issue 4's "done means" against the real `nodelb-agent` binary. Two (or
-//! one) node namespaces, each with an agent that reaches the API double over its own link, so
-//! the double's audit log says which node made each request; the test reads Services, Leases,
-//! Events, metrics and the audit log, and kills, stops and restarts agents by pid.
+//! End-to-end status: issue 4's "done means" against the real `nodelb-agent` binary and the
+//! real kube-apiserver (see `nodelb_integration::control_plane`). Two (or one) node
+//! namespaces, each with an agent that reaches the server over its own link, so the server's
+//! audit log (its `sourceIPs`) says which node made each request; the test reads Services,
+//! Leases, Events, metrics and the audit log, and kills, stops and restarts agents by pid. The
+//! two old-server tests put the fault-injecting old-server proxy
+//! (`nodelb_integration::old_server_proxy`) between the agents and the server.
 //!
 //! Durations are short so the suite stays fast: node heartbeats are fresh for 3 s (renewed
 //! every second), the `nodelb-status` Lease lasts 3 s (renew deadline 2 s, retry 500 ms), and
@@ -25,11 +28,12 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use nix::sys::signal::Signal;
-use nodelb_integration::apiserver::AuditRecord;
+use nodelb_integration::control_plane::AuditRecord;
 use nodelb_integration::e2e::{
     metric_sum, real_cluster, wait_for, Cluster, ClusterOptions, AGENT_NAMESPACE,
 };
 use nodelb_integration::netns::require_root;
+use nodelb_integration::old_server_proxy::OldServer;
 use serde_json::{json, Value};
 
 /// `--node-lease-duration`: a heartbeat is fresh this long.
@@ -226,7 +230,7 @@ fn wait_event(c: &Cluster, svc: &str, reason: &str) -> Value {
 
 /// The node whose agent made the request (by source address), if any.
 fn node_of(c: &Cluster, nodes: usize, r: &AuditRecord) -> Option<usize> {
-    (0..nodes).find(|i| r.source.ip() == IpAddr::V4(c.node_api_addr(*i)))
+    (0..nodes).find(|i| r.source == IpAddr::V4(c.node_api_addr(*i)))
 }
 
 fn is_write(r: &AuditRecord) -> bool {
@@ -246,7 +250,8 @@ fn is_lease_write(r: &AuditRecord, name: impl Fn(&str) -> bool) -> bool {
     is_write(r)
         && (200..300).contains(&r.code)
         && r.object.as_ref().is_some_and(|o| {
-            o.resource == "leases.coordination.k8s.io"
+            o.group == "coordination.k8s.io"
+                && o.resource == "leases"
                 && o.namespace == AGENT_NAMESPACE
                 && name(&o.name)
         })
@@ -400,10 +405,11 @@ fn assert_rbac(c: &Cluster) {
     c.assert_agents_authorized();
 }
 
-/// Skips a test that only means something against the double.
-fn double_only(test: &str) -> bool {
+/// Skips a test that needs the old-server proxy in front of the harness's own control plane:
+/// against a real cluster (`NODELB_E2E_KUBECONFIG`) there is none.
+fn proxy_available(test: &str) -> bool {
     if real_cluster().is_some() {
-        eprintln!("{test}: skipped against a real cluster (it configures the API double)");
+        eprintln!("{test}: skipped against a real cluster (it needs the old-server proxy)");
         return false;
     }
     true
@@ -413,7 +419,7 @@ fn double_only(test: &str) -> bool {
 
 /// Two nodes publish their ExternalIPs (preferred over InternalIPs), numerically sorted — node-a's
 /// 192.0.2.100 after node-b's 192.0.2.99, the reverse of both node order and text order — with
-/// `ipMode: Proxy` on a 1.33 server. Then each agent in turn is SIGKILLed and restarted at once
+/// `ipMode: Proxy` on a 1.30+ server (the real one is 1.36). Then each agent in turn is SIGKILLed and restarted at once
 /// (well within its heartbeat's lease): no status write at all over the window.
 #[test]
 fn status_lists_both_nodes_sorted_and_a_restart_within_the_lease_writes_nothing() {
@@ -455,7 +461,7 @@ fn status_lists_both_nodes_sorted_and_a_restart_within_the_lease_writes_nothing(
     let stored = ingress(&c, "web");
     assert!(
         stored.iter().all(|(_, m)| m.as_deref() == Some("Proxy")),
-        "ipMode Proxy on a 1.33 server: {stored:?}"
+        "ipMode Proxy on a 1.30+ server: {stored:?}"
     );
     let ensured = wait_event(&c, "web", "EnsuredLoadBalancer");
     assert_eq!(ensured["type"], "Normal", "{ensured}");
@@ -781,19 +787,22 @@ fn thousand_steady_services_see_no_write_through_resyncs_renewals_and_a_failover
     assert_rbac(&c);
 }
 
-/// A 1.29 server that drops `ipMode`: status is written without it and stays put (no write
-/// loop); a Service of another `loadBalancerClass` is never written; a Service whose ingress
-/// `metallb` owns is never written and gets one `IngressOwnedElsewhere` Warning.
+/// A 1.29 server that drops `ipMode` (the old-server proxy says 1.29 and strips the field
+/// from status writes): status is written without it and stays put (no write loop); a Service
+/// of another `loadBalancerClass` is never written; a Service whose ingress `metallb` owns is
+/// never written and gets one `IngressOwnedElsewhere` Warning.
 #[test]
 fn old_server_gets_no_ip_mode_and_foreign_services_are_never_written() {
     let test = "old_server_gets_no_ip_mode_and_foreign_services_are_never_written";
-    if !require_root(test) || !double_only(test) {
+    if !require_root(test) || !proxy_available(test) {
         return;
     }
     let _serial = serial();
     let mut c = Cluster::build(ClusterOptions {
-        api_version_minor: 29,
-        api_drop_fields: vec!["status.loadBalancer.ingress[].ipMode".into()],
+        old_server: Some(OldServer {
+            minor: 29,
+            drop_ip_mode: true,
+        }),
         ..options(2)
     });
     let mut other = service("other-class", 8008);
@@ -820,12 +829,23 @@ fn old_server_gets_no_ip_mode_and_foreign_services_are_never_written() {
     wait_ips(&c, "mine", &[addr(&c, 0), addr(&c, 1)], CHANGE);
     wait_event(&c, "owned", "IngressOwnedElsewhere");
     let mark = c.audit().map_or(0, |a| a.len());
+    // A change of the Service makes the leader compare its status again (a write it just
+    // made is not redone until the object changes): the stored status, as the agents read
+    // it through the proxy, equals what it wants, so it writes nothing.
+    let touch = json!({"metadata": {"labels": {"e2e.nodelb.io/touched": "true"}}});
+    c.block_on(api.patch("mine", &PatchParams::default(), &Patch::Merge(&touch)))
+        .expect("labelling mine");
     std::thread::sleep(3 * RESYNC);
 
+    // Read from the real server, not through the proxy: it defaults `ipMode` to `VIP` on
+    // every entry with an `ip` (1.30+), where a 1.29 server would store none (the proxy hides
+    // the default from what agents read, so they see what a 1.29 server returns). So the
+    // stored value is the server's default, never the agent's `--ip-mode` (`Proxy`).
     let stored = ingress(&c, "mine");
     assert!(
-        stored.iter().all(|(_, m)| m.is_none()),
-        "no ipMode on a 1.29 server: {stored:?}"
+        stored.len() == 2 && stored.iter().all(|(_, m)| m.as_deref() == Some("VIP")),
+        "no ipMode from the agent on a 1.29 server (VIP is the real server's default): \
+         {stored:?}"
     );
     let leader = wait_leader(&c, 2, CHANGE);
     assert!(
@@ -835,14 +855,14 @@ fn old_server_gets_no_ip_mode_and_foreign_services_are_never_written() {
     );
     assert_eq!(
         ingress(&c, "owned"),
-        [("192.0.2.201".to_string(), None)],
-        "metallb's status stands"
+        [("192.0.2.201".to_string(), Some("VIP".to_string()))],
+        "metallb's status stands (VIP: the real server's default)"
     );
     assert!(ips(&c, "other-class").is_empty());
     let owned_events = events(&c, "owned", "IngressOwnedElsewhere");
     let leaders: BTreeSet<usize> = c
         .audit()
-        .expect("the double's audit log")
+        .expect("the control plane's audit log")
         .iter()
         .filter(|r| is_lease_write(r, |n| n == STATUS_LEASE))
         .filter_map(|r| node_of(&c, 2, r))
@@ -859,7 +879,7 @@ fn old_server_gets_no_ip_mode_and_foreign_services_are_never_written() {
         "published once, not repeated: {}",
         owned_events[0]
     );
-    let records = c.audit().expect("the double's audit log");
+    let records = c.audit().expect("the control plane's audit log");
     let writes = status_writes(&c, 2, &records);
     eprintln!("measured: status writes {writes:?}");
     assert!(
@@ -877,24 +897,40 @@ fn old_server_gets_no_ip_mode_and_foreign_services_are_never_written() {
     assert_rbac(&c);
 }
 
-/// On a 1.29 server that would keep `ipMode` (this double does not drop it), the stored status
-/// has none: so no write body carried it.
+/// On a server that says 1.29 but keeps `ipMode` (the old-server proxy only changes
+/// `/version`; the real 1.36 server behind it stores the field, as a 1.29 server with the
+/// `LoadBalancerIPMode` gate on would), no write carries `ipMode`: the stored value is the
+/// server's default `VIP`, not the agent's `--ip-mode` (`Proxy`, its default).
 #[test]
 fn ip_mode_is_never_sent_to_a_1_29_server() {
     let test = "ip_mode_is_never_sent_to_a_1_29_server";
-    if !require_root(test) || !double_only(test) {
+    if !require_root(test) || !proxy_available(test) {
         return;
     }
     let _serial = serial();
     let c = Cluster::start(ClusterOptions {
-        api_version_minor: 29,
+        old_server: Some(OldServer {
+            minor: 29,
+            drop_ip_mode: false,
+        }),
         ..options(1)
     });
     apply(&c, service("plain", 8010));
     wait_ips(&c, "plain", &[addr(&c, 0)], CHANGE);
     std::thread::sleep(2 * RESYNC);
     let stored = ingress(&c, "plain");
-    assert_eq!(stored, [(addr(&c, 0), None)], "no ipMode was sent");
+    // The real server defaults `ipMode` to `VIP` on an entry with an `ip` (the double stored
+    // none): had the agent sent its `Proxy`, the server would have kept `Proxy`.
+    assert_eq!(
+        stored,
+        [(addr(&c, 0), Some("VIP".to_string()))],
+        "no ipMode was sent (VIP is the server's default)"
+    );
+    assert!(
+        c.agent_log(0)
+            .contains("API server older than 1.30: ipMode is not written"),
+        "the agent saw the proxy's version"
+    );
     assert_rbac(&c);
 }
 
