@@ -38,7 +38,7 @@
 //! relay on 127.0.0.1 in the test's own namespace. A test that needs an older server puts
 //! [`crate::old_server_proxy`] between the agents and the real one.
 //!
-//! **Real cluster mode:** when `NODELB_E2E_KUBECONFIG` names a kubeconfig, the admin client
+//! **External cluster mode:** when `NODELB_E2E_KUBECONFIG` names a kubeconfig, the admin client
 //! comes from it; the `api` namespace holds a TCP relay to the real server instead of the
 //! double (the relay's outgoing connections leave from the root namespace), and agents get a
 //! kubeconfig whose server is the relay address with `tls-server-name` set to the real host and
@@ -87,7 +87,7 @@ pub const AGENT_NAMESPACE: &str = "nodelb-system";
 pub const HEALTH_PORT: u16 = 19254;
 /// `/metrics` on 127.0.0.1 inside each node namespace.
 pub const METRICS_PORT: u16 = 19255;
-/// Environment variable that switches to real cluster mode.
+/// Environment variable that switches to external cluster mode.
 pub const REAL_KUBECONFIG_ENV: &str = "NODELB_E2E_KUBECONFIG";
 
 const API_PORT: u16 = 6443;
@@ -107,7 +107,7 @@ static COUNTER: AtomicUsize = AtomicUsize::new(0);
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
     /// Node namespaces, each with an agent (1..=8). Node `i` is named `node-a`, `node-b`, …
-    /// (in real mode with a unique prefix).
+    /// (in external cluster mode with a unique prefix).
     pub nodes: usize,
     /// Backend namespaces per node.
     pub backends_per_node: usize,
@@ -121,7 +121,7 @@ pub struct ClusterOptions {
     pub resync_interval: Duration,
     /// Agents reach kube-apiserver through a fault-injecting proxy that imitates an older
     /// server ([`OldServerProxy`]); the test's admin client talks to the server directly.
-    /// Ignored against a real cluster.
+    /// Ignored against an external cluster.
     pub old_server: Option<OldServer>,
 }
 
@@ -142,11 +142,11 @@ impl Default for ClusterOptions {
 enum ApiBackend {
     /// etcd and kube-apiserver started for this cluster in the `api` namespace.
     Local {
-        cp: ControlPlane,
+        cp: Box<ControlPlane>,
         admin_kubeconfig: PathBuf,
         proxy: Option<OldServerProxy>,
     },
-    Real,
+    External,
 }
 
 /// One node: its namespace, Node name, agent process and files.
@@ -224,7 +224,7 @@ pub struct Cluster {
 }
 
 /// True when `NODELB_E2E_KUBECONFIG` is set: tests run against that cluster.
-pub fn real_cluster() -> Option<PathBuf> {
+pub fn external_cluster() -> Option<PathBuf> {
     std::env::var_os(REAL_KUBECONFIG_ENV)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
@@ -387,7 +387,7 @@ impl Cluster {
             options.nodes * options.backends_per_node <= MAX_BACKENDS,
             "at most {MAX_BACKENDS} backends"
         );
-        let real = real_cluster();
+        let real = external_cluster();
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let id = format!("{}-{n}", std::process::id());
         let dir = std::env::temp_dir().join(format!("nodelb-e2e-{id}"));
@@ -428,7 +428,7 @@ impl Cluster {
                 });
                 (
                     ApiBackend::Local {
-                        cp,
+                        cp: Box::new(cp),
                         admin_kubeconfig,
                         proxy,
                     },
@@ -448,7 +448,7 @@ impl Cluster {
                     l
                 });
                 eprintln!(
-                    "e2e: real cluster mode ({REAL_KUBECONFIG_ENV}={})",
+                    "e2e: external cluster mode ({REAL_KUBECONFIG_ENV}={})",
                     path.display()
                 );
                 let kc = Kubeconfig::read_from(path)
@@ -460,7 +460,7 @@ impl Cluster {
                         &KubeConfigOptions::default(),
                     )
                     .await
-                    .expect("the real cluster's kubeconfig loads");
+                    .expect("the external cluster's kubeconfig loads");
                     let url = cfg.cluster_url;
                     let scheme = url.scheme_str().unwrap_or("https").to_string();
                     let host = url.host().expect("the cluster URL has a host");
@@ -492,7 +492,7 @@ impl Cluster {
                 }
                 let prefix = format!("nodelb-e2e-{id}-");
                 (
-                    ApiBackend::Real,
+                    ApiBackend::External,
                     admin,
                     prefix.clone(),
                     format!("{prefix}test"),
@@ -771,7 +771,7 @@ impl Cluster {
         &self.nodes[i]
     }
 
-    /// Node `i`'s name (`node-a`, … ; prefixed in real mode).
+    /// Node `i`'s name (`node-a`, … ; prefixed in external cluster mode).
     pub fn node_name(&self, i: usize) -> &str {
         &self.nodes[i].name
     }
@@ -852,7 +852,7 @@ impl Cluster {
     // ---- API objects ----------------------------------------------------------------------
 
     /// The namespace the test's Services and EndpointSlices go to (`e2e`, or a unique one in
-    /// real mode).
+    /// external cluster mode).
     pub fn namespace(&self) -> &str {
         &self.namespace
     }
@@ -862,27 +862,27 @@ impl Cluster {
         &self.admin
     }
 
-    /// The control plane the harness started, `None` in real cluster mode.
+    /// The control plane the harness started, `None` in external cluster mode.
     pub fn control_plane(&self) -> Option<&ControlPlane> {
         match &self.backend {
             ApiBackend::Local { cp, .. } => Some(cp),
-            ApiBackend::Real => None,
+            ApiBackend::External => None,
         }
     }
 
-    /// A kubeconfig file for the test's admin (`system:masters`), `None` in real cluster mode
+    /// A kubeconfig file for the test's admin (`system:masters`), `None` in external cluster mode
     /// (use `NODELB_E2E_KUBECONFIG`'s).
     pub fn admin_kubeconfig(&self) -> Option<&Path> {
         match &self.backend {
             ApiBackend::Local {
                 admin_kubeconfig, ..
             } => Some(admin_kubeconfig),
-            ApiBackend::Real => None,
+            ApiBackend::External => None,
         }
     }
 
-    pub fn is_real(&self) -> bool {
-        matches!(self.backend, ApiBackend::Real)
+    pub fn is_external(&self) -> bool {
+        matches!(self.backend, ApiBackend::External)
     }
 
     /// Runs a future on the harness's runtime.
@@ -971,12 +971,12 @@ impl Cluster {
 
     // ---- audit ------------------------------------------------------------------------------
 
-    /// kube-apiserver's audit log; `None` (with a message on stderr) in real cluster mode.
+    /// kube-apiserver's audit log; `None` (with a message on stderr) in external cluster mode.
     pub fn audit(&self) -> Option<Vec<AuditRecord>> {
         match &self.backend {
             ApiBackend::Local { cp, .. } => Some(cp.audit()),
-            ApiBackend::Real => {
-                eprintln!("e2e: audit log assertions skipped against a real cluster");
+            ApiBackend::External => {
+                eprintln!("e2e: audit log assertions skipped against an external cluster");
                 None
             }
         }
@@ -984,7 +984,7 @@ impl Cluster {
 
     /// Asserts that every node's agent made requests, from its own link address, as the
     /// ServiceAccount, and that none of them was refused with 401 or 403 (a verb the agent
-    /// uses but `manifests/` does not grant). Skipped in real cluster mode.
+    /// uses but `manifests/` does not grant). Skipped in external cluster mode.
     pub fn assert_agents_authorized(&self) {
         let Some(records) = self.audit() else { return };
         let agent: Vec<&AuditRecord> = records
@@ -1077,7 +1077,7 @@ impl Drop for Cluster {
         for node in &mut self.nodes {
             node.agent = None; // SIGKILL by pid, reaped
         }
-        if self.is_real() {
+        if self.is_external() {
             let nodes: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
             let admin = self.admin.clone();
             let ns = self.namespace.clone();
@@ -1289,15 +1289,11 @@ async fn spawn_admin_relay(api_ns: &Netns) -> u16 {
                     .unwrap_or_else(|_| Err(std::io::Error::other("relay thread panicked")))
                 })
                 .await;
-                match out {
-                    Ok(Ok(s)) => {
-                        let Ok(mut out) = tokio::net::TcpStream::from_std(s) else {
-                            return;
-                        };
+                // Refused while the server starts: the client sees the closed connection.
+                if let Ok(Ok(s)) = out {
+                    if let Ok(mut out) = tokio::net::TcpStream::from_std(s) {
                         let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
                     }
-                    // Refused while the server starts: the client sees the closed connection.
-                    Ok(Err(_)) | Err(_) => {}
                 }
             });
         }

@@ -54,7 +54,7 @@ fn external_cluster_mode_runs_against_a_kubeconfig() {
     eprintln!("----- child -----\n{text}\n----- end -----");
     assert!(out.status.success(), "the external-mode child failed");
     assert!(
-        text.contains("1 passed") && text.contains("real cluster mode"),
+        text.contains("1 passed") && text.contains("external cluster mode"),
         "the child ran in external mode"
     );
     // The child's agent really used this server: its requests are in this server's audit log,
@@ -78,11 +78,11 @@ fn external_cluster_mode_runs_against_a_kubeconfig() {
 #[ignore = "run by external_cluster_mode_runs_against_a_kubeconfig with NODELB_E2E_KUBECONFIG"]
 fn external_cluster_child() {
     assert!(
-        nodelb_integration::e2e::real_cluster().is_some(),
+        nodelb_integration::e2e::external_cluster().is_some(),
         "{CHILD} runs only under external_cluster_mode_runs_against_a_kubeconfig"
     );
     let c = Cluster::start(ClusterOptions::default());
-    assert!(c.is_real());
+    assert!(c.is_external());
     let _server = tcp_server(
         c.backend(0),
         SocketAddr::new(c.backend_v4(0).into(), 8080),

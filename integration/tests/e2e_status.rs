@@ -30,7 +30,7 @@ use kube::api::{Api, Patch, PatchParams};
 use nix::sys::signal::Signal;
 use nodelb_integration::control_plane::AuditRecord;
 use nodelb_integration::e2e::{
-    metric_sum, real_cluster, wait_for, Cluster, ClusterOptions, AGENT_NAMESPACE,
+    metric_sum, external_cluster, wait_for, Cluster, ClusterOptions, AGENT_NAMESPACE,
 };
 use nodelb_integration::netns::require_root;
 use nodelb_integration::old_server_proxy::OldServer;
@@ -406,10 +406,10 @@ fn assert_rbac(c: &Cluster) {
 }
 
 /// Skips a test that needs the old-server proxy in front of the harness's own control plane:
-/// against a real cluster (`NODELB_E2E_KUBECONFIG`) there is none.
+/// against an external cluster (`NODELB_E2E_KUBECONFIG`) there is none.
 fn proxy_available(test: &str) -> bool {
-    if real_cluster().is_some() {
-        eprintln!("{test}: skipped against a real cluster (it needs the old-server proxy)");
+    if external_cluster().is_some() {
+        eprintln!("{test}: skipped against an external cluster (it needs the old-server proxy)");
         return false;
     }
     true
