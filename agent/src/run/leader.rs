@@ -14,7 +14,7 @@ use kube::Client;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-use tracing::{info, info_span, warn, Instrument};
+use tracing::{debug, info, info_span, warn, Instrument};
 
 fn now_micro() -> MicroTime {
     MicroTime(Timestamp::now())
@@ -99,7 +99,13 @@ pub async fn elect(
                 Ok(false) => {}
                 Err(err) => {
                     let still = e.failed(Instant::now());
-                    warn!(error = %err, leading = still, "election step failed");
+                    // 409: another agent created or wrote the Lease first, the race a
+                    // compare-and-swap exists for; the next step reads it again.
+                    if matches!(&err, kube::Error::Api(s) if s.code == 409) {
+                        debug!(error = %err, leading = still, "election step lost a race");
+                    } else {
+                        warn!(error = %err, leading = still, "election step failed");
+                    }
                 }
             }
             if was && !e.leading() {

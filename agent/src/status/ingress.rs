@@ -82,6 +82,14 @@ pub fn decide(svc: &Service, desired: Option<&Desired>, ip_mode: Option<&str>) -
         return Write::OwnedElsewhere { managers: others };
     }
     let want = entries(&desired.ingress, ip_mode);
+    let mut current = current;
+    if ip_mode.is_none() {
+        // nodelb does not send ipMode here; what the server filled in itself (a 1.29 server
+        // with the LoadBalancerIPMode gate on stores `VIP`) is not a difference to write.
+        for entry in &mut current {
+            entry.ip_mode = None;
+        }
+    }
     if want == current {
         return Write::Nothing;
     }

@@ -443,6 +443,36 @@ fn ip_mode_is_written_only_when_the_server_keeps_it() {
 }
 
 #[test]
+fn ip_mode_the_server_filled_in_is_no_reason_to_write_when_nodelb_sends_none() {
+    // An older server (below 1.30, so nodelb sends no ipMode) that stores `VIP` itself.
+    let mut s = stored(&["203.0.113.9"], &["nodelb"]);
+    s.status
+        .as_mut()
+        .unwrap()
+        .load_balancer
+        .as_mut()
+        .unwrap()
+        .ingress
+        .as_mut()
+        .unwrap()[0]
+        .ip_mode = Some("VIP".into());
+    assert_eq!(
+        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), None),
+        Write::Nothing
+    );
+    // Where nodelb does send it, `VIP` stored against `Proxy` wanted is a difference.
+    assert!(matches!(
+        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), Some("Proxy")),
+        Write::Apply { .. }
+    ));
+    // And an address change is still written.
+    assert!(matches!(
+        ingress::decide(&s, Some(&desired(&["203.0.113.10"])), None),
+        Write::Apply { .. }
+    ));
+}
+
+#[test]
 fn another_managers_ingress_is_left_alone() {
     let s = stored(&["192.0.2.1"], &["metallb"]);
     assert_eq!(
