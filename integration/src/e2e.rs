@@ -321,6 +321,18 @@ pub fn http_get(ns: &Netns, addr: SocketAddr, path: &str) -> Result<(u16, String
     })
 }
 
+/// The addresses a Service's `status.loadBalancer.ingress` publishes, in order.
+pub fn ingress_ips(svc: &k8s_openapi::api::core::v1::Service) -> Vec<String> {
+    svc.status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i.ip.clone())
+        .collect()
+}
+
 /// Sum of every sample of metric `name` (any labels) in Prometheus/OpenMetrics text.
 pub fn metric_sum(text: &str, name: &str) -> f64 {
     text.lines()

@@ -3,9 +3,9 @@ pub mod control_plane;
 pub mod e2e;
 pub mod models;
 pub mod netns;
-pub mod old_server_proxy;
 pub mod nft;
 pub mod objects;
+pub mod old_server_proxy;
 pub mod traffic;
 
 pub use agent_access::{is_expected, rbac_expectations, AgentRequest, Scope};

@@ -30,7 +30,7 @@ use kube::api::{Api, Patch, PatchParams};
 use nix::sys::signal::Signal;
 use nodelb_integration::control_plane::AuditRecord;
 use nodelb_integration::e2e::{
-    metric_sum, external_cluster, wait_for, Cluster, ClusterOptions, AGENT_NAMESPACE,
+    external_cluster, metric_sum, wait_for, Cluster, ClusterOptions, AGENT_NAMESPACE,
 };
 use nodelb_integration::netns::require_root;
 use nodelb_integration::old_server_proxy::OldServer;
@@ -156,18 +156,7 @@ fn all_publish(c: &Cluster, want: &[String], n: usize) -> Result<(), String> {
     let done = list
         .items
         .iter()
-        .filter(|s| {
-            let got: Vec<String> = s
-                .status
-                .as_ref()
-                .and_then(|s| s.load_balancer.as_ref())
-                .and_then(|lb| lb.ingress.as_ref())
-                .into_iter()
-                .flatten()
-                .filter_map(|i| i.ip.clone())
-                .collect();
-            got == want
-        })
+        .filter(|s| nodelb_integration::e2e::ingress_ips(s) == want)
         .count();
     if done == n {
         Ok(())
