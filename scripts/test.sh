@@ -10,4 +10,6 @@ cargo build --workspace --locked --all-targets
 # The end-to-end tests run this agent binary (built above with the workspace's features), so
 # they do not rebuild it with the agent crate's own feature set.
 export NODELB_AGENT_BIN="${NODELB_AGENT_BIN:-$PWD/target/debug/nodelb-agent}"
-cargo test --workspace --locked -- --test-threads=2
+# --show-output: every end-to-end test's log names the kube-apiserver it ran against, and
+# the figures tests print as `measured:` stay in the CI log.
+cargo test --workspace --locked -- --test-threads=2 --show-output

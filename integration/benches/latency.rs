@@ -430,17 +430,6 @@ impl KernelWatch {
                         return Err(format!("Watcher::open: {e}"));
                     }
                 };
-                // The socket is not close-on-exec: without this, the agent (started after the
-                // watch) inherits the subscription and keeps it after the bench closes its own
-                // descriptor, and the kernel builds an event per object of every later commit
-                // into a queue nobody reads (a full replace at 10,000 Services: 2.5 s instead
-                // of 0.5 s).
-                // SAFETY: F_SETFD on a descriptor this thread owns.
-                if unsafe { libc::fcntl(w.fd(), libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
-                    let e = std::io::Error::last_os_error();
-                    let _ = ready_tx.send(Err(format!("FD_CLOEXEC on the watch socket: {e}")));
-                    return Err(format!("FD_CLOEXEC on the watch socket: {e}"));
-                }
                 let _ = ready_tx.send(Ok(()));
                 while !stop2.load(Ordering::Relaxed) {
                     let ev = w

@@ -939,13 +939,23 @@ impl Cluster {
                     if kind == "Namespace" {
                         return Ok(());
                     }
-                    let current = api.get(&name).await.map_err(|e| e.to_string())?;
-                    let mut next = dynamic.clone();
-                    next.metadata.resource_version = current.metadata.resource_version;
-                    api.replace(&name, &PostParams::default(), &next)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| e.to_string())
+                    // Replace at the version just read; kube-apiserver answers 409 when
+                    // another writer (the agent's status apply) came in between: read again,
+                    // as client-go's RetryOnConflict does.
+                    let mut attempts = 0;
+                    loop {
+                        let current = api.get(&name).await.map_err(|e| e.to_string())?;
+                        let mut next = dynamic.clone();
+                        next.metadata.resource_version = current.metadata.resource_version;
+                        match api.replace(&name, &PostParams::default(), &next).await {
+                            Ok(_) => return Ok(()),
+                            Err(kube::Error::Api(s)) if s.code == 409 && attempts < 10 => {
+                                attempts += 1;
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                            Err(e) => return Err(e.to_string()),
+                        }
+                    }
                 }
                 Err(e) => Err(e.to_string()),
             }

@@ -118,6 +118,21 @@ fn setsockopt_int(
     Ok(())
 }
 
+/// A netfilter netlink socket, close-on-exec: a process the caller spawns (a test's agent,
+/// say) must not inherit it, or a watch subscription would outlive its reader and make the
+/// kernel build change events for nobody.
+pub(crate) fn open_socket() -> Result<mnl::Socket, Error> {
+    let sock = mnl::Socket::new(mnl::Bus::Netfilter).map_err(Error::Open)?;
+    // SAFETY: fcntl on the socket's own fd.
+    if unsafe { libc::fcntl(mnl_fd(&sock), libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+        return Err(Error::SocketOption {
+            option: "FD_CLOEXEC",
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(sock)
+}
+
 pub(crate) fn mnl_fd(sock: &mnl::Socket) -> RawFd {
     unsafe { mnl::mnl_sys::mnl_socket_get_fd(sock.as_raw_socket()) }
 }
@@ -146,7 +161,7 @@ unsafe impl Send for Nft {}
 impl Nft {
     /// Open a socket in the current thread's network namespace.
     pub fn open() -> Result<Nft, Error> {
-        let sock = mnl::Socket::new(mnl::Bus::Netfilter).map_err(Error::Open)?;
+        let sock = open_socket()?;
         let fd = mnl_fd(&sock);
         let big = SOCKET_BUFFER_BYTES as i32;
         setsockopt_int(
@@ -632,5 +647,21 @@ impl Committer {
     pub fn forget(&mut self, t: &TableRef) {
         self.committed.remove(t);
         self.stale.remove(t);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn netfilter_sockets_are_close_on_exec() {
+        let sock = open_socket().expect("a netfilter netlink socket (no privilege needed)");
+        // SAFETY: F_GETFD on the socket's own fd.
+        let flags = unsafe { libc::fcntl(mnl_fd(&sock), libc::F_GETFD) };
+        assert!(
+            flags >= 0 && flags & libc::FD_CLOEXEC != 0,
+            "flags {flags:#x}"
+        );
     }
 }

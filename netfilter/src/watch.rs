@@ -119,7 +119,7 @@ fn kind_text(kind: u16) -> Option<(&'static str, &'static str)> {
 impl Watcher {
     /// Subscribe, in the current thread's network namespace, to changes of `tables`.
     pub fn open(tables: Vec<TableRef>) -> Result<Watcher, Error> {
-        let sock = mnl::Socket::new(mnl::Bus::Netfilter).map_err(Error::Open)?;
+        let sock = crate::transact::open_socket()?;
         let fd = mnl_fd(&sock);
         let big = SOCKET_BUFFER_BYTES as i32;
         let r = unsafe {
