@@ -19,47 +19,19 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use nodelb_integration::control_plane::AuditRecord;
-use nodelb_integration::e2e::{agent_pod_name, wait_for, Cluster, ClusterOptions};
+use nodelb_integration::e2e::{agent_pod_name, wait_for, Cluster};
 use nodelb_integration::netns::require_root;
 use serde_json::{json, Value};
+
+mod common;
+use common::{apply, fast_options, service};
 
 /// Upper bound for an Event to show after the change that causes it.
 const CHANGE: Duration = Duration::from_secs(20);
 /// `reportingController` of every nodelb Event.
 const CONTROLLER: &str = "nodelb.io/nodelb";
 
-/// One node; short leases so the node's heartbeat and the status Lease come quickly; a 2 s
-/// resync so a sysctl change (which makes no event of its own) is seen soon.
-fn options() -> ClusterOptions {
-    let args = [
-        ("--node-lease-duration", "3s"),
-        ("--lease-duration", "3s"),
-        ("--renew-deadline", "2s"),
-        ("--retry-period", "500ms"),
-        ("--resync-interval", "2s"),
-    ];
-    ClusterOptions {
-        nodes: 1,
-        backends_per_node: 1,
-        agent_args: args
-            .iter()
-            .flat_map(|(k, v)| [k.to_string(), v.to_string()])
-            .collect(),
-        ..ClusterOptions::default()
-    }
-}
-
 // ---- objects ---------------------------------------------------------------------------------
-
-/// A LoadBalancer Service with one TCP port named `tcp`.
-fn service(name: &str, port: u16) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name},
-        "spec": {"type": "LoadBalancer",
-                 "ports": [{"name": "tcp", "port": port, "protocol": "TCP"}]},
-    })
-}
 
 /// An IPv4 EndpointSlice `<svc>-1` with backend 0 on node 0, `ready` or not.
 fn slice(c: &Cluster, svc: &str, ready: bool) -> Value {
@@ -73,12 +45,6 @@ fn slice(c: &Cluster, svc: &str, ready: bool) -> Value {
                        "nodeName": c.node_name(0),
                        "conditions": {"ready": ready}}],
     })
-}
-
-fn apply(c: &Cluster, obj: Value) {
-    let what = format!("{} {}", obj["kind"], obj["metadata"]["name"]);
-    c.apply_value(obj)
-        .unwrap_or_else(|e| panic!("applying {what}: {e}"));
 }
 
 fn service_uid(c: &Cluster, name: &str) -> String {
@@ -102,15 +68,10 @@ fn node_uid(c: &Cluster, i: usize) -> String {
 /// A Service's stored ingress addresses.
 fn ips(c: &Cluster, name: &str) -> Vec<String> {
     let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
-    c.block_on(api.get(name))
-        .unwrap_or_else(|e| panic!("reading Service {name}: {e}"))
-        .status
-        .and_then(|s| s.load_balancer)
-        .and_then(|lb| lb.ingress)
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|i| i.ip)
-        .collect()
+    let svc = c
+        .block_on(api.get(name))
+        .unwrap_or_else(|e| panic!("reading Service {name}: {e}"));
+    nodelb_integration::e2e::ingress_ips(&svc)
 }
 
 // ---- reading Events back ---------------------------------------------------------------------
@@ -309,7 +270,7 @@ fn every_service_event_is_accepted_and_readable() {
         return;
     }
     let t0 = Instant::now();
-    let mut c = Cluster::build(options());
+    let mut c = Cluster::build(fast_options(1));
     let ns = c.namespace().to_string();
     let pod = agent_pod_name(c.node_name(0));
     let node_ip = c.node_v4(0).to_string();
@@ -423,7 +384,7 @@ fn forwarding_off_node_event_is_accepted_and_readable() {
         return;
     }
     let t0 = Instant::now();
-    let mut c = Cluster::build(options());
+    let mut c = Cluster::build(fast_options(1));
     let node = c.node_name(0).to_string();
     let pod = agent_pod_name(&node);
     c.node_ns(0).sh("sysctl -qw net.ipv4.ip_forward=0");

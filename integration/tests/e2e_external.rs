@@ -110,14 +110,7 @@ fn external_cluster_child() {
     let want = IpAddr::from(c.node_v4(0)).to_string();
     wait_for("the status names the node", Duration::from_secs(30), || {
         let svc = c.block_on(api.get("web")).map_err(|e| e.to_string())?;
-        let ips: Vec<String> = svc
-            .status
-            .and_then(|s| s.load_balancer)
-            .and_then(|l| l.ingress)
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|i| i.ip)
-            .collect();
+        let ips = nodelb_integration::e2e::ingress_ips(&svc);
         if ips == [want.clone()] {
             Ok(())
         } else {

@@ -36,6 +36,9 @@ use nodelb_integration::netns::require_root;
 use nodelb_integration::old_server_proxy::OldServer;
 use serde_json::{json, Value};
 
+mod common;
+use common::{apply, fast_options, service};
+
 /// `--node-lease-duration`: a heartbeat is fresh this long.
 const NODE_LEASE: Duration = Duration::from_secs(3);
 /// `--lease-duration` of `nodelb-status`.
@@ -54,36 +57,7 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn options(nodes: usize) -> ClusterOptions {
-    let args = [
-        ("--node-lease-duration", "3s"),
-        ("--lease-duration", "3s"),
-        ("--renew-deadline", "2s"),
-        ("--retry-period", "500ms"),
-        ("--resync-interval", "2s"),
-    ];
-    ClusterOptions {
-        nodes,
-        backends_per_node: 1,
-        agent_args: args
-            .iter()
-            .flat_map(|(k, v)| [k.to_string(), v.to_string()])
-            .collect(),
-        ..ClusterOptions::default()
-    }
-}
-
 // ---- objects ---------------------------------------------------------------------------------
-
-/// A LoadBalancer Service with one TCP port named `tcp`.
-fn service(name: &str, port: u16) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name},
-        "spec": {"type": "LoadBalancer",
-                 "ports": [{"name": "tcp", "port": port, "protocol": "TCP"}]},
-    })
-}
 
 /// An IPv4 EndpointSlice `<svc>-1` with `(backend, ready)` endpoints on the backends' nodes.
 fn slice(c: &Cluster, svc: &str, endpoints: &[(usize, bool)]) -> Value {
@@ -103,12 +77,6 @@ fn slice(c: &Cluster, svc: &str, endpoints: &[(usize, bool)]) -> Value {
         "ports": [{"name": "tcp", "port": 8080, "protocol": "TCP"}],
         "endpoints": eps,
     })
-}
-
-fn apply(c: &Cluster, obj: Value) {
-    let what = format!("{} {}", obj["kind"], obj["metadata"]["name"]);
-    c.apply_value(obj)
-        .unwrap_or_else(|e| panic!("applying {what}: {e}"));
 }
 
 // ---- reading the cluster ---------------------------------------------------------------------
@@ -417,7 +385,7 @@ fn status_lists_both_nodes_sorted_and_a_restart_within_the_lease_writes_nothing(
         return;
     }
     let _serial = serial();
-    let mut c = Cluster::build(options(2));
+    let mut c = Cluster::build(fast_options(2));
     let external = ["192.0.2.100", "192.0.2.99"];
     let nodes: Api<Node> = Api::all(c.admin().clone());
     for (i, ext) in external.iter().enumerate() {
@@ -503,7 +471,7 @@ fn a_killed_agents_node_leaves_the_status_within_three_node_lease_durations() {
         return;
     }
     let _serial = serial();
-    let mut c = Cluster::start(options(2));
+    let mut c = Cluster::start(fast_options(2));
     apply(&c, service("web", 8002));
     wait_ips(&c, "web", &[addr(&c, 0), addr(&c, 1)], CHANGE);
     let leader = wait_leader(&c, 2, CHANGE);
@@ -531,7 +499,7 @@ fn leader_killed_the_other_takes_over_and_every_write_came_from_the_holder() {
         return;
     }
     let _serial = serial();
-    let mut c = Cluster::start(options(2));
+    let mut c = Cluster::start(fast_options(2));
     apply(&c, service("web", 8003));
     let both = vec![addr(&c, 0), addr(&c, 1)];
     wait_ips(&c, "web", &both, CHANGE);
@@ -603,7 +571,7 @@ fn local_policy_lists_only_nodes_with_a_ready_local_endpoint() {
         return;
     }
     let _serial = serial();
-    let c = Cluster::start(options(2));
+    let c = Cluster::start(fast_options(2));
     assert_eq!((c.backend_node(0), c.backend_node(1)), (0, 1));
     let mut svc = service("local", 8004);
     svc["spec"]["externalTrafficPolicy"] = json!("Local");
@@ -631,7 +599,7 @@ fn conflict_loser_stays_empty_and_disjoint_selectors_share_a_port() {
         return;
     }
     let _serial = serial();
-    let c = Cluster::start(options(2));
+    let c = Cluster::start(fast_options(2));
     let both = vec![addr(&c, 0), addr(&c, 1)];
     // Older, then younger (ties go by namespace/name, and `a` sorts first too).
     apply(&c, service("conflict-a", 8005));
@@ -690,7 +658,7 @@ fn thousand_steady_services_see_no_write_through_resyncs_renewals_and_a_failover
         return;
     }
     let _serial = serial();
-    let mut c = Cluster::start(options(2));
+    let mut c = Cluster::start(fast_options(2));
     const N: u16 = 1000;
     let t0 = Instant::now();
     for k in 0..N {
@@ -792,7 +760,7 @@ fn old_server_gets_no_ip_mode_and_foreign_services_are_never_written() {
             minor: 29,
             drop_ip_mode: true,
         }),
-        ..options(2)
+        ..fast_options(2)
     });
     let mut other = service("other-class", 8008);
     other["spec"]["loadBalancerClass"] = json!("example.com/other");
@@ -902,7 +870,7 @@ fn ip_mode_is_never_sent_to_a_1_29_server() {
             minor: 29,
             drop_ip_mode: false,
         }),
-        ..options(1)
+        ..fast_options(1)
     });
     apply(&c, service("plain", 8010));
     wait_ips(&c, "plain", &[addr(&c, 0)], CHANGE);
@@ -934,7 +902,7 @@ fn failover_mid_convergence_keeps_one_writer() {
         return;
     }
     let _serial = serial();
-    let mut c = Cluster::build(options(2));
+    let mut c = Cluster::build(fast_options(2));
     const N: u16 = 1000;
     for k in 0..N {
         apply(&c, service(&format!("burst-{k}"), 20000 + k));
