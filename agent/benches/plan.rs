@@ -8,8 +8,9 @@
 
 use nodelb_agent::plan::slim::{EndpointSlice, Service};
 use nodelb_agent::plan::{
-    config::Config, node, plan, Context, Families, Input, Objects, Planner, TableChange,
+    config::Config, node, plan, Context, Input, Objects, Planner, TableChange,
 };
+use nodelb_agent::vocab::Families;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeSet;
 use std::net::IpAddr;

@@ -6,7 +6,7 @@ use crate::host::forward_policy;
 use crate::host::privileges;
 use crate::host::sysctl::{forwarding_name, Forwarding, Sysctls};
 use crate::plan::config::DEFAULT_TABLE_NAME;
-use crate::plan::IpFamily;
+use crate::vocab::IpFamily;
 use nodelb_netfilter::*;
 use std::fmt;
 use std::net::IpAddr;

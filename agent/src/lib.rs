@@ -8,3 +8,4 @@ pub mod oneshot;
 pub mod plan;
 pub mod run;
 pub mod status;
+pub mod vocab;

@@ -832,7 +832,7 @@ pub fn bench_table(n: usize, eps: usize) -> Table {
         slices: slices.iter().collect(),
         node: &node,
         local_addresses: &local,
-        families: plan::Families {
+        families: nodelb_agent::vocab::Families {
             v4: true,
             v6: false,
         },

@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 
 use nodelb_agent::plan::config::Config;
 use nodelb_agent::plan::node::{AddressKind, NodeInfo};
-use nodelb_agent::plan::{plan, Families, Input, Plan};
+use nodelb_agent::plan::{plan, Input, Plan};
+use nodelb_agent::vocab::Families;
 use nodelb_integration::netns::{require_root, Netns};
 use nodelb_integration::nft::{list_table, nft_check, nft_f, nodelb_replace};
 use nodelb_integration::objects::Objects;

@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use nodelb_agent::plan::config::Config;
 use nodelb_agent::plan::node::{AddressKind, NodeInfo};
-use nodelb_agent::plan::{plan, Families, Input, IpFamily};
+use nodelb_agent::plan::{plan, Input};
 use nodelb_agent::run::metrics::{service_counter_samples, CounterSource, KernelCounters};
+use nodelb_agent::vocab::{Families, IpFamily};
 use nodelb_integration::netns::{require_root, route, Netns, Topology};
 use nodelb_integration::objects::Objects;
 use nodelb_integration::traffic::{tcp_request, tcp_server, udp_request, udp_server, Outcome};

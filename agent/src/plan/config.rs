@@ -8,7 +8,7 @@ use std::str::FromStr;
 /// The planner's settings, one field per `nodelb-agent run` flag it depends on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
-    /// `--ipv4` (default true). Read by the caller when it computes [`super::Families`]; the
+    /// `--ipv4` (default true). Read by the caller when it computes [`crate::vocab::Families`]; the
     /// planner itself only looks at `Families`.
     pub ipv4: bool,
     /// `--ipv6` (default false). See `ipv4`.

@@ -3,8 +3,8 @@
 //!
 //! Claims are kept per slot, so a change to one Service re-decides only the slots it touches.
 
-use super::service::{Protocol, ServiceKey};
-use super::IpFamily;
+use crate::vocab::IpFamily;
+use crate::vocab::{Protocol, ServiceKey};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::BTreeMap;
 

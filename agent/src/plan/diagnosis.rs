@@ -3,8 +3,8 @@
 //! Outcomes are facts for the agent's logs and metrics and for the status writer's Events;
 //! warnings are bad input (an object and what is wrong with it), one per problem.
 
-use super::service::{Protocol, ServiceKey, ServicePortId};
-use super::IpFamily;
+use crate::vocab::IpFamily;
+use crate::vocab::{Protocol, ServiceKey, ServicePortId};
 use std::fmt;
 use std::net::IpAddr;
 

@@ -2,15 +2,13 @@
 //! belong to the Service, which slice port serves the Service port, which endpoints count.
 
 use super::diagnosis::{ObjectKind, ObjectRef, Warning};
-use super::service::{Protocol, ServiceKey, ServicePortId, TrafficPolicy};
-use super::slim::Str;
+use super::service::TrafficPolicy;
 use super::stored::EndpointSlice;
-use super::IpFamily;
+use crate::vocab::IpFamily;
+use crate::vocab::Str;
+use crate::vocab::{Protocol, ServiceKey, ServicePortId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-
-/// Label that ties an EndpointSlice to its Service.
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// Most endpoints one Service port forwards to on one family. Kubernetes caps a slice at 1,000
 /// endpoints but not a Service; beyond this the rest are left out, with a warning.

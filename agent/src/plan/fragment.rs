@@ -7,9 +7,9 @@ use super::diagnosis::{
 };
 use super::endpoints::Selection;
 use super::prepare::{Context, Prepared, Stage};
-use super::service::ServiceKey;
 use super::table::{self, Action, Part, PortProgram};
-use super::IpFamily;
+use crate::vocab::IpFamily;
+use crate::vocab::ServiceKey;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fragment {

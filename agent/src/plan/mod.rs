@@ -29,78 +29,8 @@ mod tests;
 #[cfg(test)]
 mod tests_incremental;
 
+use crate::vocab::{Families, ServiceKey};
 use std::net::IpAddr;
-
-/// An IP family as Kubernetes names it (`spec.ipFamilies`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum IpFamily {
-    V4,
-    V6,
-}
-
-impl IpFamily {
-    pub fn of(ip: &IpAddr) -> IpFamily {
-        if ip.is_ipv4() {
-            IpFamily::V4
-        } else {
-            IpFamily::V6
-        }
-    }
-
-    /// `"IPv4"` / `"IPv6"`, as in `spec.ipFamilies`.
-    pub fn parse(s: &str) -> Option<IpFamily> {
-        match s {
-            "IPv4" => Some(IpFamily::V4),
-            "IPv6" => Some(IpFamily::V6),
-            _ => None,
-        }
-    }
-
-    pub fn netfilter(self) -> nodelb_netfilter::Family {
-        match self {
-            IpFamily::V4 => nodelb_netfilter::Family::Ip,
-            IpFamily::V6 => nodelb_netfilter::Family::Ip6,
-        }
-    }
-}
-
-impl IpFamily {
-    /// `IPv4` or `IPv6`, as the API writes families.
-    pub fn label(self) -> &'static str {
-        match self {
-            IpFamily::V4 => "IPv4",
-            IpFamily::V6 => "IPv6",
-        }
-    }
-}
-
-impl std::fmt::Display for IpFamily {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.label())
-    }
-}
-
-/// Which families this node programs: enabled by flag (`--ipv4`/`--ipv6`) and able to forward.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Families {
-    pub v4: bool,
-    pub v6: bool,
-}
-
-impl Families {
-    pub fn contains(&self, f: IpFamily) -> bool {
-        match f {
-            IpFamily::V4 => self.v4,
-            IpFamily::V6 => self.v6,
-        }
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = IpFamily> + '_ {
-        [IpFamily::V4, IpFamily::V6]
-            .into_iter()
-            .filter(|f| self.contains(*f))
-    }
-}
 
 /// Everything the planner looks at, as plain data, with the objects as read (from files, for
 /// `render`/`apply`, or tests); the planner does no I/O.
@@ -125,7 +55,7 @@ pub struct Input<'a> {
 pub struct Plan {
     /// `ip nodelb` and/or `ip6 nodelb`, for the programmed families only.
     pub tables: Vec<nodelb_netfilter::Table>,
-    pub services: std::collections::BTreeMap<service::ServiceKey, diagnosis::ServiceOutcome>,
+    pub services: std::collections::BTreeMap<ServiceKey, diagnosis::ServiceOutcome>,
     pub warnings: Vec<diagnosis::Warning>,
 }
 
@@ -140,7 +70,7 @@ pub fn plan(input: &Input<'_>) -> Plan {
     // Not kept (a Service has no key without a name), so warned about here.
     let nameless: Vec<diagnosis::Warning> = services
         .iter()
-        .filter(|s| service::ServiceKey::of(s).is_none() && service::is_handled(s, input.config))
+        .filter(|s| ServiceKey::of(s).is_none() && service::is_handled(s, input.config))
         .map(|svc| {
             diagnosis::Warning::new(
                 diagnosis::ObjectRef::new(

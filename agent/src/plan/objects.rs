@@ -2,8 +2,8 @@
 //! each Service's EndpointSlices by the `kubernetes.io/service-name` label. Watch events update
 //! it in one place and say which Service they touched, so a sync replans only those.
 
-use super::service::ServiceKey;
 use super::stored::{EndpointSlice, Service};
+use crate::vocab::ServiceKey;
 use imbl::OrdMap;
 use std::collections::BTreeSet;
 use std::sync::Arc;

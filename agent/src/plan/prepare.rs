@@ -7,9 +7,10 @@ use super::config::Config;
 use super::diagnosis::{FamilySkip, ObjectRef, ServiceOutcome, Warning};
 use super::endpoints::{self, Selection};
 use super::node::NodeInfo;
-use super::service::{self, Cidr, ServiceKey, ServicePortId, TrafficPolicy};
+use super::service::{self, Cidr, TrafficPolicy};
 use super::stored::{EndpointSlice, Service};
-use super::{Families, IpFamily};
+use crate::vocab::{Families, IpFamily};
+use crate::vocab::{ServiceKey, ServicePortId};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -101,7 +102,7 @@ pub fn prepare(
         return None;
     }
     let mut warnings = Vec::new();
-    if !service::valid_key(key) {
+    if !crate::vocab::valid_key(key) {
         warnings.push(Warning::new(
             ObjectRef::service(key),
             "namespace or name is not a DNS label; skipped",

@@ -5,37 +5,19 @@ use super::config::Config;
 use super::diagnosis::{NotServed, ObjectRef, Warning};
 use super::node::NodeInfo;
 use super::selector::Selector;
-use super::slim::Str;
 use super::stored::Service;
-use super::IpFamily;
+use crate::vocab::{IpFamily, Protocol, ServiceKey, ServicePortId};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use nodelb_netfilter::L4Proto;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::Arc;
 
 /// Label that takes a node out of every LoadBalancer's serving nodes (any value).
 pub const EXCLUDE_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 /// Annotation holding a label selector that limits a Service's serving nodes.
 pub const NODE_SELECTOR_ANNOTATION: &str = "nodelb.io/node-selector";
 
-/// `namespace/name` of a Service. Shared, not copied: the objects, the planners, the claims
-/// and the status writer each index every Service by it, and a clone costs no allocation.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ServiceKey {
-    pub namespace: Arc<str>,
-    pub name: Arc<str>,
-}
-
 impl ServiceKey {
-    pub fn new(namespace: impl AsRef<str>, name: impl AsRef<str>) -> ServiceKey {
-        ServiceKey {
-            namespace: namespace.as_ref().into(),
-            name: name.as_ref().into(),
-        }
-    }
-
     /// The key of a Service object: a missing namespace is `default`, as kubectl reads files.
     pub fn of(svc: &Service) -> Option<ServiceKey> {
         let name = svc.metadata.name.as_deref().filter(|n| !n.is_empty())?;
@@ -46,96 +28,6 @@ impl ServiceKey {
             .filter(|n| !n.is_empty())
             .unwrap_or("default");
         Some(ServiceKey::new(ns, name))
-    }
-}
-
-impl fmt::Display for ServiceKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-/// Whether a key can name nodelb's chains and sets: namespace and name are DNS labels
-/// (lowercase letters, digits and `-`, at most 63), as a real API server guarantees.
-pub fn valid_key(key: &ServiceKey) -> bool {
-    let label = |s: &str| {
-        !s.is_empty()
-            && s.len() <= 63
-            && s.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !s.starts_with('-')
-            && !s.ends_with('-')
-    };
-    label(&key.namespace) && label(&key.name)
-}
-
-/// The transport protocols a Service port may have.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Protocol {
-    Tcp,
-    Udp,
-    Sctp,
-}
-
-impl Protocol {
-    /// Kubernetes spelling (`TCP`, `UDP`, `SCTP`); unset means TCP.
-    pub fn parse(p: Option<&str>) -> Option<Protocol> {
-        match p {
-            None | Some("TCP") => Some(Protocol::Tcp),
-            Some("UDP") => Some(Protocol::Udp),
-            Some("SCTP") => Some(Protocol::Sctp),
-            Some(_) => None,
-        }
-    }
-
-    pub fn l4(self) -> L4Proto {
-        match self {
-            Protocol::Tcp => L4Proto::Tcp,
-            Protocol::Udp => L4Proto::Udp,
-            Protocol::Sctp => L4Proto::Sctp,
-        }
-    }
-
-    pub fn keyword(self) -> &'static str {
-        self.l4().keyword()
-    }
-}
-
-impl fmt::Display for Protocol {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Protocol::Tcp => "TCP",
-            Protocol::Udp => "UDP",
-            Protocol::Sctp => "SCTP",
-        })
-    }
-}
-
-/// A valid Service port: what nodelb matches on the node's addresses.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ServicePortId {
-    /// `None` for an unnamed port (`name` unset or empty).
-    pub name: Option<Str>,
-    pub protocol: Protocol,
-    pub port: u16,
-}
-
-impl ServicePortId {
-    /// The port's name, else its number: the part after `:` in comments.
-    pub fn label(&self) -> String {
-        match &self.name {
-            Some(n) => n.to_string(),
-            None => self.port.to_string(),
-        }
-    }
-}
-
-impl fmt::Display for ServicePortId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.name {
-            Some(n) => write!(f, "{n}/{}/{}", self.protocol, self.port),
-            None => write!(f, "{}/{}", self.protocol, self.port),
-        }
     }
 }
 

@@ -17,7 +17,7 @@
 //! planner checks itself (protocols, addresses, CIDRs, families) stay raw strings, so bad ones
 //! still reach it and are warned about.
 
-use super::endpoints::SERVICE_NAME_LABEL;
+use crate::vocab::{Str, SERVICE_NAME_LABEL};
 use k8s_openapi::api::core::v1::LoadBalancerIngress;
 use k8s_openapi::api::discovery::v1::EndpointConditions;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta, Time};
@@ -25,10 +25,6 @@ use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqA
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
-
-/// The strings kept of an object: up to 24 bytes (names, protocols, addresses, versions) are
-/// stored inline, not as an allocation of their own each.
-pub type Str = compact_str::CompactString;
 
 /// nodelb's own annotations (such as [`super::service::NODE_SELECTOR_ANNOTATION`]): the only
 /// ones it reads. Others, like kubectl's last-applied copy of the whole object, are skipped.

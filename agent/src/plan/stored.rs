@@ -9,8 +9,9 @@
 //! of a Service's ingress. The body is kept as watched, but for an endpoint's addresses, of
 //! which only the first counts.
 
-use super::endpoints::SERVICE_NAME_LABEL;
-use super::slim::{self, EndpointPort, ServiceSpec, ServiceStatus, Str};
+use super::slim::{self, EndpointPort, ServiceSpec, ServiceStatus};
+use crate::vocab::Str;
+use crate::vocab::SERVICE_NAME_LABEL;
 use k8s_openapi::api::discovery::v1::EndpointConditions;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::BTreeMap;

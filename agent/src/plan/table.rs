@@ -36,8 +36,9 @@
 //! [`Part`] per Service; between two syncs only the Parts of changed Services are compared.
 
 use super::endpoints::Endpoint;
-use super::service::{Cidr, Protocol, ServiceKey, ServicePortId, TrafficPolicy};
-use super::IpFamily;
+use super::service::{Cidr, TrafficPolicy};
+use crate::vocab::IpFamily;
+use crate::vocab::{Protocol, ServiceKey, ServicePortId};
 use nodelb_netfilter::{
     ct_status, Chain, ChainType, Counter, CtKey, DataType, Edit, ElemData, ElemEdit, Element, Expr,
     Hook, Key, L4Proto, MapData, MetaKey, NatKind, Payload, Policy, Reject, Rule, Set, SetType,

@@ -7,9 +7,9 @@
 use super::config::Config;
 use super::diagnosis::*;
 use super::node::{AddressKind, NodeInfo};
-use super::service::{Protocol, ServiceKey};
 use super::slim::{EndpointSlice, Service};
 use super::*;
+use crate::vocab::{IpFamily, Protocol, ServiceKey};
 use std::collections::BTreeSet;
 
 const NODE: &str = "node-a";
@@ -706,8 +706,8 @@ fn a_port_keeps_its_counter_whatever_it_does() {
 
 #[test]
 fn counter_names_parse_back_to_their_service_port() {
-    use super::service::ServicePortId;
     use super::table::{counter_name, parse_counter_name, CounterKind};
+    use crate::vocab::ServicePortId;
     let key = ServiceKey::new("1team", "web");
     let port = ServicePortId {
         name: Some("http".into()),

@@ -4,9 +4,9 @@
 
 use super::config::Config;
 use super::node::{AddressKind, NodeInfo};
-use super::service::ServiceKey;
 use super::slim::{EndpointSlice, Service};
 use super::*;
+use crate::vocab::ServiceKey;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 

@@ -3,7 +3,7 @@
 //! `--health-addr`; `/metrics` on `--metrics-addr`.
 
 use super::metrics::{Metrics, CONTENT_TYPE};
-use crate::plan::IpFamily;
+use crate::vocab::IpFamily;
 use axum::body::Body;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;

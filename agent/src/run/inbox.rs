@@ -5,9 +5,9 @@
 //! arrives, so 10,000 Services fit the memory goal. A re-list (after a watch expired) does not
 //! report deletions, so it replaces its kind whole and asks for a full replan.
 
-use crate::plan::service::ServiceKey;
 use crate::plan::slim::{EndpointSlice, Service};
 use crate::plan::{stored, Objects};
+use crate::vocab::ServiceKey;
 use kube::core::DeserializeGuard;
 use kube::runtime::watcher::Event;
 use std::collections::BTreeSet;

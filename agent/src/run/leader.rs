@@ -2,10 +2,10 @@
 //! node's heartbeat Lease `nodelb-node-<node>`, both in the agent's namespace.
 
 use super::metrics::{Metrics, ResultLabel};
-use crate::plan::Families;
 use crate::status::election::{Action, Election, Params, LEASE_NAME};
 use crate::status::format_families;
 use crate::status::heartbeat::{lease_name, FAMILIES_ANNOTATION, NODE_LABEL};
+use crate::vocab::Families;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;

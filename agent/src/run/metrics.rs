@@ -10,7 +10,7 @@
 //! it is encoded, so a scrape of 10,000 Services never holds its whole text (megabytes).
 
 use crate::plan::table::{parse_counter_name, CounterKind};
-use crate::plan::{Families, IpFamily};
+use crate::vocab::{Families, IpFamily};
 use futures::Stream;
 use nodelb_netfilter::{CounterValues, Nft, TableRef};
 use prometheus_client::collector::Collector;

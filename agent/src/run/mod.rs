@@ -17,7 +17,7 @@ pub mod sync;
 use crate::cli::RunArgs;
 use crate::host::addresses;
 use crate::host::sysctl::{Forwarding, Sysctls};
-use crate::plan::IpFamily;
+use crate::vocab::IpFamily;
 use anyhow::Context;
 use nodelb_netfilter::{Family, TableRef, WatchEvent, Watcher};
 use std::sync::Arc;
@@ -147,7 +147,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(metrics::Metrics::with_counters(Box::new(
         metrics::KernelCounters {
             table: config.table_name.clone(),
-            families: crate::plan::Families {
+            families: crate::vocab::Families {
                 v4: config.ipv4,
                 v6: config.ipv6,
             },

@@ -5,13 +5,14 @@
 
 use super::events::{create_event, new_event};
 use super::metrics::{Metrics, NodeLabel, WriteLabel};
-use crate::plan::service::ServiceKey;
-use crate::plan::slim::{self, Str};
+use crate::plan::slim::{self};
 use crate::plan::stored::Service;
 use crate::plan::Objects;
 use crate::status::heartbeat;
 use crate::status::ingress::{self, Write, FIELD_MANAGER};
 use crate::status::{Desired, Problem, Status, StatusConfig};
+use crate::vocab::ServiceKey;
+use crate::vocab::Str;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};

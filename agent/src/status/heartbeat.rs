@@ -1,7 +1,7 @@
 //! Node heartbeats: the Lease `nodelb-node-<node>` each agent renews in its namespace, with an
 //! annotation naming the families it has programmed. Read here into plain values.
 
-use crate::plan::Families;
+use crate::vocab::Families;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use std::collections::BTreeMap;

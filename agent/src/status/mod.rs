@@ -18,9 +18,11 @@ mod tests;
 use crate::plan::config::Config;
 use crate::plan::diagnosis::{FamilyState, PortResult, ServiceOutcome};
 use crate::plan::node::{AddressKind, NodeInfo};
-use crate::plan::service::{self, Protocol, ServiceKey, TrafficPolicy};
+use crate::plan::service::{self, TrafficPolicy};
 use crate::plan::stored::Service;
-use crate::plan::{Context, Families, IpFamily, Objects, Planner};
+use crate::plan::{Context, Objects, Planner};
+use crate::vocab::{Families, IpFamily};
+use crate::vocab::{Protocol, ServiceKey};
 use heartbeat::Heartbeat;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
@@ -203,7 +205,7 @@ impl Status {
     }
 
     fn desired_of(&self, key: &ServiceKey, svc: &Service, cfg: &StatusConfig) -> Option<Desired> {
-        if !service::is_handled(svc, &cfg.planner) || !service::valid_key(key) {
+        if !service::is_handled(svc, &cfg.planner) || !crate::vocab::valid_key(key) {
             return None;
         }
         let mut warnings = Vec::new();

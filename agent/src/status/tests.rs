@@ -3,9 +3,9 @@
 use super::heartbeat::{self, Heartbeat};
 use super::ingress::{self, Write};
 use super::*;
-use crate::plan::service::ServiceKey;
 use crate::plan::slim;
 use crate::plan::stored::{EndpointSlice, Service};
+use crate::vocab::ServiceKey;
 use k8s_openapi::api::coordination::v1::Lease;
 use std::sync::Arc;
 
