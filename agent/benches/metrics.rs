@@ -8,7 +8,7 @@
 //! `cargo bench -p nodelb-agent --bench metrics`; NODELB_BENCH_SERVICES.
 
 use futures::StreamExt;
-use nodelb_agent::run::metrics::{CounterSource, Metrics};
+use nodelb_agent::metrics::{CounterSource, Metrics};
 use nodelb_agent::vocab::IpFamily;
 use nodelb_netfilter::CounterValues;
 use std::alloc::{GlobalAlloc, Layout, System};

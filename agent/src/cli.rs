@@ -2,6 +2,7 @@
 //! [`Config`] they describe.
 
 use crate::plan::config::{Config, PortSet, DEFAULT_LB_CLASS, DEFAULT_RESERVED_PORTS};
+use crate::run::logging::LogFormat;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -113,12 +114,6 @@ pub enum IpMode {
     Proxy,
     #[value(name = "VIP")]
     Vip,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 /// The default period of a full resync when nothing changed.
@@ -271,6 +266,40 @@ impl RunArgs {
     pub fn config(&self) -> Config {
         self.planner
             .config(&[self.health_addr.port(), self.metrics_addr.port()])
+    }
+
+    /// What `run` runs with: the flags resolved, defaults filled in.
+    pub fn settings(&self) -> crate::run::Settings {
+        crate::run::Settings {
+            kubeconfig: self.kubeconfig.clone(),
+            node_name: self.node_name.clone(),
+            pod_name: self
+                .pod_name
+                .clone()
+                .unwrap_or_else(|| format!("nodelb-agent-{}", self.node_name)),
+            pod_name_given: self.pod_name.is_some(),
+            namespace: self
+                .pod_namespace
+                .clone()
+                .unwrap_or_else(|| "nodelb-system".to_string()),
+            config: self.config(),
+            set_sysctls: self.set_sysctls,
+            masquerade_bit: self.masquerade_bit.is_some(),
+            ip_mode: match self.ip_mode {
+                IpMode::Proxy => "Proxy".into(),
+                IpMode::Vip => "VIP".into(),
+            },
+            sync_debounce: self.sync_debounce,
+            resync_interval: self.resync_interval,
+            node_lease_duration: self.node_lease_duration,
+            election: crate::status::election::Params {
+                lease_duration: self.lease_duration,
+                renew_deadline: self.renew_deadline,
+                retry_period: self.retry_period,
+            },
+            health_addr: self.health_addr,
+            metrics_addr: self.metrics_addr,
+        }
     }
 }
 

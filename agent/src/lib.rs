@@ -3,6 +3,8 @@
 pub mod check;
 pub mod cli;
 pub mod host;
+pub mod kube;
+pub mod metrics;
 pub mod objects;
 pub mod oneshot;
 pub mod plan;

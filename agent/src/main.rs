@@ -33,7 +33,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
-            rt.block_on(nodelb_agent::run::run(*args))?;
+            rt.block_on(nodelb_agent::run::run(args.settings()))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Render(args) => {

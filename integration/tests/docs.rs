@@ -5,7 +5,7 @@
 
 use clap::CommandFactory;
 use nodelb_agent::cli::Cli;
-use nodelb_agent::run::metrics::Metrics;
+use nodelb_agent::metrics::Metrics;
 use std::path::PathBuf;
 
 fn readme() -> String {
@@ -70,15 +70,15 @@ fn metric_names() -> Vec<String> {
     m.invalid("Service", "plan");
     m.watch_error("services");
     m.heartbeat_age
-        .get_or_create(&nodelb_agent::run::metrics::NodeLabel {
+        .get_or_create(&nodelb_agent::metrics::NodeLabel {
             node: "node-a".into(),
         })
         .set(1.0);
     m.status_writes
-        .get_or_create(&nodelb_agent::run::metrics::WriteLabel { result: "ok" })
+        .get_or_create(&nodelb_agent::metrics::WriteLabel { result: "ok" })
         .inc();
     m.heartbeats
-        .get_or_create(&nodelb_agent::run::metrics::ResultLabel { result: "ok" })
+        .get_or_create(&nodelb_agent::metrics::ResultLabel { result: "ok" })
         .inc();
     let text = m.render();
     let types: Vec<(String, String)> = text
@@ -94,7 +94,7 @@ fn metric_names() -> Vec<String> {
         .collect();
     let registered = registered_names();
     assert!(registered.len() >= 9, "{registered:?}");
-    let kernel = nodelb_agent::run::metrics::KERNEL_COUNTERS
+    let kernel = nodelb_agent::metrics::KERNEL_COUNTERS
         .iter()
         .map(|(n, _)| format!("nodelb_{n}_total"));
     registered

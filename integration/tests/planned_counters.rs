@@ -14,10 +14,10 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use nodelb_agent::metrics::{service_counter_samples, CounterSource, KernelCounters};
 use nodelb_agent::plan::config::Config;
 use nodelb_agent::plan::node::{AddressKind, NodeInfo};
 use nodelb_agent::plan::{plan, Input};
-use nodelb_agent::run::metrics::{service_counter_samples, CounterSource, KernelCounters};
 use nodelb_agent::vocab::{Families, IpFamily};
 use nodelb_integration::netns::{require_root, route, Netns, Topology};
 use nodelb_integration::objects::Objects;

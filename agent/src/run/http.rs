@@ -2,7 +2,7 @@
 //! last sync committed, every enabled family forwarding; the body says what is missing) on
 //! `--health-addr`; `/metrics` on `--metrics-addr`.
 
-use super::metrics::{Metrics, CONTENT_TYPE};
+use crate::metrics::{Metrics, CONTENT_TYPE};
 use crate::vocab::IpFamily;
 use axum::body::Body;
 use axum::http::{header, StatusCode};
@@ -141,7 +141,7 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run::metrics::CounterSource;
+    use crate::metrics::CounterSource;
     use nodelb_netfilter::CounterValues;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -1,7 +1,13 @@
 //! Tracing to standard error, as text or JSON (`--log-format`); `RUST_LOG` sets the filter.
 
-use crate::cli::LogFormat;
 use tracing_subscriber::EnvFilter;
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
 
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));

@@ -2,21 +2,16 @@
 //! report foreign changes; all of them wake one sync loop (see `sync`). HTTP serves health,
 //! readiness and metrics. SIGTERM/SIGINT stop the agent and leave its rules in place.
 
-pub mod caches;
-pub mod events;
+pub mod decisions;
 pub mod http;
-pub mod inbox;
-pub mod leader;
 pub mod logging;
 pub mod malloc;
-pub mod metrics;
-pub mod node_events;
-pub mod status_writer;
 pub mod sync;
 
-use crate::cli::RunArgs;
 use crate::host::addresses;
 use crate::host::sysctl::{Forwarding, Sysctls};
+use crate::kube::{inbox, lease, node_events, status_writer, watches};
+use crate::metrics;
 use crate::vocab::IpFamily;
 use anyhow::Context;
 use nodelb_netfilter::{Family, TableRef, WatchEvent, Watcher};
@@ -36,22 +31,16 @@ pub enum Trigger {
     Drift(String),
 }
 
-/// The kube client: `--kubeconfig`, else `$KUBECONFIG` / `~/.kube/config`, else in-cluster.
-pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("loading kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("finding a kubeconfig ($KUBECONFIG, ~/.kube/config, in-cluster)")?,
-    };
-    info!(cluster = %config.cluster_url, "API server");
-    kube::Client::try_from(config).context("building the Kubernetes client")
+impl From<inbox::ObjectEvent> for Trigger {
+    fn from(e: inbox::ObjectEvent) -> Trigger {
+        Trigger::Object(e)
+    }
+}
+
+impl From<watches::NodeChanged> for Trigger {
+    fn from(_: watches::NodeChanged) -> Trigger {
+        Trigger::Changed
+    }
 }
 
 /// Watch nftables events for foreign changes to nodelb's tables on a thread of its own (the
@@ -135,13 +124,39 @@ async fn shutdown_signal() {
     }
 }
 
+/// What the agent runs with: the `run` flags, resolved (the CLI builds it).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// `None`: `$KUBECONFIG`, `~/.kube/config`, else in-cluster.
+    pub kubeconfig: Option<std::path::PathBuf>,
+    pub node_name: String,
+    /// The agent's Pod: the holder of its Leases and the `reportingInstance` of its Events.
+    pub pod_name: String,
+    /// Set when the Pod's name was given (Node Events name the instance only then).
+    pub pod_name_given: bool,
+    /// Where the Leases live.
+    pub namespace: String,
+    pub config: crate::plan::config::Config,
+    pub set_sysctls: bool,
+    /// `--masquerade-bit` was given (accepted, not used).
+    pub masquerade_bit: bool,
+    /// `ipMode` for `status.loadBalancer.ingress`: `Proxy` or `VIP`.
+    pub ip_mode: String,
+    pub sync_debounce: Duration,
+    pub resync_interval: Duration,
+    pub node_lease_duration: Duration,
+    pub election: crate::status::election::Params,
+    pub health_addr: std::net::SocketAddr,
+    pub metrics_addr: std::net::SocketAddr,
+}
+
 /// The agent, until SIGTERM/SIGINT.
-pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let config = args.config();
-    info!(node = %args.node_name, ipv4 = config.ipv4, ipv6 = config.ipv6,
+pub async fn run(settings: Settings) -> anyhow::Result<()> {
+    let config = settings.config.clone();
+    info!(node = %settings.node_name, ipv4 = config.ipv4, ipv6 = config.ipv6,
           lb_class = %config.lb_class, default_class = config.default_class,
           reserved_ports = %config.reserved_ports, "nodelb-agent starting");
-    if args.masquerade_bit.is_some() {
+    if settings.masquerade_bit {
         info!("--masquerade-bit is accepted for compatibility and not used: masquerading follows conntrack state");
     }
     let metrics = Arc::new(metrics::Metrics::with_counters(Box::new(
@@ -155,139 +170,66 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     )));
     let readiness: http::SharedReadiness = Default::default();
     let sysctls = Sysctls::default();
-
-    if args.set_sysctls {
-        for f in [IpFamily::V4, IpFamily::V6] {
-            let on = if f == IpFamily::V4 {
-                config.ipv4
-            } else {
-                config.ipv6
-            };
-            if !on {
-                continue;
-            }
-            match sysctls.enable_forwarding(f) {
-                Ok((Forwarding::Forwarding, warnings)) => {
-                    info!(family = %f, "forwarding on");
-                    for w in warnings {
-                        warn!("{w}");
-                    }
-                }
-                Ok((state, _)) => warn!(family = %f, state = %state, "cannot turn forwarding on"),
-                Err(e) => error!(family = %f, error = %e, "cannot set the forwarding sysctl"),
-            }
-        }
+    if settings.set_sysctls {
+        set_forwarding(&sysctls, &config);
     }
-
     let _http = http::serve(
-        args.health_addr,
-        args.metrics_addr,
+        settings.health_addr,
+        settings.metrics_addr,
         readiness.clone(),
         metrics.clone(),
     )
     .await?;
 
-    let client = kube_client(args.kubeconfig.as_deref()).await?;
+    let client = crate::kube::client(settings.kubeconfig.as_deref()).await?;
     let (tx, rx) = mpsc::unbounded_channel();
     let (caches, _watches) =
-        caches::Caches::start(&client, &args.node_name, tx.clone(), metrics.clone());
-
-    let addrs = addresses::watch(args.resync_interval)
+        watches::Caches::start(&client, &settings.node_name, tx.clone(), metrics.clone());
+    let addrs = addresses::watch(settings.resync_interval)
         .await
         .context("following the host's addresses over rtnetlink")?;
-    {
-        let mut rx_addr = addrs.rx.clone();
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            while rx_addr.changed().await.is_ok() {
-                if tx.send(Trigger::Changed).is_err() {
-                    return;
-                }
-            }
-        });
-    }
+    forward_address_changes(addrs.rx.clone(), tx.clone());
     let watch_pause = spawn_drift_watch(&config.table_name, tx.clone());
     drop(tx);
 
-    let node_events =
-        node_events::NodeEvents::new(Some(client.clone()), &args.node_name, args.pod_name.clone());
-    let pod_name = args
-        .pod_name
-        .clone()
-        .unwrap_or_else(|| format!("nodelb-agent-{}", args.node_name));
-    let namespace = args
-        .pod_namespace
-        .clone()
-        .unwrap_or_else(|| "nodelb-system".to_string());
+    let node_events = node_events::NodeEvents::new(
+        Some(client.clone()),
+        &settings.node_name,
+        settings.pod_name_given.then(|| settings.pod_name.clone()),
+    );
     let (families_tx, families_rx) = watch::channel(None);
     let (objects_tx, objects_rx) = watch::channel(None);
     let (leading_tx, leading_rx) = watch::channel(false);
-    let status_cfg = crate::status::StatusConfig {
-        planner: config.clone(),
-        node_lease_duration: args.node_lease_duration,
-    };
     let sync = sync::SyncLoop::new(
         caches,
         addrs.rx.clone(),
-        args.node_name.clone(),
+        settings.node_name.clone(),
         config,
         sysctls,
         metrics.clone(),
         readiness,
         node_events,
-        args.sync_debounce,
-        args.resync_interval,
+        settings.sync_debounce,
+        settings.resync_interval,
     )
     .with_status(families_tx, objects_tx, leading_rx.clone())
     .with_watch_pause(watch_pause);
     let (stop_tx, stop_rx) = watch::channel(false);
-    let election = tokio::spawn(leader::elect(
-        client.clone(),
-        namespace.clone(),
-        pod_name.clone(),
-        crate::status::election::Params {
-            lease_duration: args.lease_duration,
-            renew_deadline: args.renew_deadline,
-            retry_period: args.retry_period,
-        },
-        leading_tx,
-        metrics.clone(),
-        stop_rx.clone(),
-    ));
-    let heartbeat = tokio::spawn(leader::heartbeat(
-        client.clone(),
-        namespace.clone(),
-        args.node_name.clone(),
-        pod_name.clone(),
-        (args.node_lease_duration / 3).max(std::time::Duration::from_secs(1)),
+    let status = StatusTasks::spawn(
+        &settings,
+        client,
         families_rx,
-        metrics.clone(),
+        objects_rx,
+        (leading_tx, leading_rx),
+        metrics,
         stop_rx.clone(),
-    ));
-    let writer = status_writer::StatusWriter {
-        client: client.clone(),
-        namespace,
-        pod_name,
-        cfg: status_cfg,
-        ip_mode: match args.ip_mode {
-            crate::cli::IpMode::Proxy => "Proxy".into(),
-            crate::cli::IpMode::Vip => "VIP".into(),
-        },
-        period: args.retry_period,
-        objects: objects_rx,
-        leading: leading_rx,
-        metrics: metrics.clone(),
-    };
-    let writer = tokio::spawn(writer.run(stop_rx.clone()));
+    );
     let mut sync_task = tokio::spawn(sync.run(rx, stop_rx));
     tokio::select! {
         _ = shutdown_signal() => {
             let _ = stop_tx.send(true);
             let _ = (&mut sync_task).await;
-            // The election releases the Lease on its way out, so another agent takes over now.
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), election).await;
-            let _ = heartbeat.await;
-            let _ = writer.await;
+            status.stopped().await;
         }
         r = &mut sync_task => {
             r.context("the sync loop panicked")?;
@@ -296,4 +238,110 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     info!("stopped; nodelb's rules stay in the kernel");
     Ok(())
+}
+
+/// `--set-sysctls`: turn forwarding on for the enabled families.
+fn set_forwarding(sysctls: &Sysctls, config: &crate::plan::config::Config) {
+    for f in [IpFamily::V4, IpFamily::V6] {
+        let on = if f == IpFamily::V4 {
+            config.ipv4
+        } else {
+            config.ipv6
+        };
+        if !on {
+            continue;
+        }
+        match sysctls.enable_forwarding(f) {
+            Ok((Forwarding::Forwarding, warnings)) => {
+                info!(family = %f, "forwarding on");
+                for w in warnings {
+                    warn!("{w}");
+                }
+            }
+            Ok((state, _)) => warn!(family = %f, state = %state, "cannot turn forwarding on"),
+            Err(e) => error!(family = %f, error = %e, "cannot set the forwarding sysctl"),
+        }
+    }
+}
+
+/// Each change of the host's addresses wakes the sync loop.
+fn forward_address_changes(
+    mut rx: watch::Receiver<addresses::Snapshot>,
+    tx: mpsc::UnboundedSender<Trigger>,
+) {
+    tokio::spawn(async move {
+        while rx.changed().await.is_ok() {
+            if tx.send(Trigger::Changed).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// The status side of the agent: the election of the status leader, this node's heartbeat,
+/// and the status writer (which acts only while leading).
+struct StatusTasks {
+    election: tokio::task::JoinHandle<()>,
+    heartbeat: tokio::task::JoinHandle<()>,
+    writer: tokio::task::JoinHandle<()>,
+}
+
+impl StatusTasks {
+    fn spawn(
+        settings: &Settings,
+        client: ::kube::Client,
+        families: watch::Receiver<Option<crate::vocab::Families>>,
+        objects: watch::Receiver<Option<Arc<crate::plan::Objects>>>,
+        (leading_tx, leading_rx): (watch::Sender<bool>, watch::Receiver<bool>),
+        metrics: Arc<metrics::Metrics>,
+        stop: watch::Receiver<bool>,
+    ) -> StatusTasks {
+        let election = tokio::spawn(lease::elect(
+            client.clone(),
+            settings.namespace.clone(),
+            settings.pod_name.clone(),
+            settings.election,
+            leading_tx,
+            metrics.clone(),
+            stop.clone(),
+        ));
+        let heartbeat = tokio::spawn(lease::heartbeat(
+            client.clone(),
+            settings.namespace.clone(),
+            settings.node_name.clone(),
+            settings.pod_name.clone(),
+            (settings.node_lease_duration / 3).max(Duration::from_secs(1)),
+            families,
+            metrics.clone(),
+            stop.clone(),
+        ));
+        let writer = status_writer::StatusWriter {
+            client,
+            namespace: settings.namespace.clone(),
+            pod_name: settings.pod_name.clone(),
+            cfg: crate::status::StatusConfig {
+                planner: settings.config.clone(),
+                node_lease_duration: settings.node_lease_duration,
+            },
+            ip_mode: settings.ip_mode.clone(),
+            period: settings.election.retry_period,
+            objects,
+            leading: leading_rx,
+            metrics,
+        };
+        let writer = tokio::spawn(writer.run(stop));
+        StatusTasks {
+            election,
+            heartbeat,
+            writer,
+        }
+    }
+
+    /// Wait for the tasks to stop (after the stop signal).
+    async fn stopped(self) {
+        // The election releases the Lease on its way out, so another agent takes over now.
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.election).await;
+        let _ = self.heartbeat.await;
+        let _ = self.writer.await;
+    }
 }

@@ -4,7 +4,7 @@
 //! only where the stored value differs. Service Events come from here only.
 
 use super::events::{create_event, new_event};
-use super::metrics::{Metrics, NodeLabel, WriteLabel};
+use crate::metrics::{Metrics, NodeLabel, WriteLabel};
 use crate::plan::slim::{self};
 use crate::plan::stored::Service;
 use crate::plan::Objects;

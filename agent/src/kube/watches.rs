@@ -5,8 +5,7 @@
 //! does not deserialize is logged and counted once and never stops the watch.
 
 use super::inbox::ObjectEvent;
-use super::metrics::Metrics;
-use super::Trigger;
+use crate::metrics::Metrics;
 use crate::plan::slim::{EndpointSlice, Service};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -21,6 +20,10 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{info_span, warn, Instrument};
+
+/// This node's Node changed (sent by its watch).
+#[derive(Debug)]
+pub struct NodeChanged;
 
 /// The Node's reflector.
 #[derive(Clone)]
@@ -37,29 +40,32 @@ where
 }
 
 impl Caches {
-    /// Start the three watches. Service and EndpointSlice events are sent as
-    /// [`Trigger::Object`]; a Node change as [`Trigger::Changed`].
-    pub fn start(
+    /// Start the three watches. Service and EndpointSlice events are sent as an
+    /// [`ObjectEvent`]; a change of this node's Node as [`NodeChanged`].
+    pub fn start<T>(
         client: &Client,
         node_name: &str,
-        tx: UnboundedSender<Trigger>,
+        tx: UnboundedSender<T>,
         metrics: Arc<Metrics>,
-    ) -> (Caches, Vec<tokio::task::JoinHandle<()>>) {
-        let t1 = forward::<Service>(
+    ) -> (Caches, Vec<tokio::task::JoinHandle<()>>)
+    where
+        T: From<ObjectEvent> + From<NodeChanged> + Send + 'static,
+    {
+        let t1 = forward::<Service, T>(
             Api::all(client.clone()),
             "services",
             tx.clone(),
             metrics.clone(),
-            |ev| Trigger::Object(ObjectEvent::Service(Box::new(ev))),
+            |ev| T::from(ObjectEvent::Service(Box::new(ev))),
         );
-        let t2 = forward::<EndpointSlice>(
+        let t2 = forward::<EndpointSlice, T>(
             Api::all(client.clone()),
             "endpointslices",
             tx.clone(),
             metrics.clone(),
-            |ev| Trigger::Object(ObjectEvent::Slice(Box::new(ev))),
+            |ev| T::from(ObjectEvent::Slice(Box::new(ev))),
         );
-        let (node, t3) = start_one::<Node>(
+        let (node, t3) = start_one::<Node, T>(
             Api::all(client.clone()),
             watcher::Config::default().fields(&format!("metadata.name={node_name}")),
             "nodes",
@@ -76,12 +82,12 @@ impl Caches {
 }
 
 /// Watch `api` and send every event on, noting objects that do not deserialize.
-fn forward<K>(
+fn forward<K, T: Send + 'static>(
     api: Api<DeserializeGuard<K>>,
     resource: &'static str,
-    tx: UnboundedSender<Trigger>,
+    tx: UnboundedSender<T>,
     metrics: Arc<Metrics>,
-    wrap: fn(Event<DeserializeGuard<K>>) -> Trigger,
+    wrap: fn(Event<DeserializeGuard<K>>) -> T,
 ) -> tokio::task::JoinHandle<()>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -90,12 +96,12 @@ where
     drain(stream, resource, tx, metrics, wrap)
 }
 
-/// Watch `api` into a reflector's store; every change sends [`Trigger::Changed`].
-fn start_one<K>(
+/// Watch `api` into a reflector's store; every change sends [`NodeChanged`].
+fn start_one<K, T: From<NodeChanged> + Send + 'static>(
     api: Api<DeserializeGuard<K>>,
     config: watcher::Config,
     resource: &'static str,
-    tx: UnboundedSender<Trigger>,
+    tx: UnboundedSender<T>,
     metrics: Arc<Metrics>,
 ) -> (Store<DeserializeGuard<K>>, tokio::task::JoinHandle<()>)
 where
@@ -103,19 +109,19 @@ where
 {
     let (reader, writer) = reflector::store::<DeserializeGuard<K>>();
     let stream = reflector::reflector(writer, watcher::watcher(api, config).default_backoff());
-    let task = drain(stream, resource, tx, metrics, |_| Trigger::Changed);
+    let task = drain(stream, resource, tx, metrics, |_| T::from(NodeChanged));
     (reader, task)
 }
 
 /// Run a watch stream to its end: note objects that do not deserialize (once per object and
 /// error, so a re-list does not report them again), count watch errors, and send each event on
-/// as `wrap` makes it a trigger.
-fn drain<K, S>(
+/// as `wrap` makes it a message.
+fn drain<K, S, T: Send + 'static>(
     stream: S,
     resource: &'static str,
-    tx: UnboundedSender<Trigger>,
+    tx: UnboundedSender<T>,
     metrics: Arc<Metrics>,
-    wrap: fn(Event<DeserializeGuard<K>>) -> Trigger,
+    wrap: fn(Event<DeserializeGuard<K>>) -> T,
 ) -> tokio::task::JoinHandle<()>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,

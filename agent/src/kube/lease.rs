@@ -1,7 +1,7 @@
 //! Leader election on the Lease `nodelb-status` (see `status::election` for the rules) and this
 //! node's heartbeat Lease `nodelb-node-<node>`, both in the agent's namespace.
 
-use super::metrics::{Metrics, ResultLabel};
+use crate::metrics::{Metrics, ResultLabel};
 use crate::status::election::{Action, Election, Params, LEASE_NAME};
 use crate::status::format_families;
 use crate::status::heartbeat::{lease_name, FAMILIES_ANNOTATION, NODE_LABEL};
