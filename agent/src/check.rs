@@ -209,21 +209,26 @@ fn forwarding(sysctls: &Sysctls, f: IpFamily) -> Finding {
 /// named dnat map, `ct status` and `ct original` matches, masquerade, and both rejects.
 /// Addresses are documentation ones, so nothing real matches in the moment it exists.
 pub fn feature_table(f: IpFamily) -> Table {
-    let (daddr, addr_ty, addr): (Expr, Expr, IpAddr) = match f {
+    let (daddr, addr): (Expr, IpAddr) = match f {
         IpFamily::V4 => (
-            Expr::Payload(Payload::IpDaddr),
             Expr::Payload(Payload::IpDaddr),
             "192.0.2.1".parse().expect("address"),
         ),
         IpFamily::V6 => (
             Expr::Payload(Payload::Ip6Daddr),
-            Expr::Payload(Payload::Ip6Daddr),
             "2001:db8::1".parse().expect("address"),
         ),
     };
+    let mut t = Table::new(f.netfilter(), CHECK_TABLE);
+    add_endpoints(&mut t, daddr, addr);
+    add_base_chains(&mut t, daddr, addr);
+    t
+}
+
+/// A numgen-keyed DNAT map and the regular chain that uses it.
+fn add_endpoints(t: &mut Table, addr_ty: Expr, addr: IpAddr) {
     let l4 = Expr::Meta(MetaKey::L4Proto);
     let dport = Expr::Payload(Payload::ThDport);
-    let mut t = Table::new(f.netfilter(), CHECK_TABLE);
     let mut map = Set::map(
         "endpoints",
         SetType::Typeof(vec![l4, dport, Expr::Numgen { modulus: 1 }]),
@@ -244,6 +249,12 @@ pub fn feature_table(f: IpFamily) -> Table {
             map: "endpoints".into(),
         }])),
     );
+}
+
+/// The base chains nodelb uses: DNAT, masquerade, and rejects in `input`.
+fn add_base_chains(t: &mut Table, daddr: Expr, addr: IpAddr) {
+    let l4 = Expr::Meta(MetaKey::L4Proto);
+    let dport = Expr::Payload(Payload::ThDport);
     let matches = || {
         vec![
             Stmt::cmp(daddr, Value::from(addr)),
@@ -294,7 +305,6 @@ pub fn feature_table(f: IpFamily) -> Table {
             .rule(Rule::new(tcp_reject))
             .rule(Rule::new(unreachable)),
     );
-    t
 }
 
 fn features(nft: &mut Nft, f: IpFamily) -> Finding {

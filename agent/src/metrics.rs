@@ -251,95 +251,65 @@ impl Metrics {
     }
 
     fn build(counters: Option<Box<dyn CounterSource>>) -> Metrics {
-        let mut registry = Registry::with_prefix("nodelb");
         let mut service_counters = Registry::with_prefix("nodelb");
         if let Some(source) = counters {
             service_counters.register_collector(Box::new(ServiceCounters(source)));
         }
+        let mut r = Registry::with_prefix("nodelb");
+        let (leader, lease_transitions, heartbeat_age, status_writes, heartbeats) =
+            status_metrics(&mut r);
         // 1 ms .. ~16 s.
-        let sync_duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
-        let syncs = Family::<ResultLabel, Counter>::default();
-        let sync_objects = Gauge::default();
-        let sync_bytes = Gauge::default();
-        let services_programmed = Gauge::default();
-        let endpoints_programmed = Gauge::default();
-        let drift_repairs = Counter::default();
-        let invalid_objects = Family::<InvalidLabels, Counter>::default();
-        let watch_errors = Family::<ResourceLabel, Counter>::default();
-        let leader = Gauge::default();
-        let lease_transitions = Gauge::default();
-        let heartbeat_age =
-            Family::<NodeLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
-        let status_writes = Family::<WriteLabel, Counter>::default();
-        let heartbeats = Family::<ResultLabel, Counter>::default();
-        registry.register(
-            "leader",
-            "1 while this agent holds the Lease nodelb-status and writes Service status",
-            leader.clone(),
-        );
-        registry.register(
-            "lease_transitions",
-            "leaseTransitions of the Lease nodelb-status as last seen",
-            lease_transitions.clone(),
-        );
-        registry.register(
-            "heartbeat_age_seconds",
-            "Age of each node's heartbeat Lease, as seen by the leader",
-            heartbeat_age.clone(),
-        );
-        registry.register(
-            "status_writes",
-            "Service status writes by the leader, by result",
-            status_writes.clone(),
-        );
-        registry.register(
-            "heartbeats",
-            "Renewals of this node's heartbeat Lease, by result",
-            heartbeats.clone(),
-        );
-        registry.register(
+        let sync_duration = register(
+            &mut r,
             "sync_duration_seconds",
             "Time of one sync: plan, encode and commit",
-            sync_duration.clone(),
+            Histogram::new(exponential_buckets(0.001, 2.0, 15)),
         );
-        registry.register("syncs", "Syncs by result", syncs.clone());
-        registry.register(
-            "sync_objects",
-            "Objects (table, chains, rules, sets, elements) in the tables of the last committed sync",
-            sync_objects.clone(),
+        let syncs = register(
+            &mut r,
+            "syncs",
+            "Syncs by result",
+            Family::<ResultLabel, Counter>::default(),
         );
-        registry.register(
+        let sync_objects = register(&mut r, "sync_objects", "Objects (table, chains, rules, sets, elements) in the tables of the last committed sync", Gauge::default());
+        let sync_bytes = register(
+            &mut r,
             "sync_bytes",
             "Bytes of the netlink batch of the last committed sync",
-            sync_bytes.clone(),
+            Gauge::default(),
         );
-        registry.register(
+        let services_programmed = register(
+            &mut r,
             "services_programmed",
             "Services with rules on this node",
-            services_programmed.clone(),
+            Gauge::default(),
         );
-        registry.register(
+        let endpoints_programmed = register(
+            &mut r,
             "endpoints_programmed",
             "Endpoints behind programmed Service ports, summed over families and ports",
-            endpoints_programmed.clone(),
+            Gauge::default(),
         );
-        registry.register(
+        let drift_repairs = register(
+            &mut r,
             "drift_repairs",
             "Full replaces because another process changed nodelb's tables",
-            drift_repairs.clone(),
+            Counter::default(),
         );
-        registry.register(
+        let invalid_objects = register(
+            &mut r,
             "invalid_objects",
             "Problems found in input objects, one per new problem",
-            invalid_objects.clone(),
+            Family::<InvalidLabels, Counter>::default(),
         );
-        registry.register(
+        let watch_errors = register(
+            &mut r,
             "watch_errors",
             "Errors of the Kubernetes watches",
-            watch_errors.clone(),
+            Family::<ResourceLabel, Counter>::default(),
         );
         Metrics {
-            registry,
+            registry: r,
             service_counters,
             sync_duration,
             syncs,
@@ -489,6 +459,67 @@ impl fmt::Write for ChunkWriter {
 
 /// The Content-Type of [`Metrics::render`].
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The status side's metrics: election, heartbeats, status writes.
+#[allow(clippy::type_complexity)]
+fn status_metrics(
+    r: &mut Registry,
+) -> (
+    Gauge,
+    Gauge,
+    Family<NodeLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    Family<WriteLabel, Counter>,
+    Family<ResultLabel, Counter>,
+) {
+    let leader = register(
+        r,
+        "leader",
+        "1 while this agent holds the Lease nodelb-status and writes Service status",
+        Gauge::default(),
+    );
+    let lease_transitions = register(
+        r,
+        "lease_transitions",
+        "leaseTransitions of the Lease nodelb-status as last seen",
+        Gauge::default(),
+    );
+    let heartbeat_age = register(
+        r,
+        "heartbeat_age_seconds",
+        "Age of each node's heartbeat Lease, as seen by the leader",
+        Family::<NodeLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default(),
+    );
+    let status_writes = register(
+        r,
+        "status_writes",
+        "Service status writes by the leader, by result",
+        Family::<WriteLabel, Counter>::default(),
+    );
+    let heartbeats = register(
+        r,
+        "heartbeats",
+        "Renewals of this node's heartbeat Lease, by result",
+        Family::<ResultLabel, Counter>::default(),
+    );
+    (
+        leader,
+        lease_transitions,
+        heartbeat_age,
+        status_writes,
+        heartbeats,
+    )
+}
+
+/// Register `metric` under `name` and hand it back to keep.
+fn register<M: prometheus_client::registry::Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
 
 #[cfg(test)]
 mod tests {

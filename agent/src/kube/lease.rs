@@ -35,83 +35,23 @@ pub async fn elect(
     metrics: Arc<Metrics>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let api: Api<Lease> = Api::namespaced(client, &namespace);
-    let mut e = Election::new(me.clone(), params);
+    let elector = Elector {
+        api: Api::namespaced(client, &namespace),
+        namespace,
+        me: me.clone(),
+        params,
+        metrics,
+    };
+    let mut e = Election::new(me, params);
     async {
         loop {
-            let now = Instant::now();
             let was = e.leading();
-            let e_ref = &mut e;
-            let api = &api;
-            let metrics = &metrics;
-            let me = &me;
-            let namespace = &namespace;
-            let step = async move {
-                let current = api.get_opt(LEASE_NAME).await?;
-                let action = e_ref.observe(current.as_ref(), now);
-                if let Some(l) = &current {
-                    let t = l.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0);
-                    metrics.lease_transitions.set(i64::from(t));
-                }
-                match action {
-                    Action::Wait => return Ok::<bool, kube::Error>(false),
-                    Action::Create => {
-                        let lease = Lease {
-                            metadata: kube::api::ObjectMeta {
-                                name: Some(LEASE_NAME.into()),
-                                namespace: Some(namespace.to_string()),
-                                ..Default::default()
-                            },
-                            spec: Some(LeaseSpec {
-                                holder_identity: Some(me.to_string()),
-                                lease_duration_seconds: Some(secs(params.lease_duration)),
-                                acquire_time: Some(now_micro()),
-                                renew_time: Some(now_micro()),
-                                lease_transitions: Some(0),
-                                ..Default::default()
-                            }),
-                        };
-                        api.create(&PostParams::default(), &lease).await?;
-                    }
-                    Action::Acquire | Action::Renew => {
-                        let mut lease = current.expect("acquire and renew follow a read");
-                        let spec = lease.spec.get_or_insert_with(Default::default);
-                        if action == Action::Acquire {
-                            spec.holder_identity = Some(me.to_string());
-                            spec.acquire_time = Some(now_micro());
-                            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
-                        }
-                        spec.renew_time = Some(now_micro());
-                        spec.lease_duration_seconds = Some(secs(params.lease_duration));
-                        // The read resourceVersion makes this a compare-and-swap: 409 if
-                        // someone else wrote in between.
-                        api.replace(LEASE_NAME, &PostParams::default(), &lease).await?;
-                        if action == Action::Acquire {
-                            info!(holder = %me, "acquired the Lease {LEASE_NAME}: writing Service status");
-                        }
-                    }
-                }
-                Ok(true)
-            };
-            let result = step.await;
-            match result {
-                Ok(true) => e.succeeded(Instant::now()),
-                Ok(false) => {}
-                Err(err) => {
-                    let still = e.failed(Instant::now());
-                    // 409: another agent created or wrote the Lease first, the race a
-                    // compare-and-swap exists for; the next step reads it again.
-                    if matches!(&err, kube::Error::Api(s) if s.code == 409) {
-                        debug!(error = %err, leading = still, "election step lost a race");
-                    } else {
-                        warn!(error = %err, leading = still, "election step failed");
-                    }
-                }
-            }
+            let result = elector.step(&mut e).await;
+            elector.settle(&mut e, result);
             if was && !e.leading() {
                 warn!("lost the Lease {LEASE_NAME}: no longer writing Service status");
             }
-            metrics.leader.set(i64::from(e.leading()));
+            elector.metrics.leader.set(i64::from(e.leading()));
             leading.send_if_modified(|l| std::mem::replace(l, e.leading()) != e.leading());
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => break,
@@ -120,8 +60,8 @@ pub async fn elect(
         }
         if e.leading() {
             leading.send_replace(false);
-            metrics.leader.set(0);
-            match release(&api, &me).await {
+            elector.metrics.leader.set(0);
+            match release(&elector.api, &elector.me).await {
                 Ok(()) => info!("released the Lease {LEASE_NAME}"),
                 Err(err) => warn!(error = %err, "could not release the Lease {LEASE_NAME}"),
             }
@@ -130,6 +70,98 @@ pub async fn elect(
     }
     .instrument(info_span!("election"))
     .await
+}
+
+/// The I/O side of the election: reads and writes the Lease as the state machine decides.
+struct Elector {
+    api: Api<Lease>,
+    namespace: String,
+    me: String,
+    params: Params,
+    metrics: Arc<Metrics>,
+}
+
+impl Elector {
+    /// Read the Lease and do what the state machine decides. `Ok(true)`: the Lease was
+    /// written (created, acquired or renewed); `Ok(false)`: nothing to do.
+    async fn step(&self, e: &mut Election) -> Result<bool, kube::Error> {
+        let now = Instant::now();
+        let current = self.api.get_opt(LEASE_NAME).await?;
+        let action = e.observe(current.as_ref(), now);
+        if let Some(l) = &current {
+            let t = l
+                .spec
+                .as_ref()
+                .and_then(|s| s.lease_transitions)
+                .unwrap_or(0);
+            self.metrics.lease_transitions.set(i64::from(t));
+        }
+        match action {
+            Action::Wait => return Ok(false),
+            Action::Create => {
+                self.api
+                    .create(&PostParams::default(), &self.new_lease())
+                    .await?;
+            }
+            Action::Acquire | Action::Renew => {
+                let mut lease = current.expect("acquire and renew follow a read");
+                let spec = lease.spec.get_or_insert_with(Default::default);
+                if action == Action::Acquire {
+                    spec.holder_identity = Some(self.me.clone());
+                    spec.acquire_time = Some(now_micro());
+                    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                }
+                spec.renew_time = Some(now_micro());
+                spec.lease_duration_seconds = Some(secs(self.params.lease_duration));
+                // The read resourceVersion makes this a compare-and-swap: 409 if someone else
+                // wrote in between.
+                self.api
+                    .replace(LEASE_NAME, &PostParams::default(), &lease)
+                    .await?;
+                if action == Action::Acquire {
+                    info!(holder = %self.me, "acquired the Lease {LEASE_NAME}: writing Service status");
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// The Lease this agent creates when there is none.
+    fn new_lease(&self) -> Lease {
+        Lease {
+            metadata: kube::api::ObjectMeta {
+                name: Some(LEASE_NAME.into()),
+                namespace: Some(self.namespace.clone()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(self.me.clone()),
+                lease_duration_seconds: Some(secs(self.params.lease_duration)),
+                acquire_time: Some(now_micro()),
+                renew_time: Some(now_micro()),
+                lease_transitions: Some(0),
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// Tell the state machine how the step went.
+    fn settle(&self, e: &mut Election, result: Result<bool, kube::Error>) {
+        match result {
+            Ok(true) => e.succeeded(Instant::now()),
+            Ok(false) => {}
+            Err(err) => {
+                let still = e.failed(Instant::now());
+                // 409: another agent created or wrote the Lease first, the race a
+                // compare-and-swap exists for; the next step reads it again.
+                if matches!(&err, kube::Error::Api(s) if s.code == 409) {
+                    debug!(error = %err, leading = still, "election step lost a race");
+                } else {
+                    warn!(error = %err, leading = still, "election step failed");
+                }
+            }
+        }
+    }
 }
 
 /// Give the Lease up: empty holder, so the next agent takes it at once.

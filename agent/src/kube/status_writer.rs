@@ -161,13 +161,7 @@ impl StatusWriter {
         let leases: Vec<Lease> = leases.state().iter().map(|l| (**l).clone()).collect();
         let beats = heartbeat::read(&leases);
         let now = Timestamp::now();
-        for (node, b) in &beats {
-            let age = now.duration_since(b.renewed).as_secs_f64();
-            self.metrics
-                .heartbeat_age
-                .get_or_create(&NodeLabel { node: node.clone() })
-                .set(age);
-        }
+        self.record_heartbeat_ages(&beats, now);
         let changed = memory
             .status
             .compute(&objects, &nodes, &beats, now, &self.cfg);
@@ -191,82 +185,123 @@ impl StatusWriter {
                 );
                 return;
             }
-            let Some(svc) = objects.service(key) else {
-                memory.written.remove(key);
-                memory.reported.remove(key);
-                continue;
-            };
-            let want = memory.status.desired().get(key).cloned();
-            let want = want.as_ref();
-            let reported = memory.reported.entry(key.clone()).or_default();
-            self.report_problems(reported, key, svc, want, recorder)
-                .await;
-            if reported.is_empty() {
-                memory.reported.remove(key);
+            self.settle(memory, &objects, key, ip_mode, recorder).await;
+        }
+    }
+
+    fn record_heartbeat_ages(
+        &self,
+        beats: &BTreeMap<String, heartbeat::Heartbeat>,
+        now: Timestamp,
+    ) {
+        for (node, b) in beats {
+            let age = now.duration_since(b.renewed).as_secs_f64();
+            self.metrics
+                .heartbeat_age
+                .get_or_create(&NodeLabel { node: node.clone() })
+                .set(age);
+        }
+    }
+
+    /// Bring one Service's status and its problem Events to what the leader decided.
+    async fn settle(
+        &mut self,
+        memory: &mut Memory,
+        objects: &Objects,
+        key: &ServiceKey,
+        ip_mode: Option<&str>,
+        recorder: &EventSink,
+    ) {
+        let Some(svc) = objects.service(key) else {
+            memory.written.remove(key);
+            memory.reported.remove(key);
+            return;
+        };
+        let want = memory.status.desired().get(key).cloned();
+        let want = want.as_ref();
+        let reported = memory.reported.entry(key.clone()).or_default();
+        self.report_problems(reported, key, svc, want, recorder)
+            .await;
+        if reported.is_empty() {
+            memory.reported.remove(key);
+        }
+        if let Some((wrote, rv)) = memory.written.get(key) {
+            if want.map(|d| &d.ingress) == Some(wrote)
+                && svc.metadata.resource_version.as_deref() == rv.as_deref()
+            {
+                return; // written; the watch has not caught up yet
             }
-            if let Some((wrote, rv)) = memory.written.get(key) {
-                if want.map(|d| &d.ingress) == Some(wrote)
-                    && svc.metadata.resource_version.as_deref() == rv.as_deref()
-                {
-                    continue; // written; the watch has not caught up yet
+        }
+        match ingress::decide(svc, want, ip_mode) {
+            Write::Nothing => {
+                memory.foreign.remove(key);
+            }
+            Write::OwnedElsewhere { managers } => {
+                if memory.foreign.insert(key.clone()) {
+                    warn!(service = %key, managers = ?managers, "another field manager owns the ingress; not writing");
+                    let note = format!(
+                        "status.loadBalancer.ingress is owned by {}: nodelb does not write it",
+                        managers.join(", ")
+                    );
+                    publish(
+                        recorder,
+                        svc,
+                        EventType::Warning,
+                        "IngressOwnedElsewhere",
+                        &note,
+                    )
+                    .await;
                 }
             }
-            match ingress::decide(svc, want, ip_mode) {
-                Write::Nothing => {
-                    memory.foreign.remove(key);
-                }
-                Write::OwnedElsewhere { managers } => {
-                    if memory.foreign.insert(key.clone()) {
-                        warn!(service = %key, managers = ?managers, "another field manager owns the ingress; not writing");
-                        let note = format!(
-                            "status.loadBalancer.ingress is owned by {}: nodelb does not write it",
-                            managers.join(", ")
-                        );
-                        publish(
-                            recorder,
-                            svc,
-                            EventType::Warning,
-                            "IngressOwnedElsewhere",
-                            &note,
-                        )
-                        .await;
-                    }
-                }
-                Write::Apply { body, first } => {
-                    let want = want.expect("apply only for handled Services");
-                    match self.apply(key, body).await {
-                        Ok(rv) => {
-                            self.count("ok");
-                            memory
-                                .written
-                                .insert(key.clone(), (want.ingress.clone(), rv.map(Str::from)));
-                            let list: Vec<String> =
-                                want.ingress.iter().map(|a| a.to_string()).collect();
-                            info!(service = %key, ingress = ?list, "status written");
-                            let (reason, verb) = if first {
-                                ("EnsuredLoadBalancer", "Ensured")
-                            } else {
-                                ("UpdatedLoadBalancer", "Updated")
-                            };
-                            let note = if list.is_empty() {
-                                format!("{verb} load balancer: no node serves it")
-                            } else {
-                                format!("{verb} load balancer: {}", list.join(", "))
-                            };
-                            publish(recorder, svc, EventType::Normal, reason, &note).await;
-                        }
-                        Err(e) => self.failed(key, e),
-                    }
-                }
-                Write::Clear { body } => match self.apply(key, body).await {
-                    Ok(_) => {
-                        self.count("cleared");
-                        memory.written.remove(key);
-                        info!(service = %key, "not nodelb's any more: cleared what nodelb wrote");
-                    }
-                    Err(e) => self.failed(key, e),
-                },
+            Write::Apply { body, first } => {
+                let want = want.expect("apply only for handled Services");
+                self.write(memory, key, svc, want, body, first, recorder)
+                    .await
             }
+            Write::Clear { body } => match self.apply(key, body).await {
+                Ok(_) => {
+                    self.count("cleared");
+                    memory.written.remove(key);
+                    info!(service = %key, "not nodelb's any more: cleared what nodelb wrote");
+                }
+                Err(e) => self.failed(key, e),
+            },
+        }
+    }
+
+    /// Apply the ingress nodelb decided, remember it, and say so in an Event.
+    #[allow(clippy::too_many_arguments)]
+    async fn write(
+        &mut self,
+        memory: &mut Memory,
+        key: &ServiceKey,
+        svc: &Service,
+        want: &Desired,
+        body: serde_json::Value,
+        first: bool,
+        recorder: &EventSink,
+    ) {
+        match self.apply(key, body).await {
+            Ok(rv) => {
+                self.count("ok");
+                memory
+                    .written
+                    .insert(key.clone(), (want.ingress.clone(), rv.map(Str::from)));
+                let list: Vec<String> = want.ingress.iter().map(|a| a.to_string()).collect();
+                info!(service = %key, ingress = ?list, "status written");
+                let (reason, verb) = if first {
+                    ("EnsuredLoadBalancer", "Ensured")
+                } else {
+                    ("UpdatedLoadBalancer", "Updated")
+                };
+                let note = if list.is_empty() {
+                    format!("{verb} load balancer: no node serves it")
+                } else {
+                    format!("{verb} load balancer: {}", list.join(", "))
+                };
+                publish(recorder, svc, EventType::Normal, reason, &note).await;
+            }
+            Err(e) => self.failed(key, e),
         }
     }
 

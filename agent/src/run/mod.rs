@@ -159,15 +159,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     if settings.masquerade_bit {
         info!("--masquerade-bit is accepted for compatibility and not used: masquerading follows conntrack state");
     }
-    let metrics = Arc::new(metrics::Metrics::with_counters(Box::new(
-        metrics::KernelCounters {
-            table: config.table_name.clone(),
-            families: crate::vocab::Families {
-                v4: config.ipv4,
-                v6: config.ipv6,
-            },
-        },
-    )));
+    let metrics = new_metrics(&config);
     let readiness: http::SharedReadiness = Default::default();
     let sysctls = Sysctls::default();
     if settings.set_sysctls {
@@ -238,6 +230,19 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     }
     info!("stopped; nodelb's rules stay in the kernel");
     Ok(())
+}
+
+/// The agent's metrics, with the per-Service counters read from its tables.
+fn new_metrics(config: &crate::plan::config::Config) -> Arc<metrics::Metrics> {
+    Arc::new(metrics::Metrics::with_counters(Box::new(
+        metrics::KernelCounters {
+            table: config.table_name.clone(),
+            families: crate::vocab::Families {
+                v4: config.ipv4,
+                v6: config.ipv6,
+            },
+        },
+    )))
 }
 
 /// `--set-sysctls`: turn forwarding on for the enabled families.
