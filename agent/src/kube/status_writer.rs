@@ -363,7 +363,7 @@ fn minor(s: &str) -> u32 {
 
 /// Service Events (`events.k8s.io/v1`), created directly: the writer decides itself when an
 /// Event is due (a problem that is new, a status written), so it keeps no cache of them — kube's
-/// `Recorder` keeps every Event it sent, some 27 MB at 10,000 Services.
+/// `Recorder` keeps every Event it sent, which grows with the number of Services.
 struct EventSink {
     client: Client,
     instance: String,

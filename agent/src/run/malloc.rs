@@ -3,15 +3,14 @@
 //! short-lived allocations between them (list pages, netlink batches, full-table assemblies,
 //! metric scrapes). With glibc's defaults each thread that allocates gets its own arena, and
 //! the mmap threshold grows after each large free, so later large buffers land inside the heap
-//! and leave it fragmented: at 10,000 Services the agent's RSS was 176 MiB against 122 MiB of
-//! live heap (the latency bench of `nodelb-integration` measures it).
+//! and leave it fragmented: the resident set grows well past the live heap (the latency bench
+//! of `nodelb-integration` prints the agent's peak RSS).
 
 /// One arena: a full replace frees the committed tables on one thread and assembles new ones
 /// on whichever worker runs the sync next, and with an arena per thread the freed memory was
-/// not reused (a peak of 162 MiB instead of 128 MiB at 10,000 Services; the agent allocates
-/// little in parallel, so the shared lock costs nothing measurable: p99 sync latency stayed
-/// at 16 ms). Buffers of 128 KiB and more are always mapped on their own, so freeing them
-/// returns the memory at once.
+/// not reused, raising the peak. The agent allocates little in parallel, so the shared lock
+/// does not show in the latency bench's sync times. Buffers of 128 KiB and more are always
+/// mapped on their own, so freeing them returns the memory at once.
 pub fn tune() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator parameters; called before any thread starts.
