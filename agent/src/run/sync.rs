@@ -212,8 +212,22 @@ impl SyncLoop {
     }
 
     /// One sync. Returns whether it committed.
+    /// One sync: read the inputs, plan, commit, publish. Returns whether it committed.
     async fn sync_once(&mut self, wake: Wake) -> bool {
         let t0 = Instant::now();
+        let mut inputs = self.read_inputs();
+        let planned = self.plan(&mut inputs, t0);
+        let result = self
+            .commit_planned(&wake, planned.change, inputs.families)
+            .await;
+        let ok = self.record(result, &wake, &planned.summary, t0, &mut inputs.problems);
+        self.publish(ok, inputs);
+        ok
+    }
+
+    /// What this sync plans from: the families that can be programmed, this node, its
+    /// addresses.
+    fn read_inputs(&self) -> Inputs {
         let enabled = Families {
             v4: self.config.ipv4,
             v6: self.config.ipv6,
@@ -225,16 +239,12 @@ impl SyncLoop {
         let FamilyDecision {
             programmed: families,
             states: family_states,
-            mut problems,
+            problems,
         } = decide_families(enabled, &forwarding);
-
-        // Inputs: the node from its watch, addresses from rtnetlink, objects from the inbox.
         let node_obj = valid(&self.caches.node).into_iter().next();
-        let node_uid = node_obj
-            .as_ref()
-            .and_then(|n| n.0.as_ref().ok())
-            .and_then(|n| n.metadata.uid.clone());
-        let (node, mut node_warnings) = match node_obj.as_ref().and_then(|n| n.0.as_ref().ok()) {
+        let node_obj = node_obj.as_ref().and_then(|n| n.0.as_ref().ok());
+        let node_uid = node_obj.and_then(|n| n.metadata.uid.clone());
+        let (node, node_warnings) = match node_obj {
             Some(n) => NodeInfo::from_node_checked(n),
             None => (
                 NodeInfo {
@@ -255,13 +265,28 @@ impl SyncLoop {
             v4: families.v4 && ctx.served.contains_key(&IpFamily::V4),
             v6: families.v6 && ctx.served.contains_key(&IpFamily::V6),
         };
+        Inputs {
+            families,
+            family_states,
+            problems,
+            node_uid,
+            node_warnings,
+            ctx,
+            serving,
+        }
+    }
+
+    /// Bring the plan up to date with the objects changed since the last sync; log new
+    /// problems and changed outcomes.
+    fn plan(&mut self, inputs: &mut Inputs, t0: Instant) -> Planned {
         let dirty = self.inbox.take_dirty();
         let update = self
             .planner
-            .update(self.inbox.objects(), &ctx, dirty.as_ref());
-        let t_plan = t0.elapsed();
-        node_warnings.extend(self.planner.warnings().cloned());
-        for w in self.warnings.update(&node_warnings) {
+            .update(self.inbox.objects(), &inputs.ctx, dirty.as_ref());
+        let took = t0.elapsed();
+        let mut warnings = std::mem::take(&mut inputs.node_warnings);
+        warnings.extend(self.planner.warnings().cloned());
+        for w in self.warnings.update(&warnings) {
             warn!(kind = %w.object.kind, namespace = w.object.namespace.as_deref().unwrap_or(""),
                   name = %w.object.name, problem = %w.message, "invalid input");
             self.metrics.invalid(w.object.kind, "plan");
@@ -272,24 +297,38 @@ impl SyncLoop {
                 None => info!(service = %key, "service no longer handled"),
             }
         }
-        let (n_services, n_endpoints) = programmed_counts(self.planner.outcomes());
+        let (services, endpoints) = programmed_counts(self.planner.outcomes());
+        Planned {
+            change: update.change,
+            summary: PlanSummary {
+                took,
+                replanned: update.replanned,
+                services,
+                endpoints,
+            },
+        }
+    }
 
-        // Commit: drift (another process changed our tables) forces a full replace.
+    /// Commit what the plan changed: edits, or a full replace when the tables must be
+    /// replaced whole (first sync, drift, a periodic resync, a rebuilt plan, a failure
+    /// before). A periodic resync first reads the tables back: anything changed behind the
+    /// agent's back that the nftables watch did not report is drift, repaired by the replace.
+    async fn commit_planned(
+        &mut self,
+        wake: &Wake,
+        change: TableChange,
+        families: Families,
+    ) -> Result<(usize, CommitStats, Option<String>), SyncError> {
         if wake.drift.is_some() {
             self.replace_next = true;
         }
-        let whole = self.replace_next
-            || wake.drift.is_some()
-            || wake.resync
-            || matches!(update.change, TableChange::Rebuild);
-        // A periodic resync reads the kernel's tables back first: anything changed behind
-        // our back that the netfilter watch did not report is drift, repaired by the replace.
+        let whole = self.replace_next || wake.resync || matches!(change, TableChange::Rebuild);
         let resync_drift = if wake.resync && !self.replace_next {
             self.check_drift().await
         } else {
             None
         };
-        let work = match update.change {
+        let work = match change {
             TableChange::Edit(edits) if !whole => Work::Edit(edits),
             _ => {
                 // Every whole sync replaces the tables: the committed models are dropped
@@ -315,21 +354,33 @@ impl SyncLoop {
             // The old tables and the batch are freed: return their pages.
             super::malloc::trim();
         }
+        result
+    }
+
+    /// Metrics, logs and readiness of a sync's outcome.
+    fn record(
+        &mut self,
+        result: Result<(usize, CommitStats, Option<String>), SyncError>,
+        wake: &Wake,
+        plan: &PlanSummary,
+        t0: Instant,
+        problems: &mut Vec<NodeProblem>,
+    ) -> bool {
         let took = t0.elapsed();
-        let ok = match result {
+        match result {
             Ok((objects, stats, repaired)) => {
                 self.metrics.record_sync(took, true);
                 self.metrics.sync_objects.set(objects as i64);
                 self.metrics.sync_bytes.set(stats.bytes as i64);
-                self.metrics.services_programmed.set(n_services as i64);
-                self.metrics.endpoints_programmed.set(n_endpoints as i64);
+                self.metrics.services_programmed.set(plan.services as i64);
+                self.metrics.endpoints_programmed.set(plan.endpoints as i64);
                 if let Some(why) = wake.drift.as_ref().or(repaired.as_ref()) {
                     self.metrics.drift_repairs.inc();
                     info!(why = %why, took = ?took, "repaired drift with a full replace");
                 }
                 debug!(objects, bytes = stats.bytes, encode = ?stats.encode, commit = ?stats.commit,
-                       services = n_services, endpoints = n_endpoints, replanned = update.replanned,
-                       plan = ?t_plan, took = ?took, "synced");
+                       services = plan.services, endpoints = plan.endpoints, replanned = plan.replanned,
+                       plan = ?plan.took, took = ?took, "synced");
                 true
             }
             Err(e) => {
@@ -346,9 +397,15 @@ impl SyncLoop {
                 r.last_error = Some(text);
                 false
             }
-        };
+        }
+    }
+
+    /// Tell the rest of the agent: the heartbeat (families served), the status writer (the
+    /// objects, while leading), readiness, and Node Events for node problems.
+    fn publish(&mut self, ok: bool, inputs: Inputs) {
         if ok {
             if let Some(tx) = &self.families_tx {
+                let serving = inputs.serving;
                 tx.send_if_modified(|f| f.replace(serving) != Some(serving));
             }
         }
@@ -366,13 +423,12 @@ impl SyncLoop {
             if ok {
                 r.last_error = None;
             }
-            r.families = family_states;
+            r.families = inputs.family_states;
             r.notes = self.notes.clone();
         }
-        for p in self.node_events.update(problems, node_uid) {
+        for p in self.node_events.update(inputs.problems, inputs.node_uid) {
             warn!(reason = p.reason, problem = %p.note, "node problem");
         }
-        ok
     }
 
     /// Compare the kernel's tables with the models last committed; what differed, if anything.
@@ -491,6 +547,32 @@ impl SyncLoop {
             Err(_) => Err(SyncError::Panicked),
         }
     }
+}
+
+/// What a sync plans from.
+struct Inputs {
+    families: Families,
+    family_states: Vec<(IpFamily, Option<String>)>,
+    problems: Vec<NodeProblem>,
+    node_uid: Option<String>,
+    node_warnings: Vec<Warning>,
+    ctx: Context,
+    serving: Families,
+}
+
+/// What the planner decided this sync.
+struct Planned {
+    change: TableChange,
+    summary: PlanSummary,
+}
+
+/// For logs and metrics.
+struct PlanSummary {
+    /// From the start of the sync to the plan.
+    took: Duration,
+    replanned: usize,
+    services: usize,
+    endpoints: usize,
 }
 
 /// What a sync sends: whole tables, or edits of the tables committed before.
