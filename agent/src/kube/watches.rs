@@ -51,26 +51,22 @@ impl Caches {
     where
         T: From<ObjectEvent> + From<NodeChanged> + Send + 'static,
     {
-        let t1 = forward::<Service, T>(
-            Api::all(client.clone()),
-            "services",
-            tx.clone(),
-            metrics.clone(),
-            |ev| T::from(ObjectEvent::Service(Box::new(ev))),
-        );
-        let t2 = forward::<EndpointSlice, T>(
-            Api::all(client.clone()),
-            "endpointslices",
-            tx.clone(),
-            metrics.clone(),
-            |ev| T::from(ObjectEvent::Slice(Box::new(ev))),
-        );
+        let to = |resource| Sink {
+            resource,
+            tx: tx.clone(),
+            metrics: metrics.clone(),
+        };
+        let t1 = forward::<Service, T>(Api::all(client.clone()), to("services"), |ev| {
+            T::from(ObjectEvent::Service(Box::new(ev)))
+        });
+        let t2 =
+            forward::<EndpointSlice, T>(Api::all(client.clone()), to("endpointslices"), |ev| {
+                T::from(ObjectEvent::Slice(Box::new(ev)))
+            });
         let (node, t3) = start_one::<Node, T>(
             Api::all(client.clone()),
             watcher::Config::default().fields(&format!("metadata.name={node_name}")),
-            "nodes",
-            tx,
-            metrics,
+            to("nodes"),
         );
         (Caches { node }, vec![t1, t2, t3])
     }
@@ -81,50 +77,58 @@ impl Caches {
     }
 }
 
-/// Watch `api` and send every event on, noting objects that do not deserialize.
-fn forward<K, T: Send + 'static>(
-    api: Api<DeserializeGuard<K>>,
+/// Where a watch's events go, and what they are counted as.
+struct Sink<T> {
     resource: &'static str,
     tx: UnboundedSender<T>,
     metrics: Arc<Metrics>,
-    wrap: fn(Event<DeserializeGuard<K>>) -> T,
-) -> tokio::task::JoinHandle<()>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+}
+
+/// What a watch here can read.
+trait Watched:
+    Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
 {
+}
+impl<K> Watched for K where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
+{
+}
+
+/// Watch `api` and send every event on, noting objects that do not deserialize.
+fn forward<K: Watched, T: Send + 'static>(
+    api: Api<DeserializeGuard<K>>,
+    to: Sink<T>,
+    wrap: fn(Event<DeserializeGuard<K>>) -> T,
+) -> tokio::task::JoinHandle<()> {
     let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
-    drain(stream, resource, tx, metrics, wrap)
+    drain(stream, to, wrap)
 }
 
 /// Watch `api` into a reflector's store; every change sends [`NodeChanged`].
-fn start_one<K, T: From<NodeChanged> + Send + 'static>(
+fn start_one<K: Watched, T: From<NodeChanged> + Send + 'static>(
     api: Api<DeserializeGuard<K>>,
     config: watcher::Config,
-    resource: &'static str,
-    tx: UnboundedSender<T>,
-    metrics: Arc<Metrics>,
-) -> (Store<DeserializeGuard<K>>, tokio::task::JoinHandle<()>)
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-{
+    to: Sink<T>,
+) -> (Store<DeserializeGuard<K>>, tokio::task::JoinHandle<()>) {
     let (reader, writer) = reflector::store::<DeserializeGuard<K>>();
     let stream = reflector::reflector(writer, watcher::watcher(api, config).default_backoff());
-    let task = drain(stream, resource, tx, metrics, |_| T::from(NodeChanged));
+    let task = drain(stream, to, |_| T::from(NodeChanged));
     (reader, task)
 }
 
 /// Run a watch stream to its end: note objects that do not deserialize (once per object and
 /// error, so a re-list does not report them again), count watch errors, and send each event on
 /// as `wrap` makes it a message.
-fn drain<K, S, T: Send + 'static>(
+fn drain<K: Watched, S, T: Send + 'static>(
     stream: S,
-    resource: &'static str,
-    tx: UnboundedSender<T>,
-    metrics: Arc<Metrics>,
+    Sink {
+        resource,
+        tx,
+        metrics,
+    }: Sink<T>,
     wrap: fn(Event<DeserializeGuard<K>>) -> T,
 ) -> tokio::task::JoinHandle<()>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     S: futures::Stream<Item = Result<Event<DeserializeGuard<K>>, watcher::Error>> + Send + 'static,
 {
     let kind = K::kind(&()).to_string();
