@@ -100,7 +100,7 @@ pub fn run(v4: bool, v6: bool, sysctls: &Sysctls) -> Vec<Finding> {
         Err(e) => out.push(Finding::bad(
             Status::Fail,
             "nf_tables",
-            error_chain(&e),
+            crate::error_chain(&e),
             "a kernel with nf_tables (`modprobe nf_tables`), and CAP_NET_ADMIN",
         )),
         Ok((mut nft, tables)) => {
@@ -134,7 +134,7 @@ pub fn run(v4: bool, v6: bool, sysctls: &Sysctls) -> Vec<Finding> {
         Err(e) => out.push(Finding::bad(
             Status::Warn,
             "foreign forward policies",
-            error_chain(&e),
+            crate::error_chain(&e),
             "none needed for nodelb itself; inspect `nft list ruleset` by hand",
         )),
     }
@@ -143,17 +143,6 @@ pub fn run(v4: bool, v6: bool, sysctls: &Sysctls) -> Vec<Finding> {
         "not inspected: legacy x_tables FORWARD policies are invisible to nftables; check `iptables-legacy -S FORWARD`",
     ));
     out
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 fn kernel() -> Finding {
@@ -199,7 +188,7 @@ fn forwarding(sysctls: &Sysctls, f: IpFamily) -> Finding {
         Err(e) => Finding::bad(
             Status::Fail,
             what,
-            error_chain(&e),
+            crate::error_chain(&e),
             "make /proc/sys readable",
         ),
     }
@@ -319,7 +308,7 @@ fn features(nft: &mut Nft, f: IpFamily) -> Finding {
         (Err(e), _) => Finding::bad(
             Status::Fail,
             what,
-            error_chain(&e),
+            crate::error_chain(&e),
             "a kernel ≥ 5.10 with nf_tables NAT, numgen, ct, masquerade and reject \
              (CONFIG_NFT_NAT, CONFIG_NFT_NUMGEN, CONFIG_NFT_CT, CONFIG_NFT_MASQ, CONFIG_NFT_REJECT); \
              `modprobe nft_nat nft_numgen nft_ct nft_masq nft_reject_inet` where they are modules",
@@ -327,7 +316,7 @@ fn features(nft: &mut Nft, f: IpFamily) -> Finding {
         (Ok(_), Err(e)) => Finding::bad(
             Status::Fail,
             what,
-            format!("committed, but deleting it failed: {}", error_chain(&e)),
+            format!("committed, but deleting it failed: {}", crate::error_chain(&e)),
             format!("`nft delete table {} {CHECK_TABLE}`", f.netfilter()),
         ),
     }

@@ -385,7 +385,7 @@ impl SyncLoop {
             }
             Err(e) => {
                 self.metrics.record_sync(took, false);
-                let text = error_text(&e);
+                let text = crate::error_chain(&e);
                 error!(error = %text, "sync failed; retrying with a full replace");
                 if matches!(e, SyncError::Netfilter(nodelb_netfilter::Error::Open(_))) {
                     problems.push(NodeProblem {
@@ -579,15 +579,4 @@ struct PlanSummary {
 enum Work {
     Tables(Vec<Table>),
     Edit(Vec<(TableRef, Edit)>),
-}
-
-fn error_text(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
