@@ -3,7 +3,8 @@
 pub mod check;
 pub mod cli;
 pub mod host;
-pub mod objects;
+pub mod kube;
+pub mod object_files;
 pub mod oneshot;
 pub mod plan;
 pub mod run;

@@ -5,8 +5,8 @@
 
 use super::events::{create_event, new_event};
 use super::metrics::{Metrics, NodeLabel, WriteLabel};
-use crate::plan::slim::{self};
-use crate::plan::stored::Service;
+use crate::kube::wire;
+use crate::plan::index::Service;
 use crate::plan::Objects;
 use crate::status::heartbeat;
 use crate::status::ingress::{self, Write, FIELD_MANAGER};
@@ -293,7 +293,7 @@ impl StatusWriter {
         key: &ServiceKey,
         body: serde_json::Value,
     ) -> Result<Option<String>, kube::Error> {
-        let api: Api<slim::Service> = Api::namespaced(self.client.clone(), &key.namespace);
+        let api: Api<wire::Service> = Api::namespaced(self.client.clone(), &key.namespace);
         let s = api
             .patch_status(
                 &key.name,

@@ -1,0 +1,3 @@
+//! Kubernetes I/O: what the API sends and how it is read.
+
+pub mod wire;
