@@ -2,7 +2,7 @@
 //! flags; print the nft script, or program it.
 
 use crate::cli::FileArgs;
-use crate::objects::{self, Objects};
+use crate::object_files::{self, ObjectFiles};
 use crate::plan::config::Config;
 use crate::plan::node::{AddressKind, NodeInfo};
 use crate::plan::{self, Input, Plan};
@@ -17,7 +17,7 @@ const DEFAULT_OWN_PORTS: [u16; 2] = [9254, 9255];
 
 /// Everything a one-shot plan looks at.
 pub struct OneShot {
-    pub objects: Objects,
+    pub objects: ObjectFiles,
     pub node: NodeInfo,
     pub local_addresses: BTreeSet<IpAddr>,
     pub families: Families,
@@ -25,12 +25,12 @@ pub struct OneShot {
 }
 
 impl OneShot {
-    pub fn load(args: &FileArgs) -> Result<OneShot, objects::Error> {
-        let objects = Objects::read_files(&args.files)?;
+    pub fn load(args: &FileArgs) -> Result<OneShot, object_files::Error> {
+        let objects = ObjectFiles::read(&args.files)?;
         Ok(OneShot::new(objects, args))
     }
 
-    pub fn new(objects: Objects, args: &FileArgs) -> OneShot {
+    pub fn new(objects: ObjectFiles, args: &FileArgs) -> OneShot {
         let node = node_info(&objects, args);
         OneShot {
             local_addresses: args.node_addresses.iter().copied().collect(),
@@ -58,7 +58,7 @@ impl OneShot {
 
 /// This node: a Node of that name from the files if there is one, with `--node-labels` added
 /// to its labels and every `--node-address` added as an InternalIP.
-pub fn node_info(objects: &Objects, args: &FileArgs) -> NodeInfo {
+pub fn node_info(objects: &ObjectFiles, args: &FileArgs) -> NodeInfo {
     let mut node = objects
         .nodes
         .iter()
@@ -203,7 +203,7 @@ mod tests {
 
     #[test]
     fn node_from_flags_and_files() {
-        let mut o = Objects::default();
+        let mut o = ObjectFiles::default();
         o.add_text(
             std::path::Path::new("n.yaml"),
             "apiVersion: v1\nkind: Node\nmetadata: {name: n1, labels: {zone: a}}\nstatus:\n  addresses:\n  - {type: ExternalIP, address: 203.0.113.5}\n  - {type: Hostname, address: n1}\n",
@@ -241,7 +241,7 @@ mod tests {
     #[test]
     fn node_without_a_node_object() {
         let one = OneShot::new(
-            Objects::default(),
+            ObjectFiles::default(),
             &args(&["--node-address", "2001:db8::1", "--ipv6", "--ipv4=false"]),
         );
         assert_eq!(

@@ -4,7 +4,6 @@ pub mod e2e;
 pub mod models;
 pub mod netns;
 pub mod nft;
-pub mod objects;
 pub mod old_server_proxy;
 pub mod traffic;
 

@@ -778,45 +778,62 @@ pub fn bench_services(n: usize, eps: usize) -> Vec<LbService> {
         .collect()
 }
 
-/// The benchmark's table: the `ip nodelb` table the agent's planner builds for `n` LoadBalancer
-/// Services (`bench/svc-<i>`, TCP port `1024 + i`) with `eps` ready endpoints each, on a node
-/// whose address is 203.0.113.1 — the shape nodelb really programs (dispatch map, endpoint
-/// map, per-Service chains and counters). Reserved ports are switched off so every port counts.
-pub fn bench_table(n: usize, eps: usize) -> Table {
-    use nodelb_agent::plan;
-    use nodelb_agent::plan::slim::{EndpointSlice, Service};
-    let mut services: Vec<Service> = Vec::with_capacity(n);
-    let mut slices: Vec<EndpointSlice> = Vec::with_capacity(n);
-    for s in bench_services(n, eps) {
-        let name = s
-            .key
-            .trim_start_matches("bench/")
-            .trim_end_matches(":http")
-            .to_string();
-        services.push(
-            serde_json::from_value(serde_json::json!({
+/// The node address of [`bench_table`] and of the objects of [`bench_objects`].
+pub const BENCH_NODE_ADDRESS: IpAddr = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1));
+
+/// The Kubernetes objects of [`bench_services`]: per Service `bench/svc-<i>` (LoadBalancer, TCP
+/// port `1024 + i` named `http`) and its one EndpointSlice `bench/svc-<i>-1` (target port 8080,
+/// `eps` endpoints), as JSON the API would accept.
+pub fn bench_objects(n: usize, eps: usize) -> Vec<(serde_json::Value, serde_json::Value)> {
+    bench_services(n, eps)
+        .into_iter()
+        .map(|s| {
+            let name = s
+                .key
+                .trim_start_matches("bench/")
+                .trim_end_matches(":http")
+                .to_string();
+            let service = serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Service",
                 "metadata": {"namespace": "bench", "name": name, "creationTimestamp": "2024-01-01T00:00:00Z"},
                 "spec": {"type": "LoadBalancer", "ports": [{"name": "http", "port": s.port, "protocol": "TCP"}]},
-            }))
-            .expect("bench Service"),
-        );
-        let endpoints: Vec<serde_json::Value> = s
-            .endpoints
-            .iter()
-            .map(|(a, _)| serde_json::json!({"addresses": [a.to_string()]}))
-            .collect();
-        slices.push(
-            serde_json::from_value(serde_json::json!({
+            });
+            let endpoints: Vec<serde_json::Value> = s
+                .endpoints
+                .iter()
+                .map(|(a, _)| serde_json::json!({"addresses": [a.to_string()]}))
+                .collect();
+            let slice = serde_json::json!({
+                "apiVersion": "discovery.k8s.io/v1",
+                "kind": "EndpointSlice",
                 "metadata": {"namespace": "bench", "name": format!("{name}-1"),
                              "labels": {"kubernetes.io/service-name": name}},
                 "addressType": "IPv4",
                 "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
                 "endpoints": endpoints,
-            }))
-            .expect("bench EndpointSlice"),
-        );
+            });
+            (service, slice)
+        })
+        .collect()
+}
+
+/// The benchmark's table: the `ip nodelb` table the agent's planner builds for `n` LoadBalancer
+/// Services (`bench/svc-<i>`, TCP port `1024 + i`) with `eps` ready endpoints each, on a node
+/// whose address is 203.0.113.1 — the shape nodelb really programs (dispatch map, endpoint
+/// map, per-Service chains and counters). Reserved ports are switched off so every port counts.
+pub fn bench_table(n: usize, eps: usize) -> Table {
+    use nodelb_agent::kube::wire;
+    use nodelb_agent::plan;
+    let mut services: Vec<plan::index::Service> = Vec::with_capacity(n);
+    let mut slices: Vec<plan::index::EndpointSlice> = Vec::with_capacity(n);
+    for (service, slice) in bench_objects(n, eps) {
+        let s: wire::Service = serde_json::from_value(service).expect("bench Service");
+        services.push(s.into());
+        let s: wire::EndpointSlice = serde_json::from_value(slice).expect("bench EndpointSlice");
+        slices.push(s.into());
     }
-    let node_addr = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1));
+    let node_addr = BENCH_NODE_ADDRESS;
     let node = plan::node::NodeInfo {
         name: "bench-node".into(),
         labels: Default::default(),

@@ -17,13 +17,13 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
+use nodelb_agent::object_files::{ObjectFiles, Skipped};
 use nodelb_agent::plan::config::Config;
 use nodelb_agent::plan::node::{AddressKind, NodeInfo};
 use nodelb_agent::plan::{plan, Input, Plan};
 use nodelb_agent::vocab::Families;
 use nodelb_integration::netns::{require_root, Netns};
 use nodelb_integration::nft::{list_table, nft_check, nft_f, nodelb_replace};
-use nodelb_integration::objects::Objects;
 
 const NODE_NAME: &str = "node-a";
 const NODE_ADDRESSES: [&str; 2] = ["203.0.113.10", "2001:db8:1::10"];
@@ -57,7 +57,7 @@ fn fixtures() -> Vec<(String, PathBuf)> {
 /// One fixture, planned.
 struct Planned {
     name: String,
-    objects: Objects,
+    objects: ObjectFiles,
     plan: Plan,
 }
 
@@ -65,7 +65,8 @@ impl Planned {
     fn load(name: &str, path: &Path) -> Planned {
         let text = std::fs::read_to_string(path)
             .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-        let objects = Objects::from_yaml(&text);
+        let objects = ObjectFiles::from_text(path, &text)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
         let plan = plan_for_fixed_node(&objects);
         Planned {
             name: name.to_string(),
@@ -84,7 +85,7 @@ impl Planned {
     fn outcomes(&self) -> String {
         let mut out = String::new();
         for s in &self.objects.skipped {
-            let _ = writeln!(out, "skipped {s}");
+            let _ = writeln!(out, "skipped {}", skipped_line(s));
         }
         for (key, outcome) in &self.plan.services {
             let _ = writeln!(out, "service {key}: {outcome}");
@@ -96,7 +97,27 @@ impl Planned {
     }
 }
 
-fn plan_for_fixed_node(objects: &Objects) -> Plan {
+/// A skipped document as the golden files name it: `document N: Kind ns/name unreadable: why`
+/// or `document N: kind "Kind" (ns/name) ignored`.
+fn skipped_line(s: &Skipped) -> String {
+    let object = format!(
+        "{}/{}",
+        s.namespace.as_deref().unwrap_or(""),
+        s.name.as_deref().unwrap_or("")
+    );
+    match &s.error {
+        Some(e) => format!(
+            "document {}: {} {object} unreadable: {e}",
+            s.document, s.kind
+        ),
+        None => format!(
+            "document {}: kind {:?} ({object}) ignored",
+            s.document, s.kind
+        ),
+    }
+}
+
+fn plan_for_fixed_node(objects: &ObjectFiles) -> Plan {
     let addresses: Vec<IpAddr> = NODE_ADDRESSES.iter().map(|a| a.parse().unwrap()).collect();
     let node = NodeInfo {
         name: NODE_NAME.into(),

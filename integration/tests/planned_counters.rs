@@ -15,12 +15,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use nodelb_agent::metrics::{service_counter_samples, CounterSource, KernelCounters};
+use nodelb_agent::object_files::ObjectFiles;
 use nodelb_agent::plan::config::Config;
 use nodelb_agent::plan::node::{AddressKind, NodeInfo};
 use nodelb_agent::plan::{plan, Input};
 use nodelb_agent::vocab::{Families, IpFamily};
 use nodelb_integration::netns::{require_root, route, Netns, Topology};
-use nodelb_integration::objects::Objects;
 use nodelb_integration::traffic::{tcp_request, tcp_server, udp_request, udp_server, Outcome};
 use nodelb_netfilter::{Committer, CounterValues, Nft, Table, TableRef};
 
@@ -63,7 +63,8 @@ fn objects(topo: &Topology, extra: &str) -> String {
 }
 
 fn plan_tables(topo: &Topology, yaml: &str) -> Vec<Table> {
-    let objects = Objects::from_yaml(yaml);
+    let objects = ObjectFiles::from_text(std::path::Path::new("test.yaml"), yaml)
+        .expect("the test's YAML reads");
     assert!(objects.skipped.is_empty(), "{:?}", objects.skipped);
     let node = NodeInfo {
         name: NODE.into(),

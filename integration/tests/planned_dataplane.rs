@@ -19,6 +19,7 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use nodelb_agent::object_files::ObjectFiles;
 use nodelb_agent::plan::config::Config;
 use nodelb_agent::plan::node::{AddressKind, NodeInfo};
 use nodelb_agent::plan::table::{HAIRPIN_SET, LOCAL_ADDRESSES_SET};
@@ -26,7 +27,6 @@ use nodelb_agent::plan::{plan, Input};
 use nodelb_agent::vocab::{Families, IpFamily};
 use nodelb_integration::netns::{require_root, route, Netns, Topology};
 use nodelb_integration::nft::{list_ruleset, nodelb_replace};
-use nodelb_integration::objects::Objects;
 use nodelb_integration::traffic::{
     tcp_request, tcp_server, udp_request, udp_server, IcmpError, Outcome, Server,
 };
@@ -163,7 +163,8 @@ fn slices(
 /// InternalIPs; the host's addresses are whatever the node namespace holds right now.
 /// The test's YAML must be clean: any skipped document or planner warning fails the test.
 fn plan_tables(topo: &Topology, yaml: &str) -> Vec<Table> {
-    let objects = Objects::from_yaml(yaml);
+    let objects = ObjectFiles::from_text(std::path::Path::new("test.yaml"), yaml)
+        .expect("the test's YAML reads");
     assert!(objects.skipped.is_empty(), "{:?}", objects.skipped);
     let node = NodeInfo {
         name: NODE.into(),

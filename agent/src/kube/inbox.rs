@@ -1,12 +1,12 @@
 //! Watch events in, the planner's [`Objects`] and the set of changed Services out.
 //!
 //! Services and EndpointSlices are kept once, here: each object the watches read
-//! ([`crate::plan::slim`]) is converted to its stored form ([`crate::plan::stored`]) as it
+//! ([`crate::kube::wire`]) is converted to the form the index keeps ([`crate::plan::index`]) as it
 //! arrives, so 10,000 Services fit the memory goal. A re-list (after a watch expired) does not
 //! report deletions, so it replaces its kind whole and asks for a full replan.
 
-use crate::plan::slim::{EndpointSlice, Service};
-use crate::plan::{stored, Objects};
+use crate::kube::wire::{EndpointSlice, Service};
+use crate::plan::{index, Objects};
 use crate::vocab::ServiceKey;
 use kube::core::DeserializeGuard;
 use kube::runtime::watcher::Event;
@@ -26,8 +26,8 @@ pub struct Inbox {
     objects: Arc<Objects>,
     dirty: BTreeSet<ServiceKey>,
     full: bool,
-    relist_services: Option<Vec<Arc<stored::Service>>>,
-    relist_slices: Option<Vec<Arc<stored::EndpointSlice>>>,
+    relist_services: Option<Vec<Arc<index::Service>>>,
+    relist_slices: Option<Vec<Arc<index::EndpointSlice>>>,
     pub services_synced: bool,
     pub slices_synced: bool,
 }

@@ -1,5 +1,5 @@
 //! Kubernetes I/O: the client, the watches and the inbox they fill, the status Lease election
-//! and the node heartbeats, the status writer, and Events. Decisions are made by the pure
+//! and the node heartbeats, the status writer, Events, and the wire types the API is read into. Decisions are made by the pure
 //! `plan` and `status` modules; this room only reads and writes the API.
 
 pub mod events;
@@ -8,6 +8,7 @@ pub mod lease;
 pub mod node_events;
 pub mod status_writer;
 pub mod watches;
+pub mod wire;
 
 use anyhow::Context;
 use tracing::info;

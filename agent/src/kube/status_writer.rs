@@ -4,9 +4,9 @@
 //! only where the stored value differs. Service Events come from here only.
 
 use super::events::{create_event, new_event};
+use crate::kube::wire;
 use crate::metrics::{Metrics, NodeLabel, WriteLabel};
-use crate::plan::slim::{self};
-use crate::plan::stored::Service;
+use crate::plan::index::Service;
 use crate::plan::Objects;
 use crate::status::heartbeat;
 use crate::status::ingress::{self, Write, FIELD_MANAGER};
@@ -328,7 +328,7 @@ impl StatusWriter {
         key: &ServiceKey,
         body: serde_json::Value,
     ) -> Result<Option<String>, kube::Error> {
-        let api: Api<slim::Service> = Api::namespaced(self.client.clone(), &key.namespace);
+        let api: Api<wire::Service> = Api::namespaced(self.client.clone(), &key.namespace);
         let s = api
             .patch_status(
                 &key.name,

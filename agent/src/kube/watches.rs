@@ -1,12 +1,12 @@
 //! Watches: Services and EndpointSlices in all namespaces, read straight into the
-//! [`slim`](crate::plan::slim) types (only what nodelb reads is kept), whose events go to the
+//! [`wire`](crate::kube::wire) types (only what nodelb reads is kept), whose events go to the
 //! sync loop's [`Inbox`](super::inbox::Inbox) (the one copy of them), and this node's Node,
 //! kept in a kube-runtime reflector. Objects are read through `DeserializeGuard`, so one that
 //! does not deserialize is logged and counted once and never stops the watch.
 
 use super::inbox::ObjectEvent;
+use crate::kube::wire::{EndpointSlice, Service};
 use crate::metrics::Metrics;
-use crate::plan::slim::{EndpointSlice, Service};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::core::DeserializeGuard;

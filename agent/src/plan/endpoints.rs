@@ -2,8 +2,8 @@
 //! belong to the Service, which slice port serves the Service port, which endpoints count.
 
 use super::diagnosis::{ObjectKind, ObjectRef, Warning};
+use super::index::EndpointSlice;
 use super::service::TrafficPolicy;
-use super::stored::EndpointSlice;
 use crate::vocab::IpFamily;
 use crate::vocab::Str;
 use crate::vocab::{Protocol, ServiceKey, ServicePortId};

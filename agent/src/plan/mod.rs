@@ -10,17 +10,15 @@ pub mod conflicts;
 pub mod diagnosis;
 pub mod endpoints;
 pub mod fragment;
+pub mod index;
 pub mod node;
-pub mod objects;
 pub mod planner;
 pub mod prepare;
 pub mod selector;
 pub mod service;
-pub mod slim;
-pub mod stored;
 pub mod table;
 
-pub use objects::Objects;
+pub use index::Objects;
 pub use planner::{Planner, TableChange, Update};
 pub use prepare::Context;
 
@@ -32,14 +30,14 @@ mod tests_incremental;
 use crate::vocab::{Families, ServiceKey};
 use std::net::IpAddr;
 
-/// Everything the planner looks at, as plain data, with the objects as read (from files, for
-/// `render`/`apply`, or tests); the planner does no I/O.
+/// Everything the planner looks at, as plain data, with the objects as the index keeps them
+/// (read from files, for `render`/`apply`, or tests); the planner does no I/O.
 #[derive(Clone, Debug)]
 pub struct Input<'a> {
     /// Every Service the agent sees (any type or class: the planner picks its own).
-    pub services: Vec<&'a slim::Service>,
+    pub services: Vec<&'a index::Service>,
     /// Every EndpointSlice the agent sees.
-    pub slices: Vec<&'a slim::EndpointSlice>,
+    pub slices: Vec<&'a index::EndpointSlice>,
     /// This node.
     pub node: &'a node::NodeInfo,
     /// Addresses assigned on the host right now (rtnetlink), every family.
@@ -62,11 +60,7 @@ pub struct Plan {
 /// Plan this node's tables. Pure: same input, same output. The agent keeps a [`Planner`]
 /// between syncs instead; this is that planner run once from nothing.
 pub fn plan(input: &Input<'_>) -> Plan {
-    let services: Vec<stored::Service> = input
-        .services
-        .iter()
-        .map(|s| stored::Service::from((*s).clone()))
-        .collect();
+    let services: Vec<index::Service> = input.services.iter().map(|s| (*s).clone()).collect();
     // Not kept (a Service has no key without a name), so warned about here.
     let nameless: Vec<diagnosis::Warning> = services
         .iter()
@@ -82,10 +76,7 @@ pub fn plan(input: &Input<'_>) -> Plan {
             )
         })
         .collect();
-    let slices = input
-        .slices
-        .iter()
-        .map(|s| stored::EndpointSlice::from((*s).clone()));
+    let slices = input.slices.iter().map(|s| (*s).clone());
     let objects = Objects::from_lists(services, slices);
     let ctx = Context::new(
         input.node.clone(),

@@ -9,7 +9,7 @@
 use super::conflicts::{Claim, Claims, Slot};
 use super::diagnosis::{ServiceOutcome, Warning};
 use super::fragment;
-use super::objects::Objects;
+use super::index::Objects;
 use super::prepare::{prepare, Context, Prepared, Stage};
 use super::table::{self, HairpinUsers};
 use crate::vocab::IpFamily;

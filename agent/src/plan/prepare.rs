@@ -6,9 +6,9 @@
 use super::config::Config;
 use super::diagnosis::{FamilySkip, ObjectRef, ServiceOutcome, Warning};
 use super::endpoints::{self, Selection};
+use super::index::{EndpointSlice, Service};
 use super::node::NodeInfo;
 use super::service::{self, Cidr, TrafficPolicy};
-use super::stored::{EndpointSlice, Service};
 use crate::vocab::{Families, IpFamily};
 use crate::vocab::{ServiceKey, ServicePortId};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

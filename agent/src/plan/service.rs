@@ -3,9 +3,9 @@
 
 use super::config::Config;
 use super::diagnosis::{NotServed, ObjectRef, Warning};
+use super::index::Service;
 use super::node::NodeInfo;
 use super::selector::Selector;
-use super::stored::Service;
 use crate::vocab::{IpFamily, Protocol, ServiceKey, ServicePortId};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::BTreeSet;

@@ -6,9 +6,10 @@
 
 use super::config::Config;
 use super::diagnosis::*;
+use super::index::{EndpointSlice, Service};
 use super::node::{AddressKind, NodeInfo};
-use super::slim::{EndpointSlice, Service};
 use super::*;
+use crate::kube::wire;
 use crate::vocab::{IpFamily, Protocol, ServiceKey};
 use std::collections::BTreeSet;
 
@@ -50,14 +51,20 @@ impl World {
     }
 
     fn service(mut self, yaml: &str) -> World {
-        self.services
-            .push(serde_yaml_ng::from_str(yaml).expect("Service fixture"));
+        self.services.push(
+            serde_yaml_ng::from_str::<wire::Service>(yaml)
+                .expect("Service fixture")
+                .into(),
+        );
         self
     }
 
     fn slice(mut self, yaml: &str) -> World {
-        self.slices
-            .push(serde_yaml_ng::from_str(yaml).expect("EndpointSlice fixture"));
+        self.slices.push(
+            serde_yaml_ng::from_str::<wire::EndpointSlice>(yaml)
+                .expect("EndpointSlice fixture")
+                .into(),
+        );
         self
     }
 

@@ -4,8 +4,8 @@
 
 use super::config::Config;
 use super::node::{AddressKind, NodeInfo};
-use super::slim::{EndpointSlice, Service};
 use super::*;
+use crate::kube::wire::{EndpointSlice, Service};
 use crate::vocab::ServiceKey;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -200,16 +200,18 @@ fn incremental_updates_equal_planning_from_scratch() {
             edit.apply(t);
         }
 
-        let live_services: Vec<&Service> = services.iter().flatten().collect();
-        let current: Vec<&EndpointSlice> = slices
+        let live_services: Vec<index::Service> =
+            services.iter().flatten().cloned().map(Into::into).collect();
+        let current: Vec<index::EndpointSlice> = slices
             .iter()
             .zip(&live)
-            .filter_map(|(s, live)| live.then_some(s))
+            .filter(|(_, live)| **live)
+            .map(|(s, _)| s.clone().into())
             .collect();
         assert_eq!(current.len(), objects.slice_count(), "step {step}");
         let fresh = plan(&Input {
-            services: live_services,
-            slices: current,
+            services: live_services.iter().collect(),
+            slices: current.iter().collect(),
             node: &node,
             local_addresses: &local,
             families,

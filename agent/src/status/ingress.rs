@@ -2,7 +2,7 @@
 //! what is stored, and with who owns the field (server-side apply's managedFields).
 
 use super::Desired;
-use crate::plan::stored::Service;
+use crate::plan::index::Service;
 use k8s_openapi::api::core::v1::LoadBalancerIngress;
 use serde_json::{json, Value};
 use std::net::IpAddr;

@@ -17,9 +17,9 @@ mod tests;
 
 use crate::plan::config::Config;
 use crate::plan::diagnosis::{FamilyState, PortResult, ServiceOutcome};
+use crate::plan::index::Service;
 use crate::plan::node::{AddressKind, NodeInfo};
 use crate::plan::service::{self, TrafficPolicy};
-use crate::plan::stored::Service;
 use crate::plan::{Context, Objects, Planner};
 use crate::vocab::{Families, IpFamily};
 use crate::vocab::{Protocol, ServiceKey};

@@ -3,8 +3,8 @@
 use super::heartbeat::{self, Heartbeat};
 use super::ingress::{self, Write};
 use super::*;
-use crate::plan::slim;
-use crate::plan::stored::{EndpointSlice, Service};
+use crate::kube::wire;
+use crate::plan::index::{EndpointSlice, Service};
 use crate::vocab::ServiceKey;
 use k8s_openapi::api::coordination::v1::Lease;
 use std::sync::Arc;
@@ -55,7 +55,7 @@ fn svc(name: &str, created: &str, port: u16, extra: serde_json::Value) -> Servic
         meta["annotations"] = serde_json::json!({"nodelb.io/node-selector": sel});
         spec.as_object_mut().unwrap().remove("__selector");
     }
-    serde_json::from_value::<slim::Service>(serde_json::json!({"metadata": meta, "spec": spec}))
+    serde_json::from_value::<wire::Service>(serde_json::json!({"metadata": meta, "spec": spec}))
         .unwrap()
         .into()
 }
@@ -65,7 +65,7 @@ fn slice(service: &str, eps: &[(&str, &str)]) -> EndpointSlice {
         .iter()
         .map(|(a, n)| serde_json::json!({"addresses": [a], "nodeName": n}))
         .collect();
-    serde_json::from_value::<slim::EndpointSlice>(serde_json::json!({
+    serde_json::from_value::<wire::EndpointSlice>(serde_json::json!({
         "metadata": {"namespace": "default", "name": format!("{service}-1"),
                      "labels": {"kubernetes.io/service-name": service}},
         "addressType": "IPv4",
@@ -381,7 +381,7 @@ fn stored(ingress: &[&str], managers: &[&str]) -> Service {
         .map(|m| serde_json::json!({"manager": m, "operation": "Apply", "subresource": "status",
             "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:loadBalancer": {"f:ingress": {}}}}}))
         .collect();
-    serde_json::from_value::<slim::Service>(serde_json::json!({
+    serde_json::from_value::<wire::Service>(serde_json::json!({
         "metadata": {"namespace": "default", "name": "web", "managedFields": mf},
         "spec": {"type": "LoadBalancer"},
         "status": {"loadBalancer": {"ingress": ing}},

@@ -1,24 +1,21 @@
-//! Services and EndpointSlices as nodelb reads them: k8s-openapi's types cut down to the fields
-//! nodelb reads, with the same names and field types (but for strings, [`Str`]: inline up to 24
-//! bytes, so a name or an address is not an allocation of its own), so readers do not change.
-//! 10,000
-//! Services and their five-endpoint slices, as a cluster serves them, take 92 MiB as
-//! k8s-openapi types, nearly all of it fields nothing reads (the managed fields' JSON trees,
-//! `targetRef`, `hints`, the last-applied annotation); here those are skipped while parsing and
-//! never stored, and the same objects took 26 MiB (with `String` fields, when this was
-//! measured). Each is then converted once to the smaller
-//! form the agent stores ([`super::stored`]).
+//! Services and EndpointSlices as the API sends them and nodelb reads them: k8s-openapi's types
+//! cut down to the fields nodelb reads, with the same names and field types (but for strings,
+//! [`Str`]: inline up to 24 bytes, so a name or an address is not an allocation of its own), so
+//! readers do not change. Fields nothing reads (the managed fields' JSON trees, `targetRef`,
+//! `hints`, the last-applied annotation) are skipped while parsing and never stored. Each object
+//! is then converted once to the smaller form the index keeps ([`crate::plan::index`]); the
+//! body (spec, status, ports) is the index's own types, read here.
 //!
 //! The watches deserialize straight into these types (they are `kube::Resource`s through
-//! k8s-openapi's traits), and so do files and tests. A kept field has k8s-openapi's type and
+//! k8s-openapi's traits), and so does the file reader. A kept field has k8s-openapi's type and
 //! reads as k8s-openapi reads it (a required field that is missing or null is its default;
 //! `apiVersion` and `kind`, when present, must be the type's own), so an object fails here when
 //! it failed there because of a kept field (a `Str` reads what a `String` reads). Values the
 //! planner checks itself (protocols, addresses, CIDRs, families) stay raw strings, so bad ones
 //! still reach it and are warned about.
 
+use crate::plan::index::{self, or_default, EndpointPort, ServiceSpec, ServiceStatus};
 use crate::vocab::{Str, SERVICE_NAME_LABEL};
-use k8s_openapi::api::core::v1::LoadBalancerIngress;
 use k8s_openapi::api::discovery::v1::EndpointConditions;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta, Time};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -26,7 +23,7 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
 
-/// nodelb's own annotations (such as [`super::service::NODE_SELECTOR_ANNOTATION`]): the only
+/// nodelb's own annotations (such as [`crate::plan::service::NODE_SELECTOR_ANNOTATION`]): the only
 /// ones it reads. Others, like kubectl's last-applied copy of the whole object, are skipped.
 const OWN_ANNOTATIONS: &str = "nodelb.io/";
 
@@ -46,45 +43,6 @@ pub struct Service {
     api_version: (),
     #[serde(default, deserialize_with = "own_kind::<Service, _>")]
     kind: (),
-}
-
-/// What the planner reads of a Service's spec.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ServiceSpec {
-    #[serde(rename = "clusterIP")]
-    pub cluster_ip: Option<Str>,
-    #[serde(rename = "clusterIPs")]
-    pub cluster_ips: Option<Vec<Str>>,
-    pub external_traffic_policy: Option<Str>,
-    pub ip_families: Option<Vec<Str>>,
-    pub load_balancer_class: Option<Str>,
-    pub load_balancer_source_ranges: Option<Vec<Str>>,
-    pub ports: Option<Vec<ServicePort>>,
-    #[serde(rename = "type")]
-    pub type_: Option<Str>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ServicePort {
-    pub name: Option<Str>,
-    #[serde(default, deserialize_with = "or_default")]
-    pub port: i32,
-    pub protocol: Option<Str>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ServiceStatus {
-    pub load_balancer: Option<LoadBalancerStatus>,
-}
-
-/// The stored ingress, whole: the status writer compares it with what it wants entry by entry.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LoadBalancerStatus {
-    pub ingress: Option<Vec<LoadBalancerIngress>>,
 }
 
 /// An EndpointSlice: `metadata` holds name, namespace, resourceVersion (the watch) and of the
@@ -116,19 +74,11 @@ pub struct Endpoint {
     pub node_name: Option<Str>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EndpointPort {
-    pub name: Option<Str>,
-    pub port: Option<i32>,
-    pub protocol: Option<Str>,
-}
-
 /// The API's names for each type are the real types' own: the watches ask for v1 Services and
 /// discovery.k8s.io/v1 EndpointSlices, and kube-runtime needs the metadata as `ObjectMeta`.
 macro_rules! mirror {
-    ($slim:ty, $full:ty) => {
-        impl k8s_openapi::Resource for $slim {
+    ($wire:ty, $full:ty) => {
+        impl k8s_openapi::Resource for $wire {
             const API_VERSION: &'static str = <$full as k8s_openapi::Resource>::API_VERSION;
             const GROUP: &'static str = <$full as k8s_openapi::Resource>::GROUP;
             const KIND: &'static str = <$full as k8s_openapi::Resource>::KIND;
@@ -138,7 +88,7 @@ macro_rules! mirror {
             type Scope = <$full as k8s_openapi::Resource>::Scope;
         }
 
-        impl k8s_openapi::Metadata for $slim {
+        impl k8s_openapi::Metadata for $wire {
             type Ty = ObjectMeta;
 
             fn metadata(&self) -> &ObjectMeta {
@@ -157,15 +107,6 @@ mirror!(
     EndpointSlice,
     k8s_openapi::api::discovery::v1::EndpointSlice
 );
-
-/// A required field as k8s-openapi reads it: missing or null is the default.
-fn or_default<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de> + Default,
-{
-    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
-}
 
 fn own_api_version<'de, K: k8s_openapi::Resource, D: Deserializer<'de>>(
     d: D,
@@ -254,7 +195,7 @@ fn service_name_label<'de, D: Deserializer<'de>>(
 }
 
 /// A string map (labels, annotations) of only the keys this accepts; other values are skipped
-/// unread. Even one entry costs a whole B-tree node (some 540 bytes), so only what is read is
+/// unread. Even one entry costs a whole B-tree node, so only what is read is
 /// worth it.
 struct Only(fn(&str) -> bool);
 
@@ -301,7 +242,7 @@ struct ManagedEntry {
 
 /// Of the managed fields, the entries that own `status.loadBalancer.ingress` through the
 /// status subresource (where the API server records status writes), each kept as its manager
-/// alone: the stored form keeps just their names (`stored::ServiceMeta::ingress_owners`).
+/// alone: the stored form keeps just their names (`index::ServiceMeta::ingress_owners`).
 /// The rest, and every fieldsV1 tree, are walked and dropped.
 fn ingress_owners<'de, D: Deserializer<'de>>(
     d: D,
@@ -426,15 +367,119 @@ impl<'de> Visitor<'de> for KeyIs {
     }
 }
 
+impl From<Service> for index::Service {
+    fn from(s: Service) -> index::Service {
+        let Service {
+            metadata: m,
+            spec,
+            status,
+            ..
+        } = s;
+        // The watched form keeps only the entries that own the ingress (see `ingress_owners`); one
+        // manager may have several (an Apply and an Update).
+        let mut ingress_owners: Vec<Str> = Vec::new();
+        for manager in m
+            .managed_fields
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.manager.map(Str::from))
+        {
+            if !ingress_owners.contains(&manager) {
+                ingress_owners.push(manager);
+            }
+        }
+        ingress_owners.shrink_to_fit();
+        index::Service {
+            metadata: index::ServiceMeta {
+                name: m.name.map(Str::from),
+                namespace: m.namespace.map(Str::from),
+                uid: m.uid.map(Str::from),
+                resource_version: m.resource_version.map(Str::from),
+                creation_timestamp: m.creation_timestamp,
+                annotations: m.annotations,
+                ingress_owners,
+            },
+            spec: spec.map(|mut s| {
+                exact(&mut s.cluster_ips);
+                exact(&mut s.ip_families);
+                exact(&mut s.load_balancer_source_ranges);
+                exact(&mut s.ports);
+                s
+            }),
+            status: status.map(|mut s| {
+                if let Some(lb) = s.load_balancer.as_mut() {
+                    exact(&mut lb.ingress);
+                }
+                s
+            }),
+        }
+    }
+}
+
+/// A list as parsed has room to grow (four entries for one); stored, it has none: across
+/// every Service that spare room adds up.
+fn exact<T>(v: &mut Option<Vec<T>>) {
+    if let Some(v) = v {
+        v.shrink_to_fit();
+    }
+}
+
+impl From<EndpointSlice> for index::EndpointSlice {
+    fn from(s: EndpointSlice) -> index::EndpointSlice {
+        let EndpointSlice {
+            metadata: m,
+            address_type,
+            endpoints,
+            ports,
+            ..
+        } = s;
+        index::EndpointSlice {
+            metadata: index::SliceMeta {
+                name: m.name.map(Str::from),
+                namespace: m.namespace.map(Str::from),
+                service_name: m
+                    .labels
+                    .and_then(|mut l| l.remove(SERVICE_NAME_LABEL))
+                    .map(Str::from),
+            },
+            address_type,
+            endpoints: {
+                // (Collected in place, with the parsed list's spare room.)
+                let mut e: Vec<index::Endpoint> =
+                    endpoints.into_iter().map(index::Endpoint::from).collect();
+                e.shrink_to_fit();
+                e
+            },
+            ports: {
+                let mut p = ports;
+                exact(&mut p);
+                p
+            },
+        }
+    }
+}
+
+impl From<Endpoint> for index::Endpoint {
+    fn from(e: Endpoint) -> index::Endpoint {
+        index::Endpoint {
+            address: e.addresses.into_iter().next(),
+            conditions: e.conditions,
+            node_name: e.node_name,
+        }
+    }
+}
+
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
+    use crate::plan::index::{LoadBalancerStatus, ServicePort};
+    use k8s_openapi::api::core::v1::LoadBalancerIngress;
     use kube::core::DeserializeGuard;
     use serde_json::json;
 
     /// A Service as `kubectl get -o json` shows it after `kubectl apply`, a cloud controller's
     /// condition, and two load balancers' status writes.
-    pub(in crate::plan) fn service_json() -> serde_json::Value {
+    pub(super) fn service_json() -> serde_json::Value {
         let fields = |f: serde_json::Value| {
             json!({"fieldsType": "FieldsV1", "fieldsV1": f,
                                                     "apiVersion": "v1", "time": "2026-01-01T00:00:00Z"})
@@ -515,7 +560,7 @@ pub(super) mod tests {
     }
 
     /// A five-endpoint slice as the EndpointSlice controller writes it.
-    pub(in crate::plan) fn slice_json() -> serde_json::Value {
+    pub(super) fn slice_json() -> serde_json::Value {
         let endpoints: Vec<_> = (1..=5)
             .map(|i| {
                 json!({
@@ -560,7 +605,7 @@ pub(super) mod tests {
     }
 
     /// As the watches read objects.
-    pub(in crate::plan) fn watched<K: for<'de> Deserialize<'de> + kube::Resource>(
+    pub(super) fn watched<K: for<'de> Deserialize<'de> + kube::Resource>(
         v: serde_json::Value,
     ) -> K {
         let DeserializeGuard(k) = serde_json::from_value(v).unwrap();
@@ -694,20 +739,20 @@ pub(super) mod tests {
 
     /// Deserialize `v` as the k8s-openapi type and as ours: both must accept it, or both
     /// reject it with the same error.
-    fn same_verdict<Full, Slim>(v: serde_json::Value) -> Option<(Full, Slim)>
+    fn same_verdict<Full, Ours>(v: serde_json::Value) -> Option<(Full, Ours)>
     where
         Full: for<'de> Deserialize<'de>,
-        Slim: for<'de> Deserialize<'de>,
+        Ours: for<'de> Deserialize<'de>,
     {
         let full = serde_json::from_value::<Full>(v.clone());
-        let slim = serde_json::from_value::<Slim>(v.clone());
-        match (full, slim) {
+        let ours = serde_json::from_value::<Ours>(v.clone());
+        match (full, ours) {
             (Ok(f), Ok(s)) => Some((f, s)),
             (Err(f), Err(s)) => {
                 assert_eq!(f.to_string(), s.to_string(), "{v}");
                 None
             }
-            (f, s) => panic!("{v}: k8s-openapi {:?}, slim {:?}", f.err(), s.err()),
+            (f, s) => panic!("{v}: k8s-openapi {:?}, nodelb {:?}", f.err(), s.err()),
         }
     }
 
@@ -752,5 +797,83 @@ pub(super) mod tests {
         assert_eq!(f.metadata.name, s.metadata.name);
         let (f, s) = slice(slice_json()).unwrap();
         assert_eq!(f.endpoints.len(), s.endpoints.len());
+    }
+}
+
+#[cfg(test)]
+mod stored_tests {
+    use super::tests::{service_json, slice_json, watched};
+    use super::*;
+    use crate::plan::index::{Endpoint, ServiceMeta, SliceMeta};
+    use serde_json::json;
+
+    #[test]
+    fn a_stored_service_keeps_the_read_metadata_and_the_ingress_owners_names() {
+        let w: Service = watched(service_json());
+        let s = index::Service::from(w.clone());
+        assert_eq!(
+            s.metadata,
+            ServiceMeta {
+                name: Some("web".into()),
+                namespace: Some("shop".into()),
+                uid: Some("6c1f8d3e-0000-4000-8000-000000000001".into()),
+                resource_version: Some("4711".into()),
+                creation_timestamp: Some(Time("2026-01-01T00:00:00Z".parse().unwrap())),
+                annotations: Some([("nodelb.io/node-selector".into(), "pool=edge".into())].into()),
+                ingress_owners: vec!["nodelb".into(), "metallb-controller".into()],
+            }
+        );
+        assert_eq!((s.spec, s.status), (w.spec, w.status), "the body as read");
+    }
+
+    #[test]
+    fn a_manager_with_two_entries_owns_the_ingress_once() {
+        let mut v = service_json();
+        let mf = v["metadata"]["managedFields"].as_array_mut().unwrap();
+        mf.push(
+            json!({"manager": "nodelb", "operation": "Update", "subresource": "status",
+                       "fieldsV1": {"f:status": {"f:loadBalancer": {"f:ingress": {}}}}}),
+        );
+        let s = index::Service::from(watched::<Service>(v));
+        assert_eq!(s.metadata.ingress_owners, ["nodelb", "metallb-controller"]);
+        let mut v = service_json();
+        v["metadata"]["managedFields"] = json!([]);
+        let s = index::Service::from(watched::<Service>(v));
+        assert!(s.metadata.ingress_owners.is_empty());
+    }
+
+    #[test]
+    fn a_stored_slice_keeps_its_service_name_not_its_labels_and_first_addresses() {
+        let mut v = slice_json();
+        v["endpoints"][0]["addresses"] = json!(["198.51.100.1", "198.51.100.101"]);
+        let w: EndpointSlice = watched(v);
+        let s = index::EndpointSlice::from(w.clone());
+        assert_eq!(
+            s.metadata,
+            SliceMeta {
+                name: Some("web-x7k2p".into()),
+                namespace: Some("shop".into()),
+                service_name: Some("web".into()),
+            }
+        );
+        let endpoint = |i: u8| Endpoint {
+            address: Some(format!("198.51.100.{i}").into()),
+            conditions: Some(EndpointConditions {
+                ready: Some(i != 5),
+                serving: Some(true),
+                terminating: Some(i == 5),
+            }),
+            node_name: Some(format!("node-{i}").into()),
+        };
+        assert_eq!(s.endpoints, (1..=5).map(endpoint).collect::<Vec<_>>());
+        assert_eq!(
+            (s.address_type, s.ports),
+            (w.address_type, w.ports),
+            "the rest as read"
+        );
+        let mut v = slice_json();
+        v["metadata"]["labels"] = json!({"app": "web"});
+        let s = index::EndpointSlice::from(watched::<EndpointSlice>(v));
+        assert_eq!(s.metadata.service_name, None);
     }
 }

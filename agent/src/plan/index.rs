@@ -1,19 +1,142 @@
-//! The cluster objects the planner reads, indexed the way it reads them: Services by key, and
-//! each Service's EndpointSlices by the `kubernetes.io/service-name` label. Watch events update
-//! it in one place and say which Service they touched, so a sync replans only those.
+//! The cluster objects the planner reads, as it keeps them and indexed the way it reads them:
+//! Services by key, and each Service's EndpointSlices by the `kubernetes.io/service-name`
+//! label. Watch events update it in one place and say which Service they touched, so a sync
+//! replans only those.
+//!
+//! Each object is converted once from what the API sends (`kube/wire.rs`), by the watches'
+//! inbox or the file reader. Of the metadata only the read fields are kept, under the API's names
+//! and types, plus the two derived facts nodelb asks of the rest: the Service of a slice, and the
+//! managers of a Service's ingress (a watched object must carry a whole `ObjectMeta`, and a slice
+//! a B-tree node for its one read label). The body is kept as the API spells it (the types
+//! below, which the wire types embed), but for an endpoint's addresses, of which only the first
+//! counts.
 
-use super::stored::{EndpointSlice, Service};
-use crate::vocab::ServiceKey;
+use crate::vocab::{ServiceKey, Str};
 use imbl::OrdMap;
-use std::collections::BTreeSet;
+use k8s_openapi::api::core::v1::LoadBalancerIngress;
+use k8s_openapi::api::discovery::v1::EndpointConditions;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde::{Deserialize, Deserializer};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+
+/// A Service.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Service {
+    pub metadata: ServiceMeta,
+    pub spec: Option<ServiceSpec>,
+    pub status: Option<ServiceStatus>,
+}
+
+/// What is read of a Service's metadata: name and namespace (its key, status writes, Events),
+/// uid (Events), resourceVersion (the status writer), creationTimestamp (oldest wins a port),
+/// nodelb's own annotations (the node selector).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ServiceMeta {
+    pub name: Option<Str>,
+    pub namespace: Option<Str>,
+    pub uid: Option<Str>,
+    pub resource_version: Option<Str>,
+    pub creation_timestamp: Option<Time>,
+    pub annotations: Option<BTreeMap<String, String>>,
+    /// The field managers that own `status.loadBalancer.ingress` through the status
+    /// subresource, each once, in managedFields order: whether nodelb, someone else or nobody
+    /// owns it is all the status writer asks of managedFields.
+    pub ingress_owners: Vec<Str>,
+}
+
+/// An EndpointSlice.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EndpointSlice {
+    pub metadata: SliceMeta,
+    pub address_type: Str,
+    pub endpoints: Vec<Endpoint>,
+    pub ports: Option<Vec<EndpointPort>>,
+}
+
+/// One backend: its first address, readiness, and node (`Local` policy).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Endpoint {
+    /// The first of the endpoint's addresses: the API calls them fungible, and nodelb, like
+    /// kube-proxy, uses only the first. A vector for it would be one more allocation per
+    /// endpoint.
+    pub address: Option<Str>,
+    pub conditions: Option<EndpointConditions>,
+    pub node_name: Option<Str>,
+}
+
+/// What is read of a slice's metadata: its name and namespace (warnings, its place among its
+/// Service's slices) and its one read label.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SliceMeta {
+    pub name: Option<Str>,
+    pub namespace: Option<Str>,
+    /// The `kubernetes.io/service-name` label, as given: the Service the slice is filed under.
+    pub service_name: Option<Str>,
+}
+
+/// What the planner reads of a Service's spec.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceSpec {
+    #[serde(rename = "clusterIP")]
+    pub cluster_ip: Option<Str>,
+    #[serde(rename = "clusterIPs")]
+    pub cluster_ips: Option<Vec<Str>>,
+    pub external_traffic_policy: Option<Str>,
+    pub ip_families: Option<Vec<Str>>,
+    pub load_balancer_class: Option<Str>,
+    pub load_balancer_source_ranges: Option<Vec<Str>>,
+    pub ports: Option<Vec<ServicePort>>,
+    #[serde(rename = "type")]
+    pub type_: Option<Str>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServicePort {
+    pub name: Option<Str>,
+    #[serde(default, deserialize_with = "or_default")]
+    pub port: i32,
+    pub protocol: Option<Str>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceStatus {
+    pub load_balancer: Option<LoadBalancerStatus>,
+}
+
+/// The stored ingress, whole: the status writer compares it with what it wants entry by entry.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadBalancerStatus {
+    pub ingress: Option<Vec<LoadBalancerIngress>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointPort {
+    pub name: Option<Str>,
+    pub port: Option<i32>,
+    pub protocol: Option<Str>,
+}
+
+/// A required field as k8s-openapi reads it: missing or null is the default.
+pub(crate) fn or_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
 
 /// `namespace/name` of an EndpointSlice.
 type SliceId = (String, String);
 
 /// Persistent maps: a clone shares everything and costs nothing, so the status writer can hold
 /// a snapshot while the sync loop keeps changing its own copy (a change copies only the path
-/// to what changed, not 10,000 entries).
+/// to what changed, not every entry).
 #[derive(Clone, Debug, Default)]
 pub struct Objects {
     /// Everything about one Service key in one entry, so the key is stored once: its Service,
@@ -273,10 +396,10 @@ impl Objects {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::slim;
+    use crate::kube::wire;
 
     fn svc(name: &str) -> Arc<Service> {
-        let s: slim::Service = serde_json::from_value(
+        let s: wire::Service = serde_json::from_value(
             serde_json::json!({"metadata": {"namespace": "ns", "name": name}}),
         )
         .unwrap();
@@ -284,7 +407,7 @@ mod tests {
     }
 
     fn slice(name: &str, service: &str) -> Arc<EndpointSlice> {
-        let s: slim::EndpointSlice = serde_json::from_value(serde_json::json!({
+        let s: wire::EndpointSlice = serde_json::from_value(serde_json::json!({
             "metadata": {"namespace": "ns", "name": name,
                          "labels": {"kubernetes.io/service-name": service}},
         }))
