@@ -4,7 +4,8 @@
 //! EndpointSlices → this node's tables) and `status` (→ each Service's status). Around them,
 //! thin I/O, each in its room: `kube` (the API: watches, Leases, status writes, Events),
 //! `host` (sysctls, addresses, foreign forward policies), `run` (the agent: the sync loop,
-//! health and metrics HTTP), `metrics`; `object_files` reads objects from files for `render` and `apply`; `cli`, `check` and `oneshot` are the binary's faces.
+//! health and metrics HTTP), `metrics`; `object_files` reads objects from files for `render`
+//! and `apply`; `cli`, `check` and `oneshot` are the binary's faces.
 
 pub mod check;
 pub mod cli;
