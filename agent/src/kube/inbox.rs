@@ -64,53 +64,81 @@ impl Inbox {
     /// version (if any) stays planned, and the watch task has already reported it.
     pub fn apply(&mut self, ev: ObjectEvent) {
         match ev {
-            ObjectEvent::Service(ev) => match *ev {
-                Event::Init => self.relist_services = Some(Vec::new()),
-                Event::InitApply(DeserializeGuard(Ok(s))) => {
-                    self.relist_services
-                        .get_or_insert_default()
-                        .push(Arc::new(s.into()));
-                }
-                Event::InitDone => {
-                    let all = self.relist_services.take().unwrap_or_default();
-                    self.objects_mut().replace_services(all);
-                    self.full = true;
-                    self.services_synced = true;
-                }
-                Event::Apply(DeserializeGuard(Ok(s))) => {
-                    let k = self.objects_mut().put_service(Arc::new(s.into()));
-                    self.dirty.extend(k);
-                }
-                Event::Delete(DeserializeGuard(Ok(s))) => {
-                    let k = self.objects_mut().delete_service(&s.into());
-                    self.dirty.extend(k);
-                }
-                Event::InitApply(_) | Event::Apply(_) | Event::Delete(_) => {}
-            },
-            ObjectEvent::Slice(ev) => match *ev {
-                Event::Init => self.relist_slices = Some(Vec::new()),
-                Event::InitApply(DeserializeGuard(Ok(s))) => {
-                    self.relist_slices
-                        .get_or_insert_default()
-                        .push(Arc::new(s.into()));
-                }
-                Event::InitDone => {
-                    let all = self.relist_slices.take().unwrap_or_default();
-                    self.objects_mut().replace_slices(all);
-                    self.full = true;
-                    self.slices_synced = true;
-                }
-                Event::Apply(DeserializeGuard(Ok(s))) => {
-                    let k = self.objects_mut().put_slice(Arc::new(s.into()));
-                    self.dirty.extend(k);
-                }
-                Event::Delete(DeserializeGuard(Ok(s))) => {
-                    let k = self.objects_mut().delete_slice(&s.into());
-                    self.dirty.extend(k);
-                }
-                Event::InitApply(_) | Event::Apply(_) | Event::Delete(_) => {}
-            },
+            ObjectEvent::Service(ev) => {
+                self.on_event(*ev, |i| (&mut i.relist_services, &mut i.services_synced))
+            }
+            ObjectEvent::Slice(ev) => {
+                self.on_event(*ev, |i| (&mut i.relist_slices, &mut i.slices_synced))
+            }
         }
+    }
+
+    /// One event of one kind; `relist` picks that kind's re-list in progress and its synced
+    /// flag.
+    fn on_event<W, K: Kept + From<W>>(
+        &mut self,
+        ev: Event<DeserializeGuard<W>>,
+        relist: Relist<K>,
+    ) {
+        match ev {
+            Event::Init => *relist(self).0 = Some(Vec::new()),
+            Event::InitApply(DeserializeGuard(Ok(o))) => {
+                relist(self)
+                    .0
+                    .get_or_insert_default()
+                    .push(Arc::new(o.into()));
+            }
+            Event::InitDone => {
+                let (pending, synced) = relist(self);
+                let all = pending.take().unwrap_or_default();
+                *synced = true;
+                K::replace(self.objects_mut(), all);
+                self.full = true;
+            }
+            Event::Apply(DeserializeGuard(Ok(o))) => {
+                let k = K::put(self.objects_mut(), Arc::new(o.into()));
+                self.dirty.extend(k);
+            }
+            Event::Delete(DeserializeGuard(Ok(o))) => {
+                let k = K::delete(self.objects_mut(), &o.into());
+                self.dirty.extend(k);
+            }
+            Event::InitApply(_) | Event::Apply(_) | Event::Delete(_) => {}
+        }
+    }
+}
+
+/// Picks one kind's re-list in progress and whether that kind has listed once.
+type Relist<K> = fn(&mut Inbox) -> (&mut Option<Vec<Arc<K>>>, &mut bool);
+
+/// A kind the index keeps, as the inbox changes it.
+trait Kept: Sized {
+    fn put(objects: &mut Objects, o: Arc<Self>) -> Vec<ServiceKey>;
+    fn delete(objects: &mut Objects, o: &Self) -> Vec<ServiceKey>;
+    fn replace(objects: &mut Objects, all: Vec<Arc<Self>>);
+}
+
+impl Kept for index::Service {
+    fn put(objects: &mut Objects, o: Arc<Self>) -> Vec<ServiceKey> {
+        objects.put_service(o).into_iter().collect()
+    }
+    fn delete(objects: &mut Objects, o: &Self) -> Vec<ServiceKey> {
+        objects.delete_service(o).into_iter().collect()
+    }
+    fn replace(objects: &mut Objects, all: Vec<Arc<Self>>) {
+        objects.replace_services(all)
+    }
+}
+
+impl Kept for index::EndpointSlice {
+    fn put(objects: &mut Objects, o: Arc<Self>) -> Vec<ServiceKey> {
+        objects.put_slice(o)
+    }
+    fn delete(objects: &mut Objects, o: &Self) -> Vec<ServiceKey> {
+        objects.delete_slice(o)
+    }
+    fn replace(objects: &mut Objects, all: Vec<Arc<Self>>) {
+        objects.replace_slices(all)
     }
 }
 
