@@ -2,6 +2,10 @@
 //! JSON, one or many documents per file, `kind: List` (and `ServiceList`-style lists) unpacked.
 //! Services and EndpointSlices are read into the watches' own types ([`crate::kube::wire`]) and
 //! kept as the index keeps them; Nodes are kept whole; anything else is skipped and reported.
+//!
+//! Documents are read as they stream; each object in them is held whole once, as a JSON value,
+//! and then read as its kind, so one that does not read as its kind is skipped with its reason
+//! (as the watches skip it) and the rest of the file is still read.
 
 use crate::kube::wire;
 use crate::plan::index;
@@ -173,7 +177,7 @@ impl ObjectFiles {
 
     /// One object, read whole.
     fn add_value(&mut self, place: Place<'_>, value: Value) -> Result<(), Error> {
-        let obj = match value {
+        let mut obj = match value {
             // An empty document (`---` at the end, comments only).
             Value::Null => return Ok(()),
             Value::Object(o) => o,
@@ -181,8 +185,8 @@ impl ObjectFiles {
         };
         let kind = object_kind(place, &obj)?.to_string();
         if is_list(&kind) {
-            let items = list_items(place, &kind, obj.get("items"))?;
-            return self.add_items(place, &kind, items.iter().cloned());
+            let items = list_items(place, &kind, obj.remove("items"))?;
+            return self.add_items(place, &kind, items);
         }
         let meta = |k: &str| Some(obj.get("metadata")?.get(k)?.as_str()?.to_string());
         let mut skipped = Skipped {
@@ -238,14 +242,10 @@ fn is_list(kind: &str) -> bool {
     kind.ends_with("List")
 }
 
-fn list_items<'v>(
-    place: Place<'_>,
-    kind: &str,
-    items: Option<&'v Value>,
-) -> Result<&'v [Value], Error> {
+fn list_items(place: Place<'_>, kind: &str, items: Option<Value>) -> Result<Vec<Value>, Error> {
     match items {
         Some(Value::Array(items)) => Ok(items),
-        Some(Value::Null) | None => Ok(&[]),
+        Some(Value::Null) | None => Ok(Vec::new()),
         Some(_) => Err(place.shape(format!("{kind}: items is not a list"))),
     }
 }
@@ -289,23 +289,23 @@ impl<'a> Document<'a> {
     }
 
     /// The document's object, its fields read; `items` as [`Items`] reads them.
-    fn finish(self, mut fields: Map<String, Value>, items: Items) {
+    fn finish(self, fields: Map<String, Value>, items: Items) {
         let place = self.place;
         let done = match object_kind(place, &fields).map(str::to_string) {
             Err(e) => Err(e),
             Ok(kind) if is_list(&kind) => match items {
                 Items::Absent => Ok(()),
-                Items::Other(v) => list_items(place, &kind, Some(&v)).map(|_| ()),
-                Items::Read(mut read) => read.failed.take().map_or(Ok(()), Err).and_then(|()| {
+                Items::Other(v) => list_items(place, &kind, Some(v)).map(|_| ()),
+                Items::Read(ReadItems {
+                    failed: Some(e), ..
+                }) => Err(e),
+                Items::Read(read) => {
                     self.files.append(read.files);
                     self.files.add_items(place, &kind, read.kindless)
-                }),
+                }
             },
-            // Not a list: `items` means nothing to the kinds nodelb reads.
-            Ok(_) => {
-                fields.remove("items");
-                self.files.add_value(place, Value::Object(fields))
-            }
+            // Not a list: `items` (not among `fields`) means nothing to the kinds nodelb reads.
+            Ok(_) => self.files.add_value(place, Value::Object(fields)),
         };
         if let Err(e) = done {
             *self.failed = Some(e);
