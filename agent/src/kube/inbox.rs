@@ -1,9 +1,9 @@
 //! Watch events in, the planner's [`Objects`] and the set of changed Services out.
 //!
 //! Services and EndpointSlices are kept once, here: each object the watches read
-//! ([`crate::kube::wire`]) is converted to the form the index keeps ([`crate::plan::index`]) as it
-//! arrives, so 10,000 Services fit the memory goal. A re-list (after a watch expired) does not
-//! report deletions, so it replaces its kind whole and asks for a full replan.
+//! ([`crate::kube::wire`]) is converted to the form the index keeps ([`crate::plan::index`])
+//! as it arrives. A re-list (after a watch expired) does not report deletions, so it replaces
+//! its kind whole and asks for a full replan.
 
 use crate::kube::wire::{EndpointSlice, Service};
 use crate::plan::{index, Objects};
