@@ -271,7 +271,12 @@ impl Metrics {
             "Syncs by result",
             Family::<ResultLabel, Counter>::default(),
         );
-        let sync_objects = register(&mut r, "sync_objects", "Objects (table, chains, rules, sets, elements) in the tables of the last committed sync", Gauge::default());
+        let sync_objects = register(
+            &mut r,
+            "sync_objects",
+            "Objects (table, chains, rules, sets, elements) in the tables of the last committed sync",
+            Gauge::default(),
+        );
         let sync_bytes = register(
             &mut r,
             "sync_bytes",

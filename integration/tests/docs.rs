@@ -47,17 +47,22 @@ fn run_flags() -> Vec<String> {
     flags
 }
 
-/// The names `agent/src/run/metrics.rs` registers (without the `nodelb_` prefix the registry
-/// adds), read from its source so a metric added there is never missed here.
+/// The names `agent/src/metrics.rs` registers (without the `nodelb_` prefix the registry
+/// adds), read from its source so a metric added there is never missed here: every
+/// `register(r, "name", ..)` call.
 fn registered_names() -> Vec<String> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../agent/src/run/metrics.rs");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../agent/src/metrics.rs");
     let src = std::fs::read_to_string(&path).unwrap();
-    src.split(".register(")
+    src.split("register(")
         .skip(1)
-        .map(|rest| {
+        .filter_map(|rest| {
             let rest = rest.trim_start();
+            let rest = rest
+                .strip_prefix("&mut r,")
+                .or_else(|| rest.strip_prefix("r,"))?
+                .trim_start();
             let rest = rest.strip_prefix('"').expect("a name literal first");
-            rest[..rest.find('"').unwrap()].to_string()
+            Some(rest[..rest.find('"').unwrap()].to_string())
         })
         .collect()
 }
