@@ -70,19 +70,20 @@ const fn req(
 use Scope::{AgentNamespace, Cluster};
 
 const WATCH_SERVICES: &str =
-    "agent/src/run/caches.rs: Caches::start, watcher over Api::<Service>::all \
-     (every agent; the status leader reads the same cache, issue 4)";
+    "agent/src/kube/watches.rs: Caches::start, watcher over Api::<Service>::all \
+     (every agent; the status leader reads the same objects)";
 const WATCH_SLICES: &str =
-    "agent/src/run/caches.rs: Caches::start, watcher over Api::<EndpointSlice>::all";
+    "agent/src/kube/watches.rs: Caches::start, watcher over Api::<EndpointSlice>::all";
 const WATCH_NODES: &str =
-    "agent/src/run/caches.rs: Caches::start, reflector over Api::<Node>::all with \
-     field selector metadata.name=<node>; the status leader watches all Nodes (issue 4)";
-const EVENTS_CREATE: &str = "agent/src/run/node_events.rs: new_event, created by \
+    "agent/src/kube/watches.rs: Caches::start, reflector over Api::<Node>::all with \
+     field selector metadata.name=<node>; the status leader watches all Nodes \
+     (agent/src/kube/status_writer.rs)";
+const EVENTS_CREATE: &str = "agent/src/kube/events.rs: new_event, created by \
      NodeEvents::update (Node Events, namespace default) and by the status writer's publish \
      (Service Events from the status leader); each Event is created once, never patched";
-const STATUS_APPLY: &str = "issue 4 (status writer, not in main yet): server-side apply of \
+const STATUS_APPLY: &str = "agent/src/kube/status_writer.rs: server-side apply of \
      services/status under field manager nodelb";
-const LEASES: &str = "issue 4 (not in main yet): heartbeat Leases nodelb-node-<node> (create, \
+const LEASES: &str = "agent/src/kube/lease.rs: heartbeat Leases nodelb-node-<node> (create, \
      update/patch to renew; the leader lists and watches them all) and election on the Lease \
      nodelb-status (get, create, update/patch)";
 
