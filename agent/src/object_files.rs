@@ -132,7 +132,7 @@ impl ObjectFiles {
     /// A text that is one JSON object (`kubectl get -o json`) is read by the JSON parser, which
     /// is much faster than the YAML one; anything else, or JSON that parser refuses, is read as
     /// YAML, of which JSON is a subset, with the same result. Either way the document is read
-    /// as it streams: only one object at a time is held whole (see [`Document`]).
+    /// as it streams: only one object at a time is held whole (see `Document`).
     pub fn add_text(&mut self, path: &Path, text: &str) -> Result<(), Error> {
         if text.trim_start().starts_with('{') {
             let place = Place { path, document: 1 };
