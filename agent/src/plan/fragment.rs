@@ -104,14 +104,14 @@ pub fn build<'k>(
             });
             continue;
         }
-        let served = ServedFamily {
+        let program = FamilyProgram {
             key: &prep.key,
             family: *family,
             addresses: &ctx.served[family],
             policy: *policy,
             source_ranges: source_ranges.as_deref(),
         };
-        outcomes.push(served.build(ports, &winner, tables.then_some(&mut parts)));
+        outcomes.push(program.outcome(ports, &winner, tables.then_some(&mut parts)));
     }
     outcomes.shrink_to_fit();
     Fragment {
@@ -120,8 +120,9 @@ pub fn build<'k>(
     }
 }
 
-/// One family the Service is served in on this node.
-struct ServedFamily<'a> {
+/// What the Service's ports share in one family's table on this node: the Service, the
+/// addresses serving it there, its traffic policy and source ranges.
+struct FamilyProgram<'a> {
     key: &'a ServiceKey,
     family: IpFamily,
     addresses: &'a [IpAddr],
@@ -129,10 +130,10 @@ struct ServedFamily<'a> {
     source_ranges: Option<&'a [Cidr]>,
 }
 
-impl ServedFamily<'_> {
+impl FamilyProgram<'_> {
     /// The family's outcome, port by port, and (given the Service's `parts`) its ports in the
     /// family's table.
-    fn build<'k>(
+    fn outcome<'k>(
         &self,
         ports: &[PreparedPort],
         winner: impl Fn(&Slot) -> Option<&'k ServiceKey>,

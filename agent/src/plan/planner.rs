@@ -56,11 +56,11 @@ pub struct Planner {
     shared: Shared,
 }
 
-/// The Services an update plans again, with what they were and are prepared as.
+/// The dirty Services whose preparation changed, and the slots whose claims moved with them.
 #[derive(Default)]
-struct Replan {
-    /// Prepared before and now, for the Services whose objects changed (absent: a Service
-    /// replanned only because a slot it claims changed holder, prepared as before).
+struct Reprepared {
+    /// Prepared before and now (a Service replanned only because a slot it claims changed
+    /// holder is not here: it is prepared as before).
     prepared: BTreeMap<ServiceKey, (Option<Prepared>, Option<Prepared>)>,
     /// The holder of each slot whose claims moved, before they moved.
     winners_before: BTreeMap<Slot, Option<ServiceKey>>,
@@ -132,14 +132,14 @@ impl Planner {
             dirty.cloned().unwrap_or_default()
         };
         let previous = (!rebuild).then_some(&previous);
-        let replan = self.reprepare(keys, objects, previous, ctx);
-        let refresh = self.settle_conflicts(&replan);
+        let reprepared = self.reprepare(keys, objects, previous, ctx);
+        let refresh = self.settle_conflicts(&reprepared);
         let replanned = refresh.len();
         let Replanned {
             mut edits,
             shared_before,
             changed,
-        } = self.replan(refresh, replan, objects, ctx, rebuild);
+        } = self.replan(refresh, reprepared, objects, ctx, rebuild);
         if rebuild {
             return Update {
                 change: TableChange::Rebuild,
@@ -193,22 +193,22 @@ impl Planner {
         objects: &Objects,
         previous: Option<&Objects>,
         ctx: &Context,
-    ) -> Replan {
-        let mut replan = Replan::default();
+    ) -> Reprepared {
+        let mut out = Reprepared::default();
         for key in keys {
             let new = prepare_in(objects, &key, ctx);
             let old = previous.and_then(|p| prepare_in(p, &key, ctx));
             if old == new && (old.is_some() || !self.outcomes.contains_key(&key)) {
                 continue;
             }
-            self.move_claims(old.as_ref(), new.as_ref(), &mut replan.winners_before);
+            self.move_claims(old.as_ref(), new.as_ref(), &mut out.winners_before);
             match new.as_ref().map(|p| &p.warnings).filter(|w| !w.is_empty()) {
                 Some(w) => self.warnings.insert(key.clone(), w.clone()),
                 None => self.warnings.remove(&key),
             };
-            replan.prepared.insert(key, (old, new));
+            out.prepared.insert(key, (old, new));
         }
-        replan
+        out
     }
 
     /// A Service's claims go from those of `old` to those of `new`, noting each slot's holder
@@ -233,9 +233,9 @@ impl Planner {
 
     /// The Services to plan again: those prepared anew, and every Service claiming a slot with
     /// a new holder (a holder that lost its slot is a claimant still, or was dirty itself).
-    fn settle_conflicts(&self, replan: &Replan) -> BTreeSet<ServiceKey> {
-        let mut refresh: BTreeSet<ServiceKey> = replan.prepared.keys().cloned().collect();
-        for (slot, before) in &replan.winners_before {
+    fn settle_conflicts(&self, reprepared: &Reprepared) -> BTreeSet<ServiceKey> {
+        let mut refresh: BTreeSet<ServiceKey> = reprepared.prepared.keys().cloned().collect();
+        for (slot, before) in &reprepared.winners_before {
             if self.claims.winner(slot) != before.as_ref() {
                 refresh.extend(self.claims.claimants(slot).cloned());
             }
@@ -248,14 +248,14 @@ impl Planner {
     fn replan(
         &mut self,
         refresh: BTreeSet<ServiceKey>,
-        mut replan: Replan,
+        mut reprepared: Reprepared,
         objects: &Objects,
         ctx: &Context,
         rebuild: bool,
     ) -> Replanned {
         let mut out = Replanned::default();
         for key in refresh {
-            let (old_prep, new_prep) = match replan.prepared.remove(&key) {
+            let (old_prep, new_prep) = match reprepared.prepared.remove(&key) {
                 Some(p) => p,
                 None => {
                     let p = prepare_in(objects, &key, ctx);
