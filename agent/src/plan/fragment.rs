@@ -6,10 +6,12 @@ use super::diagnosis::{
     FamilyOutcome, FamilySkip, FamilyState, PortOutcome, PortResult, ServiceOutcome,
 };
 use super::endpoints::Selection;
-use super::prepare::{Context, Prepared, Stage};
+use super::prepare::{Context, Prepared, PreparedPort, Stage};
+use super::service::{Cidr, TrafficPolicy};
 use super::table::{self, Action, Part, PortProgram};
 use crate::vocab::IpFamily;
-use crate::vocab::ServiceKey;
+use crate::vocab::{ServiceKey, ServicePortId};
+use std::net::IpAddr;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fragment {
@@ -92,7 +94,6 @@ pub fn build<'k>(
             parts: FamilyParts::default(),
         };
     };
-    let key = &prep.key;
     let mut parts = FamilyParts::default();
     let mut outcomes = Vec::new();
     for (family, skip) in families {
@@ -103,45 +104,50 @@ pub fn build<'k>(
             });
             continue;
         }
-        let addresses = &ctx.served[family];
+        let program = FamilyProgram {
+            key: &prep.key,
+            family: *family,
+            addresses: &ctx.served[family],
+            policy: *policy,
+            source_ranges: source_ranges.as_deref(),
+        };
+        outcomes.push(program.outcome(ports, &winner, tables.then_some(&mut parts)));
+    }
+    outcomes.shrink_to_fit();
+    Fragment {
+        outcome: service_outcome(outcomes),
+        parts,
+    }
+}
+
+/// What the Service's ports share in one family's table on this node: the Service, the
+/// addresses serving it there, its traffic policy and source ranges.
+struct FamilyProgram<'a> {
+    key: &'a ServiceKey,
+    family: IpFamily,
+    addresses: &'a [IpAddr],
+    policy: TrafficPolicy,
+    source_ranges: Option<&'a [Cidr]>,
+}
+
+impl FamilyProgram<'_> {
+    /// The family's outcome, port by port, and (given the Service's `parts`) its ports in the
+    /// family's table.
+    fn outcome<'k>(
+        &self,
+        ports: &[PreparedPort],
+        winner: impl Fn(&Slot) -> Option<&'k ServiceKey>,
+        mut parts: Option<&mut FamilyParts>,
+    ) -> FamilyOutcome {
         let mut results = Vec::new();
-        for p in ports.iter().filter(|p| p.family == *family) {
-            let slot = (*family, p.port.protocol, p.port.port);
+        for p in ports.iter().filter(|p| p.family == self.family) {
+            let slot = (self.family, p.port.protocol, p.port.port);
             let result = match winner(&slot) {
-                Some(w) if w != key => PortResult::Conflict { winner: w.clone() },
+                Some(w) if w != self.key => PortResult::Conflict { winner: w.clone() },
                 _ => {
-                    let (result, action) = match &p.selection {
-                        Selection::Forward {
-                            endpoints,
-                            terminating,
-                        } => (
-                            PortResult::Forwards {
-                                endpoints: endpoints.len(),
-                                terminating: *terminating,
-                            },
-                            Action::Forward(endpoints.clone()),
-                        ),
-                        Selection::DropNotLocal { elsewhere } => (
-                            PortResult::DropsNoLocalEndpoint {
-                                elsewhere: elsewhere.len(),
-                            },
-                            Action::DropExceptNode(elsewhere.clone()),
-                        ),
-                        Selection::Reject => (PortResult::RejectsNoEndpoints, Action::Reject),
-                    };
-                    if tables {
-                        table::add_port(
-                            parts.entry(*family),
-                            *family,
-                            &PortProgram {
-                                service: key,
-                                port: &p.port,
-                                policy: *policy,
-                                addresses,
-                                source_ranges: source_ranges.as_deref(),
-                                action,
-                            },
-                        );
+                    let (result, action) = port_action(&p.selection);
+                    if let Some(parts) = parts.as_deref_mut() {
+                        self.add_port(parts.entry(self.family), &p.port, action);
                     }
                     result
                 }
@@ -153,16 +159,57 @@ pub fn build<'k>(
         }
         // Outcomes are kept for every Service: no spare room in their lists.
         results.shrink_to_fit();
-        outcomes.push(FamilyOutcome {
-            family: *family,
+        FamilyOutcome {
+            family: self.family,
             state: FamilyState::Served {
-                addresses: addresses.clone(),
+                addresses: self.addresses.to_vec(),
                 ports: results,
             },
-        });
+        }
     }
-    outcomes.shrink_to_fit();
-    let outcome = if outcomes
+
+    fn add_port(&self, part: &mut Part, port: &ServicePortId, action: Action) {
+        table::add_port(
+            part,
+            self.family,
+            &PortProgram {
+                service: self.key,
+                port,
+                policy: self.policy,
+                addresses: self.addresses,
+                source_ranges: self.source_ranges,
+                action,
+            },
+        );
+    }
+}
+
+/// What a port the Service holds does, from the endpoints picked for it.
+fn port_action(selection: &Selection) -> (PortResult, Action) {
+    match selection {
+        Selection::Forward {
+            endpoints,
+            terminating,
+        } => (
+            PortResult::Forwards {
+                endpoints: endpoints.len(),
+                terminating: *terminating,
+            },
+            Action::Forward(endpoints.clone()),
+        ),
+        Selection::DropNotLocal { elsewhere } => (
+            PortResult::DropsNoLocalEndpoint {
+                elsewhere: elsewhere.len(),
+            },
+            Action::DropExceptNode(elsewhere.clone()),
+        ),
+        Selection::Reject => (PortResult::RejectsNoEndpoints, Action::Reject),
+    }
+}
+
+/// The Service's outcome from its families': served in at least one, or in none.
+fn service_outcome(outcomes: Vec<FamilyOutcome>) -> ServiceOutcome {
+    if outcomes
         .iter()
         .all(|f| matches!(f.state, FamilyState::Skipped(_)))
     {
@@ -177,6 +224,5 @@ pub fn build<'k>(
         }
     } else {
         ServiceOutcome::Served { families: outcomes }
-    };
-    Fragment { outcome, parts }
+    }
 }

@@ -8,16 +8,14 @@
 
 use super::conflicts::{Claim, Claims, Slot};
 use super::diagnosis::{ServiceOutcome, Warning};
-use super::fragment;
+use super::fragment::{self, Fragment};
 use super::index::Objects;
 use super::prepare::{prepare, Context, Prepared, Stage};
-use super::table::{self, HairpinUsers};
+use super::table::{self, HairpinUsers, Shared, SharedBefore};
 use crate::vocab::IpFamily;
 use crate::vocab::ServiceKey;
 use nodelb_netfilter::{Edit, Table, TableRef};
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
-use std::sync::Arc;
 
 /// What the kernel must do after an update.
 #[derive(Debug)]
@@ -54,9 +52,29 @@ pub struct Planner {
     outcomes: BTreeMap<ServiceKey, ServiceOutcome>,
     /// The problems found in each Service and its slices, for those that have any.
     warnings: BTreeMap<ServiceKey, Vec<Warning>>,
-    hairpin: BTreeMap<IpFamily, HairpinUsers>,
-    /// How many Service ports use each shared `endpoints-N` chain, per family.
-    endpoint_chains: BTreeMap<IpFamily, BTreeMap<usize, usize>>,
+    /// Who uses the shared `endpoints-N` chains and hairpin elements.
+    shared: Shared,
+}
+
+/// The dirty Services whose preparation changed, and the slots whose claims moved with them.
+#[derive(Default)]
+struct Reprepared {
+    /// Prepared before and now (a Service replanned only because a slot it claims changed
+    /// holder is not here: it is prepared as before).
+    prepared: BTreeMap<ServiceKey, (Option<Prepared>, Option<Prepared>)>,
+    /// The holder of each slot whose claims moved, before they moved.
+    winners_before: BTreeMap<Slot, Option<ServiceKey>>,
+}
+
+/// What replanning the Services adds up to.
+#[derive(Default)]
+struct Replanned {
+    /// Edits to each family's table, from the Services' Parts (empty after a rebuild).
+    edits: BTreeMap<IpFamily, Edit>,
+    /// The shared objects touched, as they were.
+    shared_before: SharedBefore,
+    /// Services whose outcome changed, appeared or went away.
+    changed: BTreeSet<ServiceKey>,
 }
 
 /// One Service of `objects`, prepared (`None`: not nodelb's).
@@ -108,149 +126,20 @@ impl Planner {
     ) -> Update {
         let rebuild = dirty.is_none() || self.ctx.as_ref() != Some(ctx);
         let previous = std::mem::replace(&mut self.objects, objects.clone());
-        let keys: BTreeSet<ServiceKey> = if rebuild {
-            let mut keys = objects.keys();
-            keys.extend(self.outcomes.keys().cloned());
-            *self = Planner {
-                no_tables: self.no_tables,
-                ctx: Some(ctx.clone()),
-                objects: objects.clone(),
-                ..Planner::default()
-            };
-            keys
+        let keys = if rebuild {
+            self.reset(objects, ctx)
         } else {
             dirty.cloned().unwrap_or_default()
         };
-
-        // 1. Prepare the dirty Services, now and as they were (after a rebuild nothing was);
-        // track the slots whose claims move.
-        let mut refresh: BTreeSet<ServiceKey> = BTreeSet::new();
-        let mut winners_before: BTreeMap<Slot, Option<ServiceKey>> = BTreeMap::new();
-        let mut prepared: BTreeMap<ServiceKey, (Option<Prepared>, Option<Prepared>)> =
-            BTreeMap::new();
-        for key in keys {
-            let new = prepare_in(objects, &key, ctx);
-            let old = if rebuild {
-                None
-            } else {
-                prepare_in(&previous, &key, ctx)
-            };
-            if old == new && (old.is_some() || !self.outcomes.contains_key(&key)) {
-                continue;
-            }
-            for (slot, claim) in claims_of(old.as_ref()) {
-                let w = self.claims.winner(&slot).cloned();
-                winners_before.entry(slot).or_insert(w);
-                self.claims.remove(&slot, &claim);
-            }
-            for (slot, claim) in claims_of(new.as_ref()) {
-                let w = self.claims.winner(&slot).cloned();
-                winners_before.entry(slot).or_insert(w);
-                self.claims.add(slot, claim);
-            }
-            match new.as_ref().map(|p| &p.warnings).filter(|w| !w.is_empty()) {
-                Some(w) => self.warnings.insert(key.clone(), w.clone()),
-                None => self.warnings.remove(&key),
-            };
-            prepared.insert(key.clone(), (old, new));
-            refresh.insert(key);
-        }
-        // 2. A slot with a new holder changes every Service claiming it.
-        // (A holder that lost its slot is a claimant still, or was dirty itself.)
-        for (slot, before) in winners_before {
-            if self.claims.winner(&slot) != before.as_ref() {
-                refresh.extend(self.claims.claimants(&slot).cloned());
-            }
-        }
-
-        // 3. New fragments, and what they change in each table.
+        let previous = (!rebuild).then_some(&previous);
+        let reprepared = self.reprepare(keys, objects, previous, ctx);
+        let refresh = self.settle_conflicts(&reprepared);
         let replanned = refresh.len();
-        let mut edits: BTreeMap<IpFamily, Edit> = BTreeMap::new();
-        let mut hairpin_before: BTreeMap<IpFamily, BTreeMap<IpAddr, Option<Arc<str>>>> =
-            BTreeMap::new();
-        let mut changed = BTreeSet::new();
-        // Endpoint counts touched, with whether their chain existed before this update.
-        let mut chains_before: BTreeMap<IpFamily, BTreeMap<usize, bool>> = BTreeMap::new();
-        let tables = !self.no_tables;
-        for key in refresh {
-            // A Service refreshed only because a slot changed holder is prepared as before.
-            let (old_prep, new_prep) = match prepared.remove(&key) {
-                Some(p) => p,
-                None => {
-                    let p = prepare_in(objects, &key, ctx);
-                    (p.clone(), p)
-                }
-            };
-            let claims = &self.claims;
-            let new = new_prep
-                .as_ref()
-                .map(|p| fragment::build(p, |s| claims.winner(s), ctx, tables));
-            let old_outcome = self.outcomes.remove(&key);
-            // The Service's Parts before this update, rebuilt from what it was prepared as and
-            // the holders its outcome recorded (the context is unchanged when not rebuilding).
-            let old = match (&old_outcome, old_prep, rebuild || !tables) {
-                (Some(outcome), Some(p), false) => Some(fragment::build(
-                    &p,
-                    |s| fragment::recorded_winner(outcome, s),
-                    ctx,
-                    true,
-                )),
-                _ => None,
-            };
-            if old_outcome.as_ref() != new.as_ref().map(|f| &f.outcome) {
-                changed.insert(key.clone());
-            }
-            for family in ctx.families.iter() {
-                let op = old.as_ref().and_then(|f| f.parts.get(&family));
-                let np = new.as_ref().and_then(|f| f.parts.get(&family));
-                if !rebuild {
-                    table::edit_part(op, np, edits.entry(family).or_default());
-                }
-                let uses = self.endpoint_chains.entry(family).or_default();
-                let before_n = chains_before.entry(family).or_default();
-                for n in op.iter().flat_map(|p| &p.endpoint_chains) {
-                    before_n.entry(*n).or_insert_with(|| uses.contains_key(n));
-                    if let Some(c) = uses.get_mut(n) {
-                        *c -= 1;
-                        if *c == 0 {
-                            uses.remove(n);
-                        }
-                    }
-                }
-                for n in np.iter().flat_map(|p| &p.endpoint_chains) {
-                    before_n.entry(*n).or_insert_with(|| uses.contains_key(n));
-                    *uses.entry(*n).or_default() += 1;
-                }
-                let users = self.hairpin.entry(family).or_default();
-                let before = hairpin_before.entry(family).or_default();
-                for (addr, c) in op.iter().flat_map(|p| &p.hairpin) {
-                    before
-                        .entry(*addr)
-                        .or_insert_with(|| users.get(addr).and_then(|u| u.first()).cloned());
-                    if let Some(u) = users.get_mut(addr) {
-                        if let Ok(i) = u.binary_search(c) {
-                            u.remove(i);
-                        }
-                        if u.is_empty() {
-                            users.remove(addr);
-                        }
-                    }
-                }
-                for (addr, c) in np.iter().flat_map(|p| &p.hairpin) {
-                    before
-                        .entry(*addr)
-                        .or_insert_with(|| users.get(addr).and_then(|u| u.first()).cloned());
-                    let u = users.entry(*addr).or_default();
-                    if let Err(i) = u.binary_search(c) {
-                        u.reserve_exact(1);
-                        u.insert(i, c.clone());
-                    }
-                }
-            }
-            if let Some(n) = new {
-                self.outcomes.insert(key, n.outcome);
-            }
-        }
+        let Replanned {
+            mut edits,
+            shared_before,
+            changed,
+        } = self.replan(refresh, reprepared, objects, ctx, rebuild);
         if rebuild {
             return Update {
                 change: TableChange::Rebuild,
@@ -258,27 +147,7 @@ impl Planner {
                 replanned,
             };
         }
-        for (family, before) in &chains_before {
-            let uses = self.endpoint_chains.get(family);
-            let edit = edits.entry(*family).or_default();
-            for (n, existed) in before {
-                let exists = uses.is_some_and(|u| u.contains_key(n));
-                match (existed, exists) {
-                    (false, true) => edit.put_chains.push(table::endpoint_chain(*n)),
-                    (true, false) => edit.del_chains.push(table::endpoint_chain_name(*n)),
-                    _ => {}
-                }
-            }
-        }
-        for (family, before) in &hairpin_before {
-            let addrs: BTreeSet<IpAddr> = before.keys().copied().collect();
-            table::edit_hairpin(
-                &addrs,
-                before,
-                self.hairpin.get(family).unwrap_or(&HairpinUsers::new()),
-                edits.entry(*family).or_default(),
-            );
-        }
+        self.shared.edits(shared_before, &mut edits);
         let name = &ctx.config.table_name;
         Update {
             change: TableChange::Edit(
@@ -298,6 +167,146 @@ impl Planner {
             ),
             changed,
             replanned,
+        }
+    }
+
+    /// Forget everything but the context (a rebuild); returns every Service to plan: those in
+    /// `objects` and those planned before, whose outcomes go away.
+    fn reset(&mut self, objects: &Objects, ctx: &Context) -> BTreeSet<ServiceKey> {
+        let mut keys = objects.keys();
+        keys.extend(self.outcomes.keys().cloned());
+        *self = Planner {
+            no_tables: self.no_tables,
+            ctx: Some(ctx.clone()),
+            objects: objects.clone(),
+            ..Planner::default()
+        };
+        keys
+    }
+
+    /// Prepare the dirty Services, now and as they were in `previous` (`None`: after a rebuild
+    /// nothing was), keep those whose preparation changed, and move their claims and
+    /// warnings.
+    fn reprepare(
+        &mut self,
+        keys: BTreeSet<ServiceKey>,
+        objects: &Objects,
+        previous: Option<&Objects>,
+        ctx: &Context,
+    ) -> Reprepared {
+        let mut out = Reprepared::default();
+        for key in keys {
+            let new = prepare_in(objects, &key, ctx);
+            let old = previous.and_then(|p| prepare_in(p, &key, ctx));
+            if old == new && (old.is_some() || !self.outcomes.contains_key(&key)) {
+                continue;
+            }
+            self.move_claims(old.as_ref(), new.as_ref(), &mut out.winners_before);
+            match new.as_ref().map(|p| &p.warnings).filter(|w| !w.is_empty()) {
+                Some(w) => self.warnings.insert(key.clone(), w.clone()),
+                None => self.warnings.remove(&key),
+            };
+            out.prepared.insert(key, (old, new));
+        }
+        out
+    }
+
+    /// A Service's claims go from those of `old` to those of `new`, noting each slot's holder
+    /// before its first move.
+    fn move_claims(
+        &mut self,
+        old: Option<&Prepared>,
+        new: Option<&Prepared>,
+        winners_before: &mut BTreeMap<Slot, Option<ServiceKey>>,
+    ) {
+        for (slot, claim) in claims_of(old) {
+            let w = self.claims.winner(&slot).cloned();
+            winners_before.entry(slot).or_insert(w);
+            self.claims.remove(&slot, &claim);
+        }
+        for (slot, claim) in claims_of(new) {
+            let w = self.claims.winner(&slot).cloned();
+            winners_before.entry(slot).or_insert(w);
+            self.claims.add(slot, claim);
+        }
+    }
+
+    /// The Services to plan again: those prepared anew, and every Service claiming a slot with
+    /// a new holder (a holder that lost its slot is a claimant still, or was dirty itself).
+    fn settle_conflicts(&self, reprepared: &Reprepared) -> BTreeSet<ServiceKey> {
+        let mut refresh: BTreeSet<ServiceKey> = reprepared.prepared.keys().cloned().collect();
+        for (slot, before) in &reprepared.winners_before {
+            if self.claims.winner(slot) != before.as_ref() {
+                refresh.extend(self.claims.claimants(slot).cloned());
+            }
+        }
+        refresh
+    }
+
+    /// New fragments and outcomes for the `refresh` Services, and what they change in each
+    /// table.
+    fn replan(
+        &mut self,
+        refresh: BTreeSet<ServiceKey>,
+        mut reprepared: Reprepared,
+        objects: &Objects,
+        ctx: &Context,
+        rebuild: bool,
+    ) -> Replanned {
+        let mut out = Replanned::default();
+        for key in refresh {
+            let (old_prep, new_prep) = match reprepared.prepared.remove(&key) {
+                Some(p) => p,
+                None => {
+                    let p = prepare_in(objects, &key, ctx);
+                    (p.clone(), p)
+                }
+            };
+            let old_outcome = self.outcomes.remove(&key);
+            let tables = !self.no_tables;
+            let claims = &self.claims;
+            let new = new_prep
+                .as_ref()
+                .map(|p| fragment::build(p, |s| claims.winner(s), ctx, tables));
+            // The Service's Parts before this update, rebuilt from what it was prepared as and
+            // the holders its outcome recorded (the context is unchanged when not rebuilding).
+            let old = match (&old_outcome, old_prep, rebuild || !tables) {
+                (Some(outcome), Some(p), false) => Some(fragment::build(
+                    &p,
+                    |s| fragment::recorded_winner(outcome, s),
+                    ctx,
+                    true,
+                )),
+                _ => None,
+            };
+            if old_outcome.as_ref() != new.as_ref().map(|f| &f.outcome) {
+                out.changed.insert(key.clone());
+            }
+            self.replace_parts(old.as_ref(), new.as_ref(), ctx, rebuild, &mut out);
+            if let Some(n) = new {
+                self.outcomes.insert(key, n.outcome);
+            }
+        }
+        out
+    }
+
+    /// One Service's Parts go from `old` to `new` in every family: the shared objects' users
+    /// move, and (but in a rebuild) the edits record the change.
+    fn replace_parts(
+        &mut self,
+        old: Option<&Fragment>,
+        new: Option<&Fragment>,
+        ctx: &Context,
+        rebuild: bool,
+        out: &mut Replanned,
+    ) {
+        for family in ctx.families.iter() {
+            let op = old.and_then(|f| f.parts.get(&family));
+            let np = new.and_then(|f| f.parts.get(&family));
+            if !rebuild {
+                table::edit_part(op, np, out.edits.entry(family).or_default());
+            }
+            self.shared.replace(family, op, np, &mut out.shared_before);
         }
     }
 
@@ -332,7 +341,7 @@ impl Planner {
         let empty = HairpinUsers::new();
         assemblies
             .into_iter()
-            .map(|(family, a)| a.finish(self.hairpin.get(&family).unwrap_or(&empty)))
+            .map(|(family, a)| a.finish(self.shared.hairpin(family).unwrap_or(&empty)))
             .collect()
     }
 

@@ -8,7 +8,7 @@ use super::diagnosis::{FamilySkip, ObjectRef, ServiceOutcome, Warning};
 use super::endpoints::{self, Selection};
 use super::index::{EndpointSlice, Service};
 use super::node::NodeInfo;
-use super::service::{self, Cidr, TrafficPolicy};
+use super::service::{self, Cidr, LbService, TrafficPolicy};
 use crate::vocab::{Families, IpFamily};
 use crate::vocab::{ServiceKey, ServicePortId};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -97,35 +97,47 @@ pub fn prepare(
     ctx: &Context,
 ) -> Option<Prepared> {
     let svc = svc?;
-    let config: &Config = &ctx.config;
-    if !service::is_handled(svc, config) {
+    if !service::is_handled(svc, &ctx.config) {
         return None;
     }
     let mut warnings = Vec::new();
+    let stage = match decide(key, svc, ctx, &mut warnings) {
+        Err(outcome) => Stage::Done(outcome),
+        Ok(lb) => {
+            let stage = ports_stage(lb, slices, ctx, &mut warnings);
+            dedup(&mut warnings);
+            stage
+        }
+    };
+    Some(Prepared {
+        key: key.clone(),
+        stage,
+        warnings,
+    })
+}
+
+/// What decides a handled Service before its endpoints: its name, namespace, ports, reserved
+/// ports and serving nodes. `Err`: its outcome, with no rules; `Ok`: its spec, read.
+fn decide<'s>(
+    key: &ServiceKey,
+    svc: &'s Service,
+    ctx: &Context,
+    warnings: &mut Vec<Warning>,
+) -> Result<LbService<'s>, ServiceOutcome> {
+    let config: &Config = &ctx.config;
     if !crate::vocab::valid_key(key) {
         warnings.push(Warning::new(
             ObjectRef::service(key),
             "namespace or name is not a DNS label; skipped",
         ));
-        return Some(Prepared {
-            key: key.clone(),
-            stage: Stage::Done(ServiceOutcome::InvalidName),
-            warnings,
-        });
+        return Err(ServiceOutcome::InvalidName);
     }
-    let done = |stage: ServiceOutcome, warnings: Vec<Warning>| {
-        Some(Prepared {
-            key: key.clone(),
-            stage: Stage::Done(stage),
-            warnings,
-        })
-    };
     if !config.namespace_allowed(&key.namespace) {
-        return done(ServiceOutcome::NamespaceNotAllowed, warnings);
+        return Err(ServiceOutcome::NamespaceNotAllowed);
     }
-    let lb = service::read(svc, key.clone(), &mut warnings);
+    let lb = service::read(svc, key.clone(), warnings);
     if lb.ports.is_empty() {
-        return done(ServiceOutcome::NoValidPorts, warnings);
+        return Err(ServiceOutcome::NoValidPorts);
     }
     let reserved: Vec<_> = lb
         .ports
@@ -134,13 +146,23 @@ pub fn prepare(
         .map(|p| (p.protocol, p.port))
         .collect();
     if !reserved.is_empty() {
-        return done(ServiceOutcome::ReservedPorts { ports: reserved }, warnings);
+        return Err(ServiceOutcome::ReservedPorts { ports: reserved });
     }
-    if let Err(why) = service::serving(&lb, &ctx.node, &mut warnings) {
-        return done(ServiceOutcome::NotServed(why), warnings);
+    if let Err(why) = service::serving(&lb, &ctx.node, warnings) {
+        return Err(ServiceOutcome::NotServed(why));
     }
+    Ok(lb)
+}
 
-    endpoints::check_slices(slices, &mut warnings);
+/// A Service served here: which of its families are programmed, and the endpoints each port
+/// of those would forward to.
+fn ports_stage(
+    lb: LbService<'_>,
+    slices: &[&EndpointSlice],
+    ctx: &Context,
+    warnings: &mut Vec<Warning>,
+) -> Stage {
+    endpoints::check_slices(slices, warnings);
     let mut families = Vec::new();
     let mut ports = Vec::new();
     for family in &lb.families {
@@ -156,9 +178,9 @@ pub fn prepare(
             continue;
         }
         for port in &lb.ports {
-            let c = endpoints::candidates(slices, port, *family, &mut warnings);
+            let c = endpoints::candidates(slices, port, *family, warnings);
             let selection =
-                endpoints::select(&c, lb.policy, &ctx.node.name, key, port, &mut warnings);
+                endpoints::select(&c, lb.policy, &ctx.node.name, &lb.key, port, warnings);
             ports.push(PreparedPort {
                 family: *family,
                 port: port.clone(),
@@ -166,18 +188,13 @@ pub fn prepare(
             });
         }
     }
-    dedup(&mut warnings);
-    Some(Prepared {
-        key: key.clone(),
-        stage: Stage::Ports {
-            created: lb.created.cloned(),
-            policy: lb.policy,
-            source_ranges: lb.source_ranges,
-            families,
-            ports,
-        },
-        warnings,
-    })
+    Stage::Ports {
+        created: lb.created.cloned(),
+        policy: lb.policy,
+        source_ranges: lb.source_ranges,
+        families,
+        ports,
+    }
 }
 
 /// The same problem found twice (once per family or port) is one warning.

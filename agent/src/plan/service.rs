@@ -6,7 +6,7 @@ use super::diagnosis::{NotServed, ObjectRef, Warning};
 use super::index::Service;
 use super::node::NodeInfo;
 use super::selector::Selector;
-use crate::vocab::{IpFamily, Protocol, ServiceKey, ServicePortId};
+use crate::vocab::{IpFamily, Protocol, ServiceKey, ServicePortId, Str};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::BTreeSet;
 use std::fmt;
@@ -126,104 +126,32 @@ pub fn read<'a>(svc: &'a Service, key: ServiceKey, warnings: &mut Vec<Warning>) 
 
     let mut ports: Vec<ServicePortId> = Vec::new();
     for p in spec.ports.as_deref().unwrap_or_default() {
-        let name = p.name.clone().filter(|n| !n.is_empty());
-        let what = match &name {
-            Some(n) => format!("port {n:?} ({})", p.port),
-            None => format!("port {}", p.port),
-        };
-        let Some(protocol) = Protocol::parse(p.protocol.as_deref()) else {
-            warn(format!(
-                "{what}: protocol {:?} is not TCP, UDP or SCTP; port skipped",
-                p.protocol.as_deref().unwrap_or_default()
-            ));
-            continue;
-        };
-        let Some(port) = u16::try_from(p.port).ok().filter(|p| *p > 0) else {
-            warn(format!("{what}: port must be 1-65535; port skipped"));
-            continue;
-        };
-        if ports
-            .iter()
-            .any(|q| q.protocol == protocol && q.port == port)
-        {
-            warn(format!(
-                "{what}: {protocol} port {port} is listed twice; the later one skipped"
-            ));
-            continue;
+        match read_port(&p.name, p.port, p.protocol.as_deref(), &ports) {
+            Ok(port) => ports.push(port),
+            Err(m) => warn(m),
         }
-        ports.push(ServicePortId {
-            name,
-            protocol,
-            port,
-        });
     }
     if ports.is_empty() {
         warn("no valid port: nothing to program".to_string());
     }
-
-    let mut families = Vec::new();
-    for f in spec.ip_families.as_deref().unwrap_or_default() {
-        match IpFamily::parse(f) {
-            Some(f) if !families.contains(&f) => families.push(f),
-            Some(_) => {}
-            None => warn(format!("ipFamilies: {f:?} is not IPv4 or IPv6; ignored")),
-        }
-    }
+    let mut families = read_families(spec.ip_families.as_deref(), &mut warn);
     if families.is_empty() {
         let cluster_ips = spec
             .cluster_ips
             .iter()
             .flatten()
             .chain(spec.cluster_ip.iter());
-        for ip in cluster_ips {
-            if let Ok(ip) = ip.parse::<IpAddr>() {
-                let f = IpFamily::of(&ip);
-                if !families.contains(&f) {
-                    families.push(f);
-                }
-            }
-        }
+        families = families_of(cluster_ips);
     }
     if families.is_empty() {
         families.push(IpFamily::V4);
     }
-
-    let policy = match spec.external_traffic_policy.as_deref() {
-        None | Some("") | Some("Cluster") => TrafficPolicy::Cluster,
-        Some("Local") => TrafficPolicy::Local,
-        Some(other) => {
-            warn(format!(
-                "externalTrafficPolicy {other:?} is not Cluster or Local; using Cluster"
-            ));
-            TrafficPolicy::Cluster
-        }
-    };
-
-    let source_ranges = match spec.load_balancer_source_ranges.as_deref() {
-        None | Some([]) => None,
-        Some(ranges) => {
-            let mut cidrs = BTreeSet::new();
-            for r in ranges {
-                match Cidr::parse(r) {
-                    Some(c) => {
-                        cidrs.insert(c);
-                    }
-                    None => warn(format!(
-                        "loadBalancerSourceRanges: {r:?} is not a CIDR; ignored"
-                    )),
-                }
-            }
-            // An interval set cannot hold overlapping prefixes: keep only the outermost.
-            let all: Vec<Cidr> = cidrs.iter().copied().collect();
-            let outer = all
-                .iter()
-                .filter(|c| !all.iter().any(|o| o != *c && o.contains(c)))
-                .copied()
-                .collect();
-            Some(outer)
-        }
-    };
-
+    let policy = read_policy(spec.external_traffic_policy.as_deref(), &mut warn);
+    let source_ranges = spec
+        .load_balancer_source_ranges
+        .as_deref()
+        .filter(|r| !r.is_empty())
+        .map(|r| read_source_ranges(r, &mut warn));
     let node_selector = svc
         .metadata
         .annotations
@@ -240,6 +168,104 @@ pub fn read<'a>(svc: &'a Service, key: ServiceKey, warnings: &mut Vec<Warning>) 
         source_ranges,
         node_selector,
     }
+}
+
+/// One entry of `spec.ports`, given the valid ports before it; `Err`: the warning that skips it.
+fn read_port(
+    name: &Option<Str>,
+    port: i32,
+    protocol: Option<&str>,
+    before: &[ServicePortId],
+) -> Result<ServicePortId, String> {
+    let name = name.clone().filter(|n| !n.is_empty());
+    let what = match &name {
+        Some(n) => format!("port {n:?} ({port})"),
+        None => format!("port {port}"),
+    };
+    let Some(protocol) = Protocol::parse(protocol) else {
+        return Err(format!(
+            "{what}: protocol {:?} is not TCP, UDP or SCTP; port skipped",
+            protocol.unwrap_or_default()
+        ));
+    };
+    let Some(port) = u16::try_from(port).ok().filter(|p| *p > 0) else {
+        return Err(format!("{what}: port must be 1-65535; port skipped"));
+    };
+    if before
+        .iter()
+        .any(|q| q.protocol == protocol && q.port == port)
+    {
+        return Err(format!(
+            "{what}: {protocol} port {port} is listed twice; the later one skipped"
+        ));
+    }
+    Ok(ServicePortId {
+        name,
+        protocol,
+        port,
+    })
+}
+
+/// `spec.ipFamilies`, each once, in order.
+fn read_families(names: Option<&[Str]>, warn: &mut impl FnMut(String)) -> Vec<IpFamily> {
+    let mut families = Vec::new();
+    for f in names.unwrap_or_default() {
+        match IpFamily::parse(f) {
+            Some(f) if !families.contains(&f) => families.push(f),
+            Some(_) => {}
+            None => warn(format!("ipFamilies: {f:?} is not IPv4 or IPv6; ignored")),
+        }
+    }
+    families
+}
+
+/// The families of the cluster IPs that parse, each once, in order.
+fn families_of<'s>(ips: impl Iterator<Item = &'s Str>) -> Vec<IpFamily> {
+    let mut families = Vec::new();
+    for ip in ips {
+        if let Ok(ip) = ip.parse::<IpAddr>() {
+            let f = IpFamily::of(&ip);
+            if !families.contains(&f) {
+                families.push(f);
+            }
+        }
+    }
+    families
+}
+
+/// `spec.externalTrafficPolicy`; anything but `Local` is `Cluster`.
+fn read_policy(policy: Option<&str>, warn: &mut impl FnMut(String)) -> TrafficPolicy {
+    match policy {
+        None | Some("") | Some("Cluster") => TrafficPolicy::Cluster,
+        Some("Local") => TrafficPolicy::Local,
+        Some(other) => {
+            warn(format!(
+                "externalTrafficPolicy {other:?} is not Cluster or Local; using Cluster"
+            ));
+            TrafficPolicy::Cluster
+        }
+    }
+}
+
+/// A non-empty `spec.loadBalancerSourceRanges`: the valid prefixes, nested ones folded into the
+/// outer one (an interval set cannot hold overlapping prefixes).
+fn read_source_ranges(ranges: &[Str], warn: &mut impl FnMut(String)) -> Vec<Cidr> {
+    let mut cidrs = BTreeSet::new();
+    for r in ranges {
+        match Cidr::parse(r) {
+            Some(c) => {
+                cidrs.insert(c);
+            }
+            None => warn(format!(
+                "loadBalancerSourceRanges: {r:?} is not a CIDR; ignored"
+            )),
+        }
+    }
+    let all: Vec<Cidr> = cidrs.iter().copied().collect();
+    all.iter()
+        .filter(|c| !all.iter().any(|o| o != *c && o.contains(c)))
+        .copied()
+        .collect()
 }
 
 /// Whether this node is one of the Service's serving nodes. An invalid selector is warned

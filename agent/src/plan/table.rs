@@ -11,8 +11,8 @@
 //!   index : daddr . th dport`), or, for `Local` without a local endpoint, sends clients on the
 //!   node itself to the endpoints elsewhere (as kube-proxy does) and counts and drops the rest.
 //!   Only the `endpoints-N` chains refer to the endpoint map: the kernel walks a whole map each
-//!   time a new chain binds to it, so 10,000 per-Service DNAT rules on a 50,000-element map
-//!   took 33 s to commit, and a few shared chains take milliseconds.
+//!   time a new chain binds to it, so a DNAT rule per Service port would make a commit's cost
+//!   grow with Services times endpoints, where a few shared chains bind it a few times.
 //! - Services without any endpoint are in `set no-endpoints`, rejected in filter `input` and
 //!   `filter-output` (TCP reset, ICMP port unreachable): reject is not allowed in prerouting.
 //! - Masquerade in nat `postrouting`, decided from conntrack's original destination (no packet
@@ -104,12 +104,12 @@ pub struct Part {
 }
 
 /// Name of the shared chain that picks one of `n` endpoints.
-pub fn endpoint_chain_name(n: usize) -> String {
+fn endpoint_chain_name(n: usize) -> String {
     format!("endpoints-{n}")
 }
 
 /// The shared chain that picks one of `n` endpoints of the Service port the packet is for.
-pub fn endpoint_chain(n: usize) -> Chain {
+fn endpoint_chain(n: usize) -> Chain {
     Chain::regular(endpoint_chain_name(n)).rule(
         Rule::new(vec![Stmt::NatMap {
             kind: NatKind::Dnat,
@@ -226,9 +226,11 @@ pub fn source_set(service: &ServiceKey) -> String {
     format!("src-{}/{}", service.namespace, service.name)
 }
 
-struct Fam(IpFamily);
+/// The IPv4 or IPv6 header, for the table of its family: the address type and the fields
+/// rules match on.
+struct IpHeader(IpFamily);
 
-impl Fam {
+impl IpHeader {
     fn addr_type(&self) -> DataType {
         match self.0 {
             IpFamily::V4 => DataType::Ipv4Addr,
@@ -284,7 +286,7 @@ fn element(data: Option<ElemData>, comment: &Arc<str>) -> Element {
 
 /// Add one Service port to a Service's Part.
 pub fn add_port(part: &mut Part, family: IpFamily, p: &PortProgram<'_>) {
-    let f = Fam(family);
+    let ip = IpHeader(family);
     let note: Arc<str> = comment(p.service, p.port).into();
     // Counted whatever the action, so a port that goes from rejecting to forwarding keeps its
     // counter and its map elements.
@@ -310,7 +312,7 @@ pub fn add_port(part: &mut Part, family: IpFamily, p: &PortProgram<'_>) {
             // Clients outside the source ranges are dropped and counted, not told the
             // Service exists: its chain drops them and lets the others on to the reject.
             if p.source_ranges.is_some() {
-                let chain = service_port_chain(part, &f, p, &note, Last::Nothing);
+                let chain = service_port_chain(part, &ip, p, &note, Last::Nothing);
                 for a in p.addresses {
                     part.elements.insert(
                         (SERVICES_MAP, service_key(*a, p.port)),
@@ -322,11 +324,11 @@ pub fn add_port(part: &mut Part, family: IpFamily, p: &PortProgram<'_>) {
         }
         Action::DropExceptNode(eps) => {
             add_endpoints(part, p, &note, eps, false);
-            service_port_chain(part, &f, p, &note, Last::DropExceptNode(eps.len()))
+            service_port_chain(part, &ip, p, &note, Last::DropExceptNode(eps.len()))
         }
         Action::Forward(eps) => {
             add_endpoints(part, p, &note, eps, true);
-            service_port_chain(part, &f, p, &note, Last::Dnat(eps.len()))
+            service_port_chain(part, &ip, p, &note, Last::Dnat(eps.len()))
         }
     };
 
@@ -396,7 +398,7 @@ enum Last {
 /// The chain of one Service port: source ranges, then what `last` says. Returns its name.
 fn service_port_chain(
     part: &mut Part,
-    f: &Fam,
+    ip: &IpHeader,
     p: &PortProgram<'_>,
     note: &str,
     last: Last,
@@ -406,10 +408,10 @@ fn service_port_chain(
     if let Some(ranges) = p.source_ranges {
         let set_name = source_set(p.service);
         if part.source_set.is_none() {
-            let mut set = Set::new(&set_name, SetType::Type(vec![f.addr_type()]))
+            let mut set = Set::new(&set_name, SetType::Type(vec![ip.addr_type()]))
                 .interval()
                 .with_comment(format!("{}: loadBalancerSourceRanges", p.service));
-            for c in ranges.iter().filter(|c| c.family() == f.0) {
+            for c in ranges.iter().filter(|c| c.family() == ip.0) {
                 set.insert(
                     Key::Prefix(c.addr, c.len),
                     None,
@@ -426,7 +428,7 @@ fn service_port_chain(
         chain.push(
             Rule::new(vec![
                 Stmt::Lookup {
-                    keys: vec![f.saddr()],
+                    keys: vec![ip.saddr()],
                     set: set_name,
                     negate: true,
                 },
@@ -452,7 +454,7 @@ fn service_port_chain(
             chain.push(
                 Rule::new(vec![
                     Stmt::Lookup {
-                        keys: vec![f.saddr()],
+                        keys: vec![ip.saddr()],
                         set: LOCAL_ADDRESSES_SET.into(),
                         negate: false,
                     },
@@ -485,30 +487,30 @@ fn hairpin_key(addr: IpAddr) -> Key {
 
 /// The table with no Service in it: declarations, base chains and the host's addresses.
 pub fn skeleton(family: IpFamily, name: &str, local_addresses: &BTreeSet<IpAddr>) -> Table {
-    let f = Fam(family);
+    let ip = IpHeader(family);
     let mut t = Table::new(family.netfilter(), name);
     t.add_set(
-        Set::map(SERVICES_MAP, f.service_key_type(), MapData::Verdict)
+        Set::map(SERVICES_MAP, ip.service_key_type(), MapData::Verdict)
             .with_comment("node address . protocol . port: the Service port's chain"),
     );
     t.add_set(
         Set::map(
             ENDPOINTS_MAP,
             SetType::Typeof(vec![L4, TH_DPORT, Expr::Numgen { modulus: 1 }]),
-            MapData::Value(SetType::Typeof(vec![f.daddr(), TH_DPORT])),
+            MapData::Value(SetType::Typeof(vec![ip.daddr(), TH_DPORT])),
         )
         .with_comment("protocol . port . random index: endpoint"),
     );
     t.add_set(
-        Set::new(MASQ_SET, f.service_key_type())
+        Set::new(MASQ_SET, ip.service_key_type())
             .with_comment("Cluster policy: clients are masqueraded"),
     );
-    t.add_set(Set::new(LB_SET, f.service_key_type()).with_comment("dispatched Service ports"));
+    t.add_set(Set::new(LB_SET, ip.service_key_type()).with_comment("dispatched Service ports"));
     t.add_set(
-        Set::new(NO_ENDPOINTS_SET, f.service_key_type())
+        Set::new(NO_ENDPOINTS_SET, ip.service_key_type())
             .with_comment("Service ports without endpoints: rejected"),
     );
-    let mut local = Set::new(LOCAL_ADDRESSES_SET, SetType::Type(vec![f.addr_type()]))
+    let mut local = Set::new(LOCAL_ADDRESSES_SET, SetType::Type(vec![ip.addr_type()]))
         .with_comment("addresses of this host: its own clients are masqueraded");
     for a in local_addresses.iter().filter(|a| IpFamily::of(a) == family) {
         local.insert(
@@ -521,15 +523,15 @@ pub fn skeleton(family: IpFamily, name: &str, local_addresses: &BTreeSet<IpAddr>
     t.add_set(
         Set::new(
             HAIRPIN_SET,
-            SetType::Type(vec![f.addr_type(), f.addr_type()]),
+            SetType::Type(vec![ip.addr_type(), ip.addr_type()]),
         )
         .with_comment("endpoint . endpoint: hairpin connections are masqueraded"),
     );
     t.add_set(
-        Set::map(COUNTERS_MAP, f.service_key_type(), MapData::Counter)
+        Set::map(COUNTERS_MAP, ip.service_key_type(), MapData::Counter)
             .with_comment("node address . protocol . port: the Service port's counter"),
     );
-    base_chains(&mut t, &f);
+    base_chains(&mut t, &ip);
     t
 }
 
@@ -650,18 +652,116 @@ fn elem_edit<'e>(edit: &'e mut Edit, set: &str) -> &'e mut ElemEdit {
     edit.elements.entry(set.to_string()).or_default()
 }
 
-/// Record in `edit` the hairpin elements that change for `addrs`, given the first user of
-/// each before the update and the users after it.
-pub fn edit_hairpin(
-    addrs: &BTreeSet<IpAddr>,
+/// What several Services' Parts share in the tables, with who uses it, per family: the
+/// `endpoints-N` chains (how many Service ports go to each) and the `hairpin` set's elements
+/// (the users of each address). Moving a Part's uses is recorded in a [`SharedBefore`]; the
+/// edits that follow are known once every Part of an update has moved ([`Shared::edits`]), so
+/// an object one Service drops and another takes is left alone.
+#[derive(Clone, Debug, Default)]
+pub struct Shared {
+    endpoint_chains: BTreeMap<IpFamily, BTreeMap<usize, usize>>,
+    hairpin: BTreeMap<IpFamily, HairpinUsers>,
+}
+
+/// What each shared object an update touched was before it, per family: whether an
+/// `endpoints-N` chain existed, and the first user of a hairpin address.
+#[derive(Debug, Default)]
+pub struct SharedBefore {
+    chains: BTreeMap<IpFamily, BTreeMap<usize, bool>>,
+    hairpin: BTreeMap<IpFamily, BTreeMap<IpAddr, Option<Arc<str>>>>,
+}
+
+impl Shared {
+    /// The users of each hairpin address of one family.
+    pub fn hairpin(&self, family: IpFamily) -> Option<&HairpinUsers> {
+        self.hairpin.get(&family)
+    }
+
+    /// A Service's Part in `family` goes from `old` to `new`: move its uses, noting in `before`
+    /// what each object it touches was before the update.
+    pub fn replace(
+        &mut self,
+        family: IpFamily,
+        old: Option<&Part>,
+        new: Option<&Part>,
+        before: &mut SharedBefore,
+    ) {
+        let uses = self.endpoint_chains.entry(family).or_default();
+        let existed = before.chains.entry(family).or_default();
+        for n in old.iter().flat_map(|p| &p.endpoint_chains) {
+            existed.entry(*n).or_insert_with(|| uses.contains_key(n));
+            if let Some(c) = uses.get_mut(n) {
+                *c -= 1;
+                if *c == 0 {
+                    uses.remove(n);
+                }
+            }
+        }
+        for n in new.iter().flat_map(|p| &p.endpoint_chains) {
+            existed.entry(*n).or_insert_with(|| uses.contains_key(n));
+            *uses.entry(*n).or_default() += 1;
+        }
+        let users = self.hairpin.entry(family).or_default();
+        let first = before.hairpin.entry(family).or_default();
+        for (addr, c) in old.iter().flat_map(|p| &p.hairpin) {
+            first
+                .entry(*addr)
+                .or_insert_with(|| users.get(addr).and_then(|u| u.first()).cloned());
+            if let Some(u) = users.get_mut(addr) {
+                if let Ok(i) = u.binary_search(c) {
+                    u.remove(i);
+                }
+                if u.is_empty() {
+                    users.remove(addr);
+                }
+            }
+        }
+        for (addr, c) in new.iter().flat_map(|p| &p.hairpin) {
+            first
+                .entry(*addr)
+                .or_insert_with(|| users.get(addr).and_then(|u| u.first()).cloned());
+            let u = users.entry(*addr).or_default();
+            if let Err(i) = u.binary_search(c) {
+                u.reserve_exact(1);
+                u.insert(i, c.clone());
+            }
+        }
+    }
+
+    /// The edits the moves since `before` was empty cause, added to each family's edit: the
+    /// `endpoints-N` chains that came or went, then the hairpin elements whose first user
+    /// changed.
+    pub fn edits(&self, before: SharedBefore, edits: &mut BTreeMap<IpFamily, Edit>) {
+        for (family, existed) in &before.chains {
+            let uses = self.endpoint_chains.get(family);
+            let edit = edits.entry(*family).or_default();
+            for (n, existed) in existed {
+                let exists = uses.is_some_and(|u| u.contains_key(n));
+                match (existed, exists) {
+                    (false, true) => edit.put_chains.push(endpoint_chain(*n)),
+                    (true, false) => edit.del_chains.push(endpoint_chain_name(*n)),
+                    _ => {}
+                }
+            }
+        }
+        let none = HairpinUsers::new();
+        for (family, first) in &before.hairpin {
+            let users = self.hairpin.get(family).unwrap_or(&none);
+            edit_hairpin(first, users, edits.entry(*family).or_default());
+        }
+    }
+}
+
+/// Record in `edit` the hairpin elements that change, given the first user of each address
+/// touched before the update and the users after it.
+fn edit_hairpin(
     before: &BTreeMap<IpAddr, Option<Arc<str>>>,
     after: &HairpinUsers,
     edit: &mut Edit,
 ) {
-    for a in addrs {
-        let old = before.get(a).cloned().flatten();
+    for (a, old) in before {
         let new = after.get(a).and_then(|u| u.first()).cloned();
-        if old == new {
+        if *old == new {
             continue;
         }
         if old.is_some() {
@@ -675,175 +775,205 @@ pub fn edit_hairpin(
     }
 }
 
-fn base_chains(t: &mut Table, f: &Fam) {
-    let dispatch = || {
-        Rule::new(vec![Stmt::Vmap {
-            keys: vec![f.daddr(), L4, TH_DPORT],
-            map: SERVICES_MAP.into(),
-        }])
-        .with_comment("dispatch to Service ports")
-    };
-    t.add_chain(
-        Chain::base(
-            "prerouting",
-            ChainType::Nat,
-            Hook::Prerouting,
-            NAT_PRIORITY,
-            Policy::Accept,
-        )
-        .rule(dispatch()),
-    );
-    t.add_chain(
-        Chain::base(
-            "output",
-            ChainType::Nat,
-            Hook::Output,
-            NAT_PRIORITY,
-            Policy::Accept,
-        )
-        .rule(dispatch()),
-    );
+/// One of nodelb's base chains: where it hooks in, and its rules for one family's header.
+/// Every base chain accepts what its rules let through.
+struct BaseChainSpec {
+    name: &'static str,
+    chain_type: ChainType,
+    hook: Hook,
+    priority: i32,
+    rules: fn(&IpHeader) -> Vec<Rule>,
+}
 
-    let original = |set: &str| Stmt::Lookup {
-        keys: vec![
-            Expr::Ct(CtKey::OriginalDaddr),
-            L4,
-            Expr::Ct(CtKey::OriginalProtoDst),
-        ],
-        set: set.into(),
-        negate: false,
-    };
-    let dnat = || Stmt::AnyBits {
+const fn hooked(
+    name: &'static str,
+    chain_type: ChainType,
+    hook: Hook,
+    priority: i32,
+    rules: fn(&IpHeader) -> Vec<Rule>,
+) -> BaseChainSpec {
+    BaseChainSpec {
+        name,
+        chain_type,
+        hook,
+        priority,
+        rules,
+    }
+}
+
+/// The chains the kernel's hooks run, as kube-proxy's nftables proxier lists its own. Every
+/// other chain is reached from these, through `map services`.
+#[rustfmt::skip]
+const BASE_CHAINS: [BaseChainSpec; 6] = [
+    hooked("prerouting", ChainType::Nat, Hook::Prerouting, NAT_PRIORITY, dispatch_rules),
+    hooked("output", ChainType::Nat, Hook::Output, NAT_PRIORITY, dispatch_rules),
+    hooked("postrouting", ChainType::Nat, Hook::Postrouting, SRCNAT_PRIORITY, masquerade_rules),
+    hooked("forward", ChainType::Filter, Hook::Forward, FILTER_PRIORITY, forward_rules),
+    hooked("input", ChainType::Filter, Hook::Input, FILTER_PRIORITY, reject_rules),
+    hooked("filter-output", ChainType::Filter, Hook::Output, FILTER_PRIORITY, reject_rules),
+];
+
+fn base_chains(t: &mut Table, ip: &IpHeader) {
+    for spec in &BASE_CHAINS {
+        let mut chain = Chain::base(
+            spec.name,
+            spec.chain_type,
+            spec.hook,
+            spec.priority,
+            Policy::Accept,
+        );
+        chain.rules = (spec.rules)(ip);
+        t.add_chain(chain);
+    }
+}
+
+/// nat `prerouting` and `output`: a packet for a Service port goes to that port's chain.
+fn dispatch_rules(ip: &IpHeader) -> Vec<Rule> {
+    vec![Rule::new(vec![Stmt::Vmap {
+        keys: vec![ip.daddr(), L4, TH_DPORT],
+        map: SERVICES_MAP.into(),
+    }])
+    .with_comment("dispatch to Service ports")]
+}
+
+/// The packet's protocol is `p`.
+fn l4_is(p: Protocol) -> Stmt {
+    Stmt::cmp(L4, Value::Proto(p.l4()))
+}
+
+/// The packet's connection was DNATed.
+fn dnatted() -> Stmt {
+    Stmt::AnyBits {
         left: Expr::Ct(CtKey::Status),
         bits: ct_status::DNAT,
-    };
-    let proto = |p: Protocol| Stmt::cmp(L4, Value::Proto(p.l4()));
+    }
+}
 
-    let mut post = Chain::base(
-        "postrouting",
-        ChainType::Nat,
-        Hook::Postrouting,
-        SRCNAT_PRIORITY,
-        Policy::Accept,
-    );
-    // `ct original proto-dst` needs the protocol matched first, so one rule per protocol.
+/// The connection's original destination (before DNAT), as a dispatch key.
+fn original_destination() -> Vec<Expr> {
+    vec![
+        Expr::Ct(CtKey::OriginalDaddr),
+        L4,
+        Expr::Ct(CtKey::OriginalProtoDst),
+    ]
+}
+
+/// The connection's original destination is in `set`.
+fn original_in(set: &str) -> Stmt {
+    Stmt::Lookup {
+        keys: original_destination(),
+        set: set.into(),
+        negate: false,
+    }
+}
+
+/// nat `postrouting`: masquerade the clients of `Cluster` Services, clients on this node and
+/// hairpin connections. `ct original proto-dst` needs the protocol matched first, so one rule
+/// per protocol.
+fn masquerade_rules(ip: &IpHeader) -> Vec<Rule> {
+    let mut rules = Vec::new();
     for p in PROTOCOLS {
-        post.push(
-            Rule::new(vec![proto(p), dnat(), original(MASQ_SET), Stmt::Masquerade])
-                .with_comment("Cluster policy: masquerade clients"),
+        rules.push(
+            Rule::new(vec![
+                l4_is(p),
+                dnatted(),
+                original_in(MASQ_SET),
+                Stmt::Masquerade,
+            ])
+            .with_comment("Cluster policy: masquerade clients"),
         );
     }
     for p in PROTOCOLS {
-        post.push(
+        rules.push(
             Rule::new(vec![
-                proto(p),
-                dnat(),
+                l4_is(p),
+                dnatted(),
                 Stmt::Lookup {
-                    keys: vec![f.saddr()],
+                    keys: vec![ip.saddr()],
                     set: LOCAL_ADDRESSES_SET.into(),
                     negate: false,
                 },
-                original(LB_SET),
+                original_in(LB_SET),
                 Stmt::Masquerade,
             ])
             .with_comment("clients on this node: masquerade"),
         );
     }
     for p in PROTOCOLS {
-        post.push(
+        rules.push(
             Rule::new(vec![
-                proto(p),
-                dnat(),
+                l4_is(p),
+                dnatted(),
                 Stmt::Lookup {
-                    keys: vec![f.saddr(), f.daddr()],
+                    keys: vec![ip.saddr(), ip.daddr()],
                     set: HAIRPIN_SET.into(),
                     negate: false,
                 },
-                original(LB_SET),
+                original_in(LB_SET),
                 Stmt::Masquerade,
             ])
             .with_comment("hairpin: masquerade"),
         );
     }
-    t.add_chain(post);
+    rules
+}
 
-    // Every packet of a DNATed connection, both directions, into its Service port's counter.
-    let count = || -> Vec<Rule> {
-        PROTOCOLS
-            .iter()
-            .map(|p| {
-                Rule::new(vec![
-                    proto(*p),
-                    dnat(),
-                    Stmt::CounterMap {
-                        keys: vec![
-                            Expr::Ct(CtKey::OriginalDaddr),
-                            L4,
-                            Expr::Ct(CtKey::OriginalProtoDst),
-                        ],
-                        map: COUNTERS_MAP.into(),
-                    },
-                ])
-                .with_comment("count Service traffic")
-            })
-            .collect()
-    };
-    let mut forward = Chain::base(
-        "forward",
-        ChainType::Filter,
-        Hook::Forward,
-        FILTER_PRIORITY,
-        Policy::Accept,
-    );
-    forward.rules = count();
-    for p in PROTOCOLS {
-        forward.push(
+/// Every packet of a DNATed connection, both directions, into its Service port's counter
+/// (first in each filter chain: a packet crosses one of them).
+fn count_rules() -> Vec<Rule> {
+    PROTOCOLS
+        .iter()
+        .map(|p| {
             Rule::new(vec![
-                proto(p),
-                dnat(),
-                original(LB_SET),
+                l4_is(*p),
+                dnatted(),
+                Stmt::CounterMap {
+                    keys: original_destination(),
+                    map: COUNTERS_MAP.into(),
+                },
+            ])
+            .with_comment("count Service traffic")
+        })
+        .collect()
+}
+
+/// filter `forward`: count, then accept DNATed traffic of nodelb's Services.
+fn forward_rules(_: &IpHeader) -> Vec<Rule> {
+    let mut rules = count_rules();
+    for p in PROTOCOLS {
+        rules.push(
+            Rule::new(vec![
+                l4_is(p),
+                dnatted(),
+                original_in(LB_SET),
                 Stmt::Verdict(Verdict::Accept),
             ])
             .with_comment("forward DNATed Service traffic"),
         );
     }
-    t.add_chain(forward);
+    rules
+}
 
-    let rejects = || {
-        let lookup = || Stmt::Lookup {
-            keys: vec![f.daddr(), L4, TH_DPORT],
-            set: NO_ENDPOINTS_SET.into(),
-            negate: false,
-        };
-        vec![
-            Rule::new(vec![
-                Stmt::cmp(L4, Value::Proto(L4Proto::Tcp)),
-                lookup(),
-                Stmt::Reject(Reject::TcpReset),
-            ])
-            .with_comment("no endpoints: TCP reset"),
-            Rule::new(vec![lookup(), Stmt::Reject(Reject::PortUnreachable)])
-                .with_comment("no endpoints: port unreachable"),
-        ]
+/// filter `input` and `filter-output`: count, then reject Service ports without endpoints
+/// (reject is not allowed in prerouting).
+fn reject_rules(ip: &IpHeader) -> Vec<Rule> {
+    let no_endpoints = || Stmt::Lookup {
+        keys: vec![ip.daddr(), L4, TH_DPORT],
+        set: NO_ENDPOINTS_SET.into(),
+        negate: false,
     };
-    let mut input = Chain::base(
-        "input",
-        ChainType::Filter,
-        Hook::Input,
-        FILTER_PRIORITY,
-        Policy::Accept,
+    let mut rules = count_rules();
+    rules.push(
+        Rule::new(vec![
+            Stmt::cmp(L4, Value::Proto(L4Proto::Tcp)),
+            no_endpoints(),
+            Stmt::Reject(Reject::TcpReset),
+        ])
+        .with_comment("no endpoints: TCP reset"),
     );
-    input.rules = count();
-    input.rules.extend(rejects());
-    t.add_chain(input);
-    let mut out = Chain::base(
-        "filter-output",
-        ChainType::Filter,
-        Hook::Output,
-        FILTER_PRIORITY,
-        Policy::Accept,
+    rules.push(
+        Rule::new(vec![no_endpoints(), Stmt::Reject(Reject::PortUnreachable)])
+            .with_comment("no endpoints: port unreachable"),
     );
-    out.rules = count();
-    out.rules.extend(rejects());
-    t.add_chain(out);
+    rules
 }
