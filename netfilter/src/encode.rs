@@ -2,8 +2,9 @@
 //! begin and end, every message asking for an ACK, and a record of which object each
 //! sequence number carries so a kernel error can name it.
 
+use crate::model::TableRef;
 use crate::model::*;
-use crate::ops::{Op, TableRef};
+use crate::ops::Op;
 use crate::sys::{self, NlChain, NlElem, NlExpr, NlObj, NlRule, NlSet, NlTable};
 use crate::types::{encode_value, Layout};
 use crate::udata::{set as ud, Udata};

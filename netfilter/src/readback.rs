@@ -3,9 +3,9 @@
 //! model nodelb last committed.
 
 use crate::encode::expected_element_count;
+use crate::model::TableRef;
 use crate::model::{Family, Table};
 use crate::netlink::{messages, Request};
-use crate::ops::TableRef;
 use crate::transact::{Error, Nft};
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -4,7 +4,7 @@
 //! A table of 10,000 Services holds ~90,000 elements; as a `Vec<Value>` each key cost a 24-byte
 //! vector plus a 64–80-byte heap block, more than the element's slot in its set.
 
-use crate::model::{Family, L4Proto, Value};
+use crate::scalar::{Family, L4Proto, Value};
 use std::cmp::Ordering;
 use std::fmt;
 use std::hash::{Hash, Hasher};

@@ -4,8 +4,8 @@
 //! process are reported, so the agent can repair drift at once.
 
 use crate::model::Family;
+use crate::model::TableRef;
 use crate::netlink::{messages, Msg};
-use crate::ops::TableRef;
 use crate::transact::{mnl_fd, own_portids, Error, SOCKET_BUFFER_BYTES};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

@@ -17,9 +17,10 @@ pub mod sync;
 use crate::cli::RunArgs;
 use crate::host::addresses;
 use crate::host::sysctl::{Forwarding, Sysctls};
+use crate::plan::config::Config;
 use crate::vocab::IpFamily;
 use anyhow::Context;
-use nodelb_netfilter::{Family, TableRef, WatchEvent, Watcher};
+use nodelb_netfilter::{WatchEvent, Watcher};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -58,19 +59,13 @@ pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result
 /// watcher blocks); each becomes a [`Trigger::Drift`]. Ends when the receiver is gone. Returns
 /// the handle that pauses the watch around the agent's own full replaces.
 fn spawn_drift_watch(
-    table_name: &str,
+    config: &Config,
     tx: mpsc::UnboundedSender<Trigger>,
 ) -> Option<nodelb_netfilter::WatchPause> {
     let (pause_tx, pause_rx) = std::sync::mpsc::sync_channel(1);
     let tables = vec![
-        TableRef {
-            family: Family::Ip,
-            name: table_name.to_string(),
-        },
-        TableRef {
-            family: Family::Ip6,
-            name: table_name.to_string(),
-        },
+        config.table_ref(IpFamily::V4),
+        config.table_ref(IpFamily::V6),
     ];
     let spawned = std::thread::Builder::new()
         .name("nodelb-nft-watch".into())
@@ -146,7 +141,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let metrics = Arc::new(metrics::Metrics::with_counters(Box::new(
         metrics::KernelCounters {
-            table: config.table_name.clone(),
+            config: config.clone(),
             families: crate::vocab::Families {
                 v4: config.ipv4,
                 v6: config.ipv6,
@@ -206,7 +201,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         });
     }
-    let watch_pause = spawn_drift_watch(&config.table_name, tx.clone());
+    let watch_pause = spawn_drift_watch(&config, tx.clone());
     drop(tx);
 
     let node_events =
