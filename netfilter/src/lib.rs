@@ -24,7 +24,7 @@ pub use edit::{Edit, ElemEdit};
 pub use encode::{Batch, EncodeError, ObjectRef};
 pub use model::*;
 pub use ops::{full_replace, needs_full_replace, Op};
-pub use readback::{CounterValues, Drift, TableSummary};
+pub use readback::{BaseChainInfo, CounterValues, Drift, TableSummary};
 pub use render::{render_replace, render_table};
 pub use transact::{CommitStats, Error, Nft};
 pub use validate::Invalid;

@@ -183,6 +183,19 @@ impl Hook {
         }
     }
 
+    /// The hook of an NF_INET_* number.
+    pub fn from_number(n: u32) -> Option<Hook> {
+        [
+            Hook::Prerouting,
+            Hook::Input,
+            Hook::Forward,
+            Hook::Output,
+            Hook::Postrouting,
+        ]
+        .into_iter()
+        .find(|h| h.number() == n)
+    }
+
     /// NF_INET_* hook number.
     pub fn number(self) -> u32 {
         match self {
