@@ -76,8 +76,8 @@ pub struct Batch {
     first_seq: u32,
     next_seq: u32,
     /// What each message creates, deletes or flushes, as errors name it ("add chain ip nodelb
-    /// x"), one after the other, and where each starts: a `String` per message would be some
-    /// 2.6 MB more at the peak of a full replace of 10,000 Services (30,000 messages).
+    /// x"), one after the other, and where each starts: a `String` per message would cost an
+    /// allocation per message at the peak of a full replace.
     descriptions: String,
     starts: Vec<u32>,
     next_set_id: u32,
@@ -110,8 +110,7 @@ impl Batch {
     /// A full replace of `tables` that consumes them: the declarations (table, counters,
     /// chains, sets) are encoded from tables stripped of rules and elements, then each chain's
     /// rules and each set's elements, which are dropped once encoded. The batch grows as the
-    /// models shrink, so the two are never held whole at once (at 10,000 Services a 19 MiB
-    /// model and a 10 MB batch). Rules and elements come after every declaration, which is
+    /// models shrink, so the two are never held whole at once. Rules and elements come after every declaration, which is
     /// valid: what they refer to is created before them in the same batch. `freed` is called
     /// as parts are dropped (an allocator may return the pages they held before the batch
     /// grows further).

@@ -11,8 +11,8 @@ use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 use tracing::debug;
 
-/// Socket buffers large enough for a full replace of 10,000 Services × 5 endpoints (about
-/// 8 MB of messages) with room to spare.
+/// Socket buffers large enough for the batch of a full replace of 10,000 Services × 5
+/// endpoints, with room to spare (the netfilter benchmark prints the batch's size).
 pub const SOCKET_BUFFER_BYTES: usize = 64 << 20;
 const RECV_TIMEOUT: Duration = Duration::from_secs(30);
 

@@ -192,7 +192,7 @@ pub struct SyncLoop {
     warnings: WarningLog,
     backoff: Backoff,
     /// Pauses the drift watch around a full replace: the agent need not hear its own
-    /// (at 10,000 Services some 130,000 events, built by the kernel during the commit).
+    /// (an event per object of the tables, built by the kernel during the commit).
     watch_pause: Option<Arc<nodelb_netfilter::WatchPause>>,
 }
 
