@@ -9,10 +9,11 @@
 //! A scrape is streamed: the text goes to the response in chunks of about [`CHUNK`] bytes as
 //! it is encoded, so a scrape of 10,000 Services never holds its whole text (megabytes).
 
+use crate::plan::config::Config;
 use crate::plan::table::{parse_counter_name, CounterKind};
 use crate::vocab::{Families, IpFamily};
 use futures::Stream;
-use nodelb_netfilter::{CounterValues, Nft, TableRef};
+use nodelb_netfilter::{CounterValues, Nft};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -95,7 +96,7 @@ pub trait CounterSource: Send + Sync + std::fmt::Debug + 'static {
 /// The kernel: nodelb's table of each enabled family, read over a fresh netlink socket.
 #[derive(Debug)]
 pub struct KernelCounters {
-    pub table: String,
+    pub config: Config,
     pub families: Families,
 }
 
@@ -110,10 +111,7 @@ impl CounterSource for KernelCounters {
         };
         let mut out = Vec::new();
         for f in self.families.iter() {
-            let tr = TableRef {
-                family: f.netfilter(),
-                name: self.table.clone(),
-            };
+            let tr = self.config.table_ref(f);
             match nft.read_counters(&tr) {
                 Ok(v) => out.push((f, v)),
                 Err(e) => tracing::warn!(table = %tr, error = %e, "cannot read Service counters"),

@@ -7,7 +7,7 @@ use crate::plan::config::Config;
 use crate::plan::node::{AddressKind, NodeInfo};
 use crate::plan::{self, Input, Plan};
 use crate::vocab::{Families, IpFamily};
-use nodelb_netfilter::{CommitStats, Committer, Family, Nft, TableRef};
+use nodelb_netfilter::{Commit, CommitStats, Committer, Nft, TableRef};
 use std::collections::BTreeSet;
 use std::fmt;
 use std::net::IpAddr;
@@ -122,15 +122,8 @@ impl fmt::Display for Applied {
     }
 }
 
-pub fn table_ref(family: IpFamily, config: &Config) -> TableRef {
-    TableRef {
-        family: family.netfilter(),
-        name: config.table_name.clone(),
-    }
-}
-
 /// Program the plan's tables in one batch, then delete nodelb's table of any family that is
-/// off (when it exists).
+/// off (when it exists). Counters start from the plan's values, as a fresh install's do.
 pub fn apply(
     plan: Plan,
     families: Families,
@@ -139,44 +132,33 @@ pub fn apply(
     let mut committer = Committer::new(Nft::open()?);
     let tables: Vec<TableRef> = plan.tables.iter().map(TableRef::of).collect();
     let objects = plan.tables.iter().map(|t| t.object_count()).sum();
-    let mut stats = committer.replace(plan.tables)?;
-    let present = committer.nft().list_tables(None)?;
-    let mut deleted = Vec::new();
-    for family in [IpFamily::V4, IpFamily::V6] {
-        let t = table_ref(family, config);
-        if !families.contains(family) && present.contains(&t) {
-            let s = committer.delete(&t)?;
-            stats.bytes += s.bytes;
-            stats.messages += s.messages;
-            stats.encode += s.encode;
-            stats.commit += s.commit;
-            deleted.push(t);
-        }
-    }
+    // Encoded once, consumed while encoded; nothing is kept: this committer commits once.
+    let mut once = Some(plan.tables);
+    let mut build = || once.take().unwrap_or_default();
+    let off = [IpFamily::V4, IpFamily::V6]
+        .into_iter()
+        .filter(|f| !families.contains(*f))
+        .map(|f| config.table_ref(f));
+    let done = committer.commit(Commit::replace(&mut build).reset_counters().absent(off))?;
     Ok(Applied {
         tables,
-        deleted,
+        deleted: done.deleted,
         objects,
-        stats,
+        stats: done.stats,
     })
 }
 
 /// `cleanup`: delete `ip nodelb` and `ip6 nodelb` where they exist; nothing else.
 pub fn cleanup(table_name: &str) -> Result<Vec<TableRef>, nodelb_netfilter::Error> {
-    let mut nft = Nft::open()?;
-    let present = nft.list_tables(None)?;
-    let mut deleted = Vec::new();
-    for family in [Family::Ip, Family::Ip6] {
-        let t = TableRef {
-            family,
-            name: table_name.to_string(),
-        };
-        if present.contains(&t) {
-            nft.apply(&[nodelb_netfilter::Op::DelTable(t.clone())])?;
-            deleted.push(t);
-        }
-    }
-    Ok(deleted)
+    let config = Config {
+        table_name: table_name.to_string(),
+        ..Config::default()
+    };
+    let both = [IpFamily::V4, IpFamily::V6].map(|f| config.table_ref(f));
+    let mut committer = Committer::new(Nft::open()?);
+    Ok(committer
+        .commit(Commit::edit(Vec::new()).absent(both))?
+        .deleted)
 }
 
 #[cfg(test)]

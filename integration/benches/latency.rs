@@ -78,13 +78,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use nix::sys::signal::Signal;
+use nodelb_agent::vocab::IpFamily;
 use nodelb_integration::control_plane::AuditRecord;
 use nodelb_integration::e2e::{
     agent_pod_name, metric_sum, Cluster, ClusterOptions, AGENT_NAMESPACE,
 };
 use nodelb_integration::netns::Netns;
 use nodelb_integration::nft::nft_file;
-use nodelb_netfilter::{Family, TableRef, WatchEvent, Watcher};
+use nodelb_netfilter::{WatchEvent, Watcher};
 use serde_json::{json, Value};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
@@ -416,12 +417,10 @@ impl KernelWatch {
                     .map_err(|e| format!("opening {}: {e}", path.display()))?;
                 nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET)
                     .map_err(|e| format!("setns into {name}: {e}"))?;
-                let tables = [Family::Ip, Family::Ip6]
+                let nodelb = nodelb_agent::plan::config::Config::default();
+                let tables = [IpFamily::V4, IpFamily::V6]
                     .into_iter()
-                    .map(|family| TableRef {
-                        family,
-                        name: "nodelb".into(),
-                    })
+                    .map(|f| nodelb.table_ref(f))
                     .collect();
                 let mut w = match Watcher::open(tables) {
                     Ok(w) => w,

@@ -8,8 +8,8 @@
 //!      spawned directly from a thread inside the namespace, and for reference once more
 //!      through `ip netns exec` (the `nft_f` helper), which adds that wrapper's cost.
 //!
-//!    Plus a replace over an existing table in one namespace, both ways (`Committer::replace`
-//!    for nodelb). Every install is checked against the kernel.
+//!    Plus a replace over an existing table in one namespace, both ways (`Committer::commit`
+//!    of a whole replace for nodelb). Every install is checked against the kernel.
 //! 2. One endpoint change with a `Committer` holding the N-Service table, alternating between
 //!    two variants so each sync is a real change; the same at 100 Services.
 //! 3. Goals next to the results, PASS/MISS; a MISS does not fail the run, a kernel state
@@ -19,6 +19,7 @@
 //! `NODELB_BENCH_ITERATIONS` (7). Needs root; without it prints SKIP and exits 0, or 1 when
 //! `CI=true`. Run: `cargo bench -p nodelb-integration --bench netfilter`.
 
+use nodelb_integration::commit::{edit_between, replace, sync};
 use nodelb_integration::models::{bench_table, move_bench_endpoint};
 use nodelb_integration::netns::Netns;
 use nodelb_integration::nft::{nft_f, nft_file};
@@ -298,15 +299,19 @@ fn run() -> Res<()> {
     let ns = Netns::new("bench-repl");
     let (r_enc, r_com, r_wall) = ns.run(|| -> Res<_> {
         let mut c = Committer::new(Nft::open().map_err(|e| format!("Nft::open: {e}"))?);
-        c.replace(vec![table.clone()])
+        replace(&mut c, vec![table.clone()])
             .map_err(|e| format!("initial replace: {}", error_chain(&e)))?;
         let (mut e, mut k, mut w) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..cfg.iterations {
-            let t = table.clone();
+            // The copy is made before the clock starts; the committer keeps no model of it
+            // (the next iteration replaces it whole again).
+            let mut t = Some(vec![table.clone()]);
+            let mut build = || t.take().unwrap_or_default();
             let t0 = Instant::now();
             let s = c
-                .replace(vec![t])
-                .map_err(|e| format!("replace: {}", error_chain(&e)))?;
+                .commit(Commit::replace(&mut build).reset_counters())
+                .map_err(|e| format!("replace: {}", error_chain(&e)))?
+                .stats;
             w.push(t0.elapsed());
             e.push(s.encode);
             k.push(s.commit);
@@ -325,7 +330,7 @@ fn run() -> Res<()> {
     drop(ns);
     report.add(
         "nodelb_replace_existing_wall",
-        "nodelb Committer::replace wall (validate+ops+encode+commit)",
+        "nodelb Committer::commit replace wall (validate+encode+commit)",
         &r_wall,
     );
     report.add(
@@ -401,7 +406,7 @@ fn run() -> Res<()> {
         sync_ec.median
     );
     println!(
-        "  {} stricter reading, whole Committer::sync including the O(elements) model diff: {:.3} ms",
+        "  {} stricter reading, whole sync including the O(elements) edit between the models: {:.3} ms",
         goal(sync_wall.median < GOAL_CHANGE_MS),
         sync_wall.median
     );
@@ -440,7 +445,7 @@ fn one_endpoint_change(
             t
         })
         .collect();
-    // Planning cost outside the Committer, for the breakdown (same inputs it sees).
+    // Deriving the edit outside the Committer, for the breakdown (same inputs it sees).
     let mut diff_times = Vec::new();
     for k in 0..iterations {
         let (old, new) = if k == 0 {
@@ -449,13 +454,16 @@ fn one_endpoint_change(
             (&variants[(k - 1) % 2], &variants[k % 2])
         };
         let t0 = Instant::now();
-        let d = diff(old, new).map_err(|e| format!("variant invalid: {e}"))?;
+        let e = edit_between(old, new);
+        let n_ops = e
+            .as_ref()
+            .map(|e| e.ops(old).map(|(ops, _)| ops.len()))
+            .transpose()
+            .map_err(|e| format!("variant invalid: {e}"))?;
         diff_times.push(t0.elapsed());
-        if d.replaced || d.ops.len() != 2 {
+        if n_ops != Some(2) {
             return Err(format!(
-                "one endpoint change planned as {} ops (replaced: {}), expected a delete and an add",
-                d.ops.len(),
-                d.replaced
+                "one endpoint change planned as {n_ops:?} ops (None: a whole replace), expected a delete and an add"
             ));
         }
     }
@@ -463,16 +471,13 @@ fn one_endpoint_change(
     let ns = Netns::new("bench-sync");
     let (walls, encs, coms, sizes) = ns.run(|| -> Res<_> {
         let mut c = Committer::new(Nft::open().map_err(|e| format!("Nft::open: {e}"))?);
-        c.replace(vec![base.clone()])
-            .map_err(|e| format!("install: {}", error_chain(&e)))?;
+        replace(&mut c, vec![base.clone()]).map_err(|e| format!("install: {}", error_chain(&e)))?;
         let (mut w, mut e, mut k, mut sizes) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for i in 0..iterations {
             // The Committer keeps the model it is given; the copy is made before the clock starts.
             let t = variants[i % 2].clone();
             let t0 = Instant::now();
-            let s = c
-                .sync(vec![t])
-                .map_err(|e| format!("sync: {}", error_chain(&e)))?;
+            let s = sync(&mut c, vec![t]).map_err(|e| format!("sync: {}", error_chain(&e)))?;
             w.push(t0.elapsed());
             e.push(s.encode);
             k.push(s.commit);
@@ -524,7 +529,7 @@ fn one_endpoint_change(
     let p = format!("nodelb_sync_one_endpoint_{services}");
     let wall = report.add(
         &format!("{p}_wall"),
-        "Committer::sync wall (diff+encode+commit)",
+        "sync wall (edit between models+encode+commit)",
         &walls,
     );
     report.add(&format!("{p}_encode"), "  of which Batch::encode", &encs);
@@ -537,7 +542,7 @@ fn one_endpoint_change(
     let encode_commit = report.add(&format!("{p}_total"), "  encode+commit", &ec);
     report.add(
         &format!("{p}_diff"),
-        "  ops::diff alone (measured outside)",
+        "  edit_between + Edit::ops alone (measured outside)",
         &diff_times,
     );
     let names: Vec<String> = ["wall", "encode", "commit", "total", "diff"]

@@ -57,7 +57,7 @@ pub fn nodelb_replace(
     ns: &Netns,
     tables: &[Table],
 ) -> Result<CommitStats, nodelb_netfilter::Error> {
-    ns.run(|| Committer::new(Nft::open()?).replace(tables.to_vec()))
+    ns.run(|| crate::commit::replace(&mut Committer::new(Nft::open()?), tables.to_vec()))
 }
 
 /// Apply raw operations through nodelb's netlink batch, inside the namespace.

@@ -20,9 +20,10 @@ use nodelb_agent::plan::config::Config;
 use nodelb_agent::plan::node::{AddressKind, NodeInfo};
 use nodelb_agent::plan::{plan, Input};
 use nodelb_agent::vocab::{Families, IpFamily};
+use nodelb_integration::commit::{replace, replace_carrying, sync};
 use nodelb_integration::netns::{require_root, route, Netns, Topology};
 use nodelb_integration::traffic::{tcp_request, tcp_server, udp_request, udp_server, Outcome};
-use nodelb_netfilter::{Committer, CounterValues, Nft, Table, TableRef};
+use nodelb_netfilter::{Committer, CounterValues, Nft, Table};
 
 const ANSWER: Duration = Duration::from_secs(2);
 const SILENCE: Duration = Duration::from_secs(1);
@@ -92,7 +93,7 @@ fn plan_tables(topo: &Topology, yaml: &str) -> Vec<Table> {
 fn read(node: &Netns) -> Vec<(IpFamily, CounterValues)> {
     node.run(|| {
         KernelCounters {
-            table: Config::default().table_name,
+            config: Config::default(),
             families: Families { v4: true, v6: true },
         }
         .read()
@@ -134,11 +135,8 @@ fn service_counters_count_every_packet_and_survive_a_full_replace() {
         _servers.push(udp_server(&topo.backends[0], addr, "b0"));
     }
     let tables = plan_tables(&topo, &objects(&topo, ""));
-    topo.node.run(|| {
-        Committer::new(Nft::open().unwrap())
-            .replace(tables.clone())
-            .unwrap()
-    });
+    topo.node
+        .run(|| replace(&mut Committer::new(Nft::open().unwrap()), tables.clone()).unwrap());
     let zero = read(&topo.node);
     for f in FAMILIES {
         assert_eq!(counter(&zero, f, TCP), (0, 0), "{f}: nothing sent yet");
@@ -186,18 +184,17 @@ fn service_counters_count_every_packet_and_survive_a_full_replace() {
     let replanned = tables.clone();
     let (synced, carried, reset) = topo.node.run(|| {
         let mut c = Committer::new(Nft::open().unwrap());
-        c.replace(tables_with(&local, &tables)).unwrap();
-        let stats = c.sync(replanned.clone()).unwrap();
+        replace(&mut c, tables_with(&local, &tables)).unwrap();
+        let stats = sync(&mut c, replanned.clone()).unwrap();
         assert_eq!(stats.messages, 0, "counter values are not a change");
         let synced = counters_now(&mut c);
 
         let mut restart = Committer::new(Nft::open().unwrap());
-        let mut whole = replanned.clone();
-        assert_eq!(restart.carry_counters(&mut whole).unwrap(), 4);
-        restart.replace(whole).unwrap();
+        let whole = replace_carrying(&mut restart, replanned.clone()).unwrap();
+        assert_eq!(whole.carried, 4);
         let carried = counters_now(&mut restart);
 
-        restart.replace(replanned.clone()).unwrap();
+        replace(&mut restart, replanned.clone()).unwrap();
         let reset = counters_now(&mut restart);
         (synced, carried, reset)
     });
@@ -244,10 +241,7 @@ fn counters_now(c: &mut Committer) -> Vec<(IpFamily, CounterValues)> {
     FAMILIES
         .iter()
         .map(|f| {
-            let tr = TableRef {
-                family: f.netfilter(),
-                name: Config::default().table_name,
-            };
+            let tr = Config::default().table_ref(*f);
             (*f, c.nft().read_counters(&tr).unwrap())
         })
         .collect()
@@ -280,11 +274,8 @@ fn a_blocked_source_counts_into_the_drop_counter_only() {
     // Only the first client's subnets.
     let ranges = "  loadBalancerSourceRanges: [203.0.113.0/24, 2001:db8:c::/64]\n";
     let tables = plan_tables(&topo, &objects(&topo, ranges));
-    topo.node.run(|| {
-        Committer::new(Nft::open().unwrap())
-            .replace(tables.clone())
-            .unwrap()
-    });
+    topo.node
+        .run(|| replace(&mut Committer::new(Nft::open().unwrap()), tables.clone()).unwrap());
 
     // The allowed client is answered and counted as traffic, never as a drop.
     request_each(&topo, &topo.client, 2);

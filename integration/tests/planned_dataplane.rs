@@ -25,6 +25,7 @@ use nodelb_agent::plan::node::{AddressKind, NodeInfo};
 use nodelb_agent::plan::table::{HAIRPIN_SET, LOCAL_ADDRESSES_SET};
 use nodelb_agent::plan::{plan, Input};
 use nodelb_agent::vocab::{Families, IpFamily};
+use nodelb_integration::commit::{replace, sync};
 use nodelb_integration::netns::{require_root, route, Netns, Topology};
 use nodelb_integration::nft::{list_ruleset, nodelb_replace};
 use nodelb_integration::traffic::{
@@ -806,7 +807,7 @@ fn endpoint_changes_through_incremental_sync_move_traffic() {
         .node
         .run(|| Nft::open().map(Committer::new))
         .expect("netlink socket in the node namespace");
-    let full = committer.replace(web(&both)).expect("first replace");
+    let full = replace(&mut committer, web(&both)).expect("first replace");
 
     let t = &topo;
     let masq = |f: IpFamily| move |i: usize| node_toward_backend(t, f, i);
@@ -819,9 +820,7 @@ fn endpoint_changes_through_incremental_sync_move_traffic() {
     }
 
     // b1 goes away: only b0 answers new connections.
-    let stats = committer
-        .sync(web(&[(0, NODE)]))
-        .expect("sync to one endpoint");
+    let stats = sync(&mut committer, web(&[(0, NODE)])).expect("sync to one endpoint");
     assert!(
         stats.messages < full.messages,
         "removing one endpoint sent {} messages, the whole replace {}",
@@ -840,7 +839,7 @@ fn endpoint_changes_through_incremental_sync_move_traffic() {
     }
 
     // No endpoint left: reset and port unreachable.
-    committer.sync(web(&[])).expect("sync to no endpoint");
+    sync(&mut committer, web(&[])).expect("sync to no endpoint");
     for f in FAMILIES {
         let node = node_addr(&topo, f);
         let dst = SocketAddr::new(node, 80);
@@ -872,9 +871,7 @@ fn endpoint_changes_through_incremental_sync_move_traffic() {
     }
 
     // Both back: traffic spreads again.
-    committer
-        .sync(web(&both))
-        .expect("sync back to two endpoints");
+    sync(&mut committer, web(&both)).expect("sync back to two endpoints");
     for f in FAMILIES {
         for (proto, port) in WEB {
             let dst = SocketAddr::new(node_addr(&topo, f), port);

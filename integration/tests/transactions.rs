@@ -1,6 +1,7 @@
 //! Transactions against the kernel: atomic failure, incremental syncs, foreign state left
 //! alone, reading back, and watching for other writers.
 
+use nodelb_integration::commit::{replace, replace_carrying, sync};
 use nodelb_integration::models::{
     bench_table, kitchen_sink, lb_table, move_bench_endpoint, Fam, LbService,
 };
@@ -48,9 +49,7 @@ fn failing_batch_leaves_previous_ruleset_byte_identical_and_names_the_rule() {
 
     // The Committer validates before sending and keeps what it had committed.
     let mut c = ns.run(|| Committer::new(Nft::open().unwrap()));
-    let e = c
-        .replace(vec![bad.clone()])
-        .expect_err("validation refuses it");
+    let e = replace(&mut c, vec![bad.clone()]).expect_err("validation refuses it");
     assert!(e.to_string().contains("missing chain nowhere"), "{e}");
     assert_eq!(list_ruleset(&ns), before);
 }
@@ -66,11 +65,10 @@ fn one_endpoint_change_sends_the_same_batch_at_100_and_10000_services() {
         let base = bench_table(n, 5);
         let stats = ns.run(|| {
             let mut c = Committer::new(Nft::open().unwrap());
-            c.sync(vec![base.clone()])
-                .expect("first sync installs the table");
+            sync(&mut c, vec![base.clone()]).expect("first sync installs the table");
             let mut changed = base.clone();
             move_bench_endpoint(&mut changed, 42, 9999);
-            c.sync(vec![changed]).expect("incremental sync")
+            sync(&mut c, vec![changed]).expect("incremental sync")
         });
         let map = ns.sh("nft list map ip nodelb endpoints");
         assert!(
@@ -127,9 +125,9 @@ fn sync_sends_only_the_difference_and_the_kernel_follows() {
         &[svc(80, 4, false), svc(81, 3, true), svc(82, 1, true)],
     );
     let mut c = ns.run(|| Committer::new(Nft::open().unwrap()));
-    c.sync(vec![a.clone()]).unwrap();
+    sync(&mut c, vec![a.clone()]).unwrap();
     let full = ns.run(|| Batch::encode(1, &full_replace(&b)).unwrap().len());
-    let stats = ns.run(|| c.sync(vec![b.clone()])).unwrap();
+    let stats = ns.run(|| sync(&mut c, vec![b.clone()])).unwrap();
     assert!(
         stats.bytes < full / 2,
         "incremental batch {} bytes vs full {full}",
@@ -173,10 +171,10 @@ fn busy_stale_chain_does_not_fail_the_sync_and_is_deleted_later() {
     b.chains.remove("old");
     let tr = TableRef::of(&a);
     let mut c = ns.run(|| Committer::new(Nft::open().unwrap()));
-    c.sync(vec![a.clone()]).unwrap();
+    sync(&mut c, vec![a.clone()]).unwrap();
     // Someone else makes `old` busy: a jump to it from a chain the diff does not touch.
     nft_f(&ns, "add rule ip nodelb keep jump old").unwrap();
-    ns.run(|| c.sync(vec![b.clone()]))
+    ns.run(|| sync(&mut c, vec![b.clone()]))
         .expect("a busy stale chain must not fail the sync");
     assert_eq!(c.stale_chains(&tr), vec!["old".to_string()]);
     let listing = list_table(&ns, "ip", "nodelb").unwrap();
@@ -186,7 +184,7 @@ fn busy_stale_chain_does_not_fail_the_sync_and_is_deleted_later() {
     );
     // Once it is free, the next sync deletes it.
     nft_f(&ns, "flush chain ip nodelb keep").unwrap();
-    ns.run(|| c.sync(vec![b.clone()])).unwrap();
+    ns.run(|| sync(&mut c, vec![b.clone()])).unwrap();
     assert!(c.stale_chains(&tr).is_empty());
     assert!(!list_table(&ns, "ip", "nodelb")
         .unwrap()
@@ -237,21 +235,24 @@ fn foreign_tables_and_base_chains_are_untouched_by_every_operation() {
     let t1 = kitchen_sink(Fam::V4, "nodelb");
     let t6 = kitchen_sink(Fam::V6, "nodelb");
     let mut c = ns.run(|| Committer::new(Nft::open().unwrap()));
-    c.sync(vec![t1.clone(), t6.clone()]).unwrap();
+    sync(&mut c, vec![t1.clone(), t6.clone()]).unwrap();
     assert_eq!(foreign(), before, "after install");
     let mut t1b = t1.clone();
     t1b.chains.remove("input");
     t1b.set_mut("ports").unwrap().elements.clear();
-    c.sync(vec![t1b.clone(), t6.clone()]).unwrap();
+    sync(&mut c, vec![t1b.clone(), t6.clone()]).unwrap();
     assert_eq!(foreign(), before, "after incremental sync");
-    c.replace(vec![t1b.clone()]).unwrap();
+    replace(&mut c, vec![t1b.clone()]).unwrap();
     assert_eq!(foreign(), before, "after full replace");
-    ns.run(|| c.delete(&TableRef::of(&t1b))).unwrap();
-    ns.run(|| c.delete(&TableRef::of(&t6))).unwrap();
+    let delete = |c: &mut Committer, t: &Table| {
+        ns.run(|| c.commit(Commit::edit(Vec::new()).absent([TableRef::of(t)])))
+    };
+    delete(&mut c, &t1b).unwrap();
+    delete(&mut c, &t6).unwrap();
     assert_eq!(foreign(), before, "after deleting nodelb's tables");
     assert_eq!(list_ruleset(&ns), before, "only foreign tables remain");
     // Deleting tables that are already gone is not an error and still touches nothing else.
-    ns.run(|| c.delete(&TableRef::of(&t1b))).unwrap();
+    delete(&mut c, &t1b).unwrap();
     assert_eq!(foreign(), before);
 }
 
@@ -267,7 +268,7 @@ fn readback_counts_match_the_model_and_detect_foreign_changes() {
         let mut c = Committer::new(Nft::open().unwrap());
         assert_eq!(c.nft().drift(&t, &[]).unwrap(), Drift::Missing);
         let g0 = c.nft().generation().unwrap();
-        c.replace(vec![t.clone()]).unwrap();
+        replace(&mut c, vec![t.clone()]).unwrap();
         let g1 = c.nft().generation().unwrap();
         assert_ne!(g0, g1, "a commit bumps the generation");
         let summary = c.nft().read_table(&tr).unwrap().expect("table exists");
@@ -353,10 +354,10 @@ fn watcher_reports_foreign_changes_to_nodelb_tables_only() {
     let rx = &w.events;
     // Our own commits are not reported.
     let mut c = ns.run(|| Committer::new(Nft::open().unwrap()));
-    c.replace(vec![t.clone()]).unwrap();
+    replace(&mut c, vec![t.clone()]).unwrap();
     let mut t2 = t.clone();
     t2.set_mut("ports").unwrap().elements.clear();
-    c.sync(vec![t2.clone()]).unwrap();
+    sync(&mut c, vec![t2.clone()]).unwrap();
     assert!(
         rx.recv_timeout(Duration::from_millis(500)).is_err(),
         "own commits are not drift"
@@ -449,29 +450,28 @@ fn counters_are_read_back_never_reset_by_a_sync_and_carried_over_a_replace() {
             c.nft().read_counters(&tr).unwrap().is_empty(),
             "no table yet"
         );
-        c.replace(vec![seeded.clone()]).unwrap();
+        replace(&mut c, vec![seeded.clone()]).unwrap();
         let read = c.nft().read_counters(&tr).unwrap();
         assert_eq!(read[&web], (42, 4200));
         assert_eq!(read["drops/default/web/http"], (0, 0));
         assert_eq!(read.len(), seeded.counters.len());
 
         // A sync of the same model with zero values sends nothing and resets nothing.
-        let stats = c.sync(vec![zeroed.clone()]).unwrap();
+        let stats = sync(&mut c, vec![zeroed.clone()]).unwrap();
         assert_eq!(stats.messages, 0, "counter values are not a change");
         assert_eq!(c.nft().read_counters(&tr).unwrap()[&web], (42, 4200));
 
         // A full replace of zeroed counters resets them: that is what carrying prevents.
-        let mut carried = vec![zeroed.clone()];
-        assert_eq!(c.carry_counters(&mut carried).unwrap(), 2);
-        c.replace(carried).unwrap();
+        let carried = replace_carrying(&mut c, vec![zeroed.clone()]).unwrap();
+        assert_eq!(carried.carried, 2);
         assert_eq!(c.nft().read_counters(&tr).unwrap()[&web], (42, 4200));
-        c.replace(vec![zeroed.clone()]).unwrap();
+        replace(&mut c, vec![zeroed.clone()]).unwrap();
         assert_eq!(c.nft().read_counters(&tr).unwrap()[&web], (0, 0));
 
         // A fresh committer (an agent restart) replaces whole through `sync`: it carries.
-        c.replace(vec![seeded.clone()]).unwrap();
+        replace(&mut c, vec![seeded.clone()]).unwrap();
         let mut fresh = Committer::new(Nft::open().unwrap());
-        fresh.sync(vec![zeroed.clone()]).unwrap();
+        sync(&mut fresh, vec![zeroed.clone()]).unwrap();
         assert_eq!(fresh.nft().read_counters(&tr).unwrap()[&web], (42, 4200));
         assert_eq!(fresh.nft().drift(&zeroed, &[]).unwrap(), Drift::None);
     });
@@ -494,8 +494,12 @@ fn a_consuming_replace_installs_what_a_replace_installs() {
     let tr = TableRef::of(&t);
     let consumed = Netns::new("consume");
     let mut c = consumed.run(|| Committer::new(Nft::open().unwrap()));
+    // The tables are consumed while encoded; built once more afterwards, nothing is given
+    // back yet.
+    let mut builds = [vec![t.clone()], Vec::new()].into_iter();
+    let mut build = || builds.next().unwrap_or_default();
     consumed
-        .run(|| c.replace_consuming(vec![t.clone()], &mut || {}))
+        .run(|| c.commit(Commit::replace(&mut build).freed(&mut || {})))
         .expect("consuming replace");
     assert!(
         c.committed(&tr).is_none(),
@@ -507,9 +511,10 @@ fn a_consuming_replace_installs_what_a_replace_installs() {
         normalized(&list_table(&consumed, "ip", "nodelb").unwrap()),
         normalized(&list_table(&plain, "ip", "nodelb").unwrap())
     );
-    // Given back, the model is the baseline for reading back and for syncs.
-    c.adopt(vec![t.clone()]);
+    // Given back (by a replace that builds it again), the model is the baseline for reading
+    // back and for syncs.
+    consumed.run(|| replace(&mut c, vec![t.clone()])).unwrap();
     assert_eq!(consumed.run(|| c.drift(&tr)).unwrap(), Some(Drift::None));
-    let stats = consumed.run(|| c.sync(vec![t.clone()])).unwrap();
+    let stats = consumed.run(|| sync(&mut c, vec![t.clone()])).unwrap();
     assert_eq!(stats.messages, 0, "nothing differs from the adopted model");
 }

@@ -2,8 +2,9 @@
 //! begin and end, every message asking for an ACK, and a record of which object each
 //! sequence number carries so a kernel error can name it.
 
+use crate::model::TableRef;
 use crate::model::*;
-use crate::ops::{Op, TableRef};
+use crate::ops::Op;
 use crate::sys::{self, NlChain, NlElem, NlExpr, NlObj, NlRule, NlSet, NlTable};
 use crate::types::{encode_value, Layout};
 use crate::udata::{set as ud, Udata};
@@ -75,8 +76,8 @@ pub struct Batch {
     first_seq: u32,
     next_seq: u32,
     /// What each message creates, deletes or flushes, as errors name it ("add chain ip nodelb
-    /// x"), one after the other, and where each starts: a `String` per message would be some
-    /// 2.6 MB more at the peak of a full replace of 10,000 Services (30,000 messages).
+    /// x"), one after the other, and where each starts: a `String` per message would cost an
+    /// allocation per message at the peak of a full replace.
     descriptions: String,
     starts: Vec<u32>,
     next_set_id: u32,
@@ -109,8 +110,7 @@ impl Batch {
     /// A full replace of `tables` that consumes them: the declarations (table, counters,
     /// chains, sets) are encoded from tables stripped of rules and elements, then each chain's
     /// rules and each set's elements, which are dropped once encoded. The batch grows as the
-    /// models shrink, so the two are never held whole at once (at 10,000 Services a 19 MiB
-    /// model and a 10 MB batch). Rules and elements come after every declaration, which is
+    /// models shrink, so the two are never held whole at once. Rules and elements come after every declaration, which is
     /// valid: what they refer to is created before them in the same batch. `freed` is called
     /// as parts are dropped (an allocator may return the pages they held before the batch
     /// grows further).
@@ -248,43 +248,9 @@ impl Batch {
 
     fn push_op(&mut self, op: &Op<'_>) -> Result<(), EncodeError> {
         match op {
-            Op::AddTable(t) => {
-                let nt = NlTable::with(t.family.nfproto(), &t.name);
-                self.msg(
-                    NFT_MSG_NEWTABLE,
-                    t.family,
-                    F_CREATE,
-                    sys::Payload::Table(&nt),
-                    obj("add", format!("table {t}")),
-                );
-            }
-            Op::DelTable(t) => {
-                let nt = NlTable::with(t.family.nfproto(), &t.name);
-                self.msg(
-                    NFT_MSG_DELTABLE,
-                    t.family,
-                    0,
-                    sys::Payload::Table(&nt),
-                    obj("delete", format!("table {t}")),
-                );
-            }
-            Op::AddChain(t, c) => {
-                let nc = NlChain::with(t.family.nfproto(), &t.name, &c.name);
-                if let Some(b) = &c.base {
-                    let policy = match b.policy {
-                        Policy::Accept => NF_ACCEPT as u32,
-                        Policy::Drop => NF_DROP as u32,
-                    };
-                    nc.set_base(b.chain_type.keyword(), b.hook.number(), b.priority, policy);
-                }
-                self.msg(
-                    NFT_MSG_NEWCHAIN,
-                    t.family,
-                    F_CREATE,
-                    sys::Payload::Chain(&nc),
-                    obj("add", format!("chain {t} {}", c.name)),
-                );
-            }
+            Op::AddTable(t) => self.push_table(t, true),
+            Op::DelTable(t) => self.push_table(t, false),
+            Op::AddChain(t, c) => self.push_add_chain(t, c),
             Op::FlushChain(t, name) => {
                 let r = NlRule::with(t.family.nfproto(), &t.name, name);
                 self.msg(
@@ -311,18 +277,7 @@ impl Batch {
                 index,
                 rule,
             } => self.push_rule(table, chain, *index, rule)?,
-            Op::AddSet(t, s) => {
-                let id = self.set_id();
-                let ns = encode_set_decl(t, s, id)?;
-                let kind = if s.data.is_some() { "map" } else { "set" };
-                self.msg(
-                    NFT_MSG_NEWSET,
-                    t.family,
-                    F_CREATE,
-                    sys::Payload::Set(&ns),
-                    obj("add", format!("{kind} {t} {}", s.name)),
-                );
-            }
+            Op::AddSet(t, s) => self.push_add_set(t, s)?,
             Op::DelSet(t, name) => {
                 let ns = NlSet::with(t.family.nfproto(), &t.name, name);
                 self.msg(
@@ -343,20 +298,7 @@ impl Batch {
                     keys.iter().map(|k| (*k, None)).collect();
                 self.push_elems(table, set, &items, false)?;
             }
-            Op::AddCounter(t, c) => {
-                let o = NlObj::counter(t.family.nfproto(), &t.name, &c.name);
-                o.set_counts(c.packets, c.bytes);
-                if let Some(comment) = &c.comment {
-                    o.userdata(Udata::comment(comment).as_bytes());
-                }
-                self.msg(
-                    NFT_MSG_NEWOBJ,
-                    t.family,
-                    F_CREATE,
-                    sys::Payload::Obj(&o),
-                    obj("add", format!("counter {t} {}", c.name)),
-                );
-            }
+            Op::AddCounter(t, c) => self.push_add_counter(t, c),
             Op::DelCounter(t, name) => {
                 let o = NlObj::counter(t.family.nfproto(), &t.name, name);
                 self.msg(
@@ -369,6 +311,69 @@ impl Batch {
             }
         }
         Ok(())
+    }
+
+    fn push_table(&mut self, t: &TableRef, add: bool) {
+        let nt = NlTable::with(t.family.nfproto(), &t.name);
+        let (ty, flags, verb) = if add {
+            (NFT_MSG_NEWTABLE, F_CREATE, "add")
+        } else {
+            (NFT_MSG_DELTABLE, 0, "delete")
+        };
+        self.msg(
+            ty,
+            t.family,
+            flags,
+            sys::Payload::Table(&nt),
+            obj(verb, format!("table {t}")),
+        );
+    }
+
+    fn push_add_chain(&mut self, t: &TableRef, c: &Chain) {
+        let nc = NlChain::with(t.family.nfproto(), &t.name, &c.name);
+        if let Some(b) = &c.base {
+            let policy = match b.policy {
+                Policy::Accept => NF_ACCEPT as u32,
+                Policy::Drop => NF_DROP as u32,
+            };
+            nc.set_base(b.chain_type.keyword(), b.hook.number(), b.priority, policy);
+        }
+        self.msg(
+            NFT_MSG_NEWCHAIN,
+            t.family,
+            F_CREATE,
+            sys::Payload::Chain(&nc),
+            obj("add", format!("chain {t} {}", c.name)),
+        );
+    }
+
+    fn push_add_set(&mut self, t: &TableRef, s: &Set) -> Result<(), EncodeError> {
+        let id = self.set_id();
+        let ns = encode_set_decl(t, s, id)?;
+        let kind = if s.data.is_some() { "map" } else { "set" };
+        self.msg(
+            NFT_MSG_NEWSET,
+            t.family,
+            F_CREATE,
+            sys::Payload::Set(&ns),
+            obj("add", format!("{kind} {t} {}", s.name)),
+        );
+        Ok(())
+    }
+
+    fn push_add_counter(&mut self, t: &TableRef, c: &Counter) {
+        let o = NlObj::counter(t.family.nfproto(), &t.name, &c.name);
+        o.set_counts(c.packets, c.bytes);
+        if let Some(comment) = &c.comment {
+            o.userdata(Udata::comment(comment).as_bytes());
+        }
+        self.msg(
+            NFT_MSG_NEWOBJ,
+            t.family,
+            F_CREATE,
+            sys::Payload::Obj(&o),
+            obj("add", format!("counter {t} {}", c.name)),
+        );
     }
 
     fn set_id(&mut self) -> u32 {
@@ -398,7 +403,7 @@ impl Batch {
         let flags = if add { F_CREATE } else { 0 };
         let action = if add { "add" } else { "delete" };
         // Elements are encoded a message at a time (each message stays under the attribute
-        // size limit), so a set of 50,000 elements is never staged whole.
+        // size limit), so a large set is never staged whole.
         let mut chunk: Vec<EncodedElem> = Vec::new();
         let mut size = 0;
         let flush = |b: &mut Batch, chunk: &mut Vec<EncodedElem>, size: &mut usize| {
@@ -428,61 +433,18 @@ impl Batch {
                 chunk.push(el);
             };
         for (k, e) in items {
-            let comment = e.and_then(|e| e.comment.clone());
-            let (key, end) = match k {
-                Key::Values(vals) => (
-                    key_layout.encode(vals).map_err(|r| EncodeError {
-                        object: what(items.len()),
-                        reason: r,
-                    })?,
-                    None,
-                ),
-                Key::Prefix(addr, len) => {
-                    if !set.interval {
-                        return Err(EncodeError {
-                            object: what(items.len()),
-                            reason: format!("prefix {addr}/{len} in a set without flags interval"),
-                        });
-                    }
-                    let (start, end) = prefix_bounds(*addr, *len);
-                    if start.len() != key_layout.len() {
-                        return Err(EncodeError {
-                            object: what(items.len()),
-                            reason: format!("prefix {addr}/{len} does not fit the set's key"),
-                        });
-                    }
-                    (start, end)
-                }
+            let invalid = |reason| EncodeError {
+                object: what(items.len()),
+                reason,
             };
+            let (key, end) = encode_key(k, set, &key_layout).map_err(invalid)?;
             let mut el = EncodedElem {
                 key,
-                comment,
+                comment: e.and_then(|e| e.comment.clone()),
                 ..Default::default()
             };
             if let Some(e) = e {
-                match (&e.data, &data_layout, &set.data) {
-                    (Some(ElemData::Verdict(v)), _, Some(MapData::Verdict)) => {
-                        el.verdict = Some(v.clone())
-                    }
-                    (Some(ElemData::Counter(name)), _, Some(MapData::Counter)) => {
-                        el.counter = Some(name.clone())
-                    }
-                    (Some(ElemData::Values(vals)), Some(l), _) => {
-                        el.data = Some(l.encode(vals).map_err(|r| EncodeError {
-                            object: what(items.len()),
-                            reason: r,
-                        })?)
-                    }
-                    (None, None, None) => {}
-                    (d, _, _) => {
-                        return Err(EncodeError {
-                            object: what(items.len()),
-                            reason: format!(
-                                "element data {d:?} does not match the set's declaration"
-                            ),
-                        })
-                    }
-                }
+                encode_elem_data(&mut el, e, data_layout.as_ref(), set).map_err(invalid)?;
             }
             push(self, el, &mut chunk, &mut size);
             if let Some(end) = end {
@@ -588,6 +550,48 @@ impl EncodedElem {
 }
 
 /// First address of a prefix and the first address after it (`None` past the top).
+/// An element's key, and the end of its interval for a prefix.
+fn encode_key(k: &Key, set: &Set, layout: &Layout) -> Result<(Vec<u8>, Option<Vec<u8>>), String> {
+    match k {
+        Key::Values(vals) => Ok((layout.encode(vals)?, None)),
+        Key::Prefix(addr, len) => {
+            if !set.interval {
+                return Err(format!(
+                    "prefix {addr}/{len} in a set without flags interval"
+                ));
+            }
+            let (start, end) = prefix_bounds(*addr, *len);
+            if start.len() != layout.len() {
+                return Err(format!("prefix {addr}/{len} does not fit the set's key"));
+            }
+            Ok((start, end))
+        }
+    }
+}
+
+/// An element's data, checked against the set's declaration.
+fn encode_elem_data(
+    el: &mut EncodedElem,
+    e: &Element,
+    layout: Option<&Layout>,
+    set: &Set,
+) -> Result<(), String> {
+    match (&e.data, layout, &set.data) {
+        (Some(ElemData::Verdict(v)), _, Some(MapData::Verdict)) => el.verdict = Some(v.clone()),
+        (Some(ElemData::Counter(name)), _, Some(MapData::Counter)) => {
+            el.counter = Some(name.clone())
+        }
+        (Some(ElemData::Values(vals)), Some(l), _) => el.data = Some(l.encode(vals)?),
+        (None, None, None) => {}
+        (d, _, _) => {
+            return Err(format!(
+                "element data {d:?} does not match the set's declaration"
+            ))
+        }
+    }
+    Ok(())
+}
+
 fn prefix_bounds(addr: std::net::IpAddr, len: u8) -> (Vec<u8>, Option<Vec<u8>>) {
     match addr {
         std::net::IpAddr::V4(a) => {
@@ -739,6 +743,148 @@ impl RuleCtx {
     }
 
     /// Load a (possibly concatenated) key into registers starting at `NFT_REG_1`.
+    fn cmp_stmt(
+        &mut self,
+        nr: &NlRule,
+        left: &Expr,
+        op: &CmpOp,
+        right: &Value,
+    ) -> Result<(), String> {
+        self.dependency(nr, *left);
+        let data = encode_value(left.field(self.family), *right)?;
+        nr.add(self.load(*left, NFT_REG_1));
+        let op_code = match op {
+            CmpOp::Eq => 0,
+            CmpOp::Neq => 1,
+        };
+        nr.add(cmp(NFT_REG_1, op_code, &data));
+        if *op == CmpOp::Eq {
+            match (left, right) {
+                (
+                    Expr::Meta(MetaKey::L4Proto)
+                    | Expr::Payload(Payload::IpProtocol | Payload::Ip6Nexthdr),
+                    Value::Proto(p),
+                ) => self.l4 = Some(*p),
+                (Expr::Meta(MetaKey::NfProto), Value::NfProto(f)) => self.nf = Some(*f),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// An anonymous verdict map, declared and filled in messages of its own before the rule.
+    fn anon_vmap(
+        &mut self,
+        b: &mut Batch,
+        t: &TableRef,
+        nr: &NlRule,
+        keys: &[Expr],
+        map: &AnonVmap,
+    ) -> Result<(), String> {
+        let layout = self.load_keys(nr, keys);
+        let id = b.set_id();
+        let name = "__map%d";
+        let ns = NlSet::with(t.family.nfproto(), &t.name, name);
+        ns.u32(
+            nsys::NFTNL_SET_FLAGS,
+            NFT_SET_ANONYMOUS | NFT_SET_CONSTANT | NFT_SET_MAP,
+        );
+        ns.u32(nsys::NFTNL_SET_KEY_TYPE, layout.datatype());
+        ns.u32(nsys::NFTNL_SET_KEY_LEN, layout.len() as u32);
+        ns.u32(nsys::NFTNL_SET_DATA_TYPE, crate::types::dt::VERDICT_DATA);
+        ns.u32(nsys::NFTNL_SET_DATA_LEN, 0);
+        ns.u32(nsys::NFTNL_SET_ID, id);
+        ns.u32(nsys::NFTNL_SET_DESC_SIZE, map.elements.len() as u32);
+        let mut u = Udata::new();
+        u.put_u32(ud::KEYBYTEORDER, layout.byteorder() as u32);
+        u.put_u32(ud::DATABYTEORDER, 0);
+        ns.userdata(u.as_bytes());
+        b.msg(
+            NFT_MSG_NEWSET,
+            t.family,
+            F_CREATE,
+            sys::Payload::Set(&ns),
+            obj("add", format!("anonymous map in {t}")),
+        );
+        let elems = NlSet::with(t.family.nfproto(), &t.name, name);
+        elems.u32(nsys::NFTNL_SET_ID, id);
+        for (k, v) in &map.elements {
+            let key = layout.encode(k.iter().copied())?;
+            elems.add(
+                EncodedElem {
+                    key,
+                    verdict: Some(v.clone()),
+                    ..Default::default()
+                }
+                .to_nl(),
+            );
+        }
+        b.msg(
+            NFT_MSG_NEWSETELEM,
+            t.family,
+            F_CREATE,
+            sys::Payload::SetElems(&elems),
+            obj("add", format!("elements of anonymous map in {t}")),
+        );
+        nr.add(
+            NlExpr::new("lookup")
+                .u32(nsys::NFTNL_EXPR_LOOKUP_SREG, NFT_REG_1)
+                .str(nsys::NFTNL_EXPR_LOOKUP_SET, name)
+                .u32(nsys::NFTNL_EXPR_LOOKUP_SET_ID, id)
+                .u32(nsys::NFTNL_EXPR_LOOKUP_DREG, NFT_REG_VERDICT),
+        );
+        Ok(())
+    }
+
+    fn nat_map(&mut self, nr: &NlRule, kind: &NatKind, keys: &[Expr], map: &str) {
+        self.load_keys(nr, keys);
+        nr.add(
+            NlExpr::new("lookup")
+                .u32(nsys::NFTNL_EXPR_LOOKUP_SREG, NFT_REG_1)
+                .str(nsys::NFTNL_EXPR_LOOKUP_SET, map)
+                .u32(nsys::NFTNL_EXPR_LOOKUP_DREG, NFT_REG_1),
+        );
+        let fam = if self.family == Family::Ip6 {
+            Family::Ip6
+        } else {
+            Family::Ip
+        };
+        let port_reg = if fam == Family::Ip6 { 8 + 4 } else { 8 + 1 };
+        nr.add(
+            nat(*kind, fam)
+                .u32(nsys::NFTNL_EXPR_NAT_REG_ADDR_MIN, NFT_REG_1)
+                .u32(nsys::NFTNL_EXPR_NAT_REG_PROTO_MIN, port_reg),
+        );
+    }
+
+    fn reject(&mut self, nr: &NlRule, r: &Reject) {
+        let (ty, code) = match (r, self.family) {
+            // NFT_REJECT_ICMP_UNREACH with the family's own port-unreachable code.
+            (Reject::PortUnreachable, Family::Ip) => (0, 3),
+            (Reject::PortUnreachable, Family::Ip6) => (0, 4),
+            // In inet, nft uses the family's own code once the rule has fixed the family,
+            // and NFT_REJECT_ICMPX_UNREACH / ICMPX_PORT_UNREACH otherwise.
+            (Reject::PortUnreachable, Family::Inet) => match self.nf {
+                Some(Family::Ip) => (0, 3),
+                Some(Family::Ip6) => (0, 4),
+                _ => (2, 1),
+            },
+            (Reject::TcpReset, _) => {
+                if self.l4 != Some(L4Proto::Tcp) {
+                    nr.add(meta_load(MetaKey::L4Proto, NFT_REG_1));
+                    nr.add(cmp(NFT_REG_1, 0, &[L4Proto::Tcp.number()]));
+                    self.l4 = Some(L4Proto::Tcp);
+                }
+                (1, 0)
+            }
+        };
+        nr.add(
+            NlExpr::new("reject")
+                .u32(nsys::NFTNL_EXPR_REJECT_TYPE, ty)
+                .bytes(nsys::NFTNL_EXPR_REJECT_CODE, &[code]),
+        );
+    }
+
     fn load_keys(&mut self, nr: &NlRule, keys: &[Expr]) -> Layout {
         for k in keys {
             self.dependency(nr, *k);
@@ -752,27 +898,7 @@ impl RuleCtx {
 
     fn stmt(&mut self, b: &mut Batch, t: &TableRef, nr: &NlRule, s: &Stmt) -> Result<(), String> {
         match s {
-            Stmt::Cmp { left, op, right } => {
-                self.dependency(nr, *left);
-                let data = encode_value(left.field(self.family), *right)?;
-                nr.add(self.load(*left, NFT_REG_1));
-                let op_code = match op {
-                    CmpOp::Eq => 0,
-                    CmpOp::Neq => 1,
-                };
-                nr.add(cmp(NFT_REG_1, op_code, &data));
-                if *op == CmpOp::Eq {
-                    match (left, right) {
-                        (
-                            Expr::Meta(MetaKey::L4Proto)
-                            | Expr::Payload(Payload::IpProtocol | Payload::Ip6Nexthdr),
-                            Value::Proto(p),
-                        ) => self.l4 = Some(*p),
-                        (Expr::Meta(MetaKey::NfProto), Value::NfProto(f)) => self.nf = Some(*f),
-                        _ => {}
-                    }
-                }
-            }
+            Stmt::Cmp { left, op, right } => self.cmp_stmt(nr, left, op, right)?,
             Stmt::Masked { left, mask, value } => {
                 nr.add(self.load(*left, NFT_REG_1));
                 nr.add(bitwise(*mask, 0));
@@ -802,60 +928,7 @@ impl RuleCtx {
                         .u32(nsys::NFTNL_EXPR_LOOKUP_DREG, NFT_REG_VERDICT),
                 );
             }
-            Stmt::AnonVmap { keys, map } => {
-                let layout = self.load_keys(nr, keys);
-                let id = b.set_id();
-                let name = "__map%d";
-                let ns = NlSet::with(t.family.nfproto(), &t.name, name);
-                ns.u32(
-                    nsys::NFTNL_SET_FLAGS,
-                    NFT_SET_ANONYMOUS | NFT_SET_CONSTANT | NFT_SET_MAP,
-                );
-                ns.u32(nsys::NFTNL_SET_KEY_TYPE, layout.datatype());
-                ns.u32(nsys::NFTNL_SET_KEY_LEN, layout.len() as u32);
-                ns.u32(nsys::NFTNL_SET_DATA_TYPE, crate::types::dt::VERDICT_DATA);
-                ns.u32(nsys::NFTNL_SET_DATA_LEN, 0);
-                ns.u32(nsys::NFTNL_SET_ID, id);
-                ns.u32(nsys::NFTNL_SET_DESC_SIZE, map.elements.len() as u32);
-                let mut u = Udata::new();
-                u.put_u32(ud::KEYBYTEORDER, layout.byteorder() as u32);
-                u.put_u32(ud::DATABYTEORDER, 0);
-                ns.userdata(u.as_bytes());
-                b.msg(
-                    NFT_MSG_NEWSET,
-                    t.family,
-                    F_CREATE,
-                    sys::Payload::Set(&ns),
-                    obj("add", format!("anonymous map in {t}")),
-                );
-                let elems = NlSet::with(t.family.nfproto(), &t.name, name);
-                elems.u32(nsys::NFTNL_SET_ID, id);
-                for (k, v) in &map.elements {
-                    let key = layout.encode(k.iter().copied())?;
-                    elems.add(
-                        EncodedElem {
-                            key,
-                            verdict: Some(v.clone()),
-                            ..Default::default()
-                        }
-                        .to_nl(),
-                    );
-                }
-                b.msg(
-                    NFT_MSG_NEWSETELEM,
-                    t.family,
-                    F_CREATE,
-                    sys::Payload::SetElems(&elems),
-                    obj("add", format!("elements of anonymous map in {t}")),
-                );
-                nr.add(
-                    NlExpr::new("lookup")
-                        .u32(nsys::NFTNL_EXPR_LOOKUP_SREG, NFT_REG_1)
-                        .str(nsys::NFTNL_EXPR_LOOKUP_SET, name)
-                        .u32(nsys::NFTNL_EXPR_LOOKUP_SET_ID, id)
-                        .u32(nsys::NFTNL_EXPR_LOOKUP_DREG, NFT_REG_VERDICT),
-                );
-            }
+            Stmt::AnonVmap { keys, map } => self.anon_vmap(b, t, nr, keys, map)?,
             Stmt::Counter { packets, bytes } => nr.add(
                 NlExpr::new("counter")
                     .u64(nsys::NFTNL_EXPR_CTR_PACKETS, *packets)
@@ -874,69 +947,10 @@ impl RuleCtx {
                         .str(nsys::NFTNL_EXPR_OBJREF_SET_NAME, map),
                 );
             }
-            Stmt::Nat { kind, addr, port } => {
-                let (fam, bytes) = match addr {
-                    std::net::IpAddr::V4(a) => (Family::Ip, a.octets().to_vec()),
-                    std::net::IpAddr::V6(a) => (Family::Ip6, a.octets().to_vec()),
-                };
-                nr.add(immediate(NFT_REG_1, &bytes));
-                let mut x = nat(*kind, fam).u32(nsys::NFTNL_EXPR_NAT_REG_ADDR_MIN, NFT_REG_1);
-                if let Some(p) = port {
-                    nr.add(immediate(NFT_REG_2, &p.to_be_bytes()));
-                    x = x
-                        .u32(nsys::NFTNL_EXPR_NAT_REG_PROTO_MIN, NFT_REG_2)
-                        .u32(nsys::NFTNL_EXPR_NAT_FLAGS, 0x2); // NF_NAT_RANGE_PROTO_SPECIFIED
-                }
-                nr.add(x);
-            }
-            Stmt::NatMap { kind, keys, map } => {
-                self.load_keys(nr, keys);
-                nr.add(
-                    NlExpr::new("lookup")
-                        .u32(nsys::NFTNL_EXPR_LOOKUP_SREG, NFT_REG_1)
-                        .str(nsys::NFTNL_EXPR_LOOKUP_SET, map)
-                        .u32(nsys::NFTNL_EXPR_LOOKUP_DREG, NFT_REG_1),
-                );
-                let fam = if self.family == Family::Ip6 {
-                    Family::Ip6
-                } else {
-                    Family::Ip
-                };
-                let port_reg = if fam == Family::Ip6 { 8 + 4 } else { 8 + 1 };
-                nr.add(
-                    nat(*kind, fam)
-                        .u32(nsys::NFTNL_EXPR_NAT_REG_ADDR_MIN, NFT_REG_1)
-                        .u32(nsys::NFTNL_EXPR_NAT_REG_PROTO_MIN, port_reg),
-                );
-            }
+            Stmt::Nat { kind, addr, port } => nat_stmt(nr, kind, addr, port),
+            Stmt::NatMap { kind, keys, map } => self.nat_map(nr, kind, keys, map),
             Stmt::Masquerade => nr.add(NlExpr::new("masq")),
-            Stmt::Reject(r) => {
-                let (ty, code) = match (r, self.family) {
-                    // NFT_REJECT_ICMP_UNREACH with the family's own port-unreachable code.
-                    (Reject::PortUnreachable, Family::Ip) => (0, 3),
-                    (Reject::PortUnreachable, Family::Ip6) => (0, 4),
-                    // In inet, nft uses the family's own code once the rule has fixed the family,
-                    // and NFT_REJECT_ICMPX_UNREACH / ICMPX_PORT_UNREACH otherwise.
-                    (Reject::PortUnreachable, Family::Inet) => match self.nf {
-                        Some(Family::Ip) => (0, 3),
-                        Some(Family::Ip6) => (0, 4),
-                        _ => (2, 1),
-                    },
-                    (Reject::TcpReset, _) => {
-                        if self.l4 != Some(L4Proto::Tcp) {
-                            nr.add(meta_load(MetaKey::L4Proto, NFT_REG_1));
-                            nr.add(cmp(NFT_REG_1, 0, &[L4Proto::Tcp.number()]));
-                            self.l4 = Some(L4Proto::Tcp);
-                        }
-                        (1, 0)
-                    }
-                };
-                nr.add(
-                    NlExpr::new("reject")
-                        .u32(nsys::NFTNL_EXPR_REJECT_TYPE, ty)
-                        .bytes(nsys::NFTNL_EXPR_REJECT_CODE, &[code]),
-                );
-            }
+            Stmt::Reject(r) => self.reject(nr, r),
             Stmt::MarkOr(bits) => {
                 nr.add(meta_load(MetaKey::Mark, NFT_REG_1));
                 nr.add(bitwise(!*bits, *bits));
@@ -958,6 +972,22 @@ impl RuleCtx {
         }
         Ok(())
     }
+}
+
+fn nat_stmt(nr: &NlRule, kind: &NatKind, addr: &std::net::IpAddr, port: &Option<u16>) {
+    let (fam, bytes) = match addr {
+        std::net::IpAddr::V4(a) => (Family::Ip, a.octets().to_vec()),
+        std::net::IpAddr::V6(a) => (Family::Ip6, a.octets().to_vec()),
+    };
+    nr.add(immediate(NFT_REG_1, &bytes));
+    let mut x = nat(*kind, fam).u32(nsys::NFTNL_EXPR_NAT_REG_ADDR_MIN, NFT_REG_1);
+    if let Some(p) = port {
+        nr.add(immediate(NFT_REG_2, &p.to_be_bytes()));
+        x = x
+            .u32(nsys::NFTNL_EXPR_NAT_REG_PROTO_MIN, NFT_REG_2)
+            .u32(nsys::NFTNL_EXPR_NAT_FLAGS, 0x2); // NF_NAT_RANGE_PROTO_SPECIFIED
+    }
+    nr.add(x);
 }
 
 fn meta_load(k: MetaKey, reg: u32) -> NlExpr {

@@ -2,6 +2,7 @@
 //! over netlink; read back, watched for foreign changes, and rendered as `nft -f` text.
 //! Knows nothing of Kubernetes.
 
+pub mod committer;
 pub mod edit;
 pub mod encode;
 pub mod model;
@@ -9,18 +10,22 @@ pub mod netlink;
 pub mod ops;
 pub mod readback;
 pub mod render;
+pub mod scalar;
 mod sys;
 pub mod transact;
 pub mod types;
 pub mod udata;
+pub mod validate;
 pub mod values;
 pub mod watch;
 
+pub use committer::{Change, Commit, Committed, Committer};
 pub use edit::{Edit, ElemEdit};
 pub use encode::{Batch, EncodeError, ObjectRef};
 pub use model::*;
-pub use ops::{diff, full_replace, needs_full_replace, Diff, Op, TableRef};
-pub use readback::{CounterValues, Drift, TableSummary};
+pub use ops::{full_replace, needs_full_replace, Op};
+pub use readback::{BaseChainInfo, CounterValues, Drift, TableSummary};
 pub use render::{render_replace, render_table};
-pub use transact::{CommitStats, Committer, Error, Nft};
+pub use transact::{CommitStats, Error, Nft};
+pub use validate::Invalid;
 pub use watch::{ForeignChange, Paused, WatchEvent, WatchPause, Watcher};

@@ -4,51 +4,31 @@
 //! one text form (see `render`), and the differential tests prove the two agree with `nft`.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::sync::Arc;
 
+pub use crate::scalar::{Family, L4Proto, Value};
 pub use crate::values::Values;
 
-/// Address family of a table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Family {
-    Ip,
-    Ip6,
-    /// Only used where a test needs `meta nfproto`; nodelb itself programs `ip` and `ip6`.
-    Inet,
+/// Which table: its family and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TableRef {
+    pub family: Family,
+    pub name: String,
 }
 
-impl Family {
-    pub fn keyword(self) -> &'static str {
-        match self {
-            Family::Ip => "ip",
-            Family::Ip6 => "ip6",
-            Family::Inet => "inet",
-        }
-    }
-
-    /// The NFPROTO_* value.
-    pub fn nfproto(self) -> u8 {
-        match self {
-            Family::Ip => libc::NFPROTO_IPV4 as u8,
-            Family::Ip6 => libc::NFPROTO_IPV6 as u8,
-            Family::Inet => libc::NFPROTO_INET as u8,
-        }
-    }
-
-    pub fn from_nfproto(v: u8) -> Option<Family> {
-        match v as i32 {
-            libc::NFPROTO_IPV4 => Some(Family::Ip),
-            libc::NFPROTO_IPV6 => Some(Family::Ip6),
-            libc::NFPROTO_INET => Some(Family::Inet),
-            _ => None,
+impl TableRef {
+    pub fn of(t: &Table) -> TableRef {
+        TableRef {
+            family: t.family,
+            name: t.name.clone(),
         }
     }
 }
 
-impl std::fmt::Display for Family {
+impl std::fmt::Display for TableRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.keyword())
+        write!(f, "{} {}", self.family, self.name)
     }
 }
 
@@ -203,6 +183,19 @@ impl Hook {
         }
     }
 
+    /// The hook of an NF_INET_* number.
+    pub fn from_number(n: u32) -> Option<Hook> {
+        [
+            Hook::Prerouting,
+            Hook::Input,
+            Hook::Forward,
+            Hook::Output,
+            Hook::Postrouting,
+        ]
+        .into_iter()
+        .find(|h| h.number() == n)
+    }
+
     /// NF_INET_* hook number.
     pub fn number(self) -> u32 {
         match self {
@@ -346,38 +339,6 @@ pub enum Expr {
     },
 }
 
-/// Layer 4 protocols nodelb knows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum L4Proto {
-    Tcp,
-    Udp,
-    Sctp,
-    Icmp,
-    Icmpv6,
-}
-
-impl L4Proto {
-    pub fn number(self) -> u8 {
-        match self {
-            L4Proto::Tcp => 6,
-            L4Proto::Udp => 17,
-            L4Proto::Sctp => 132,
-            L4Proto::Icmp => 1,
-            L4Proto::Icmpv6 => 58,
-        }
-    }
-
-    pub fn keyword(self) -> &'static str {
-        match self {
-            L4Proto::Tcp => "tcp",
-            L4Proto::Udp => "udp",
-            L4Proto::Sctp => "sctp",
-            L4Proto::Icmp => "icmp",
-            L4Proto::Icmpv6 => "ipv6-icmp",
-        }
-    }
-}
-
 /// `ct state` bits.
 pub mod ct_state {
     pub const INVALID: u32 = 1;
@@ -395,28 +356,6 @@ pub mod ct_status {
     pub const CONFIRMED: u32 = 8;
     pub const SNAT: u32 = 16;
     pub const DNAT: u32 = 32;
-}
-
-/// A constant compared with, or stored in, a register.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Value {
-    Ipv4(Ipv4Addr),
-    Ipv6(Ipv6Addr),
-    Proto(L4Proto),
-    Port(u16),
-    /// A 32-bit host-order integer: marks, numgen results, ct state/status bits.
-    U32(u32),
-    /// `meta nfproto` values.
-    NfProto(Family),
-}
-
-impl From<IpAddr> for Value {
-    fn from(ip: IpAddr) -> Value {
-        match ip {
-            IpAddr::V4(a) => Value::Ipv4(a),
-            IpAddr::V6(a) => Value::Ipv6(a),
-        }
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -3,9 +3,9 @@
 //! model nodelb last committed.
 
 use crate::encode::expected_element_count;
-use crate::model::{Family, Table};
-use crate::netlink::{messages, Request};
-use crate::ops::TableRef;
+use crate::model::TableRef;
+use crate::model::{Family, Hook, Policy, Table};
+use crate::netlink::{messages, Attrs, Msg, Request};
 use crate::transact::{Error, Nft};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -26,6 +26,52 @@ const NFTA_COUNTER_BYTES: u16 = 1;
 const NFTA_COUNTER_PACKETS: u16 = 2;
 /// `NFT_OBJECT_COUNTER`.
 const OBJECT_COUNTER: u32 = 1;
+
+/// `NFTA_CHAIN_*` and, nested in `NFTA_CHAIN_HOOK`, `NFTA_HOOK_*`.
+const NFTA_CHAIN_TABLE: u16 = 1;
+const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_CHAIN_HOOK: u16 = 4;
+const NFTA_CHAIN_POLICY: u16 = 5;
+const NFTA_HOOK_HOOKNUM: u16 = 1;
+const NFTA_HOOK_PRIORITY: u16 = 2;
+/// `NF_DROP` and `NF_ACCEPT`, as a base chain's policy.
+const NF_DROP: u32 = 0;
+const NF_ACCEPT: u32 = 1;
+
+/// A base chain of any table (nodelb's or another's) in an `ip`, `ip6` or `inet` table, as
+/// the kernel holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BaseChainInfo {
+    pub family: Family,
+    pub table: String,
+    pub name: String,
+    pub hook: Hook,
+    pub priority: i32,
+    pub policy: Policy,
+}
+
+impl BaseChainInfo {
+    /// Decode one `NFT_MSG_NEWCHAIN` message; `None` for a regular chain, or a family or hook
+    /// nodelb does not model.
+    fn decode(m: &Msg<'_>) -> Option<BaseChainInfo> {
+        let family = Family::from_nfproto(m.family())?;
+        let a = m.attrs();
+        let hook = Attrs(a.get(NFTA_CHAIN_HOOK)?);
+        let policy = match a.get_be32(NFTA_CHAIN_POLICY)? {
+            NF_DROP => Policy::Drop,
+            NF_ACCEPT => Policy::Accept,
+            _ => return None,
+        };
+        Some(BaseChainInfo {
+            family,
+            table: a.get_str(NFTA_CHAIN_TABLE)?,
+            name: a.get_str(NFTA_CHAIN_NAME).unwrap_or_default(),
+            hook: Hook::from_number(hook.get_be32(NFTA_HOOK_HOOKNUM)?)?,
+            priority: hook.get_be32(NFTA_HOOK_PRIORITY).unwrap_or(0) as i32,
+            policy,
+        })
+    }
+}
 
 /// Counter name → (packets, bytes), as [`Nft::read_counters`] returns them.
 pub type CounterValues = BTreeMap<String, (u64, u64)>;
@@ -152,6 +198,23 @@ impl Nft {
                     out.push(TableRef { family: f, name });
                 }
             }
+        }
+        Ok(out)
+    }
+
+    /// Every base chain of every `ip`, `ip6` and `inet` table, in one chain dump.
+    pub fn base_chains(&mut self) -> Result<Vec<BaseChainInfo>, Error> {
+        let seq = self.next_seq();
+        let req = Request::new(
+            NFT_MSG_GETCHAIN,
+            libc::NLM_F_DUMP as u16,
+            libc::AF_UNSPEC as u8,
+            seq,
+        )
+        .finish();
+        let mut out = Vec::new();
+        for r in self.request(&req, "chains", true)? {
+            out.extend(messages(&r).filter_map(|m| BaseChainInfo::decode(&m)));
         }
         Ok(out)
     }

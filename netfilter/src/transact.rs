@@ -2,19 +2,17 @@
 //! Services, every ACK matched to its sequence number, every kernel error mapped to the object
 //! that caused it.
 
-use crate::edit::Edit;
 use crate::encode::{Batch, EncodeError};
-use crate::model::Table;
 use crate::netlink::{self, messages};
-use crate::ops::{self, Op, TableRef};
-use std::collections::{BTreeMap, BTreeSet};
+use crate::ops::Op;
+use std::collections::BTreeSet;
 use std::io;
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
-use tracing::{debug, warn};
+use tracing::debug;
 
-/// Socket buffers large enough for a full replace of 10,000 Services × 5 endpoints (about
-/// 8 MB of messages) with room to spare.
+/// Socket buffers large enough for the batch of a full replace of 10,000 Services × 5
+/// endpoints, with room to spare (the netfilter benchmark prints the batch's size).
 pub const SOCKET_BUFFER_BYTES: usize = 64 << 20;
 const RECV_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -31,7 +29,7 @@ pub enum Error {
     #[error(transparent)]
     Encode(#[from] EncodeError),
     #[error("invalid model: {0}")]
-    Invalid(String),
+    Invalid(#[from] crate::validate::Invalid),
     #[error("sending a {bytes}-byte batch")]
     Send {
         bytes: usize,
@@ -79,7 +77,8 @@ pub struct CommitStats {
 }
 
 impl CommitStats {
-    fn add(&mut self, o: CommitStats) {
+    /// Add another batch's sizes and times to these.
+    pub fn add(&mut self, o: CommitStats) {
         self.messages += o.messages;
         self.bytes += o.bytes;
         self.encode += o.encode;
@@ -230,6 +229,11 @@ impl Nft {
         self.sock.portid()
     }
 
+    /// The first sequence number of the next batch.
+    pub(crate) fn next_batch_seq(&self) -> u32 {
+        self.seq.wrapping_add(1)
+    }
+
     pub(crate) fn next_seq(&mut self) -> u32 {
         self.seq = self.seq.wrapping_add(1);
         self.seq
@@ -238,7 +242,7 @@ impl Nft {
     /// Encode `ops` as one batch and commit it: all of it or nothing.
     pub fn apply(&mut self, ops: &[Op<'_>]) -> Result<CommitStats, Error> {
         let t0 = Instant::now();
-        let batch = Batch::encode(self.seq.wrapping_add(1), ops)?;
+        let batch = Batch::encode(self.next_batch_seq(), ops)?;
         let encode = t0.elapsed();
         let mut stats = self.commit(&batch)?;
         stats.encode = encode;
@@ -368,285 +372,6 @@ impl Nft {
                 }
             }
         }
-    }
-}
-
-/// Free models that were replaced. Freeing tens of thousands of elements takes milliseconds,
-/// so large ones are freed on a short-lived thread instead of on the sync path.
-fn retire(tables: Vec<Table>) {
-    let elements: usize = tables
-        .iter()
-        .flat_map(|t| t.sets.values())
-        .map(|s| s.elements.len())
-        .sum();
-    if elements < 10_000 {
-        return;
-    }
-    if let Err(e) = std::thread::Builder::new()
-        .name("nodelb-retire".into())
-        .spawn(move || drop(tables))
-    {
-        // The closure (and the tables) were dropped here instead; nothing is lost.
-        debug!(error = %e, "freeing the previous model inline");
-    }
-}
-
-/// Keeps what was last committed per table, so each sync sends only the difference, and
-/// deletes chains that fell out of the model in a later batch of their own.
-pub struct Committer {
-    nft: Nft,
-    committed: BTreeMap<TableRef, Table>,
-    stale: BTreeMap<TableRef, BTreeSet<String>>,
-}
-
-impl Committer {
-    pub fn new(nft: Nft) -> Committer {
-        Committer {
-            nft,
-            committed: BTreeMap::new(),
-            stale: BTreeMap::new(),
-        }
-    }
-
-    pub fn nft(&mut self) -> &mut Nft {
-        &mut self.nft
-    }
-
-    /// What the kernel holds for a table, as far as this committer knows.
-    pub fn committed(&self, t: &TableRef) -> Option<&Table> {
-        self.committed.get(t)
-    }
-
-    /// Chains flushed but not yet deleted.
-    pub fn stale_chains(&self, t: &TableRef) -> Vec<String> {
-        self.stale
-            .get(t)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
-    }
-
-    /// Compare the kernel's table with what this committer last committed to it (without
-    /// copying the model); `None` when it committed nothing to that table.
-    pub fn drift(&mut self, t: &TableRef) -> Result<Option<crate::readback::Drift>, Error> {
-        let Some(model) = self.committed.get(t) else {
-            return Ok(None);
-        };
-        let stale: Vec<String> = self
-            .stale
-            .get(t)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default();
-        self.nft.drift(model, &stale).map(Some)
-    }
-
-    /// Read the kernel's counters of each table and start the model's counter objects from
-    /// them, so a full replace (which creates every counter anew) does not reset them.
-    /// Packets counted between this read and the commit are lost. Returns how many counters
-    /// were carried over.
-    pub fn carry_counters(&mut self, tables: &mut [Table]) -> Result<usize, Error> {
-        let mut carried = 0;
-        for t in tables.iter_mut().filter(|t| !t.counters.is_empty()) {
-            let values = self.nft.read_counters(&TableRef::of(t))?;
-            carried += t
-                .counters
-                .keys()
-                .filter(|n| values.contains_key(*n))
-                .count();
-            t.seed_counters(&values);
-        }
-        Ok(carried)
-    }
-
-    /// Atomically replace every given table in one batch (counters start from the values the
-    /// model carries: see [`Committer::carry_counters`]).
-    pub fn replace(&mut self, tables: Vec<Table>) -> Result<CommitStats, Error> {
-        let mut ops = Vec::new();
-        for t in &tables {
-            ops::validate(t).map_err(Error::Invalid)?;
-            ops.extend(ops::full_replace(t));
-        }
-        let stats = self.nft.apply(&ops)?;
-        drop(ops);
-        let mut retired = Vec::new();
-        for t in tables {
-            let tr = TableRef::of(&t);
-            self.stale.remove(&tr);
-            retired.extend(self.committed.insert(tr, t));
-        }
-        retire(retired);
-        Ok(stats)
-    }
-
-    /// Atomically replace every given table, as [`Committer::replace`] does, but consuming the
-    /// models while they are encoded ([`Batch::encode_replace`]), so a model and its batch are
-    /// never held whole at once. For a caller that can build the same tables again: after it,
-    /// this committer holds no model of them until they are given back with
-    /// [`Committer::adopt`]. `freed` is called each time a part of the models was dropped.
-    pub fn replace_consuming(
-        &mut self,
-        tables: Vec<Table>,
-        freed: &mut dyn FnMut(),
-    ) -> Result<CommitStats, Error> {
-        for t in &tables {
-            ops::validate(t).map_err(Error::Invalid)?;
-        }
-        let refs: Vec<TableRef> = tables.iter().map(TableRef::of).collect();
-        for tr in &refs {
-            self.committed.remove(tr);
-        }
-        let t0 = Instant::now();
-        let batch = Batch::encode_replace(self.nft.seq.wrapping_add(1), tables, freed)?;
-        let encode = t0.elapsed();
-        let mut stats = self.nft.commit(&batch)?;
-        stats.encode = encode;
-        for tr in &refs {
-            self.stale.remove(tr);
-        }
-        Ok(stats)
-    }
-
-    /// Take `tables` as what the kernel holds: the tables [`Committer::replace_consuming`] just
-    /// committed, built again by the caller.
-    pub fn adopt(&mut self, tables: Vec<Table>) {
-        for t in tables {
-            self.committed.insert(TableRef::of(&t), t);
-        }
-    }
-
-    /// Bring the kernel from the last committed models to `tables` in one batch: only what
-    /// changed is sent; a table not committed before (or whose change needs it) is replaced
-    /// whole, its counters carried over from the kernel. Counters that stay are never sent
-    /// again, so they keep counting. The models are kept (not copied) as the new baseline.
-    pub fn sync(&mut self, mut tables: Vec<Table>) -> Result<CommitStats, Error> {
-        let whole: Vec<usize> = tables
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| {
-                self.committed
-                    .get(&TableRef::of(t))
-                    .is_none_or(|old| ops::needs_full_replace(old, t))
-            })
-            .map(|(i, _)| i)
-            .collect();
-        for i in whole {
-            self.carry_counters(std::slice::from_mut(&mut tables[i]))?;
-        }
-        let mut ops = Vec::new();
-        let mut new_stale: Vec<(TableRef, Vec<String>)> = Vec::new();
-        for t in &tables {
-            let tr = TableRef::of(t);
-            match self.committed.get(&tr) {
-                Some(old) => {
-                    let d = ops::diff(old, t).map_err(Error::Invalid)?;
-                    ops.extend(d.ops);
-                    new_stale.push((tr, d.stale_chains));
-                }
-                None => {
-                    ops::validate(t).map_err(Error::Invalid)?;
-                    ops.extend(ops::full_replace(t));
-                }
-            }
-        }
-        let mut stats = self.nft.apply(&ops)?;
-        drop(ops);
-        let mut retired = Vec::new();
-        for t in tables {
-            let tr = TableRef::of(&t);
-            // A chain that came back is no longer stale.
-            if let Some(s) = self.stale.get_mut(&tr) {
-                s.retain(|c| !t.chains.contains_key(c));
-            }
-            retired.extend(self.committed.insert(tr, t));
-        }
-        retire(retired);
-        for (tr, chains) in new_stale {
-            self.stale.entry(tr).or_default().extend(chains);
-        }
-        stats.add(self.delete_stale_chains());
-        Ok(stats)
-    }
-
-    /// Commit edits to tables committed before, in one batch: the cost follows the size of
-    /// the edits, not of the tables. On success the edits become part of the baseline; on
-    /// failure nothing changed (the caller may fall back to `replace`).
-    pub fn edit(&mut self, edits: Vec<(TableRef, Edit)>) -> Result<CommitStats, Error> {
-        let edits: Vec<(TableRef, Edit)> =
-            edits.into_iter().filter(|(_, e)| !e.is_empty()).collect();
-        if edits.is_empty() {
-            return Ok(CommitStats::default());
-        }
-        let mut ops = Vec::new();
-        let mut new_stale: Vec<(TableRef, Vec<String>)> = Vec::new();
-        for (tr, e) in &edits {
-            let base = self.committed.get(tr).ok_or_else(|| {
-                Error::Invalid(format!(
-                    "table {tr} was not committed before; replace it first"
-                ))
-            })?;
-            let (o, stale) = e.ops(base).map_err(Error::Invalid)?;
-            ops.extend(o);
-            new_stale.push((tr.clone(), stale));
-        }
-        let mut stats = self.nft.apply(&ops)?;
-        drop(ops);
-        for (tr, e) in edits {
-            if let Some(s) = self.stale.get_mut(&tr) {
-                s.retain(|c| !e.put_chains.iter().any(|p| &p.name == c));
-            }
-            if let Some(t) = self.committed.get_mut(&tr) {
-                e.apply(t);
-            }
-        }
-        for (tr, chains) in new_stale {
-            self.stale.entry(tr).or_default().extend(chains);
-        }
-        stats.add(self.delete_stale_chains());
-        Ok(stats)
-    }
-
-    /// Try to delete flushed chains; one that is still busy is retried on the next sync.
-    fn delete_stale_chains(&mut self) -> CommitStats {
-        let mut total = CommitStats::default();
-        let tables: Vec<TableRef> = self.stale.keys().cloned().collect();
-        for tr in tables {
-            let chains: Vec<String> = self.stale[&tr].iter().cloned().collect();
-            for c in chains {
-                // One chain per batch, so a busy chain does not hold back the others.
-                match self.nft.apply(&[Op::DelChain(tr.clone(), c.clone())]) {
-                    Ok(s) => {
-                        total.add(s);
-                        self.stale.get_mut(&tr).map(|s| s.remove(&c));
-                    }
-                    Err(e) if e.errno() == Some(libc::ENOENT) => {
-                        self.stale.get_mut(&tr).map(|s| s.remove(&c));
-                    }
-                    Err(e) => {
-                        warn!(table = %tr, chain = %c, error = %e, "stale chain not deleted yet; will retry")
-                    }
-                }
-            }
-        }
-        self.stale.retain(|_, s| !s.is_empty());
-        total
-    }
-
-    /// Delete a table (if it exists) and forget it.
-    pub fn delete(&mut self, t: &TableRef) -> Result<CommitStats, Error> {
-        let stats = self.nft.apply(&ops::delete_table(t))?;
-        self.committed.remove(t);
-        self.stale.remove(t);
-        Ok(stats)
-    }
-
-    /// The tables this committer has committed models of.
-    pub fn committed_tables(&self) -> Vec<TableRef> {
-        self.committed.keys().cloned().collect()
-    }
-
-    /// Forget what was committed, so the next sync replaces tables whole (after drift).
-    pub fn forget(&mut self, t: &TableRef) {
-        self.committed.remove(t);
-        self.stale.remove(t);
     }
 }
 

@@ -1,10 +1,10 @@
 //! [`Values`]: the fields of one set element's key or data, stored without a heap allocation
 //! when they fit in 22 bytes (every key and data nodelb programs, except an IPv6 hairpin pair).
 //!
-//! A table of 10,000 Services holds ~90,000 elements; as a `Vec<Value>` each key cost a 24-byte
-//! vector plus a 64–80-byte heap block, more than the element's slot in its set.
+//! A table of many Services holds several elements per Service; as a `Vec<Value>` each key
+//! cost a vector plus a heap block, more than the element's slot in its set.
 
-use crate::model::{Family, L4Proto, Value};
+use crate::scalar::{Family, L4Proto, Value};
 use std::cmp::Ordering;
 use std::fmt;
 use std::hash::{Hash, Hasher};

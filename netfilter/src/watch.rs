@@ -4,8 +4,8 @@
 //! process are reported, so the agent can repair drift at once.
 
 use crate::model::Family;
+use crate::model::TableRef;
 use crate::netlink::{messages, Msg};
-use crate::ops::TableRef;
 use crate::transact::{mnl_fd, own_portids, Error, SOCKET_BUFFER_BYTES};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -59,9 +59,9 @@ fn membership(fd: RawFd, join: bool) -> Result<(), Error> {
 
 /// Stops a [`Watcher`]'s subscription for a while, from any thread: for a process's own large
 /// transactions. With any listener, the kernel builds an event per object a transaction
-/// touches (a full replace of 10,000 Services touches some 130,000), which lengthens the commit
-/// and can overrun the watcher's buffer; a process need not be told of its own. Changes
-/// committed by others while paused are not reported.
+/// touches (a full replace touches every chain, rule, set element and counter), which
+/// lengthens the commit and can overrun the watcher's buffer; a process need not be told of its
+/// own. Changes committed by others while paused are not reported.
 pub struct WatchPause {
     fd: OwnedFd,
 }

@@ -1,24 +1,14 @@
 //! Base chains of other tables on the forward hook whose policy is drop (Docker, firewalld,
 //! ufw, iptables-nft): an `accept` in nodelb's table cannot override them, so `check` and
-//! `/readyz` report them. Read only, through a chain dump over netfilter netlink; the netfilter
-//! crate's readback counts chains but does not decode hooks and policies.
+//! `/readyz` report them. Read only: the netfilter crate reads the base chains back; this
+//! module decides which of them drop forwarded traffic nodelb forwards.
 //!
 //! Not seen: iptables-legacy (x_tables) chains, which are not nftables objects.
 
-use nodelb_netfilter::netlink::{messages, Attrs, Request};
+use nodelb_netfilter::{BaseChainInfo, Family, Hook, Nft, Policy};
 use std::fmt;
-use std::io;
 
-const NETLINK_NETFILTER: i32 = 12;
-const NFT_MSG_GETCHAIN: u16 = 4;
-const NFTA_CHAIN_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
-const NFTA_CHAIN_HOOK: u16 = 4;
-const NFTA_CHAIN_POLICY: u16 = 5;
-const NFTA_HOOK_HOOKNUM: u16 = 1;
-const NFTA_HOOK_PRIORITY: u16 = 2;
-const NF_INET_FORWARD: u32 = 2;
-const NF_DROP: u32 = 0;
+pub use nodelb_netfilter::Error;
 
 /// A forward-hook base chain with policy drop, outside nodelb's tables.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -40,130 +30,74 @@ impl fmt::Display for DropChain {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("opening a netfilter netlink socket to list chains")]
-    Open(#[source] io::Error),
-    #[error("dumping nftables chains")]
-    Dump(#[source] io::Error),
-}
-
-fn family_name(nfproto: u8) -> Option<&'static str> {
-    match nfproto {
-        1 => Some("inet"),
-        2 => Some("ip"),
-        10 => Some("ip6"),
-        _ => None,
-    }
-}
-
-/// Parse one `NFT_MSG_NEWCHAIN` dump message: a forward-hook drop chain, or `None`.
-fn drop_chain(family: u8, attrs: Attrs<'_>, own_table: &str) -> Option<DropChain> {
-    let family = family_name(family)?;
-    let table = attrs.get_str(NFTA_CHAIN_TABLE)?;
-    if table == own_table && family != "inet" {
+/// A forward-hook drop chain of a table that is not nodelb's (`own_table` in `ip`/`ip6`;
+/// an `inet` table of that name is someone else's), or `None`.
+fn drop_chain(c: BaseChainInfo, own_table: &str) -> Option<DropChain> {
+    if c.table == own_table && c.family != Family::Inet {
         return None;
     }
-    let hook = Attrs(attrs.get(NFTA_CHAIN_HOOK)?);
-    if hook.get_be32(NFTA_HOOK_HOOKNUM)? != NF_INET_FORWARD {
-        return None;
-    }
-    if attrs.get_be32(NFTA_CHAIN_POLICY)? != NF_DROP {
+    if c.hook != Hook::Forward || c.policy != Policy::Drop {
         return None;
     }
     Some(DropChain {
-        family,
-        table,
-        chain: attrs.get_str(NFTA_CHAIN_NAME).unwrap_or_default(),
-        priority: hook.get_be32(NFTA_HOOK_PRIORITY).unwrap_or(0) as i32,
+        family: c.family.keyword(),
+        table: c.table,
+        chain: c.name,
+        priority: c.priority,
     })
-}
-
-struct Fd(i32);
-
-impl Drop for Fd {
-    fn drop(&mut self) {
-        // SAFETY: the fd was returned by socket() and is closed once.
-        unsafe { libc::close(self.0) };
-    }
 }
 
 /// Every forward-hook base chain with policy drop in `ip`, `ip6` and `inet` tables other than
 /// nodelb's own (`own_table` in `ip`/`ip6`). Needs CAP_NET_ADMIN.
 pub fn drop_chains(own_table: &str) -> Result<Vec<DropChain>, Error> {
-    // SAFETY: plain socket syscalls on an fd owned by `Fd`.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            NETLINK_NETFILTER,
-        )
-    };
-    if fd < 0 {
-        return Err(Error::Open(io::Error::last_os_error()));
-    }
-    let fd = Fd(fd);
-    let tv = libc::timeval {
-        tv_sec: 5,
-        tv_usec: 0,
-    };
-    // SAFETY: tv outlives the call; the size is the struct's.
-    unsafe {
-        libc::setsockopt(
-            fd.0,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            &tv as *const _ as *const libc::c_void,
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    let seq = 1;
-    let req = Request::new(
-        NFT_MSG_GETCHAIN,
-        libc::NLM_F_DUMP as u16,
-        libc::AF_UNSPEC as u8,
-        seq,
-    )
-    .finish();
-    // SAFETY: req is a valid buffer of its length; the kernel is the default destination.
-    let sent = unsafe { libc::send(fd.0, req.as_ptr() as *const libc::c_void, req.len(), 0) };
-    if sent < 0 {
-        return Err(Error::Dump(io::Error::last_os_error()));
-    }
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        // SAFETY: buf is writable for its length.
-        let n = unsafe { libc::recv(fd.0, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
-        if n < 0 {
-            return Err(Error::Dump(io::Error::last_os_error()));
-        }
-        for m in messages(&buf[..n as usize]) {
-            if m.seq != seq {
-                continue;
-            }
-            if m.ty == nodelb_netfilter::netlink::NLMSG_DONE {
-                out.sort();
-                return Ok(out);
-            }
-            if let Some((code, _, _)) = m.error() {
-                if code != 0 {
-                    return Err(Error::Dump(io::Error::from_raw_os_error(-code)));
-                }
-                out.sort();
-                return Ok(out);
-            }
-            if let Some(c) = drop_chain(m.family(), m.attrs(), own_table) {
-                out.push(c);
-            }
-        }
-    }
+    let mut out: Vec<DropChain> = Nft::open()?
+        .base_chains()?
+        .into_iter()
+        .filter_map(|c| drop_chain(c, own_table))
+        .collect();
+    out.sort();
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::process::Command;
+
+    #[test]
+    fn only_foreign_forward_drop_chains_are_reported() {
+        let chain = |family, table: &str, hook, policy| BaseChainInfo {
+            family,
+            table: table.into(),
+            name: "FORWARD".into(),
+            hook,
+            priority: -5,
+            policy,
+        };
+        let found = |c| drop_chain(c, "nodelb");
+        assert_eq!(
+            found(chain(Family::Ip, "docker", Hook::Forward, Policy::Drop)),
+            Some(DropChain {
+                family: "ip",
+                table: "docker".into(),
+                chain: "FORWARD".into(),
+                priority: -5
+            })
+        );
+        assert!(found(chain(Family::Inet, "nodelb", Hook::Forward, Policy::Drop)).is_some());
+        assert_eq!(
+            found(chain(Family::Ip6, "nodelb", Hook::Forward, Policy::Drop)),
+            None
+        );
+        assert_eq!(
+            found(chain(Family::Ip, "fw", Hook::Input, Policy::Drop)),
+            None
+        );
+        assert_eq!(
+            found(chain(Family::Ip, "fw", Hook::Forward, Policy::Accept)),
+            None
+        );
+    }
 
     /// A foreign forward drop chain is found, an accept one and nodelb's own are not. Runs in a
     /// fresh network namespace on its own thread; needs root and the `nft` binary.

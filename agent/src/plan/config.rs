@@ -1,5 +1,7 @@
 //! What the operator decides with flags: families, class, reserved ports, namespaces.
 
+use crate::vocab::IpFamily;
+use nodelb_netfilter::TableRef;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::ops::RangeInclusive;
@@ -50,6 +52,14 @@ impl Default for Config {
 }
 
 impl Config {
+    /// nodelb's table of a family.
+    pub fn table_ref(&self, family: IpFamily) -> TableRef {
+        TableRef {
+            family: family.netfilter(),
+            name: self.table_name.clone(),
+        }
+    }
+
     /// Whether Services in `namespace` may be nodelb's at all.
     pub fn namespace_allowed(&self, namespace: &str) -> bool {
         self.allowed_namespaces

@@ -148,21 +148,12 @@ impl Planner {
             };
         }
         self.shared.edits(shared_before, &mut edits);
-        let name = &ctx.config.table_name;
         Update {
             change: TableChange::Edit(
                 edits
                     .into_iter()
                     .filter(|(_, e)| !e.is_empty())
-                    .map(|(f, e)| {
-                        (
-                            TableRef {
-                                family: f.netfilter(),
-                                name: name.clone(),
-                            },
-                            e,
-                        )
-                    })
+                    .map(|(f, e)| (ctx.config.table_ref(f), e))
                     .collect(),
             ),
             changed,

@@ -12,9 +12,10 @@ use crate::host::addresses;
 use crate::host::sysctl::{Forwarding, Sysctls};
 use crate::kube::{inbox, lease, node_events, status_writer, watches};
 use crate::metrics;
+use crate::plan::config::Config;
 use crate::vocab::IpFamily;
 use anyhow::Context;
-use nodelb_netfilter::{Family, TableRef, WatchEvent, Watcher};
+use nodelb_netfilter::{WatchEvent, Watcher};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -47,19 +48,13 @@ impl From<watches::NodeChanged> for Trigger {
 /// watcher blocks); each becomes a [`Trigger::Drift`]. Ends when the receiver is gone. Returns
 /// the handle that pauses the watch around the agent's own full replaces.
 fn spawn_drift_watch(
-    table_name: &str,
+    config: &Config,
     tx: mpsc::UnboundedSender<Trigger>,
 ) -> Option<nodelb_netfilter::WatchPause> {
     let (pause_tx, pause_rx) = std::sync::mpsc::sync_channel(1);
     let tables = vec![
-        TableRef {
-            family: Family::Ip,
-            name: table_name.to_string(),
-        },
-        TableRef {
-            family: Family::Ip6,
-            name: table_name.to_string(),
-        },
+        config.table_ref(IpFamily::V4),
+        config.table_ref(IpFamily::V6),
     ];
     let spawned = std::thread::Builder::new()
         .name("nodelb-nft-watch".into())
@@ -181,7 +176,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         .await
         .context("following the host's addresses over rtnetlink")?;
     forward_address_changes(addrs.rx.clone(), tx.clone());
-    let watch_pause = spawn_drift_watch(&config.table_name, tx.clone());
+    let watch_pause = spawn_drift_watch(&config, tx.clone());
     drop(tx);
 
     let node_events = node_events::NodeEvents::new(
@@ -233,10 +228,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
 }
 
 /// The agent's metrics, with the per-Service counters read from its tables.
-fn new_metrics(config: &crate::plan::config::Config) -> Arc<metrics::Metrics> {
+fn new_metrics(config: &Config) -> Arc<metrics::Metrics> {
     Arc::new(metrics::Metrics::with_counters(Box::new(
         metrics::KernelCounters {
-            table: config.table_name.clone(),
+            config: config.clone(),
             families: crate::vocab::Families {
                 v4: config.ipv4,
                 v6: config.ipv6,
@@ -246,7 +241,7 @@ fn new_metrics(config: &crate::plan::config::Config) -> Arc<metrics::Metrics> {
 }
 
 /// `--set-sysctls`: turn forwarding on for the enabled families.
-fn set_forwarding(sysctls: &Sysctls, config: &crate::plan::config::Config) {
+fn set_forwarding(sysctls: &Sysctls, config: &Config) {
     for f in [IpFamily::V4, IpFamily::V6] {
         let on = if f == IpFamily::V4 {
             config.ipv4

@@ -2,10 +2,10 @@
 //! debounced; hands the Services that changed to the planner, which replans only those, and
 //! commits — a full replace first (only once every watch has listed), after failures, after
 //! drift, on resync (after reading the kernel's tables back) and when node-wide input changed,
-//! and otherwise an edit of just what changed. A full replace drops the committed models before
-//! assembling the new tables, consumes those while encoding them, and builds them again for
-//! the committer once the batch is committed and freed: the agent never holds two copies of
-//! its tables, nor a whole table and its whole batch.
+//! and otherwise an edit of just what changed. The commit is one call to the committer, which
+//! holds the only committed model: a full replace has the planner build the tables inside it,
+//! once for the batch (consumed while encoded) and once more afterwards for the model, so the
+//! agent never holds two copies of its tables, nor a whole table and its whole batch.
 
 use super::decisions::{decide_families, programmed_counts, Backoff, FamilyDecision, WarningLog};
 use super::http::SharedReadiness;
@@ -22,7 +22,9 @@ use crate::plan::diagnosis::{ObjectKind, ObjectRef, Warning};
 use crate::plan::node::NodeInfo;
 use crate::plan::{Context, Planner, TableChange};
 use crate::vocab::{Families, IpFamily};
-use nodelb_netfilter::{readback::Drift, CommitStats, Committer, Edit, Nft, Table, TableRef};
+use nodelb_netfilter::{
+    readback::Drift, Commit, CommitStats, Committed, Committer, Edit, Nft, Table, TableRef,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
@@ -52,7 +54,7 @@ pub struct SyncLoop {
     warnings: WarningLog,
     backoff: Backoff,
     /// Pauses the drift watch around a full replace: the agent need not hear its own
-    /// (at 10,000 Services some 130,000 events, built by the kernel during the commit).
+    /// (an event per object of the tables, built by the kernel during the commit).
     watch_pause: Option<Arc<nodelb_netfilter::WatchPause>>,
 }
 
@@ -330,16 +332,7 @@ impl SyncLoop {
         };
         let work = match change {
             TableChange::Edit(edits) if !whole => Work::Edit(edits),
-            _ => {
-                // Every whole sync replaces the tables: the committed models are dropped
-                // before the new tables are assembled, so the agent never holds both.
-                if let Some(c) = self.committer.as_mut() {
-                    for tr in c.committed_tables() {
-                        c.forget(&tr);
-                    }
-                }
-                Work::Tables(self.planner.tables())
-            }
+            _ => Work::Replace,
         };
         let result = self
             .commit(work, families)
@@ -470,80 +463,43 @@ impl SyncLoop {
             Some(c) => c,
             None => Committer::new(Nft::open()?),
         };
-        let config_table = self.config.table_name.clone();
         self.replace_next = true;
-        let objects: usize = match &work {
-            Work::Tables(tables) => tables.iter().map(Table::object_count).sum(),
-            Work::Edit(edits) => edits.iter().map(|(_, e)| e.size()).sum(),
-        };
-        let whole = matches!(work, Work::Tables(_));
+        let absent: Vec<TableRef> = [IpFamily::V4, IpFamily::V6]
+            .into_iter()
+            .filter(|f| !families.contains(*f))
+            .map(|f| self.config.table_ref(f))
+            .collect();
         let watch_pause = self.watch_pause.clone();
+        // The planner builds the tables inside the commit, on the blocking thread, and comes
+        // back with the committer (a lost planner is a fresh one, which replans everything).
+        let planner = std::mem::take(&mut self.planner);
         let r = tokio::task::spawn_blocking(move || {
-            let mut tables = match work {
-                Work::Edit(edits) => {
-                    let stats = match committer.edit(edits) {
-                        Ok(s) => s,
-                        Err(e) => return (committer, Err(e)),
-                    };
-                    return (committer, Ok(stats));
-                }
-                Work::Tables(tables) => tables,
-            };
-            // A full replace creates every counter anew: start them from what the kernel
-            // counted so far (after a restart too: the first sync replaces).
-            match committer.carry_counters(&mut tables) {
-                Ok(n) => debug!(counters = n, "carried counters over the replace"),
-                Err(e) => return (committer, Err(e)),
-            }
-            // The drift watch does not listen to our own replace (a change by another process
-            // meanwhile goes unheard; the periodic resync reads the tables back).
-            let _paused = watch_pause.as_deref().and_then(|p| {
-                p.pause()
-                    .map_err(|e| warn!(error = %e, "cannot pause the nftables event watch"))
-                    .ok()
-            });
-            // The tables are consumed while encoded, the pages of what is dropped going back
-            // as the batch grows; the planner builds them again below for the committer's
-            // model, once the batch is freed.
-            let mut stats = match committer.replace_consuming(tables, &mut super::malloc::trim) {
-                Ok(s) => s,
-                Err(e) => return (committer, Err(e)),
-            };
-            let present = match committer.nft().list_tables(None) {
-                Ok(p) => p,
-                Err(e) => return (committer, Err(e)),
-            };
-            for f in [IpFamily::V4, IpFamily::V6] {
-                let tr = TableRef {
-                    family: f.netfilter(),
-                    name: config_table.clone(),
-                };
-                if !families.contains(f) && present.contains(&tr) {
-                    match committer.delete(&tr) {
-                        Ok(s) => {
-                            info!(table = %tr, "deleted: family not programmed");
-                            stats.bytes += s.bytes;
-                            stats.commit += s.commit;
-                        }
-                        Err(e) => return (committer, Err(e)),
-                    }
-                }
-            }
-            (committer, Ok(stats))
+            let r = commit_blocking(
+                &mut committer,
+                &planner,
+                work,
+                absent,
+                watch_pause.as_deref(),
+            );
+            (committer, planner, r)
         })
         .await;
         match r {
-            Ok((mut committer, Ok(stats))) => {
-                if whole {
-                    committer.adopt(self.planner.tables());
+            Ok((committer, planner, Ok((objects, done)))) => {
+                self.planner = planner;
+                for tr in &done.deleted {
+                    info!(table = %tr, "deleted: family not programmed");
                 }
                 self.committer = Some(committer);
                 self.replace_next = false;
-                Ok((objects, stats))
+                Ok((objects, done.stats))
             }
             // After a failure the committer is dropped: the next try opens a fresh socket and
             // replaces every table whole.
-            Ok((_, Err(e))) => Err(e.into()),
+            Ok((_, planner, Err(e))) => {
+                self.planner = planner;
+                Err(e.into())
+            }
             Err(_) => Err(SyncError::Panicked),
         }
     }
@@ -575,8 +531,43 @@ struct PlanSummary {
     endpoints: usize,
 }
 
-/// What a sync sends: whole tables, or edits of the tables committed before.
+/// What a sync sends: the planner's whole tables, or edits of the tables committed before.
 enum Work {
-    Tables(Vec<Table>),
+    Replace,
     Edit(Vec<(TableRef, Edit)>),
+}
+
+/// One commit, on a blocking thread: a replace holds the drift watch's pause, consumes the
+/// tables while encoding them (the pages of what is dropped going back as the batch grows),
+/// deletes the absent tables, and has the planner build the tables again for the committer
+/// once the batch is freed. Returns the objects sent and what the commit did.
+fn commit_blocking(
+    committer: &mut Committer,
+    planner: &Planner,
+    work: Work,
+    absent: Vec<TableRef>,
+    pause: Option<&nodelb_netfilter::WatchPause>,
+) -> Result<(usize, Committed), nodelb_netfilter::Error> {
+    match work {
+        Work::Edit(edits) => {
+            let objects = edits.iter().map(|(_, e)| e.size()).sum();
+            Ok((objects, committer.commit(Commit::edit(edits))?))
+        }
+        Work::Replace => {
+            let mut objects = None;
+            let mut build = || {
+                let tables = planner.tables();
+                objects.get_or_insert_with(|| tables.iter().map(Table::object_count).sum());
+                tables
+            };
+            let mut trim = super::malloc::trim;
+            let done = committer.commit(
+                Commit::replace(&mut build)
+                    .absent(absent)
+                    .pause(pause)
+                    .freed(&mut trim),
+            )?;
+            Ok((objects.unwrap_or_default(), done))
+        }
+    }
 }

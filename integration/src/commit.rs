@@ -1,0 +1,422 @@
+//! Committing whole models in tests and benches: the library commits a whole replace or an
+//! [`Edit`]; a test that holds two models of a table derives the edit between them here and
+//! commits it through [`Committer::commit`], the one call the agent uses.
+
+use nodelb_netfilter::*;
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+
+/// The edit that turns `old` (what the kernel holds) into `new`, or `None` when only a whole
+/// replace can (see [`needs_full_replace`]).
+pub fn edit_between(old: &Table, new: &Table) -> Option<Edit> {
+    if needs_full_replace(old, new) {
+        return None;
+    }
+    let mut e = Edit {
+        add_counters: only_in(&new.counters, &old.counters).cloned().collect(),
+        del_counters: names(only_in(&old.counters, &new.counters), |c| &c.name),
+        add_sets: only_in(&new.sets, &old.sets).cloned().collect(),
+        del_sets: names(only_in(&old.sets, &new.sets), |s| &s.name),
+        del_chains: names(only_in(&old.chains, &new.chains), |c| &c.name),
+        ..Edit::default()
+    };
+    e.put_chains = new
+        .chains
+        .values()
+        .filter(|c| old.chains.get(&c.name).is_none_or(|o| o.rules != c.rules))
+        .cloned()
+        .collect();
+    for s in new.sets.values() {
+        if let Some(o) = old.sets.get(&s.name) {
+            let change = element_changes(&o.elements, &s.elements);
+            if !change.del.is_empty() || !change.add.is_empty() {
+                e.elements.insert(s.name.clone(), change);
+            }
+        }
+    }
+    Some(e)
+}
+
+fn only_in<'a, V>(
+    a: &'a BTreeMap<String, V>,
+    b: &'a BTreeMap<String, V>,
+) -> impl Iterator<Item = &'a V> {
+    a.iter()
+        .filter(|(k, _)| !b.contains_key(*k))
+        .map(|(_, v)| v)
+}
+
+fn names<'a, V: 'a>(it: impl Iterator<Item = &'a V>, name: fn(&V) -> &String) -> Vec<String> {
+    it.map(|v| name(v).clone()).collect()
+}
+
+/// Elements only in `old` (or changed), and only in `new` (or changed), by walking both sorted
+/// maps side by side.
+fn element_changes(old: &BTreeMap<Key, Element>, new: &BTreeMap<Key, Element>) -> ElemEdit {
+    let mut out = ElemEdit::default();
+    let (mut o, mut n) = (old.iter().peekable(), new.iter().peekable());
+    loop {
+        let order = match (o.peek(), n.peek()) {
+            (None, None) => break,
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some((ok, _)), Some((nk, _))) => ok.cmp(nk),
+        };
+        match order {
+            Ordering::Less => out.del.push(o.next().expect("peeked").0.clone()),
+            Ordering::Greater => {
+                let (k, v) = n.next().expect("peeked");
+                out.add.push((k.clone(), v.clone()));
+            }
+            Ordering::Equal => {
+                let ((ok, oe), (nk, ne)) = (o.next().expect("peeked"), n.next().expect("peeked"));
+                if oe != ne {
+                    out.del.push(ok.clone());
+                    out.add.push((nk.clone(), ne.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Bring the kernel from the committer's models to `tables` in one commit: their edits when
+/// every table was committed before and none needs a whole replace, else a whole replace of
+/// `tables` (counters carried over from the kernel). Counters that stay are never sent again,
+/// so they keep counting.
+pub fn sync(c: &mut Committer, tables: Vec<Table>) -> Result<CommitStats, Error> {
+    let edits: Option<Vec<(TableRef, Edit)>> = tables
+        .iter()
+        .map(|t| {
+            let tr = TableRef::of(t);
+            let e = edit_between(c.committed(&tr)?, t)?;
+            Some((tr, e))
+        })
+        .collect();
+    match edits {
+        Some(edits) => Ok(c.commit(Commit::edit(edits))?.stats),
+        None => Ok(replace_carrying(c, tables)?.stats),
+    }
+}
+
+/// A whole replace of `tables`, its counters started from the kernel's values.
+pub fn replace_carrying(c: &mut Committer, tables: Vec<Table>) -> Result<Committed, Error> {
+    let mut build = twice(tables);
+    c.commit(Commit::replace(&mut build))
+}
+
+/// A whole replace of `tables`, its counters started from the values the tables carry.
+pub fn replace(c: &mut Committer, tables: Vec<Table>) -> Result<CommitStats, Error> {
+    let mut build = twice(tables);
+    Ok(c.commit(Commit::replace(&mut build).reset_counters())?
+        .stats)
+}
+
+/// Builds `tables` for a replace: a copy for the batch, then the tables themselves as the
+/// committer's model.
+fn twice(tables: Vec<Table>) -> impl FnMut() -> Vec<Table> {
+    let mut calls = 0;
+    let mut tables = Some(tables);
+    move || {
+        calls += 1;
+        match calls {
+            1 => tables.clone().unwrap_or_default(),
+            _ => tables.take().unwrap_or_default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    /// What the tests read of a sync: the operations, the chains left to delete later, and
+    /// whether it was a whole replace.
+    #[derive(Debug)]
+    struct Diff<'a> {
+        ops: Vec<Op<'a>>,
+        stale_chains: Vec<String>,
+        replaced: bool,
+    }
+
+    /// The operations a sync from `old` to `new` sends (the edit is leaked: tests only).
+    fn diff<'a>(old: &'a Table, new: &'a Table) -> Result<Diff<'a>, String> {
+        let Some(e) = edit_between(old, new) else {
+            ops::validate(new).map_err(|e| e.to_string())?;
+            return Ok(Diff {
+                ops: full_replace(new),
+                stale_chains: Vec::new(),
+                replaced: true,
+            });
+        };
+        let e: &'a Edit = Box::leak(Box::new(e));
+        let (ops, stale_chains) = e.ops(old).map_err(|e| e.to_string())?;
+        Ok(Diff {
+            ops,
+            stale_chains,
+            replaced: false,
+        })
+    }
+
+    fn table(port: u16, extra_chain: bool) -> Table {
+        let mut t = Table::new(Family::Ip, "nodelb");
+        let mut m = Set::map(
+            "services",
+            SetType::Type(vec![DataType::InetService]),
+            MapData::Verdict,
+        );
+        m.insert(
+            Key::Values(vec![Value::Port(port)].into()),
+            Some(ElemData::Verdict(Verdict::Goto("ep".into()))),
+            None,
+        );
+        t.add_set(m);
+        t.add_chain(Chain::regular("ep").rule(Rule::new(vec![Stmt::Nat {
+            kind: NatKind::Dnat,
+            addr: Ipv4Addr::new(198, 51, 100, 2).into(),
+            port: None,
+        }])));
+        if extra_chain {
+            t.add_chain(Chain::regular("extra"));
+        }
+        t
+    }
+
+    fn kinds(ops: &[Op]) -> Vec<&'static str> {
+        ops.iter()
+            .map(|o| match o {
+                Op::AddTable(_) => "add table",
+                Op::DelTable(_) => "delete table",
+                Op::AddChain(..) => "add chain",
+                Op::FlushChain(..) => "flush chain",
+                Op::DelChain(..) => "delete chain",
+                Op::AddRule { .. } => "add rule",
+                Op::AddSet(..) => "add set",
+                Op::DelSet(..) => "delete set",
+                Op::AddElems { .. } => "add elements",
+                Op::DelElems { .. } => "delete elements",
+                Op::AddCounter(..) => "add counter",
+                Op::DelCounter(..) => "delete counter",
+            })
+            .collect()
+    }
+
+    /// `table(80)` plus a counter, a counter map naming it and a rule counting into both.
+    fn counted(port: u16, packets: u64) -> Table {
+        let mut t = table(port, false);
+        let mut c = Counter::new("svc/web").with_comment("default/web:http");
+        c.packets = packets;
+        c.bytes = packets * 100;
+        t.add_counter(c);
+        let mut m = Set::map(
+            "svc-counters",
+            SetType::Type(vec![DataType::InetService]),
+            MapData::Counter,
+        );
+        m.insert(
+            Key::Values(vec![Value::Port(port)].into()),
+            Some(ElemData::Counter("svc/web".into())),
+            None,
+        );
+        t.add_set(m);
+        t.chain_mut("ep").unwrap().rules.insert(
+            0,
+            Rule::new(vec![
+                Stmt::CounterRef("svc/web".into()),
+                Stmt::CounterMap {
+                    keys: vec![Expr::Payload(Payload::ThDport)],
+                    map: "svc-counters".into(),
+                },
+            ]),
+        );
+        t
+    }
+
+    fn base() -> Table {
+        let mut t = Table::new(Family::Ip, "nodelb");
+        let mut m = Set::map(
+            "services",
+            SetType::Type(vec![DataType::InetService]),
+            MapData::Verdict,
+        );
+        m.insert(
+            Key::Values(vec![Value::Port(80)].into()),
+            Some(ElemData::Verdict(Verdict::Goto("a".into()))),
+            Some("a".into()),
+        );
+        t.add_set(m);
+        t.add_chain(Chain::regular("a").rule(Rule::new(vec![Stmt::counter()])));
+        t
+    }
+
+    fn elem(port: u16, chain: &str) -> (Key, Element) {
+        (
+            Key::Values(vec![Value::Port(port)].into()),
+            Element {
+                data: Some(ElemData::Verdict(Verdict::Goto(chain.into()))),
+                comment: Some(chain.into()),
+            },
+        )
+    }
+
+    #[test]
+    fn unchanged_model_sends_nothing() {
+        let (a, b) = (table(80, false), table(80, false));
+        let d = diff(&a, &b).unwrap();
+        assert!(d.ops.is_empty() && d.stale_chains.is_empty() && !d.replaced);
+    }
+
+    #[test]
+    fn changed_element_is_deleted_then_added_and_nothing_else() {
+        let (a, b) = (table(80, false), table(81, false));
+        let d = diff(&a, &b).unwrap();
+        assert_eq!(kinds(&d.ops), vec!["delete elements", "add elements"]);
+    }
+
+    #[test]
+    fn changed_rule_refills_only_its_chain() {
+        let old = table(80, false);
+        let mut new = old.clone();
+        new.chain_mut("ep")
+            .unwrap()
+            .push(Rule::new(vec![Stmt::counter()]));
+        assert_eq!(
+            kinds(&diff(&old, &new).unwrap().ops),
+            vec!["flush chain", "add rule", "add rule"]
+        );
+    }
+
+    #[test]
+    fn removed_chain_is_flushed_now_and_deleted_later() {
+        let (a, b) = (table(80, true), table(80, false));
+        let d = diff(&a, &b).unwrap();
+        assert_eq!(kinds(&d.ops), vec!["flush chain"]);
+        assert_eq!(d.stale_chains, vec!["extra".to_string()]);
+    }
+
+    #[test]
+    fn new_chain_is_declared_before_elements_that_jump_to_it() {
+        let old = table(80, false);
+        let mut new = old.clone();
+        new.add_chain(Chain::regular("ep2"));
+        new.set_mut("services").unwrap().insert(
+            Key::Values(vec![Value::Port(90)].into()),
+            Some(ElemData::Verdict(Verdict::Jump("ep2".into()))),
+            None,
+        );
+        assert_eq!(
+            kinds(&diff(&old, &new).unwrap().ops),
+            vec!["add chain", "add elements"]
+        );
+    }
+
+    #[test]
+    fn changed_set_declaration_falls_back_to_a_full_replace() {
+        let old = table(80, false);
+        let mut new = old.clone();
+        new.set_mut("services").unwrap().comment = Some("now with a comment".into());
+        let d = diff(&old, &new).unwrap();
+        assert!(d.replaced);
+        assert_eq!(
+            &kinds(&d.ops)[..3],
+            &["add table", "delete table", "add table"]
+        );
+    }
+
+    #[test]
+    fn diff_refuses_new_references_to_missing_chains() {
+        let old = table(80, false);
+        let mut new = old.clone();
+        new.set_mut("services").unwrap().insert(
+            Key::Values(vec![Value::Port(90)].into()),
+            Some(ElemData::Verdict(Verdict::Jump("nowhere".into()))),
+            None,
+        );
+        assert!(diff(&old, &new)
+            .unwrap_err()
+            .contains("missing chain nowhere"));
+    }
+
+    #[test]
+    fn counter_values_never_make_a_difference() {
+        // The kernel's baseline was seeded with carried-over values; the new plan has zeros.
+        let (old, new) = (counted(80, 1234), counted(80, 0));
+        assert_eq!(
+            old, new,
+            "a counter's values are not part of the model's identity"
+        );
+        let d = diff(&old, &new).unwrap();
+        assert!(d.ops.is_empty() && !d.replaced, "{:?}", kinds(&d.ops));
+        // Elements around the counter change; the counter is not touched.
+        let (a, b) = (counted(80, 7), counted(81, 0));
+        let d = diff(&a, &b).unwrap();
+        assert!(!kinds(&d.ops).contains(&"add counter"));
+        assert!(!kinds(&d.ops).contains(&"delete counter"));
+    }
+
+    #[test]
+    fn a_counter_whose_comment_changes_is_a_full_replace() {
+        let old = counted(80, 0);
+        let mut new = old.clone();
+        new.counters.get_mut("svc/web").unwrap().comment = Some("renamed".into());
+        assert!(diff(&old, &new).unwrap().replaced);
+    }
+
+    #[test]
+    fn counters_are_created_before_their_users_and_deleted_after() {
+        let (old, new) = (table(80, false), counted(80, 0));
+        let k = kinds(&diff(&old, &new).unwrap().ops);
+        assert_eq!(k[0], "add counter", "{k:?}");
+        let k = kinds(&diff(&new, &old).unwrap().ops);
+        assert_eq!(k.last(), Some(&"delete counter"), "{k:?}");
+        let k = kinds(&full_replace(&new));
+        let first_use = k
+            .iter()
+            .position(|o| *o == "add elements" || *o == "add rule")
+            .unwrap();
+        assert!(k.iter().position(|o| *o == "add counter").unwrap() < first_use);
+    }
+
+    #[test]
+    fn missing_counters_are_refused() {
+        let mut t = counted(80, 0);
+        t.counters.clear();
+        let old = table(80, false);
+        assert!(diff(&old, &t)
+            .unwrap_err()
+            .contains("missing counter svc/web"));
+    }
+
+    #[test]
+    fn an_edit_applied_equals_the_model_it_describes_and_sends_what_diff_sends() {
+        let old = base();
+        let mut edit = Edit::default();
+        edit.put_chains
+            .push(Chain::regular("b").rule(Rule::new(vec![Stmt::Verdict(Verdict::Drop)])));
+        edit.elements.insert(
+            "services".into(),
+            ElemEdit {
+                del: vec![Key::Values(vec![Value::Port(80)].into())],
+                add: vec![elem(80, "b"), elem(81, "b")],
+            },
+        );
+        edit.del_chains.push("a".into());
+        let mut want = old.clone();
+        want.chains.remove("a");
+        want.add_chain(Chain::regular("b").rule(Rule::new(vec![Stmt::Verdict(Verdict::Drop)])));
+        let s = want.set_mut("services").unwrap();
+        s.elements.clear();
+        for (k, e) in [elem(80, "b"), elem(81, "b")] {
+            s.elements.insert(k, e);
+        }
+        let (ops, stale) = edit.ops(&old).unwrap();
+        let d = diff(&old, &want).unwrap();
+        assert_eq!(ops.len(), d.ops.len());
+        assert_eq!(stale, d.stale_chains);
+        drop(ops);
+        let mut got = old.clone();
+        edit.apply(&mut got);
+        assert_eq!(got, want);
+    }
+}
