@@ -249,10 +249,6 @@ impl Metrics {
     }
 
     fn build(counters: Option<Box<dyn CounterSource>>) -> Metrics {
-        let mut service_counters = Registry::with_prefix("nodelb");
-        if let Some(source) = counters {
-            service_counters.register_collector(Box::new(ServiceCounters(source)));
-        }
         let mut r = Registry::with_prefix("nodelb");
         let (leader, lease_transitions, heartbeat_age, status_writes, heartbeats) =
             status_metrics(&mut r);
@@ -313,7 +309,7 @@ impl Metrics {
         );
         Metrics {
             registry: r,
-            service_counters,
+            service_counters: service_counters(counters),
             sync_duration,
             syncs,
             sync_objects,
@@ -462,6 +458,16 @@ impl fmt::Write for ChunkWriter {
 
 /// The Content-Type of [`Metrics::render`].
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The kernel's per-Service counters, read from `source` at each scrape (an empty registry
+/// without one).
+fn service_counters(source: Option<Box<dyn CounterSource>>) -> Registry {
+    let mut r = Registry::with_prefix("nodelb");
+    if let Some(source) = source {
+        r.register_collector(Box::new(ServiceCounters(source)));
+    }
+    r
+}
 
 /// The status side's metrics: election, heartbeats, status writes.
 #[allow(clippy::type_complexity)]
