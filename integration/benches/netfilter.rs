@@ -23,7 +23,7 @@ use nodelb_integration::commit::{edit_between, replace, sync};
 use nodelb_integration::models::{bench_table, move_bench_endpoint};
 use nodelb_integration::netns::Netns;
 use nodelb_integration::nft::{nft_f, nft_file};
-use nodelb_netfilter::ops::validate;
+use nodelb_netfilter::validate::validate;
 use nodelb_netfilter::*;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};

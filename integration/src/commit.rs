@@ -37,6 +37,26 @@ pub fn edit_between(old: &Table, new: &Table) -> Option<Edit> {
     Some(e)
 }
 
+/// Whether going from `old` to `new` changes a declaration that cannot be changed in place (a
+/// set's, a base chain's hook, a counter's comment), so only a full replace can make it.
+fn needs_full_replace(old: &Table, new: &Table) -> bool {
+    let set_changed = new
+        .sets
+        .values()
+        .any(|s| old.sets.get(&s.name).is_some_and(|o| !o.same_decl(s)));
+    let base_changed = new
+        .chains
+        .values()
+        .any(|c| old.chains.get(&c.name).is_some_and(|o| o.base != c.base));
+    // A counter is compared by name and comment only (`Counter`'s equality), never by its
+    // values: a sync must not reset it.
+    let counter_changed = new
+        .counters
+        .values()
+        .any(|c| old.counters.get(&c.name).is_some_and(|o| o != c));
+    set_changed || base_changed || counter_changed
+}
+
 fn only_in<'a, V>(
     a: &'a BTreeMap<String, V>,
     b: &'a BTreeMap<String, V>,
@@ -143,7 +163,7 @@ mod tests {
     /// The operations a sync from `old` to `new` sends (the edit is leaked: tests only).
     fn diff<'a>(old: &'a Table, new: &'a Table) -> Result<Diff<'a>, String> {
         let Some(e) = edit_between(old, new) else {
-            ops::validate(new).map_err(|e| e.to_string())?;
+            validate::validate(new).map_err(|e| e.to_string())?;
             return Ok(Diff {
                 ops: full_replace(new),
                 stale_chains: Vec::new(),

@@ -196,7 +196,7 @@ impl Committer {
             debug!(counters = done.carried, "carried counters over the replace");
         }
         for t in &tables {
-            ops::validate(t)?;
+            crate::validate::validate(t)?;
         }
         // The drift watch does not listen to our own replace (a change by another process
         // meanwhile goes unheard; a periodic read-back finds it).

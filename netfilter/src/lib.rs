@@ -23,7 +23,7 @@ pub use committer::{Change, Commit, Committed, Committer};
 pub use edit::{Edit, ElemEdit};
 pub use encode::{Batch, EncodeError, ObjectRef};
 pub use model::*;
-pub use ops::{full_replace, needs_full_replace, Op};
+pub use ops::{full_replace, Op};
 pub use readback::{BaseChainInfo, CounterValues, Drift, TableSummary};
 pub use render::{render_replace, render_table};
 pub use transact::{CommitStats, Error, Nft};

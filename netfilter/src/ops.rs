@@ -1,6 +1,6 @@
-//! Pure planning of what to send: a full replace of a table, or the difference between the
-//! last committed model and a new one. No sockets here; `encode` turns operations into bytes.
-//! Operations borrow from the models, so planning a 60,000-element table copies nothing.
+//! Pure planning of what to send: the operations of a table's full replace or deletion (an
+//! [`Edit`](crate::Edit) makes its own). No sockets here; `encode` turns operations into
+//! bytes. Operations borrow from the models, so planning a large table copies nothing.
 
 use crate::model::*;
 
@@ -93,31 +93,10 @@ pub fn delete_table(t: &TableRef) -> Vec<Op<'static>> {
     vec![Op::AddTable(t.clone()), Op::DelTable(t.clone())]
 }
 
-/// Whether going from `old` to `new` changes a declaration that cannot be changed in place (a
-/// set's, a base chain's hook, a counter's comment), so only a full replace can make it.
-pub fn needs_full_replace(old: &Table, new: &Table) -> bool {
-    let set_changed = new
-        .sets
-        .values()
-        .any(|s| old.sets.get(&s.name).is_some_and(|o| !o.same_decl(s)));
-    let base_changed = new
-        .chains
-        .values()
-        .any(|c| old.chains.get(&c.name).is_some_and(|o| o.base != c.base));
-    // A counter is compared by name and comment only (`Counter`'s equality), never by its
-    // values: a sync must not reset it.
-    let counter_changed = new
-        .counters
-        .values()
-        .any(|c| old.counters.get(&c.name).is_some_and(|o| o != c));
-    set_changed || base_changed || counter_changed
-}
-
-pub use crate::validate::validate;
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::validate::validate;
     use std::net::Ipv4Addr;
 
     fn table(port: u16, extra_chain: bool) -> Table {
