@@ -22,6 +22,7 @@
 //! built when missing). Needs root; without it prints SKIP and exits 0, or 1 when `CI=true`.
 //! Run: `cargo bench -p nodelb-integration --bench apply`.
 
+use nodelb_integration::bench::env_usize;
 use nodelb_integration::e2e::agent_binary;
 use nodelb_integration::models::{bench_objects, BENCH_NODE_ADDRESS};
 use nodelb_integration::netns::{bench_main, Netns};
@@ -38,16 +39,6 @@ const GOAL_PEAK_RSS_MIB: f64 = 100.0;
 const MEASURE_ENV: &str = "NODELB_BENCH_APPLY_MEASURE";
 
 type Res<T> = Result<T, String>;
-
-fn env_usize(name: &str, default: usize, min: usize) -> Res<usize> {
-    match std::env::var(name) {
-        Err(_) => Ok(default),
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) if n >= min => Ok(n),
-            _ => Err(format!("{name}={v:?}: expected an integer >= {min}")),
-        },
-    }
-}
 
 /// One finished process: wall time from spawn to exit, and its peak RSS.
 #[derive(Clone, Copy)]

@@ -79,6 +79,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use nix::sys::signal::Signal;
 use nodelb_agent::vocab::IpFamily;
+use nodelb_integration::bench::env_usize;
 use nodelb_integration::control_plane::AuditRecord;
 use nodelb_integration::e2e::{
     agent_pod_name, metric_sum, Cluster, ClusterOptions, AGENT_NAMESPACE,
@@ -223,16 +224,6 @@ fn config() -> Res<Config> {
         spacing,
         concurrency,
     })
-}
-
-fn env_usize(name: &str, default: usize, min: usize) -> Res<usize> {
-    match std::env::var(name) {
-        Err(_) => Ok(default),
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) if n >= min => Ok(n),
-            _ => Err(format!("{name}={v:?}: expected an integer >= {min}")),
-        },
-    }
 }
 
 fn env_bool(name: &str, default: bool) -> Res<bool> {

@@ -19,6 +19,7 @@
 //! `NODELB_BENCH_ITERATIONS` (7). Needs root; without it prints SKIP and exits 0, or 1 when
 //! `CI=true`. Run: `cargo bench -p nodelb-integration --bench netfilter`.
 
+use nodelb_integration::bench::env_usize;
 use nodelb_integration::commit::{edit_between, replace, sync};
 use nodelb_integration::models::{bench_table, move_bench_endpoint};
 use nodelb_integration::netns::Netns;
@@ -41,16 +42,6 @@ struct Config {
     services: usize,
     endpoints: usize,
     iterations: usize,
-}
-
-fn env_usize(name: &str, default: usize, min: usize) -> Res<usize> {
-    match std::env::var(name) {
-        Err(_) => Ok(default),
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) if n >= min => Ok(n),
-            _ => Err(format!("{name}={v:?}: expected an integer >= {min}")),
-        },
-    }
 }
 
 /// min / median / max of a series of durations, in milliseconds.

@@ -1,4 +1,5 @@
 pub mod agent_access;
+pub mod bench;
 pub mod commit;
 pub mod control_plane;
 pub mod e2e;

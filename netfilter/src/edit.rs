@@ -429,33 +429,7 @@ impl<'a> Exists<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn base() -> Table {
-        let mut t = Table::new(Family::Ip, "nodelb");
-        let mut m = Set::map(
-            "services",
-            SetType::Type(vec![DataType::InetService]),
-            MapData::Verdict,
-        );
-        m.insert(
-            Key::Values(vec![Value::Port(80)].into()),
-            Some(ElemData::Verdict(Verdict::Goto("a".into()))),
-            Some("a".into()),
-        );
-        t.add_set(m);
-        t.add_chain(Chain::regular("a").rule(Rule::new(vec![Stmt::counter()])));
-        t
-    }
-
-    fn elem(port: u16, chain: &str) -> (Key, Element) {
-        (
-            Key::Values(vec![Value::Port(port)].into()),
-            Element {
-                data: Some(ElemData::Verdict(Verdict::Goto(chain.into()))),
-                comment: Some(chain.into()),
-            },
-        )
-    }
+    use crate::fixtures::{base, elem};
 
     #[test]
     fn counters_come_and_go_with_their_users_and_never_dangle() {

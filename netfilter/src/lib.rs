@@ -5,6 +5,8 @@
 pub mod committer;
 pub mod edit;
 pub mod encode;
+#[cfg(any(test, feature = "test-fixtures"))]
+pub mod fixtures;
 pub mod model;
 pub mod netlink;
 pub mod ops;
