@@ -1,8 +1,10 @@
 //! The command line: subcommands and flags exactly as DESIGN.md spells them, and the planner
 //! [`Config`] they describe.
 
-use crate::plan::config::{Config, PortSet, DEFAULT_LB_CLASS, DEFAULT_RESERVED_PORTS};
+use crate::plan::config::{Config, DEFAULT_LB_CLASS};
+use crate::plan::reserved::ReservedPorts;
 use crate::run::logging::LogFormat;
+use crate::vocab::Protocol;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -58,11 +60,11 @@ pub struct PlannerArgs {
     pub lb_class: String,
 
     /// Ports (and ranges) no Service may take on this node, comma separated, replacing the
-    /// default list. Default: 22,2379-2380,6443,10250-10259,30000-32767 plus the ports of
-    /// `--health-addr` and `--metrics-addr`. An empty value (`--reserved-ports=`) reserves
-    /// nothing.
-    #[arg(long, value_parser = parse_port_set, value_name = "PORTS")]
-    pub reserved_ports: Option<PortSet>,
+    /// default list: `22` for TCP, UDP and SCTP, `8472/udp` or `179/tcp` for one protocol.
+    /// Default: the README's table of reserved ports, plus the TCP ports of `--health-addr`
+    /// and `--metrics-addr`. An empty value (`--reserved-ports=`) reserves nothing.
+    #[arg(long, value_parser = parse_reserved_ports, value_name = "PORTS")]
+    pub reserved_ports: Option<ReservedPorts>,
 
     /// Only Services in these namespaces (comma separated) may be nodelb's. Default: all.
     #[arg(long, value_delimiter = ',', value_name = "NS,...")]
@@ -207,9 +209,10 @@ pub struct RunArgs {
 /// Node labels from `--node-labels k=v,...`.
 pub type Labels = BTreeMap<String, String>;
 
-fn parse_port_set(s: &str) -> Result<PortSet, String> {
-    s.parse::<PortSet>()
-        .map_err(|e| format!("{e} (expected ports and ranges like 22,2379-2380,6443)"))
+fn parse_reserved_ports(s: &str) -> Result<ReservedPorts, String> {
+    s.parse::<ReservedPorts>().map_err(|e| {
+        format!("{e} (expected ports and ranges, each for every protocol or one, like 22,2379-2380/tcp,8472/udp)")
+    })
 }
 
 fn parse_labels(s: &str) -> Result<Labels, String> {
@@ -232,18 +235,7 @@ impl PlannerArgs {
     pub fn config(&self, own_ports: &[u16]) -> Config {
         let reserved_ports = match &self.reserved_ports {
             Some(p) => p.clone(),
-            None => {
-                let defaults: PortSet = DEFAULT_RESERVED_PORTS
-                    .parse()
-                    .expect("the default reserved ports parse");
-                PortSet::new(
-                    defaults
-                        .ranges()
-                        .iter()
-                        .cloned()
-                        .chain(own_ports.iter().filter(|p| **p != 0).map(|p| *p..=*p)),
-                )
-            }
+            None => ReservedPorts::defaults().with(Protocol::Tcp, own_ports.iter().copied()),
         };
         Config {
             ipv4: self.ipv4,
@@ -343,10 +335,8 @@ mod tests {
         assert_eq!(r.kubeconfig, None);
         let c = r.config();
         assert_eq!(c, Config::default());
-        assert_eq!(
-            c.reserved_ports.to_string(),
-            "22,2379-2380,6443,9254-9255,10250-10259,30000-32767"
-        );
+        assert!(c.reserved_ports.contains(Protocol::Tcp, 9254));
+        assert!(c.reserved_ports.contains(Protocol::Udp, 8472));
     }
 
     #[test]
@@ -357,12 +347,17 @@ mod tests {
             "--metrics-addr=127.0.0.1:8082",
         ]);
         let ports = r.config().reserved_ports;
-        assert!(ports.contains(8081) && ports.contains(8082) && ports.contains(22));
+        let tcp = |p| ports.contains(Protocol::Tcp, p);
+        assert!(tcp(8081) && tcp(8082) && tcp(22) && !tcp(9254));
+        assert!(
+            !ports.contains(Protocol::Udp, 8081),
+            "the agent's ports are TCP"
+        );
         let r = run(&["--health-addr", "[::]:8081", "--reserved-ports", "22,80"]);
         assert_eq!(r.config().reserved_ports.to_string(), "22,80");
         let r = run(&["--health-addr", "127.0.0.1:0"]);
         assert!(
-            !r.config().reserved_ports.contains(0),
+            !r.config().reserved_ports.contains(Protocol::Tcp, 0),
             "port 0 is not a port to reserve"
         );
         let r = run(&["--reserved-ports="]);

@@ -5,15 +5,13 @@ use crate::cli::FileArgs;
 use crate::object_files::{self, ObjectFiles};
 use crate::plan::config::Config;
 use crate::plan::node::{AddressKind, NodeInfo};
+use crate::plan::reserved::DEFAULT_OWN_PORTS;
 use crate::plan::{self, Input, Plan};
 use crate::vocab::{Families, IpFamily};
 use nodelb_netfilter::{Commit, CommitStats, Committer, Nft, TableRef};
 use std::collections::BTreeSet;
 use std::fmt;
 use std::net::IpAddr;
-
-/// The agent's default health and metrics ports: reserved as `run` would with default flags.
-const DEFAULT_OWN_PORTS: [u16; 2] = [9254, 9255];
 
 /// Everything a one-shot plan looks at.
 pub struct OneShot {
@@ -38,6 +36,7 @@ impl OneShot {
                 v4: args.planner.ipv4,
                 v6: args.planner.ipv6,
             },
+            // The agent's default health and metrics ports: reserved as `run` would with default flags.
             config: args.planner.config(&DEFAULT_OWN_PORTS),
             node,
             objects,
@@ -217,7 +216,10 @@ mod tests {
                 v6: false
             }
         );
-        assert!(one.config.reserved_ports.contains(9254));
+        assert!(one
+            .config
+            .reserved_ports
+            .contains(crate::vocab::Protocol::Tcp, 9254));
     }
 
     #[test]

@@ -840,7 +840,7 @@ pub fn bench_table(n: usize, eps: usize) -> Table {
         addresses: vec![(plan::node::AddressKind::InternalIP, node_addr)],
     };
     let config = plan::config::Config {
-        reserved_ports: plan::config::PortSet::default(),
+        reserved_ports: plan::reserved::ReservedPorts::default(),
         ..plan::config::Config::default()
     };
     let local = [node_addr].into();

@@ -155,3 +155,46 @@ fn readme_documents_every_metric() {
         missing.join(" ")
     );
 }
+
+/// The README's reserved-port table lists the default reservations, each with its protocol,
+/// in the order of `DEFAULT_RESERVATIONS`, and nothing else but the agent's own ports.
+#[test]
+fn readme_tables_the_default_reserved_ports() {
+    use nodelb_agent::plan::reserved::{DEFAULT_OWN_PORTS, DEFAULT_RESERVATIONS};
+    let text = readme();
+    let section = text
+        .split("## Reserved ports")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("the README has a Reserved ports section");
+    let rows: Vec<(String, String, String)> = section
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| ports"))
+        .map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
+            (
+                cells[0].to_string(),
+                cells[1].to_string(),
+                cells[2].to_string(),
+            )
+        })
+        .collect();
+    let mut want: Vec<(String, String, String)> = DEFAULT_RESERVATIONS
+        .iter()
+        .map(|(ports, owner)| {
+            let (ports, proto) = match ports.split_once('/') {
+                Some((p, proto)) => (p.to_string(), proto.to_uppercase()),
+                None => (ports.to_string(), "all".to_string()),
+            };
+            (ports, proto, owner.to_string())
+        })
+        .collect();
+    let own: Vec<String> = DEFAULT_OWN_PORTS.iter().map(u16::to_string).collect();
+    want.push((
+        own.join(", "),
+        "TCP".into(),
+        "the agent's own health and metrics ports (those of `--health-addr` and `--metrics-addr`)"
+            .into(),
+    ));
+    assert_eq!(rows, want);
+}

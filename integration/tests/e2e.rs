@@ -98,6 +98,39 @@ fn slice_on(svc: &str, suffix: &str, family: &str, endpoints: &[(String, String)
     .to_string()
 }
 
+/// A LoadBalancer Service with one UDP port named `udp`.
+fn udp_service(name: &str, port: u32) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec:\n  type: LoadBalancer\n  ports: [{{name: udp, port: {port}, protocol: UDP}}]\n"
+    )
+}
+
+/// An IPv4 EndpointSlice `<svc>-1` of Service `svc`, port `udp` → `BACKEND_PORT`, on backend
+/// `j`.
+fn udp_slice(c: &Cluster, svc: &str, j: usize) -> String {
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{svc}-1"),
+                     "labels": {"kubernetes.io/service-name": svc}},
+        "addressType": "IPv4",
+        "ports": [{"name": "udp", "port": BACKEND_PORT, "protocol": "UDP"}],
+        "endpoints": [{"addresses": [c.backend_v4(j).to_string()],
+                       "nodeName": c.node_name(c.backend_node(j)),
+                       "conditions": {"ready": true}}],
+    })
+    .to_string()
+}
+
+/// A Service's stored ingress addresses.
+fn ips(c: &Cluster, name: &str) -> Vec<String> {
+    let api: kube::Api<k8s_openapi::api::core::v1::Service> =
+        kube::Api::namespaced(c.admin().clone(), c.namespace());
+    let svc = c
+        .block_on(api.get(name))
+        .unwrap_or_else(|e| panic!("reading Service {name}: {e}"));
+    nodelb_integration::e2e::ingress_ips(&svc)
+}
+
 // ---- traffic -----------------------------------------------------------------------------------
 
 /// A TCP server `b<j>` on every backend's `BACKEND_PORT` (IPv4, and IPv6 when `v6`).
@@ -411,7 +444,8 @@ fn policies_source_ranges_hairpin_and_conflicts() {
 }
 
 /// Port 22 is reserved: the Service gets no rules (ssh on the node stays the node's) and the
-/// leader emits a `ReservedPort` Warning Event about it.
+/// leader emits a `ReservedPort` Warning Event about it. So are the overlay's 8472/UDP
+/// (VXLAN) and routing's 179/TCP (BGP), per protocol: a Service on 8472/TCP is served.
 #[test]
 fn reserved_port_gets_no_rules_and_an_event() {
     if !require_root("reserved_port_gets_no_rules_and_an_event") {
@@ -421,15 +455,52 @@ fn reserved_port_gets_no_rules_and_an_event() {
     let _servers = start_backends(&c, false);
     c.apply(&service("ssh", 22, ""));
     c.apply(&slice(&c, "ssh", "1", &[0]));
-    // A Service applied after it is programmed: the agent has seen ssh by then.
+    c.apply(&service("bgp", 179, ""));
+    c.apply(&slice(&c, "bgp", "1", &[0]));
+    c.apply(&udp_service("vxlan", 8472));
+    c.apply(&udp_slice(&c, "vxlan", 0));
+    c.apply(&service("tcp-8472", 8472, ""));
+    c.apply(&slice(&c, "tcp-8472", "1", &[0]));
+    // A Service applied after it is programmed: the agent has seen the others by then.
     c.apply(&service("after", 8021, ""));
     c.apply(&slice(&c, "after", "1", &[0]));
     wait_answer_from(&c, c.client(), v4(&c, 8021), "b0");
+    wait_answer_from(&c, c.client(), v4(&c, 8472), "b0");
     let table = c.nft_table(0, "ip").unwrap();
     assert!(
         !table.contains(&tag(&c, "ssh", "tcp")) && !table.contains("dport 22 "),
         "a Service on reserved port 22 got rules:\n{table}"
     );
+    for (svc, port) in [("bgp", "tcp"), ("vxlan", "udp")] {
+        assert!(
+            !table.contains(&tag(&c, svc, port)),
+            "Service {svc} on a reserved port got rules:\n{table}"
+        );
+    }
+    assert!(table.contains(&tag(&c, "tcp-8472", "tcp")), "{table}");
+    // The served one is published; once it is, the leader has judged the others: none.
+    wait_for("Service tcp-8472 published", CHANGE, || {
+        match ips(&c, "tcp-8472").is_empty() {
+            true => Err("no ingress yet".to_string()),
+            false => Ok(()),
+        }
+    });
+    for svc in ["ssh", "bgp", "vxlan"] {
+        assert_eq!(
+            ips(&c, svc),
+            Vec::<String>::new(),
+            "Service {svc} was published"
+        );
+    }
+    for svc in ["bgp", "vxlan"] {
+        wait_for(&format!("a ReservedPort Event about {svc}"), CHANGE, || {
+            let found = c
+                .events()
+                .iter()
+                .any(|e| e["reason"] == "ReservedPort" && e["regarding"]["name"] == svc);
+            found.then_some(()).ok_or_else(|| "not yet".to_string())
+        });
+    }
     // Nothing listens on 22 in the node namespace: the kernel resets, nodelb did not DNAT.
     assert!(matches!(
         tcp_request(c.client(), v4(&c, 22), ANSWER),

@@ -14,6 +14,7 @@ pub mod index;
 pub mod node;
 pub mod planner;
 pub mod prepare;
+pub mod reserved;
 pub mod selector;
 pub mod service;
 pub mod table;

@@ -142,7 +142,7 @@ fn decide<'s>(
     let reserved: Vec<_> = lb
         .ports
         .iter()
-        .filter(|p| config.reserved_ports.contains(p.port))
+        .filter(|p| config.reserved_ports.contains(p.protocol, p.port))
         .map(|p| (p.protocol, p.port))
         .collect();
     if !reserved.is_empty() {

@@ -999,6 +999,61 @@ fn reserved_ports_are_refused() {
 }
 
 #[test]
+fn overlay_and_routing_ports_are_reserved_per_protocol() {
+    let p = World::new()
+        .service(&svc(
+            "default",
+            "vxlan",
+            "2024-01-01T00:00:00Z",
+            "- {port: 8472, protocol: UDP}",
+            "",
+        ))
+        .service(&svc(
+            "default",
+            "bgp",
+            "2024-01-01T00:00:00Z",
+            "- {port: 179, protocol: TCP}",
+            "",
+        ))
+        .service(&svc(
+            "default",
+            "tcp-8472",
+            "2024-01-01T00:00:00Z",
+            "- {port: 8472, protocol: TCP}",
+            "",
+        ))
+        .service(&svc(
+            "default",
+            "udp-179",
+            "2024-01-01T00:00:00Z",
+            "- {port: 179, protocol: UDP}",
+            "",
+        ))
+        .plan();
+    assert_eq!(
+        p.outcome("default/vxlan"),
+        &ServiceOutcome::ReservedPorts {
+            ports: vec![(Protocol::Udp, 8472)]
+        }
+    );
+    assert_eq!(
+        p.outcome("default/bgp"),
+        &ServiceOutcome::ReservedPorts {
+            ports: vec![(Protocol::Tcp, 179)]
+        }
+    );
+    assert!(!p.v4().contains("default/vxlan") && !p.v4().contains("default/bgp"));
+    // The same numbers for the other protocol are free: a UDP reservation does not forbid TCP.
+    for free in ["default/tcp-8472", "default/udp-179"] {
+        assert_eq!(
+            p.port(free, IpFamily::V4),
+            &PortResult::RejectsNoEndpoints,
+            "{free}"
+        );
+    }
+}
+
+#[test]
 fn reserved_ports_flag_replaces_the_list() {
     let mut w = World::new()
         .service(&svc(

@@ -217,7 +217,7 @@ impl Status {
         let reserved: Vec<(Protocol, u16)> = lb
             .ports
             .iter()
-            .filter(|p| cfg.planner.reserved_ports.contains(p.port))
+            .filter(|p| cfg.planner.reserved_ports.contains(p.protocol, p.port))
             .map(|p| (p.protocol, p.port))
             .collect();
         let mut other = BTreeSet::new();
