@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
+# promtool, unpacked by deps.sh.
+export PATH="${XDG_CACHE_HOME:-$HOME/.cache}/nodelb/promtool/usr/bin:$PATH"
 cargo build --workspace --locked --all-targets
 # The end-to-end tests run this agent binary (built above with the workspace's features), so
 # they do not rebuild it with the agent crate's own feature set.

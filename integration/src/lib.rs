@@ -3,6 +3,7 @@ pub mod bench;
 pub mod commit;
 pub mod control_plane;
 pub mod e2e;
+pub mod exported;
 pub mod models;
 pub mod netns;
 pub mod nft;

@@ -99,6 +99,9 @@ enum Object {
     Role(Box<Role>),
     RoleBinding(Box<RoleBinding>),
     DaemonSet(Box<DaemonSet>),
+    /// The Prometheus Operator's kinds (`manifests/monitoring/`), which k8s-openapi does not
+    /// know; `tests/monitoring.rs` checks what they say.
+    Monitoring,
 }
 
 fn decode_object(v: &Value, path: &Path) -> Object {
@@ -110,6 +113,15 @@ fn decode_object(v: &Value, path: &Path) -> Object {
         "Role" => Object::Role(decode(v, path)),
         "RoleBinding" => Object::RoleBinding(decode(v, path)),
         "DaemonSet" => Object::DaemonSet(decode(v, path)),
+        "PodMonitor" | "PrometheusRule" => {
+            assert_eq!(
+                str_at(v, "/apiVersion"),
+                "monitoring.coreos.com/v1",
+                "{}",
+                describe(v)
+            );
+            Object::Monitoring
+        }
         other => panic!(
             "{}: kind {other:?} is not one this test decodes; add it",
             path.display()
@@ -350,7 +362,7 @@ fn every_manifest_file_decodes_and_is_part_of_a_build() {
     let root = manifests().canonicalize().unwrap();
     let mut read = BTreeSet::new();
     let mut objects = 0;
-    for dir in [".", "hardened", "cleanup"] {
+    for dir in [".", "hardened", "cleanup", "monitoring"] {
         objects += kustomize(&root.join(dir), &mut read).len();
     }
     assert!(objects > 0);
@@ -378,7 +390,7 @@ fn builds_agree_with_kubectl_kustomize() {
     // the kube-apiserver the e2e tests run against), so this never depends on what the machine
     // happens to have.
     let kubectl = nodelb_integration::control_plane::kubectl().unwrap_or_else(|e| panic!("{e}"));
-    for dir in [".", "hardened", "cleanup"] {
+    for dir in [".", "hardened", "cleanup", "monitoring"] {
         let dir = manifests().join(dir);
         let out = std::process::Command::new(&kubectl)
             .arg("kustomize")
