@@ -31,9 +31,22 @@ pub enum Command {
     Apply(FileArgs),
     /// Delete nodelb's tables (`ip nodelb`, `ip6 nodelb`), nothing else.
     Cleanup,
+    /// Remove every Service status field owned by field manager `nodelb` (the ingress and
+    /// nodelb's conditions), leaving other managers' fields; for uninstalling, once no agent
+    /// runs. Exits non-zero if a Service could not be cleared.
+    ClearStatus(ClearStatusArgs),
     /// Preflight: kernel features, families, sysctls, privileges, foreign forward policies.
     /// Exits non-zero and says what to fix when the node cannot run nodelb.
     Check(CheckArgs),
+}
+
+/// `clear-status`: which cluster.
+#[derive(Debug, Clone, Args)]
+pub struct ClearStatusArgs {
+    /// kubeconfig file. Default: `$KUBECONFIG`, else `~/.kube/config`, else the in-cluster
+    /// service account.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 /// Families and which Services nodelb takes: shared by `run`, `render`, `apply`.

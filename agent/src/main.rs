@@ -68,6 +68,21 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             println!("{applied}");
             Ok(ExitCode::SUCCESS)
         }
+        Command::ClearStatus(args) => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let done = rt.block_on(async {
+                let client = nodelb_agent::kube::client(args.kubeconfig.as_deref()).await?;
+                anyhow::Ok(nodelb_agent::kube::clear_status::clear_all(client).await?)
+            })?;
+            println!("{done}");
+            Ok(if done.failed.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
         Command::Cleanup => {
             let deleted = oneshot::cleanup(DEFAULT_TABLE_NAME)?;
             if deleted.is_empty() {

@@ -490,7 +490,7 @@ impl Cluster {
                 });
                 let token = match std::env::var("NODELB_E2E_AGENT_TOKEN") {
                     Ok(t) if !t.is_empty() => t,
-                    _ => rt.block_on(service_account_token(&admin, None)),
+                    _ => rt.block_on(service_account_token(&admin, "nodelb", None)),
                 };
                 for i in 0..node_nss.len() {
                     let text = relayed_kubeconfig(
@@ -582,19 +582,13 @@ impl Cluster {
                 .unwrap_or_else(|e| panic!("creating the agent Pod {name}: {e}"));
             let token = self.block_on(service_account_token(
                 &admin,
+                "nodelb",
                 Some((
                     name.as_str(),
                     pod.metadata.uid.as_deref().unwrap_or_default(),
                 )),
             ));
-            let server = match proxy {
-                Some(_) => format!("http://{}:{OLD_SERVER_PROXY_PORT}", api_addr(node.index)),
-                None => format!(
-                    "https://{}:{}",
-                    api_addr(node.index),
-                    control_plane::API_PORT
-                ),
-            };
+            let server = node_server(node.index, proxy.is_some());
             std::fs::write(&node.kubeconfig, cp.kubeconfig(&server, &token))
                 .unwrap_or_else(|e| panic!("writing {}: {e}", node.kubeconfig.display()));
         }
@@ -764,6 +758,47 @@ impl Cluster {
     }
 
     /// Node `i`'s agent log so far (every run).
+    /// `kubectl apply --server-side -k manifests/cleanup/` (the local control plane only: an
+    /// external cluster's admin installs it).
+    pub fn install_cleanup(&self) {
+        let ApiBackend::Local {
+            admin_kubeconfig, ..
+        } = &self.backend
+        else {
+            panic!("install_cleanup needs the local control plane");
+        };
+        apply_kustomization(admin_kubeconfig, &manifests_dir().join("cleanup"));
+    }
+
+    /// A kubeconfig for ServiceAccount `sa` of the agent's namespace, as node `i` reaches the
+    /// API server (the local control plane only).
+    pub fn service_account_kubeconfig(&self, sa: &str, i: usize) -> PathBuf {
+        let ApiBackend::Local { cp, proxy, .. } = &self.backend else {
+            panic!("service_account_kubeconfig needs the local control plane");
+        };
+        let token = self.block_on(service_account_token(&self.admin, sa, None));
+        let path = self.dir.join(format!("kubeconfig-{sa}-{i}"));
+        let server = node_server(self.nodes[i].index, proxy.is_some());
+        std::fs::write(&path, cp.kubeconfig(&server, &token))
+            .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        path
+    }
+
+    /// Runs the agent binary with `args` in node `i`'s namespace to its end, as a Pod of a
+    /// Job or an init container would.
+    pub fn run_agent_command(&self, i: usize, args: &[String]) -> std::process::Output {
+        let bin = agent_binary();
+        Command::new("ip")
+            .args(["netns", "exec", self.nodes[i].ns.name()])
+            .arg(&bin)
+            .args(args)
+            .env("NO_COLOR", "1")
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("running {}: {e}", bin.display()))
+    }
+
     pub fn agent_log(&self, i: usize) -> String {
         std::fs::read_to_string(&self.nodes[i].log).unwrap_or_default()
     }
@@ -1160,9 +1195,18 @@ async fn relay(listener: tokio::net::TcpListener, upstream: (String, u16)) {
     }
 }
 
-/// A token of the agent's ServiceAccount (TokenRequest), bound to the agent's Pod (name, uid)
+/// The API server's address as node `i` reaches it (through the old-server proxy when there
+/// is one).
+fn node_server(i: usize, proxied: bool) -> String {
+    match proxied {
+        true => format!("http://{}:{OLD_SERVER_PROXY_PORT}", api_addr(i)),
+        false => format!("https://{}:{}", api_addr(i), control_plane::API_PORT),
+    }
+}
+
+/// A token of a ServiceAccount of the agent's namespace (TokenRequest), bound to the agent's Pod (name, uid)
 /// when there is one.
-async fn service_account_token(admin: &Client, pod: Option<(&str, &str)>) -> String {
+async fn service_account_token(admin: &Client, sa: &str, pod: Option<(&str, &str)>) -> String {
     use k8s_openapi::api::authentication::v1::{
         BoundObjectReference, TokenRequest, TokenRequestSpec,
     };
@@ -1181,11 +1225,11 @@ async fn service_account_token(admin: &Client, pod: Option<(&str, &str)>) -> Str
         },
         ..Default::default()
     };
-    sas.create_token_request("nodelb", &PostParams::default(), &tr)
+    sas.create_token_request(sa, &PostParams::default(), &tr)
         .await
         .unwrap_or_else(|e| {
             panic!(
-                "TokenRequest for {AGENT_NAMESPACE}/nodelb failed ({e}); apply manifests/ to the \
+                "TokenRequest for {AGENT_NAMESPACE}/{sa} failed ({e}); apply manifests/ to the \
                  cluster or set NODELB_E2E_AGENT_TOKEN"
             )
         })
@@ -1254,6 +1298,11 @@ pub fn start_control_plane(
 
 /// `kubectl apply --server-side -k manifests/` with the pinned kubectl.
 fn install_manifests(kubeconfig: &Path) {
+    apply_kustomization(kubeconfig, &manifests_dir());
+}
+
+/// `kubectl apply --server-side -k dir` with the pinned kubectl, as a user installs it.
+fn apply_kustomization(kubeconfig: &Path, dir: &Path) {
     let kubectl = control_plane::kubectl().unwrap_or_else(|e| panic!("{e}"));
     let out = Command::new(&kubectl)
         .arg("--kubeconfig")
@@ -1264,12 +1313,13 @@ fn install_manifests(kubeconfig: &Path) {
             "--field-manager=e2e-install",
             "-k",
         ])
-        .arg(manifests_dir())
+        .arg(dir)
         .output()
         .unwrap_or_else(|e| panic!("running {}: {e}", kubectl.display()));
     assert!(
         out.status.success(),
-        "kubectl apply -k manifests/ failed ({}):\n{}{}",
+        "kubectl apply -k {} failed ({}):\n{}{}",
+        dir.display(),
         out.status,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)

@@ -956,3 +956,120 @@ fn failover_mid_convergence_keeps_one_writer() {
     }
     assert_rbac(&c);
 }
+
+/// Uninstalling: with the agents stopped, `manifests/cleanup/` run as the cluster would run it
+/// (the Job's `clear-status` as its own ServiceAccount, the DaemonSet's `cleanup` on every
+/// node) leaves no nodelb table on any node and no status field owned by `nodelb`, keeps
+/// another manager's status fields, and every process it started has ended.
+#[test]
+fn uninstall_clears_tables_and_status_and_keeps_other_managers_fields() {
+    if !require_root("uninstall_clears_tables_and_status_and_keeps_other_managers_fields") {
+        return;
+    }
+    if external_cluster().is_some() {
+        eprintln!("skipping the uninstall test against an external cluster: it installs manifests/cleanup/");
+        return;
+    }
+    let _serial = serial();
+    let mut c = Cluster::start(fast_options(2));
+    apply(&c, service("web", 8002));
+    apply(&c, slice(&c, "web", &[(0, true), (1, true)]));
+    let want: Vec<String> = vec![addr(&c, 0), addr(&c, 1)];
+    wait_ips(&c, "web", &want, CHANGE);
+    // Another controller owns a condition in the same status.
+    let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
+    let theirs = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": c.namespace()},
+        "status": {"conditions": [{"type": "example.com/Checked", "status": "True",
+            "reason": "Checked", "message": "checked by another controller",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    c.block_on(api.patch_status(
+        "web",
+        &PatchParams::apply("other-controller"),
+        &Patch::Apply(&theirs),
+    ))
+    .unwrap_or_else(|e| panic!("writing the other controller's condition: {e}"));
+    for i in 0..2 {
+        assert!(c.nft_table(i, "ip").is_some(), "node {i} has its table");
+        c.stop_agent(i, Signal::SIGTERM);
+    }
+
+    c.install_cleanup();
+    // The Job's container, as its ServiceAccount (the RBAC of manifests/cleanup/ decides).
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> =
+        Api::namespaced(c.admin().clone(), AGENT_NAMESPACE);
+    let job = c
+        .block_on(jobs.get("nodelb-clear-status"))
+        .unwrap_or_else(|e| panic!("the Job from manifests/cleanup/ is installed: {e}"));
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    let sa = pod.service_account_name.clone().unwrap();
+    let mut args = pod.containers[0].args.clone().unwrap_or_default();
+    args.push("--kubeconfig".into());
+    args.push(c.service_account_kubeconfig(&sa, 0).display().to_string());
+    let out = c.run_agent_command(0, &args);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "clear-status failed: {text}");
+    let web = format!("{}/web", c.namespace());
+    assert!(text.contains(&format!("cleared {web}")), "{text}");
+    // Again: nothing left to clear.
+    let again = c.run_agent_command(0, &args);
+    assert!(again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stdout)
+            .contains("no Service has status fields owned by nodelb"),
+        "{}",
+        String::from_utf8_lossy(&again.stdout)
+    );
+
+    // The DaemonSet's init container on every node.
+    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        Api::namespaced(c.admin().clone(), AGENT_NAMESPACE);
+    let ds = c
+        .block_on(daemonsets.get("nodelb-cleanup"))
+        .unwrap_or_else(|e| panic!("the cleanup DaemonSet is installed: {e}"));
+    let init = ds
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .init_containers
+        .unwrap();
+    let cleanup_args = init[0].args.clone().unwrap_or_default();
+    for i in 0..2 {
+        let out = c.run_agent_command(i, &cleanup_args);
+        assert!(
+            out.status.success(),
+            "cleanup on node {i}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(c.nft_table(i, "ip"), None, "node {i} still has ip nodelb");
+        assert_eq!(c.nft_table(i, "ip6"), None, "node {i} still has ip6 nodelb");
+    }
+
+    let svc = c
+        .block_on(api.get("web"))
+        .unwrap_or_else(|e| panic!("reading Service web: {e}"));
+    assert!(
+        !nodelb_agent::kube::clear_status::owns_status(&svc),
+        "nodelb still owns status fields: {:?}",
+        svc.metadata.managed_fields
+    );
+    assert!(nodelb_integration::e2e::ingress_ips(&svc).is_empty());
+    let conditions = svc.status.and_then(|s| s.conditions).unwrap_or_default();
+    assert_eq!(
+        conditions
+            .iter()
+            .map(|c| c.type_.as_str())
+            .collect::<Vec<_>>(),
+        vec!["example.com/Checked"],
+        "the other controller's condition stays"
+    );
+    for i in 0..2 {
+        assert!(!c.agent_running(i), "node {i}'s agent still runs");
+    }
+}

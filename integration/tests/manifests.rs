@@ -7,6 +7,7 @@
 
 use clap::{CommandFactory, Parser};
 use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, Probe, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -99,6 +100,7 @@ enum Object {
     Role(Box<Role>),
     RoleBinding(Box<RoleBinding>),
     DaemonSet(Box<DaemonSet>),
+    Job(Box<Job>),
     /// The Prometheus Operator's kinds (`manifests/monitoring/`), which k8s-openapi does not
     /// know; `tests/monitoring.rs` checks what they say.
     Monitoring,
@@ -113,6 +115,7 @@ fn decode_object(v: &Value, path: &Path) -> Object {
         "Role" => Object::Role(decode(v, path)),
         "RoleBinding" => Object::RoleBinding(decode(v, path)),
         "DaemonSet" => Object::DaemonSet(decode(v, path)),
+        "Job" => Object::Job(decode(v, path)),
         "PodMonitor" | "PrometheusRule" => {
             assert_eq!(
                 str_at(v, "/apiVersion"),
@@ -614,8 +617,8 @@ fn cleanup_daemonset_runs_cleanup_on_every_node() {
     assert_eq!(ds.len(), 1);
     assert_eq!(
         objects.len(),
-        1,
-        "cleanup installs nothing but its DaemonSet"
+        5,
+        "cleanup installs its DaemonSet, and the clear-status Job with its ServiceAccount and RBAC"
     );
     let agent = the_daemonset(".");
     assert_eq!(ds[0].metadata.namespace, agent.metadata.namespace);
@@ -809,4 +812,77 @@ fn every_reviewed_request_names_the_code_that_makes_it() {
         "",
         "nodelb-system"
     ));
+}
+
+/// The clear-status Job runs `nodelb-agent clear-status` as its own ServiceAccount, which may
+/// list Services and patch their status, nothing else, without privileges.
+#[test]
+fn clear_status_job_may_list_services_and_patch_their_status_only() {
+    let objects = build("cleanup");
+    let jobs: Vec<&Job> = objects
+        .iter()
+        .filter_map(|o| match o {
+            Object::Job(j) => Some(&**j),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(jobs.len(), 1);
+    let job = jobs[0];
+    let namespace = job.metadata.namespace.clone().unwrap();
+    assert_eq!(namespace, the_daemonset(".").metadata.namespace.unwrap());
+    let spec = job.spec.as_ref().unwrap().template.spec.clone().unwrap();
+    let sa = spec.service_account_name.clone().unwrap();
+    assert_ne!(sa, "nodelb", "not the agent's ServiceAccount");
+    assert_ne!(spec.host_network, Some(true));
+    let c = &spec.containers[0];
+    assert_eq!(c.image.as_deref(), Some(agent_image().as_str()));
+    let cli = Cli::try_parse_from(
+        std::iter::once("nodelb-agent".to_string()).chain(c.args.clone().unwrap_or_default()),
+    )
+    .unwrap();
+    assert!(matches!(cli.command, Command::ClearStatus(_)));
+    let sc = c.security_context.clone().unwrap();
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.capabilities.unwrap().drop, Some(vec!["ALL".to_string()]));
+
+    let mut granted = BTreeSet::new();
+    let mut bound = BTreeSet::new();
+    let mut roles = BTreeSet::new();
+    for o in &objects {
+        match o {
+            Object::ClusterRoleBinding(b) => {
+                assert!(b
+                    .subjects
+                    .iter()
+                    .flatten()
+                    .all(|s| s.kind == "ServiceAccount"
+                        && s.name == sa
+                        && s.namespace.as_deref() == Some(namespace.as_str())));
+                bound.insert(b.role_ref.name.clone());
+            }
+            Object::ClusterRole(r) => {
+                roles.insert(r.metadata.name.clone().unwrap());
+                for rule in r.rules.iter().flatten() {
+                    assert!(rule.resource_names.is_none());
+                    for v in &rule.verbs {
+                        for g in rule.api_groups.iter().flatten() {
+                            for res in rule.resources.iter().flatten() {
+                                granted.insert((v.clone(), g.clone(), res.clone()));
+                            }
+                        }
+                    }
+                }
+            }
+            Object::Role(_) | Object::RoleBinding(_) => panic!("cleanup needs no Role"),
+            _ => {}
+        }
+    }
+    assert_eq!(bound.len(), 1);
+    assert_eq!(roles, bound, "the one ClusterRole is the one bound");
+    let want: BTreeSet<(String, String, String)> =
+        [("list", "", "services"), ("patch", "", "services/status")]
+            .into_iter()
+            .map(|(v, g, r)| (v.to_string(), g.to_string(), r.to_string()))
+            .collect();
+    assert_eq!(granted, want);
 }

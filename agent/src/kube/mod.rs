@@ -1,7 +1,9 @@
 //! Kubernetes I/O: the client, the watches and the inbox they fill, the status Lease election
-//! and the node heartbeats, the status writer, Events, and the wire types the API is read into. Decisions are made by the pure
-//! `plan` and `status` modules; this room only reads and writes the API.
+//! and the node heartbeats, the status writer, Events, `clear-status`, and the wire types the
+//! API is read into. Decisions are made by the pure `plan` and `status` modules; this room only
+//! reads and writes the API.
 
+pub mod clear_status;
 pub mod events;
 pub mod inbox;
 pub mod lease;

@@ -48,13 +48,18 @@ pub fn entries(ingress: &[IpAddr], ip_mode: Option<&str>) -> Vec<LoadBalancerIng
 }
 
 fn body(svc: &Service, status: Value) -> Value {
+    let name = svc.metadata.name.as_deref().unwrap_or_default();
+    let namespace = svc.metadata.namespace.as_deref().unwrap_or_default();
+    status_body(name, namespace, status)
+}
+
+/// The server-side apply body of a Service's status: what nodelb applies under its field
+/// manager (an empty `status` removes every field only nodelb owned).
+pub fn status_body(name: &str, namespace: &str, status: Value) -> Value {
     json!({
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": svc.metadata.name,
-            "namespace": svc.metadata.namespace,
-        },
+        "metadata": {"name": name, "namespace": namespace},
         "status": status,
     })
 }

@@ -1,0 +1,86 @@
+//! `nodelb-agent clear-status`, for uninstalling: every Service whose status has fields owned by
+//! field manager `nodelb` gets an empty server-side apply under that manager, which removes
+//! what only nodelb owned (the ingress, nodelb's conditions) and leaves other managers' fields.
+//! Run it once no agent runs any more (a leader would write the status again).
+
+use crate::status::ingress::{self, FIELD_MANAGER};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use std::fmt;
+
+/// Services listed per request: the list is read a page at a time.
+const PAGE: u32 = 500;
+
+/// What `clear-status` did.
+#[derive(Debug, Default)]
+pub struct Cleared {
+    /// `namespace/name` of each Service whose nodelb-owned status fields were removed.
+    pub cleared: Vec<String>,
+    /// `namespace/name` and the server's answer for each Service that could not be cleared.
+    pub failed: Vec<(String, String)>,
+}
+
+impl fmt::Display for Cleared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.cleared.is_empty() && self.failed.is_empty() {
+            return f.write_str("no Service has status fields owned by nodelb");
+        }
+        write!(
+            f,
+            "cleared nodelb's status fields on {} Services",
+            self.cleared.len()
+        )?;
+        for s in &self.cleared {
+            write!(f, "\ncleared {s}")?;
+        }
+        for (s, e) in &self.failed {
+            write!(f, "\nfailed {s}: {e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether field manager `nodelb` owns fields of the Service's status.
+pub fn owns_status(svc: &Service) -> bool {
+    svc.metadata.managed_fields.iter().flatten().any(|m| {
+        m.manager.as_deref() == Some(FIELD_MANAGER)
+            && m.subresource.as_deref() == Some("status")
+            && m.fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:status"))
+                .is_some_and(|s| s.as_object().is_some_and(|o| !o.is_empty()))
+    })
+}
+
+/// Clear the status fields nodelb owns on every Service of the cluster.
+pub async fn clear_all(client: kube::Client) -> Result<Cleared, kube::Error> {
+    let all: Api<Service> = Api::all(client.clone());
+    let mut done = Cleared::default();
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page = all.list(&params).await?;
+        for svc in page.items.iter().filter(|s| owns_status(s)) {
+            let (Some(ns), Some(name)) = (&svc.metadata.namespace, &svc.metadata.name) else {
+                continue;
+            };
+            let api: Api<Service> = Api::namespaced(client.clone(), ns);
+            let body = ingress::status_body(name, ns, serde_json::json!({}));
+            let id = format!("{ns}/{name}");
+            match api
+                .patch_status(
+                    name,
+                    &PatchParams::apply(FIELD_MANAGER),
+                    &Patch::Apply(body),
+                )
+                .await
+            {
+                Ok(_) => done.cleared.push(id),
+                Err(e) => done.failed.push((id, e.to_string())),
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(done),
+        }
+    }
+}
