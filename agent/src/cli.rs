@@ -176,7 +176,9 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value = "Proxy", value_name = "MODE")]
     pub ip_mode: IpMode,
 
-    /// How long to wait after a change for more changes before syncing (humantime: 10ms, 1s).
+    /// The longest a change waits for the changes that follow it: a change syncs at once when
+    /// the last sync ended at least this long ago, else this long after it ended, with what
+    /// arrived meanwhile (humantime: 10ms, 1s).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10ms",
           value_name = "DURATION")]
     pub sync_debounce: Duration,

@@ -6,7 +6,7 @@ use crate::kube::node_events::NodeProblem;
 use crate::plan::diagnosis::{ObjectRef, PortResult, ServiceOutcome, Warning};
 use crate::vocab::{Families, IpFamily, ServiceKey};
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Warnings already logged, so each is logged (and counted) once while it lasts.
 #[derive(Debug, Default)]
@@ -53,6 +53,38 @@ impl Backoff {
 
     pub fn reset(&mut self) {
         self.failures = 0;
+    }
+}
+
+/// When to sync after a wake (`--sync-debounce`): at once when the loop was idle (the last
+/// sync ended at least `debounce` ago), else once `debounce` has passed since it ended, taking
+/// whatever else arrived meanwhile. A lone change never waits; in a burst, after its first
+/// change's sync, a sync starts one `debounce` after the previous one ended: the cadence of a
+/// fixed wait after each wake.
+#[derive(Debug)]
+pub struct Pacer {
+    debounce: Duration,
+    last_end: Option<Instant>,
+}
+
+impl Pacer {
+    pub fn new(debounce: Duration) -> Pacer {
+        Pacer {
+            debounce,
+            last_end: None,
+        }
+    }
+
+    /// How long a wake at `now` waits before its sync.
+    pub fn wait(&self, now: Instant) -> Duration {
+        self.last_end
+            .map(|end| (end + self.debounce).saturating_duration_since(now))
+            .unwrap_or_default()
+    }
+
+    /// A sync ended at `at`.
+    pub fn synced(&mut self, at: Instant) {
+        self.last_end = Some(at);
     }
 }
 
@@ -147,6 +179,83 @@ pub fn programmed_counts<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The loop's timing with sync time `took`: a change arriving at each of `arrivals` wakes
+    /// the loop (when it waits for one); the sync starts after the pacer's wait (`adaptive`)
+    /// or after a fixed `debounce` (the loop before the pacer), takes every change arrived by
+    /// then, and ends `took` later. Returns the number of syncs and each change's time from
+    /// arrival to the end of the sync that took it.
+    fn simulate(
+        arrivals: &[Duration],
+        took: Duration,
+        debounce: Duration,
+        adaptive: bool,
+    ) -> (usize, Vec<Duration>) {
+        let t0 = Instant::now();
+        let mut pacer = Pacer::new(debounce);
+        let (mut now, mut next, mut syncs, mut latencies) = (t0, 0, 0, Vec::new());
+        while next < arrivals.len() {
+            let wake = now.max(t0 + arrivals[next]);
+            let start = wake + if adaptive { pacer.wait(wake) } else { debounce };
+            let end = start + took;
+            while next < arrivals.len() && t0 + arrivals[next] <= start {
+                latencies.push(end - (t0 + arrivals[next]));
+                next += 1;
+            }
+            pacer.synced(end);
+            syncs += 1;
+            now = end;
+        }
+        (syncs, latencies)
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_lone_change_syncs_at_once() {
+        let (debounce, took) = (10 * MS, 2 * MS);
+        // The first change, and one long after the last sync.
+        let lone = [Duration::ZERO, 1000 * MS];
+        let (syncs, latencies) = simulate(&lone, took, debounce, true);
+        assert_eq!(syncs, 2);
+        assert_eq!(latencies, vec![took, took], "no wait before either sync");
+        let (_, before) = simulate(&lone, took, debounce, false);
+        assert_eq!(before, vec![debounce + took, debounce + took]);
+    }
+
+    #[test]
+    fn a_burst_is_coalesced_at_the_cadence_of_a_fixed_wait() {
+        let (debounce, took) = (10 * MS, 2 * MS);
+        // 1,000 changes, one every millisecond.
+        let burst: Vec<Duration> = (0..1000).map(|i| i * MS).collect();
+        let (syncs, latencies) = simulate(&burst, took, debounce, true);
+        let (before, _) = simulate(&burst, took, debounce, false);
+        // The burst's first change is synced at once; after it, one sync per `took + debounce`,
+        // the cadence of a fixed wait after each wake.
+        assert!(
+            syncs <= before + 1,
+            "{syncs} syncs against {before} with a fixed wait"
+        );
+        assert!(
+            syncs < burst.len() / 5,
+            "coalesced: {syncs} syncs of 1000 changes"
+        );
+        // No change waits longer than one debounce past the sync in progress, plus its own.
+        let worst = latencies.iter().max().unwrap();
+        assert!(*worst <= debounce + 2 * took, "worst {worst:?}");
+        assert_eq!(latencies.len(), burst.len(), "every change is taken");
+    }
+
+    #[test]
+    fn a_change_right_after_a_sync_waits_out_the_debounce() {
+        let mut p = Pacer::new(10 * MS);
+        let t = Instant::now();
+        assert_eq!(p.wait(t), Duration::ZERO, "before the first sync");
+        p.synced(t);
+        assert_eq!(p.wait(t + 4 * MS), 6 * MS);
+        assert_eq!(p.wait(t + 10 * MS), Duration::ZERO);
+        assert_eq!(p.wait(t + 50 * MS), Duration::ZERO);
+    }
     use crate::plan::diagnosis::ObjectKind;
 
     #[test]

@@ -7,7 +7,9 @@
 //! once for the batch (consumed while encoded) and once more afterwards for the model, so the
 //! agent never holds two copies of its tables, nor a whole table and its whole batch.
 
-use super::decisions::{decide_families, programmed_counts, Backoff, FamilyDecision, WarningLog};
+use super::decisions::{
+    decide_families, programmed_counts, Backoff, FamilyDecision, Pacer, WarningLog,
+};
 use super::http::SharedReadiness;
 use super::Trigger;
 use crate::host::addresses::Snapshot;
@@ -144,11 +146,13 @@ impl SyncLoop {
         tick.reset();
         // Becoming leader wakes a sync, which hands the status writer its first objects.
         let mut leading = self.leading.clone();
+        let mut pacer = Pacer::new(self.debounce);
         loop {
             let ok = self
                 .sync_once(std::mem::take(&mut wake))
                 .instrument(info_span!("sync"))
                 .await;
+            pacer.synced(Instant::now());
             let delay = if ok {
                 self.backoff.reset();
                 None
@@ -174,10 +178,13 @@ impl SyncLoop {
                     }
                 }, if delay.is_none() => {}
             }
-            // Debounce: let a burst of changes arrive, then take them all.
-            tokio::select! {
-                _ = stop.wait_for(|s| *s) => break,
-                _ = tokio::time::sleep(self.debounce) => {}
+            // Sync at once after an idle spell; right after a sync, let the burst arrive.
+            let wait = pacer.wait(Instant::now());
+            if !wait.is_zero() {
+                tokio::select! {
+                    _ = stop.wait_for(|s| *s) => break,
+                    _ = tokio::time::sleep(wait) => {}
+                }
             }
             while let Ok(t) = triggers.try_recv() {
                 self.take(t, &mut wake);
