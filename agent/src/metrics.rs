@@ -222,6 +222,8 @@ pub struct Metrics {
     pub services_programmed: Gauge,
     pub endpoints_programmed: Gauge,
     pub drift_repairs: Counter,
+    /// Periodic resyncs by result: `unchanged` (nothing sent) or `repaired`.
+    pub resyncs: Family<ResultLabel, Counter>,
     pub invalid_objects: Family<InvalidLabels, Counter>,
     pub watch_errors: Family<ResourceLabel, Counter>,
     pub leader: Gauge,
@@ -289,12 +291,7 @@ impl Metrics {
             "Endpoints behind programmed Service ports, summed over families and ports",
             Gauge::default(),
         );
-        let drift_repairs = register(
-            &mut r,
-            "drift_repairs",
-            "Full replaces because another process changed nodelb's tables",
-            Counter::default(),
-        );
+        let (drift_repairs, resyncs) = repair_metrics(&mut r);
         let invalid_objects = register(
             &mut r,
             "invalid_objects",
@@ -317,6 +314,7 @@ impl Metrics {
             services_programmed,
             endpoints_programmed,
             drift_repairs,
+            resyncs,
             invalid_objects,
             watch_errors,
             leader,
@@ -458,6 +456,23 @@ impl fmt::Write for ChunkWriter {
 
 /// The Content-Type of [`Metrics::render`].
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Drift: full replaces that repaired it, and the periodic resyncs that look for it.
+fn repair_metrics(r: &mut Registry) -> (Counter, Family<ResultLabel, Counter>) {
+    let drift_repairs = register(
+        r,
+        "drift_repairs",
+        "Full replaces because another process changed nodelb's tables",
+        Counter::default(),
+    );
+    let resyncs = register(
+        r,
+        "resyncs",
+        "Periodic resyncs: unchanged (the tables read back as committed; nothing sent) or repaired (drift found; the tables replaced)",
+        Family::<ResultLabel, Counter>::default(),
+    );
+    (drift_repairs, resyncs)
+}
 
 /// The kernel's per-Service counters, read from `source` at each scrape (an empty registry
 /// without one).

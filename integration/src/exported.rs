@@ -42,6 +42,11 @@ pub fn metric_names() -> Vec<String> {
     m.heartbeats
         .get_or_create(&nodelb_agent::metrics::ResultLabel { result: "ok" })
         .inc();
+    m.resyncs
+        .get_or_create(&nodelb_agent::metrics::ResultLabel {
+            result: "unchanged",
+        })
+        .inc();
     let text = m.render();
     let types: Vec<(String, String)> = text
         .lines()

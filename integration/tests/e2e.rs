@@ -314,6 +314,66 @@ fn services_and_endpoints_follow_the_api() {
     c.assert_agents_authorized();
 }
 
+/// A periodic resync that reads the tables back as committed sends nothing: no nftables
+/// transaction by the agent over several resync intervals, each resync counted `unchanged`.
+#[test]
+fn a_resync_of_unchanged_tables_sends_nothing() {
+    if !require_root("a_resync_of_unchanged_tables_sends_nothing") {
+        return;
+    }
+    let resync = Duration::from_millis(500);
+    let c = start(ClusterOptions {
+        resync_interval: resync,
+        ..ClusterOptions::default()
+    });
+    let _servers = start_backends(&c, false);
+    c.apply(&service("web", 8012, ""));
+    c.apply(&slice(&c, "web", "1", &[0]));
+    wait_answer_from(&c, c.client(), v4(&c, 8012), "b0");
+    let resyncs = |c: &Cluster| {
+        let text = c.metrics(0);
+        text.lines()
+            .filter(|l| l.starts_with("nodelb_resyncs_total{result=\"unchanged\"}"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let before = resyncs(&c);
+    // Every transaction another process (the agent) commits on nodelb's tables, for a while.
+    let window = 8 * resync;
+    let changes = c.node_ns(0).run(|| {
+        let tables = vec![
+            nodelb_netfilter::TableRef {
+                family: nodelb_netfilter::Family::Ip,
+                name: "nodelb".into(),
+            },
+            nodelb_netfilter::TableRef {
+                family: nodelb_netfilter::Family::Ip6,
+                name: "nodelb".into(),
+            },
+        ];
+        let mut w = nodelb_netfilter::Watcher::open(tables).expect("watching nftables events");
+        let deadline = Instant::now() + window;
+        let mut seen = Vec::new();
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            if let Some(ev) = w.next(left).expect("reading nftables events") {
+                seen.push(format!("{ev:?}"));
+            }
+        }
+        seen
+    });
+    let after = resyncs(&c);
+    assert!(
+        after - before >= 4.0,
+        "the agent resynced every {resync:?}: {before} -> {after} unchanged resyncs in {window:?}"
+    );
+    assert!(
+        changes.is_empty(),
+        "resyncs of unchanged tables sent transactions: {changes:?}"
+    );
+    // Still answering: the resyncs left the rules in place.
+    wait_answer_from(&c, c.client(), v4(&c, 8012), "b0");
+}
+
 /// Another process changing nodelb's table (drift) is noticed through the nftables event
 /// watch and repaired by a full replace — and so is the next change after that repair (the
 /// watch is paused around the agent's own replace and must listen again).

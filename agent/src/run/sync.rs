@@ -319,9 +319,11 @@ impl SyncLoop {
     }
 
     /// Commit what the plan changed: edits, or a full replace when the tables must be
-    /// replaced whole (first sync, drift, a periodic resync, a rebuilt plan, a failure
-    /// before). A periodic resync first reads the tables back: anything changed behind the
-    /// agent's back that the nftables watch did not report is drift, repaired by the replace.
+    /// replaced whole (first sync, drift, a rebuilt plan, a failure before). A periodic resync
+    /// reads the tables back: when they are as committed it sends only the plan's edits
+    /// (nothing, when nothing changed), so the counters keep counting; anything changed
+    /// behind the agent's back that the nftables watch did not report (or a table that cannot
+    /// be read back) is drift, repaired by a full replace.
     async fn commit_planned(
         &mut self,
         wake: &Wake,
@@ -331,12 +333,23 @@ impl SyncLoop {
         if wake.drift.is_some() {
             self.replace_next = true;
         }
-        let whole = self.replace_next || wake.resync || matches!(change, TableChange::Rebuild);
         let resync_drift = if wake.resync && !self.replace_next {
-            self.check_drift().await
+            let drift = self.check_drift().await;
+            let result = if drift.is_some() {
+                "repaired"
+            } else {
+                "unchanged"
+            };
+            self.metrics
+                .resyncs
+                .get_or_create(&crate::metrics::ResultLabel { result })
+                .inc();
+            drift
         } else {
             None
         };
+        let whole =
+            self.replace_next || resync_drift.is_some() || matches!(change, TableChange::Rebuild);
         let work = match change {
             TableChange::Edit(edits) if !whole => Work::Edit(edits),
             _ => Work::Replace,
@@ -345,12 +358,14 @@ impl SyncLoop {
             .commit(work, families)
             .await
             .map(|(objects, stats)| (objects, stats, resync_drift));
-        if whole {
-            // Foreign forward policies: read on whole syncs only (a dump of every chain).
+        if whole || wake.resync {
+            // Foreign forward policies: read on whole syncs and resyncs (a dump of every chain).
             self.notes = match forward_policy::drop_chains(&self.config.table_name) {
                 Ok(chains) => chains.iter().map(|c| c.to_string()).collect(),
                 Err(e) => vec![format!("foreign forward policies unknown: {e}")],
             };
+        }
+        if whole {
             // The old tables and the batch are freed: return their pages.
             super::malloc::trim();
         }
@@ -432,8 +447,8 @@ impl SyncLoop {
     }
 
     /// Compare the kernel's tables with the models last committed; what differed, if anything.
-    /// A failed read is logged and ignores the check: the replace that follows reports any
-    /// real trouble with nf_tables.
+    /// A table that cannot be read back counts as drifted: the replace that follows repairs
+    /// it, or reports the trouble with nf_tables.
     async fn check_drift(&mut self) -> Option<String> {
         let mut committer = self.committer.take()?;
         let r = tokio::task::spawn_blocking(move || {
@@ -443,7 +458,8 @@ impl SyncLoop {
                     Ok(None | Some(Drift::None)) => {}
                     Ok(Some(d)) => found = Some(format!("{tr}: {d:?}")),
                     Err(e) => {
-                        warn!(table = %tr, error = %e, "resync: reading the table back failed")
+                        warn!(table = %tr, error = %e, "resync: reading the table back failed; replacing it");
+                        found = Some(format!("{tr}: cannot be read back: {e}"));
                     }
                 }
             }
@@ -455,7 +471,7 @@ impl SyncLoop {
                 self.committer = Some(committer);
                 found
             }
-            Err(_) => None,
+            Err(_) => Some("reading the tables back panicked".into()),
         }
     }
 
