@@ -14,6 +14,9 @@ pub type Str = compact_str::CompactString;
 /// Label that ties an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
+/// The `type` of the condition nodelb writes in each handled Service's status.
+pub const SERVING_CONDITION: &str = "nodelb.io/Serving";
+
 /// An IP family as Kubernetes names it (`spec.ipFamilies`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum IpFamily {

@@ -590,9 +590,9 @@ fn local_policy_lists_only_nodes_with_a_ready_local_endpoint() {
     assert_rbac(&c);
 }
 
-/// A Service that loses its port on every node keeps an empty status (never written) and gets
-/// a `PortConflict` Warning naming the winner; two Services on one port with disjoint node
-/// selectors each get their own node.
+/// A Service that loses its port on every node keeps an empty ingress, its condition and a
+/// `PortConflict` Warning naming the winner, and once settled is not written again; two
+/// Services on one port with disjoint node selectors each get their own node.
 #[test]
 fn conflict_loser_stays_empty_and_disjoint_selectors_share_a_port() {
     if !require_root("conflict_loser_stays_empty_and_disjoint_selectors_share_a_port") {
@@ -622,10 +622,14 @@ fn conflict_loser_stays_empty_and_disjoint_selectors_share_a_port() {
     }
     wait_ips(&c, "sel-a", &[addr(&c, 0)], CHANGE);
     wait_ips(&c, "sel-b", &[addr(&c, 1)], CHANGE);
+    // The loser's status is its condition alone, naming the winner.
+    let m = wait_condition(&c, "conflict-b", "False", "PortConflict");
+    assert!(m.contains(&winner), "{m}");
 
+    let mark = c.audit().map_or(0, |a| a.len());
     std::thread::sleep(2 * RESYNC);
     assert_eq!(ips(&c, "conflict-a"), both);
-    assert!(ips(&c, "conflict-b").is_empty(), "the loser has no status");
+    assert!(ips(&c, "conflict-b").is_empty(), "the loser has no ingress");
     assert_eq!(ips(&c, "sel-a"), [addr(&c, 0)]);
     assert_eq!(ips(&c, "sel-b"), [addr(&c, 1)]);
     for name in ["sel-a", "sel-b", "conflict-a"] {
@@ -635,13 +639,13 @@ fn conflict_loser_stays_empty_and_disjoint_selectors_share_a_port() {
         );
     }
     if let Some(records) = c.audit() {
-        let to_loser: Vec<(usize, String)> = status_writes(&c, 2, &records)
+        let to_loser: Vec<(usize, String)> = status_writes(&c, 2, &records[mark..])
             .into_iter()
             .filter(|(_, s)| s == "conflict-b")
             .collect();
         assert!(
             to_loser.is_empty(),
-            "the loser's status was written: {to_loser:?}"
+            "the loser's status was written again once settled: {to_loser:?}"
         );
     }
     assert_rbac(&c);
@@ -1072,4 +1076,104 @@ fn uninstall_clears_tables_and_status_and_keeps_other_managers_fields() {
     for i in 0..2 {
         assert!(!c.agent_running(i), "node {i}'s agent still runs");
     }
+}
+
+/// `status.conditions` entry `nodelb.io/Serving` of Service `name`: `(status, reason, message)`.
+fn serving_condition(c: &Cluster, name: &str) -> Option<(String, String, String)> {
+    let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
+    let svc = c
+        .block_on(api.get(name))
+        .unwrap_or_else(|e| panic!("reading Service {name}: {e}"));
+    svc.status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "nodelb.io/Serving")
+        .map(|c| (c.status, c.reason, c.message))
+}
+
+/// Waits until Service `name`'s condition has `status` and `reason`; returns its message.
+fn wait_condition(c: &Cluster, name: &str, status: &str, reason: &str) -> String {
+    wait_for(
+        &format!("{name}'s condition nodelb.io/Serving is {status}/{reason}"),
+        CHANGE,
+        || match serving_condition(c, name) {
+            Some((s, r, m)) if s == status && r == reason => Ok(m),
+            other => Err(format!("{other:?}")),
+        },
+    )
+}
+
+/// Each Service nodelb handles explains itself in `nodelb.io/Serving`, written by the leader
+/// with the ingress: served (True), on a reserved port, beaten in a port conflict (naming the
+/// winner), without endpoints; a Service that stops being nodelb's (its type changes, as the
+/// API keeps its class immutable) loses nodelb's condition and ingress, and keeps another
+/// manager's condition.
+#[test]
+fn every_service_explains_itself_in_a_condition() {
+    if !require_root("every_service_explains_itself_in_a_condition") {
+        return;
+    }
+    let _serial = serial();
+    let c = Cluster::start(fast_options(2));
+    apply(&c, service("served", 8020));
+    apply(&c, slice(&c, "served", &[(0, true), (1, true)]));
+    apply(&c, service("ssh", 22));
+    apply(&c, service("old", 8021));
+    apply(&c, slice(&c, "old", &[(0, true)]));
+    // Created a second later (creationTimestamp has seconds): the younger one loses port 8021
+    // on every node.
+    std::thread::sleep(Duration::from_millis(1100));
+    apply(&c, service("new", 8021));
+    apply(&c, slice(&c, "new", &[(1, true)]));
+    apply(&c, service("empty", 8022));
+
+    let m = wait_condition(&c, "served", "True", "Serving");
+    assert_eq!(m, "served on 2 of 2 nodes");
+    let m = wait_condition(&c, "ssh", "False", "ReservedPort");
+    assert!(m.contains("22/TCP"), "{m}");
+    let m = wait_condition(&c, "new", "False", "PortConflict");
+    assert!(m.contains(&format!("{}/old", c.namespace())), "{m}");
+    let m = wait_condition(&c, "empty", "False", "NoEndpoints");
+    assert!(m.contains("served on 2 of 2 nodes"), "{m}");
+
+    // Another controller's condition beside nodelb's; then the Service changes class.
+    let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
+    let theirs = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "served", "namespace": c.namespace()},
+        "status": {"conditions": [{"type": "example.com/Checked", "status": "True",
+            "reason": "Checked", "message": "checked by another controller",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    c.block_on(api.patch_status(
+        "served",
+        &PatchParams::apply("other-controller"),
+        &Patch::Apply(&theirs),
+    ))
+    .expect("the other controller writes its condition");
+    // The API keeps loadBalancerClass immutable; a Service leaves nodelb by its type.
+    let mut moved = service("served", 8020);
+    moved["spec"]["type"] = json!("ClusterIP");
+    apply(&c, moved);
+    wait_for(
+        "served's nodelb condition cleared",
+        CHANGE,
+        || match serving_condition(&c, "served") {
+            None => Ok(()),
+            Some(s) => Err(format!("{s:?}")),
+        },
+    );
+    assert!(
+        ips(&c, "served").is_empty(),
+        "nodelb's ingress is cleared too"
+    );
+    let svc = c.block_on(api.get("served")).unwrap();
+    let kept: Vec<String> = svc
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.type_)
+        .collect();
+    assert_eq!(kept, vec!["example.com/Checked".to_string()]);
+    assert_rbac(&c);
 }

@@ -8,6 +8,7 @@ use crate::kube::wire;
 use crate::metrics::{Metrics, NodeLabel, WriteLabel};
 use crate::plan::index::Service;
 use crate::plan::Objects;
+use crate::status::condition::Serving;
 use crate::status::heartbeat;
 use crate::status::ingress::{self, Write, FIELD_MANAGER};
 use crate::status::{Desired, Problem, Status, StatusConfig};
@@ -44,6 +45,13 @@ pub struct StatusWriter {
     pub metrics: Arc<Metrics>,
 }
 
+/// What the leader wrote of one Service, and the Service's resourceVersion then.
+struct Written {
+    ingress: Vec<IpAddr>,
+    serving: Serving,
+    resource_version: Option<Str>,
+}
+
 /// What the leader remembers between rounds (lost on failover; the stored status and the
 /// field ownership are what a new leader starts from).
 #[derive(Default)]
@@ -51,7 +59,7 @@ struct Memory {
     status: Status,
     /// What we wrote, and the Service's resourceVersion then: until the watch shows a newer
     /// version, the stored value we see is the old one, and writing again would be a repeat.
-    written: BTreeMap<ServiceKey, (Vec<IpAddr>, Option<Str>)>,
+    written: BTreeMap<ServiceKey, Written>,
     /// Problems already reported per Service (none kept for a Service without any).
     reported: BTreeMap<ServiceKey, BTreeSet<Problem>>,
     /// Services whose ingress another manager owns, already reported.
@@ -225,14 +233,14 @@ impl StatusWriter {
         if reported.is_empty() {
             memory.reported.remove(key);
         }
-        if let Some((wrote, rv)) = memory.written.get(key) {
-            if want.map(|d| &d.ingress) == Some(wrote)
-                && svc.metadata.resource_version.as_deref() == rv.as_deref()
+        if let Some(w) = memory.written.get(key) {
+            if want.is_some_and(|d| d.ingress == w.ingress && d.serving == w.serving)
+                && svc.metadata.resource_version.as_deref() == w.resource_version.as_deref()
             {
                 return; // written; the watch has not caught up yet
             }
         }
-        match ingress::decide(svc, want, ip_mode) {
+        match ingress::decide(svc, want, ip_mode, Timestamp::now()) {
             Write::Nothing => {
                 memory.foreign.remove(key);
             }
@@ -253,9 +261,14 @@ impl StatusWriter {
                     .await;
                 }
             }
-            Write::Apply { body, first } => {
+            Write::Apply {
+                body,
+                first,
+                ingress_changed,
+            } => {
                 let want = want.expect("apply only for handled Services");
-                self.write(memory, key, svc, want, body, first, recorder)
+                let event = ingress_changed.then_some(first);
+                self.write(memory, key, svc, want, body, event, recorder)
                     .await
             }
             Write::Clear { body } => match self.apply(key, body).await {
@@ -269,7 +282,8 @@ impl StatusWriter {
         }
     }
 
-    /// Apply the ingress nodelb decided, remember it, and say so in an Event.
+    /// Apply the ingress and condition nodelb decided, remember them, and say so in an Event
+    /// when the ingress changed (`event`: `Some(first)`).
     #[allow(clippy::too_many_arguments)]
     async fn write(
         &mut self,
@@ -278,17 +292,25 @@ impl StatusWriter {
         svc: &Service,
         want: &Desired,
         body: serde_json::Value,
-        first: bool,
+        event: Option<bool>,
         recorder: &EventSink,
     ) {
         match self.apply(key, body).await {
             Ok(rv) => {
                 self.count("ok");
-                memory
-                    .written
-                    .insert(key.clone(), (want.ingress.clone(), rv.map(Str::from)));
+                memory.written.insert(
+                    key.clone(),
+                    Written {
+                        ingress: want.ingress.clone(),
+                        serving: want.serving.clone(),
+                        resource_version: rv.map(Str::from),
+                    },
+                );
                 let list: Vec<String> = want.ingress.iter().map(|a| a.to_string()).collect();
-                info!(service = %key, ingress = ?list, "status written");
+                info!(service = %key, ingress = ?list, serving = want.serving.reason, "status written");
+                let Some(first) = event else {
+                    return;
+                };
                 let (reason, verb) = if first {
                     ("EnsuredLoadBalancer", "Ensured")
                 } else {

@@ -137,6 +137,7 @@ struct ServiceMeta {
     uid: Option<String>,
     resource_version: Option<String>,
     creation_timestamp: Option<Time>,
+    generation: Option<i64>,
     #[serde(default, deserialize_with = "own_annotations")]
     annotations: Option<BTreeMap<String, String>>,
     #[serde(default, deserialize_with = "ingress_owners")]
@@ -153,6 +154,7 @@ fn service_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error>
         uid: m.uid,
         resource_version: m.resource_version,
         creation_timestamp: m.creation_timestamp,
+        generation: m.generation,
         annotations: m.annotations,
         managed_fields: m.managed_fields,
         ..ObjectMeta::default()
@@ -396,6 +398,7 @@ impl From<Service> for index::Service {
                 uid: m.uid.map(Str::from),
                 resource_version: m.resource_version.map(Str::from),
                 creation_timestamp: m.creation_timestamp,
+                generation: m.generation,
                 annotations: m.annotations,
                 ingress_owners,
             },
@@ -627,10 +630,12 @@ mod tests {
                 uid: Some("6c1f8d3e-0000-4000-8000-000000000001".into()),
                 resource_version: Some("4711".into()),
                 creation_timestamp: Some(Time("2026-01-01T00:00:00Z".parse().unwrap())),
+                // The observedGeneration of nodelb's condition.
+                generation: Some(3),
                 annotations: Some([("nodelb.io/node-selector".into(), "pool=edge".into())].into()),
                 // Of five managers, the two that own the ingress, without their fieldsV1.
                 managed_fields: Some(vec![owner("nodelb"), owner("metallb-controller")]),
-                // Dropped: labels, other annotations, generation, finalizers.
+                // Dropped: labels, other annotations, finalizers.
                 ..ObjectMeta::default()
             },
         );
@@ -664,6 +669,8 @@ mod tests {
                         ..LoadBalancerIngress::default()
                     }]),
                 }),
+                // Another controller's condition is not kept.
+                serving: None,
             })
         );
     }
@@ -819,6 +826,7 @@ mod stored_tests {
                 uid: Some("6c1f8d3e-0000-4000-8000-000000000001".into()),
                 resource_version: Some("4711".into()),
                 creation_timestamp: Some(Time("2026-01-01T00:00:00Z".parse().unwrap())),
+                generation: Some(3),
                 annotations: Some([("nodelb.io/node-selector".into(), "pool=edge".into())].into()),
                 ingress_owners: vec!["nodelb".into(), "metallb-controller".into()],
             }

@@ -38,6 +38,8 @@ pub struct ServiceMeta {
     pub uid: Option<Str>,
     pub resource_version: Option<Str>,
     pub creation_timestamp: Option<Time>,
+    /// The spec's generation: the `observedGeneration` of nodelb's condition.
+    pub generation: Option<i64>,
     pub annotations: Option<BTreeMap<String, String>>,
     /// The field managers that own `status.loadBalancer.ingress` through the status
     /// subresource, each once, in managedFields order: whether nodelb, someone else or nobody
@@ -105,6 +107,41 @@ pub struct ServicePort {
 #[serde(rename_all = "camelCase")]
 pub struct ServiceStatus {
     pub load_balancer: Option<LoadBalancerStatus>,
+    /// Of `conditions`, only nodelb's own (`nodelb.io/Serving`): the status writer compares it
+    /// with what it wants. Read leniently: another controller's malformed condition is not
+    /// nodelb's business.
+    #[serde(rename = "conditions", default, deserialize_with = "serving_condition")]
+    pub serving: Option<Box<ServingCondition>>,
+}
+
+/// nodelb's condition as stored, every field optional (boxed where kept: most Services carry
+/// one, and the others pay a pointer).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServingCondition {
+    pub status: Option<Str>,
+    pub reason: Option<Str>,
+    pub message: Option<String>,
+    pub observed_generation: Option<i64>,
+    pub last_transition_time: Option<String>,
+}
+
+/// The entry of type `nodelb.io/Serving` of a conditions list, if any.
+fn serving_condition<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Box<ServingCondition>>, D::Error> {
+    #[derive(Deserialize)]
+    struct Entry {
+        #[serde(rename = "type")]
+        type_: Option<String>,
+        #[serde(flatten)]
+        rest: serde_json::Value,
+    }
+    let entries = Option::<Vec<Entry>>::deserialize(d)?.unwrap_or_default();
+    Ok(entries
+        .into_iter()
+        .find(|e| e.type_.as_deref() == Some(crate::vocab::SERVING_CONDITION))
+        .map(|e| Box::new(serde_json::from_value(e.rest).unwrap_or_default())))
 }
 
 /// The stored ingress, whole: the status writer compares it with what it wants entry by entry.

@@ -8,6 +8,7 @@
 //! a ready endpoint on that node. The published addresses are the node's ExternalIPs of that
 //! family, else its InternalIPs, in `spec.ipFamilies` order, numerically sorted within a family.
 
+pub mod condition;
 pub mod election;
 pub mod heartbeat;
 pub mod ingress;
@@ -96,6 +97,8 @@ pub struct Desired {
     /// Addresses to publish, in order.
     pub ingress: Vec<IpAddr>,
     pub problems: Vec<Problem>,
+    /// The condition `nodelb.io/Serving`.
+    pub serving: condition::Serving,
 }
 
 /// The node's addresses to publish for a family: ExternalIP if any, else InternalIP.
@@ -210,71 +213,28 @@ impl Status {
         }
         let mut warnings = Vec::new();
         let lb = service::read(svc, key.clone(), &mut warnings);
-        let mut desired = Desired::default();
-        // Nodes serving it, per family.
-        let mut serving: BTreeMap<IpFamily, Vec<&String>> = BTreeMap::new();
-        let mut conflicts: BTreeMap<(Protocol, u16, ServiceKey), Vec<String>> = BTreeMap::new();
+        let mut seen = Observed::new(self.candidates.len(), lb.policy);
+        for (node, planner) in &self.planners {
+            if let Some(outcome) = planner.outcome(key) {
+                seen.node(node, outcome);
+            }
+        }
+        let mut desired = Desired {
+            ingress: self.ingress(&lb.families, &seen.serving),
+            ..Desired::default()
+        };
         let reserved: Vec<(Protocol, u16)> = lb
             .ports
             .iter()
             .filter(|p| cfg.planner.reserved_ports.contains(p.protocol, p.port))
             .map(|p| (p.protocol, p.port))
             .collect();
-        let mut other = BTreeSet::new();
-        for (node, planner) in &self.planners {
-            let Some(outcome) = planner.outcome(key) else {
-                continue;
-            };
-            match outcome {
-                ServiceOutcome::ReservedPorts { .. } => {}
-                ServiceOutcome::Served { families } => {
-                    for f in families {
-                        let FamilyState::Served { ports, .. } = &f.state else {
-                            continue;
-                        };
-                        let mut serves = false;
-                        for p in ports {
-                            match &p.result {
-                                PortResult::Conflict { winner } => conflicts
-                                    .entry((p.port.protocol, p.port.port, winner.clone()))
-                                    .or_default()
-                                    .push(node.clone()),
-                                PortResult::Forwards { terminating, .. } => {
-                                    serves |= lb.policy == TrafficPolicy::Cluster || !*terminating
-                                }
-                                PortResult::RejectsNoEndpoints => {
-                                    serves |= lb.policy == TrafficPolicy::Cluster
-                                }
-                                PortResult::DropsNoLocalEndpoint { .. } => {}
-                            }
-                        }
-                        if serves {
-                            serving.entry(f.family).or_default().push(node);
-                        }
-                    }
-                }
-                o => {
-                    other.insert(o.to_string());
-                }
-            }
-        }
-        for family in &lb.families {
-            let mut addrs: Vec<IpAddr> = serving
-                .get(family)
-                .into_iter()
-                .flatten()
-                .flat_map(|n| published(&self.candidates[*n].0, *family))
-                .collect();
-            addrs.sort();
-            addrs.dedup();
-            desired.ingress.extend(addrs);
-        }
         if !reserved.is_empty() {
             desired
                 .problems
                 .push(Problem::ReservedPort { ports: reserved });
         }
-        for ((protocol, port, winner), nodes) in conflicts {
+        for ((protocol, port, winner), nodes) in std::mem::take(&mut seen.conflicts) {
             desired.problems.push(Problem::PortConflict {
                 protocol,
                 port,
@@ -284,40 +244,177 @@ impl Status {
         }
         if desired.ingress.is_empty() && desired.problems.is_empty() {
             // (Invalid input is added below: it does not explain an empty status.)
-            let why = if self.candidates.is_empty() {
-                "no node has a fresh nodelb heartbeat".to_string()
-            } else if lb.policy == TrafficPolicy::Local {
-                "externalTrafficPolicy is Local and no serving node has a ready endpoint"
-                    .to_string()
-            } else if other.is_empty() {
-                "no serving node has an address of the Service's families".to_string()
-            } else {
-                other.into_iter().collect::<Vec<_>>().join("; ")
-            };
+            let why = self.why_no_node(lb.policy, &seen.other);
             desired.problems.push(Problem::NoServingNodes { why });
         }
-        // Invalid parts, as any node's planner found them (they do not depend on the node).
-        let mut seen = BTreeSet::new();
-        if let Some(p) = self.planners.values().next() {
-            for w in p.warnings_of(key) {
-                if seen.insert(w.to_string()) {
-                    desired.problems.push(Problem::InvalidInput {
-                        problem: w.to_string(),
-                    });
-                }
-            }
-        }
-        for w in warnings {
-            if seen.insert(w.to_string()) {
-                desired.problems.push(Problem::InvalidInput {
-                    problem: w.to_string(),
-                });
-            }
-        }
+        self.invalid_parts(key, warnings, &mut desired.problems);
+        desired.serving = condition::decide(&seen.condition, &desired.problems, &key.namespace);
         // Kept for every Service: no spare room.
         desired.ingress.shrink_to_fit();
         desired.problems.shrink_to_fit();
         Some(desired)
+    }
+
+    /// The addresses to publish: each family's serving nodes' addresses, in `families` order,
+    /// sorted and without repeats within a family.
+    fn ingress(
+        &self,
+        families: &[IpFamily],
+        serving: &BTreeMap<IpFamily, Vec<String>>,
+    ) -> Vec<IpAddr> {
+        let mut out = Vec::new();
+        for family in families {
+            let mut addrs: Vec<IpAddr> = serving
+                .get(family)
+                .into_iter()
+                .flatten()
+                .flat_map(|n| published(&self.candidates[n].0, *family))
+                .collect();
+            addrs.sort();
+            addrs.dedup();
+            out.extend(addrs);
+        }
+        out
+    }
+
+    fn why_no_node(&self, policy: TrafficPolicy, other: &BTreeSet<String>) -> String {
+        if self.candidates.is_empty() {
+            "no node has a fresh nodelb heartbeat".to_string()
+        } else if policy == TrafficPolicy::Local {
+            "externalTrafficPolicy is Local and no serving node has a ready endpoint".to_string()
+        } else if other.is_empty() {
+            "no serving node has an address of the Service's families".to_string()
+        } else {
+            other.iter().cloned().collect::<Vec<_>>().join("; ")
+        }
+    }
+
+    /// Invalid parts, as any node's planner found them (they do not depend on the node), and
+    /// as reading the Service found them, each once.
+    fn invalid_parts(
+        &self,
+        key: &ServiceKey,
+        warnings: Vec<crate::plan::diagnosis::Warning>,
+        problems: &mut Vec<Problem>,
+    ) {
+        let mut seen = BTreeSet::new();
+        let planned = self
+            .planners
+            .values()
+            .next()
+            .into_iter()
+            .flat_map(|p| p.warnings_of(key).iter().cloned());
+        for w in planned.chain(warnings) {
+            if seen.insert(w.to_string()) {
+                problems.push(Problem::InvalidInput {
+                    problem: w.to_string(),
+                });
+            }
+        }
+    }
+}
+
+/// What the serving candidates' planners say of one Service, gathered node by node.
+struct Observed {
+    policy: TrafficPolicy,
+    /// Nodes serving it, per family.
+    serving: BTreeMap<IpFamily, Vec<String>>,
+    /// Ports lost to an older Service: the nodes where each was lost.
+    conflicts: BTreeMap<(Protocol, u16, ServiceKey), Vec<String>>,
+    /// Why the nodes that are not serving nodes of it are not.
+    other: BTreeSet<String>,
+    condition: condition::Seen,
+}
+
+impl Observed {
+    fn new(candidates: usize, policy: TrafficPolicy) -> Observed {
+        Observed {
+            policy,
+            serving: BTreeMap::new(),
+            conflicts: BTreeMap::new(),
+            other: BTreeSet::new(),
+            condition: condition::Seen {
+                candidates,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Node `node`'s outcome for the Service.
+    fn node(&mut self, node: &str, outcome: &ServiceOutcome) {
+        let mut why_not = None;
+        match outcome {
+            ServiceOutcome::ReservedPorts { .. } => {}
+            ServiceOutcome::Served { families } => {
+                let mut served_here = false;
+                for f in families {
+                    let FamilyState::Served { ports, .. } = &f.state else {
+                        continue;
+                    };
+                    let mut serves = false;
+                    for p in ports {
+                        serves |= self.port(node, p, &mut why_not);
+                    }
+                    if serves {
+                        self.serving
+                            .entry(f.family)
+                            .or_default()
+                            .push(node.to_string());
+                        served_here = true;
+                    }
+                }
+                if served_here {
+                    self.condition.serving += 1;
+                    why_not = None;
+                }
+            }
+            ServiceOutcome::NamespaceNotAllowed => self.condition.namespace_denied = true,
+            ServiceOutcome::InvalidName | ServiceOutcome::NoValidPorts => {
+                self.condition.invalid = true
+            }
+            o => {
+                self.other.insert(o.to_string());
+                why_not = Some(o.to_string());
+            }
+        }
+        if let Some(w) = why_not {
+            self.condition.why_not.insert(node.to_string(), w);
+        }
+    }
+
+    /// One port's result on `node`: whether it makes the node serve the Service; the first
+    /// reason it does not goes to `why_not`.
+    fn port(
+        &mut self,
+        node: &str,
+        p: &crate::plan::diagnosis::PortOutcome,
+        why_not: &mut Option<String>,
+    ) -> bool {
+        let cluster = self.policy == TrafficPolicy::Cluster;
+        match &p.result {
+            PortResult::Conflict { winner } => {
+                why_not.get_or_insert_with(|| {
+                    format!("port {}/{} held by {winner}", p.port.port, p.port.protocol)
+                });
+                self.conflicts
+                    .entry((p.port.protocol, p.port.port, winner.clone()))
+                    .or_default()
+                    .push(node.to_string());
+                false
+            }
+            PortResult::Forwards { terminating, .. } => {
+                let serves = cluster || !*terminating;
+                self.condition.any_endpoint |= serves;
+                serves
+            }
+            PortResult::RejectsNoEndpoints => cluster,
+            PortResult::DropsNoLocalEndpoint { .. } => {
+                why_not.get_or_insert_with(|| {
+                    "no ready endpoint on the node (externalTrafficPolicy Local)".into()
+                });
+                false
+            }
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! One test per rule of DESIGN.md's "Who serves, and status", with the clock as an input.
 
+use super::condition::Serving;
 use super::heartbeat::{self, Heartbeat};
 use super::ingress::{self, Write};
 use super::*;
@@ -124,14 +125,17 @@ impl World {
     }
 
     fn compute(&self) -> BTreeMap<ServiceKey, Desired> {
+        self.compute_at(&heartbeat::read(&self.leases), now())
+    }
+
+    /// A fresh computation with these heartbeats at `at`.
+    fn compute_at(
+        &self,
+        beats: &BTreeMap<String, heartbeat::Heartbeat>,
+        at: Timestamp,
+    ) -> BTreeMap<ServiceKey, Desired> {
         let mut s = Status::default();
-        s.compute(
-            &self.objects,
-            &self.nodes,
-            &heartbeat::read(&self.leases),
-            now(),
-            &self.cfg,
-        );
+        s.compute(&self.objects, &self.nodes, beats, at, &self.cfg);
         s.desired().clone()
     }
 
@@ -381,10 +385,20 @@ fn stored(ingress: &[&str], managers: &[&str]) -> Service {
         .map(|m| serde_json::json!({"manager": m, "operation": "Apply", "subresource": "status",
             "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:loadBalancer": {"f:ingress": {}}}}}))
         .collect();
+    // nodelb's condition, as `desired` wants it, where nodelb wrote the status.
+    let conditions: Vec<_> = managers
+        .iter()
+        .filter(|m| **m == "nodelb")
+        .map(|_| {
+            serde_json::json!({"type": "nodelb.io/Serving", "status": "True",
+            "reason": "Serving", "message": "served on 2 of 2 nodes",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"})
+        })
+        .collect();
     serde_json::from_value::<wire::Service>(serde_json::json!({
         "metadata": {"namespace": "default", "name": "web", "managedFields": mf},
         "spec": {"type": "LoadBalancer"},
-        "status": {"loadBalancer": {"ingress": ing}},
+        "status": {"loadBalancer": {"ingress": ing}, "conditions": conditions},
     }))
     .unwrap()
     .into()
@@ -393,6 +407,11 @@ fn stored(ingress: &[&str], managers: &[&str]) -> Service {
 fn desired(ips: &[&str]) -> Desired {
     Desired {
         ingress: ips.iter().map(|a| a.parse().unwrap()).collect(),
+        serving: Serving {
+            status: true,
+            reason: "Serving",
+            message: "served on 2 of 2 nodes".into(),
+        },
         ..Desired::default()
     }
 }
@@ -401,12 +420,15 @@ fn desired(ips: &[&str]) -> Desired {
 fn the_writer_writes_only_when_the_stored_value_differs() {
     let s = stored(&["203.0.113.9"], &["nodelb"]);
     assert_eq!(
-        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), None),
+        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), None, now()),
         Write::Nothing
     );
-    let Write::Apply { body, first } =
-        ingress::decide(&s, Some(&desired(&["203.0.113.9", "203.0.113.10"])), None)
-    else {
+    let Write::Apply { body, first, .. } = ingress::decide(
+        &s,
+        Some(&desired(&["203.0.113.9", "203.0.113.10"])),
+        None,
+        now(),
+    ) else {
         panic!()
     };
     assert!(!first);
@@ -414,9 +436,12 @@ fn the_writer_writes_only_when_the_stored_value_differs() {
         body["status"]["loadBalancer"]["ingress"],
         serde_json::json!([{"ip": "203.0.113.9"}, {"ip": "203.0.113.10"}])
     );
-    let Write::Apply { first, .. } =
-        ingress::decide(&stored(&[], &[]), Some(&desired(&["203.0.113.9"])), None)
-    else {
+    let Write::Apply { first, .. } = ingress::decide(
+        &stored(&[], &[]),
+        Some(&desired(&["203.0.113.9"])),
+        None,
+        now(),
+    ) else {
         panic!()
     };
     assert!(first, "nothing published before: EnsuredLoadBalancer");
@@ -427,7 +452,7 @@ fn ip_mode_is_written_only_when_the_server_keeps_it() {
     let s = stored(&["203.0.113.9"], &["nodelb"]);
     // A server that keeps ipMode: stored without it differs from desired with it.
     let Write::Apply { body, .. } =
-        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), Some("Proxy"))
+        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), Some("Proxy"), now())
     else {
         panic!()
     };
@@ -437,7 +462,7 @@ fn ip_mode_is_written_only_when_the_server_keeps_it() {
     );
     // A server that drops it: never sent, so stored always equals computed.
     assert_eq!(
-        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), None),
+        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), None, now()),
         Write::Nothing
     );
 }
@@ -457,17 +482,17 @@ fn ip_mode_the_server_filled_in_is_no_reason_to_write_when_nodelb_sends_none() {
         .unwrap()[0]
         .ip_mode = Some("VIP".into());
     assert_eq!(
-        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), None),
+        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), None, now()),
         Write::Nothing
     );
     // Where nodelb does send it, `VIP` stored against `Proxy` wanted is a difference.
     assert!(matches!(
-        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), Some("Proxy")),
+        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), Some("Proxy"), now()),
         Write::Apply { .. }
     ));
     // And an address change is still written.
     assert!(matches!(
-        ingress::decide(&s, Some(&desired(&["203.0.113.10"])), None),
+        ingress::decide(&s, Some(&desired(&["203.0.113.10"])), None, now()),
         Write::Apply { .. }
     ));
 }
@@ -476,7 +501,7 @@ fn ip_mode_the_server_filled_in_is_no_reason_to_write_when_nodelb_sends_none() {
 fn another_managers_ingress_is_left_alone() {
     let s = stored(&["192.0.2.1"], &["metallb"]);
     assert_eq!(
-        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), None),
+        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), None, now()),
         Write::OwnedElsewhere {
             managers: vec!["metallb".into()]
         }
@@ -486,12 +511,12 @@ fn another_managers_ingress_is_left_alone() {
 #[test]
 fn a_service_no_longer_ours_loses_only_what_nodelb_wrote() {
     let ours = stored(&["203.0.113.9"], &["nodelb"]);
-    let Write::Clear { body } = ingress::decide(&ours, None, None) else {
+    let Write::Clear { body } = ingress::decide(&ours, None, None, now()) else {
         panic!()
     };
     assert_eq!(body["status"], serde_json::json!({}));
     let theirs = stored(&["192.0.2.1"], &["metallb"]);
-    assert_eq!(ingress::decide(&theirs, None, None), Write::Nothing);
+    assert_eq!(ingress::decide(&theirs, None, None, now()), Write::Nothing);
 }
 
 #[test]
@@ -524,16 +549,27 @@ fn recomputing_after_a_change_touches_only_what_changed_and_equals_a_fresh_compu
     let later = now() + SignedDuration::from_secs(20);
     let mut beats2 = beats.clone();
     beats2.get_mut("node-a").unwrap().renewed = later;
+    let a_before = s.desired()[&ServiceKey::new("default", "a")].clone();
     let changed = s.compute(&w.objects, &w.nodes, &beats2, later, &w.cfg);
-    // `a` is Local with its endpoint on node-a: it does not change.
+    // `a` is Local with its endpoint on node-a: its ingress does not change, only its
+    // condition's count of nodes (one candidate fewer).
     assert_eq!(
         changed,
         [
+            ServiceKey::new("default", "a"),
             ServiceKey::new("default", "b"),
             ServiceKey::new("default", "c")
         ]
         .into()
     );
+    let a_after = &s.desired()[&ServiceKey::new("default", "a")];
+    assert_eq!(a_after.ingress, a_before.ingress);
+    assert_eq!(a_after.serving.message, "served on 1 of 1 nodes");
+    assert_eq!(
+        a_before.serving.message,
+        "served on 1 of 2 nodes; node-b: no ready endpoint on the node (externalTrafficPolicy Local)"
+    );
+    assert_eq!(s.desired(), &w.compute_at(&beats2, later));
 }
 
 #[test]
@@ -565,4 +601,217 @@ fn invalid_parts_of_a_service_are_problems_worth_an_event() {
         "{notes:?}"
     );
     assert!(p.iter().all(|p| p.reason() == "InvalidInput"), "{p:?}");
+}
+
+// ---- the condition nodelb.io/Serving -------------------------------------------------------
+
+impl World {
+    fn serving(&self, name: &str) -> Serving {
+        self.compute()[&ServiceKey::new("default", name)]
+            .serving
+            .clone()
+    }
+}
+
+#[test]
+fn a_served_service_is_serving_and_names_the_nodes_that_do_not_serve_it() {
+    let w = World::two_nodes()
+        .service(svc(
+            "web",
+            "2024-01-01T00:00:00Z",
+            80,
+            serde_json::json!({"__selector": "zone=a"}),
+        ))
+        .slice(slice("web", &[("198.51.100.20", "node-a")]));
+    let c = w.serving("web");
+    assert!(c.status);
+    assert_eq!(c.reason, "Serving");
+    assert_eq!(
+        c.message,
+        "served on 1 of 2 nodes; node-b: not served: node does not match selector \"zone=a\""
+    );
+}
+
+#[test]
+fn a_service_without_endpoints_says_no_endpoints() {
+    let w = World::two_nodes().service(svc("web", "2024-01-01T00:00:00Z", 80, none()));
+    assert_eq!(
+        w.ingress("web").len(),
+        2,
+        "published: its clients are refused"
+    );
+    let c = w.serving("web");
+    assert!(!c.status);
+    assert_eq!(c.reason, "NoEndpoints");
+    assert!(c.message.starts_with("no ready endpoint"), "{}", c.message);
+}
+
+#[test]
+fn a_reserved_port_says_reserved_port_and_what_to_do() {
+    let w = World::two_nodes().service(svc("ssh", "2024-01-01T00:00:00Z", 22, none()));
+    let c = w.serving("ssh");
+    assert_eq!((c.status, c.reason), (false, "ReservedPort"));
+    assert!(c.message.contains("22/TCP"), "{}", c.message);
+    assert!(c.message.ends_with("use another port"), "{}", c.message);
+}
+
+#[test]
+fn a_conflict_loser_everywhere_says_port_conflict_and_names_the_winner() {
+    let w = World::two_nodes()
+        .service(svc("old", "2023-01-01T00:00:00Z", 80, none()))
+        .slice(slice("old", &[("198.51.100.20", "node-a")]))
+        .service(svc("new", "2024-01-01T00:00:00Z", 80, none()))
+        .slice(slice("new", &[("198.51.100.21", "node-a")]));
+    let c = w.serving("new");
+    assert_eq!((c.status, c.reason), (false, "PortConflict"));
+    assert!(c.message.contains("default/old"), "{}", c.message);
+    assert!(w.serving("old").status);
+}
+
+#[test]
+fn a_conflict_loser_on_some_nodes_is_serving_and_names_them() {
+    let w = World::two_nodes()
+        .service(svc(
+            "old",
+            "2023-01-01T00:00:00Z",
+            80,
+            serde_json::json!({"__selector": "zone=b"}),
+        ))
+        .slice(slice("old", &[("198.51.100.20", "node-b")]))
+        .service(svc("new", "2024-01-01T00:00:00Z", 80, none()))
+        .slice(slice("new", &[("198.51.100.21", "node-a")]));
+    let c = w.serving("new");
+    assert!(c.status);
+    assert_eq!(
+        c.message,
+        "served on 1 of 2 nodes; node-b: port 80/TCP held by default/old"
+    );
+}
+
+#[test]
+fn no_fresh_heartbeat_says_no_serving_nodes() {
+    let mut w = World::two_nodes().service(svc("web", "2024-01-01T00:00:00Z", 80, none()));
+    w.leases.clear();
+    let c = w.serving("web");
+    assert_eq!((c.status, c.reason), (false, "NoServingNodes"));
+    assert!(
+        c.message.contains("no node has a fresh nodelb heartbeat"),
+        "{}",
+        c.message
+    );
+}
+
+#[test]
+fn a_namespace_left_out_says_namespace_not_allowed() {
+    let mut w = World::two_nodes().service(svc("web", "2024-01-01T00:00:00Z", 80, none()));
+    w.cfg.planner.allowed_namespaces = Some(["shop".to_string()].into());
+    let c = w.serving("web");
+    assert_eq!((c.status, c.reason), (false, "NamespaceNotAllowed"));
+    assert!(c.message.contains("--allowed-namespaces"), "{}", c.message);
+}
+
+#[test]
+fn a_service_without_a_valid_port_says_invalid_service() {
+    let w = World::two_nodes().service(svc(
+        "web",
+        "2024-01-01T00:00:00Z",
+        80,
+        serde_json::json!({"ports": [{"name": "x", "port": 80, "protocol": "ICMP"}]}),
+    ));
+    let c = w.serving("web");
+    assert_eq!((c.status, c.reason), (false, "InvalidService"));
+    assert!(c.message.contains("ICMP"), "{}", c.message);
+}
+
+#[test]
+fn a_message_names_a_few_nodes_then_how_many_more() {
+    let mut w = World::two_nodes()
+        .service(svc(
+            "web",
+            "2024-01-01T00:00:00Z",
+            80,
+            serde_json::json!({"__selector": "zone=a"}),
+        ))
+        .slice(slice("web", &[("198.51.100.20", "node-a")]));
+    for i in 0..6 {
+        let name = format!("node-x{i}");
+        w.nodes.push(node(
+            &name,
+            &[("InternalIP", &format!("203.0.113.{}", 20 + i))],
+            &[("zone", "x")],
+        ));
+        w.leases.push(beat(&name, 1, "IPv4"));
+    }
+    let c = w.serving("web");
+    assert!(
+        c.message.starts_with("served on 1 of 8 nodes; "),
+        "{}",
+        c.message
+    );
+    assert!(c.message.ends_with(" and 4 more"), "{}", c.message);
+    assert_eq!(c.message.matches("does not match selector").count(), 3);
+}
+
+#[test]
+fn a_condition_change_alone_is_written_without_an_ingress_event() {
+    let s = stored(&["203.0.113.9"], &["nodelb"]);
+    let mut want = desired(&["203.0.113.9"]);
+    want.serving.message = "served on 1 of 2 nodes; node-b: no ready endpoint".into();
+    let Write::Apply {
+        body,
+        ingress_changed,
+        ..
+    } = ingress::decide(&s, Some(&want), None, now())
+    else {
+        panic!()
+    };
+    assert!(
+        !ingress_changed,
+        "no EnsuredLoadBalancer/UpdatedLoadBalancer Event"
+    );
+    let c = &body["status"]["conditions"][0];
+    assert_eq!(c["type"], "nodelb.io/Serving");
+    assert_eq!(c["message"], want.serving.message.as_str());
+    assert_eq!(
+        c["lastTransitionTime"], "2026-01-01T00:00:00Z",
+        "the status stayed True: the transition time is kept"
+    );
+    // The status flips: a new transition time, the leader's now.
+    want.serving = Serving {
+        status: false,
+        reason: "NoEndpoints",
+        message: "no ready endpoint".into(),
+    };
+    let Write::Apply { body, .. } = ingress::decide(&s, Some(&want), None, now()) else {
+        panic!()
+    };
+    let c = &body["status"]["conditions"][0];
+    assert_eq!(c["status"], "False");
+    assert_eq!(c["lastTransitionTime"], now().to_string());
+}
+
+#[test]
+fn a_new_generation_is_written_as_observed_generation() {
+    let mut s = stored(&["203.0.113.9"], &["nodelb"]);
+    assert_eq!(
+        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), None, now()),
+        Write::Nothing
+    );
+    s.metadata.generation = Some(4);
+    let Write::Apply { body, .. } =
+        ingress::decide(&s, Some(&desired(&["203.0.113.9"])), None, now())
+    else {
+        panic!()
+    };
+    assert_eq!(body["status"]["conditions"][0]["observedGeneration"], 4);
+}
+
+#[test]
+fn a_service_that_carries_only_nodelbs_condition_is_cleared_when_no_longer_ours() {
+    let mut s = stored(&[], &["nodelb"]);
+    s.metadata.ingress_owners.clear();
+    assert!(matches!(
+        ingress::decide(&s, None, None, now()),
+        Write::Clear { .. }
+    ));
 }

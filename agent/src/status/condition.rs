@@ -1,0 +1,137 @@
+//! The condition `nodelb.io/Serving` each handled Service carries beside its ingress: whether
+//! nodelb serves it, and in its message on how many nodes and why the others do not, or what
+//! to do. Pure: from what the leader saw of the Service on each serving candidate.
+
+use super::Problem;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+pub use crate::vocab::SERVING_CONDITION as CONDITION_TYPE;
+/// Nodes named in a message before "and N more".
+const NAMED_NODES: usize = 3;
+
+/// The condition as decided: `status` True or False, a CamelCase reason, a message.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Serving {
+    pub status: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// What the leader saw of one Service on the serving candidates (nodes with a fresh heartbeat).
+#[derive(Clone, Debug, Default)]
+pub struct Seen {
+    /// Serving candidates.
+    pub candidates: usize,
+    /// Nodes whose addresses are published for it.
+    pub serving: usize,
+    /// The other candidates, each with why it does not serve the Service.
+    pub why_not: BTreeMap<String, String>,
+    /// Whether a serving node forwards to an endpoint (else every connection is refused).
+    pub any_endpoint: bool,
+    /// `--allowed-namespaces` leaves its namespace out.
+    pub namespace_denied: bool,
+    /// No valid port, or a name nodelb cannot use.
+    pub invalid: bool,
+}
+
+/// The condition from what was seen and the problems found (see [`Problem`]).
+pub fn decide(seen: &Seen, problems: &[Problem], namespace: &str) -> Serving {
+    let not = |reason, message: String| Serving {
+        status: false,
+        reason,
+        message,
+    };
+    if seen.namespace_denied {
+        return not(
+            "NamespaceNotAllowed",
+            format!("namespace {namespace} is not in the agents' --allowed-namespaces: nodelb does not serve it; create it in an allowed namespace or widen the flag"),
+        );
+    }
+    if let Some(p @ Problem::ReservedPort { .. }) = problems.first_of("ReservedPort") {
+        return not("ReservedPort", format!("{}; use another port", p.note()));
+    }
+    if seen.invalid {
+        let what: Vec<String> = problems
+            .iter()
+            .filter(|p| p.reason() == "InvalidInput")
+            .map(Problem::note)
+            .collect();
+        return not(
+            "InvalidService",
+            format!(
+                "nodelb cannot program this Service ({}); fix spec.ports",
+                bounded(&what)
+            ),
+        );
+    }
+    let served = format!("served on {} of {} nodes", seen.serving, seen.candidates);
+    if seen.serving > 0 {
+        let others = others(&seen.why_not);
+        if !seen.any_endpoint {
+            return not(
+                "NoEndpoints",
+                format!("no ready endpoint: connections are refused until a Pod of the Service is ready ({served}{others})"),
+            );
+        }
+        return Serving {
+            status: true,
+            reason: "Serving",
+            message: format!("{served}{others}"),
+        };
+    }
+    if let Some(p @ Problem::PortConflict { .. }) = problems.first_of("PortConflict") {
+        return not(
+            "PortConflict",
+            format!(
+                "{}; use another port, or node selectors that do not overlap",
+                p.note()
+            ),
+        );
+    }
+    let why = match problems.first_of("NoServingNodes") {
+        Some(Problem::NoServingNodes { why }) => why.clone(),
+        _ => "no node serves it".to_string(),
+    };
+    not(
+        "NoServingNodes",
+        format!(
+            "{why}{}; check the nodelb agents' heartbeats, the node selector and the endpoints",
+            others(&seen.why_not)
+        ),
+    )
+}
+
+trait FirstOf {
+    fn first_of(&self, reason: &str) -> Option<&Problem>;
+}
+
+impl FirstOf for [Problem] {
+    fn first_of(&self, reason: &str) -> Option<&Problem> {
+        self.iter().find(|p| p.reason() == reason)
+    }
+}
+
+/// `; node-d: why; node-e: why and 2 more` for the nodes that do not serve.
+fn others(why_not: &BTreeMap<String, String>) -> String {
+    let items: Vec<String> = why_not.iter().map(|(n, w)| format!("{n}: {w}")).collect();
+    if items.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", bounded(&items))
+    }
+}
+
+/// The first few items joined with `; `, then how many more.
+fn bounded(items: &[String]) -> String {
+    let mut out = items
+        .iter()
+        .take(NAMED_NODES)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("; ");
+    if items.len() > NAMED_NODES {
+        let _ = write!(out, " and {} more", items.len() - NAMED_NODES);
+    }
+    out
+}
