@@ -216,6 +216,8 @@ pub struct Metrics {
     /// encoded straight into the response.
     service_counters: Registry,
     pub sync_duration: Histogram,
+    /// From the first watch event a sync takes to its commit.
+    pub event_to_kernel: Histogram,
     pub syncs: Family<ResultLabel, Counter>,
     pub sync_objects: Gauge,
     pub sync_bytes: Gauge,
@@ -254,13 +256,7 @@ impl Metrics {
         let mut r = Registry::with_prefix("nodelb");
         let (leader, lease_transitions, heartbeat_age, status_writes, heartbeats) =
             status_metrics(&mut r);
-        // 1 ms .. ~16 s.
-        let sync_duration = register(
-            &mut r,
-            "sync_duration_seconds",
-            "Time of one sync: plan, encode and commit",
-            Histogram::new(exponential_buckets(0.001, 2.0, 15)),
-        );
+        let (sync_duration, event_to_kernel) = latency_metrics(&mut r);
         let syncs = register(
             &mut r,
             "syncs",
@@ -308,6 +304,7 @@ impl Metrics {
             registry: r,
             service_counters: service_counters(counters),
             sync_duration,
+            event_to_kernel,
             syncs,
             sync_objects,
             sync_bytes,
@@ -456,6 +453,25 @@ impl fmt::Write for ChunkWriter {
 
 /// The Content-Type of [`Metrics::render`].
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// How long syncs take, and how long a change waits in the agent until it is in the kernel.
+fn latency_metrics(r: &mut Registry) -> (Histogram, Histogram) {
+    // 1 ms .. ~16 s.
+    let sync_duration = register(
+        r,
+        "sync_duration_seconds",
+        "Time of one sync: plan, encode and commit",
+        Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+    );
+    // 0.5 ms .. ~16 s.
+    let event_to_kernel = register(
+        r,
+        "event_to_kernel_seconds",
+        "From the agent's receipt of the first Service or EndpointSlice change a sync takes to its commit in the kernel",
+        Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+    );
+    (sync_duration, event_to_kernel)
+}
 
 /// Drift: full replaces that repaired it, and the periodic resyncs that look for it.
 fn repair_metrics(r: &mut Registry) -> (Counter, Family<ResultLabel, Counter>) {

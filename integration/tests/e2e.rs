@@ -311,6 +311,9 @@ fn services_and_endpoints_follow_the_api() {
     wait_refused(&c, c.client(), v4(&c, 8003));
 
     assert!(c.readyz(0).is_ok_and(|(code, _)| code == 200));
+    // Each of those changes was timed from its watch event to the kernel.
+    let timed = metric_sum(&c.metrics(0), "nodelb_event_to_kernel_seconds_count");
+    assert!(timed >= 5.0, "event-to-kernel observations: {timed}");
     c.assert_agents_authorized();
 }
 

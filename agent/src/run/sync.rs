@@ -73,6 +73,8 @@ enum SyncError {
 struct Wake {
     drift: Option<String>,
     resync: bool,
+    /// When the first watch event this sync takes arrived.
+    first_event: Option<Instant>,
 }
 
 impl SyncLoop {
@@ -137,6 +139,8 @@ impl SyncLoop {
             }
         }
         self.readiness.lock().expect("readiness").caches_synced = true;
+        // The first sync takes the whole listing: not a change's way to the kernel.
+        wake.first_event = None;
         info!(
             services = self.inbox.objects().service_count(),
             endpointslices = self.inbox.objects().slice_count(),
@@ -214,7 +218,10 @@ impl SyncLoop {
 
     fn take(&mut self, t: Trigger, wake: &mut Wake) {
         match t {
-            Trigger::Object(ev) => self.inbox.apply(ev),
+            Trigger::Object(ev) => {
+                wake.first_event.get_or_insert_with(Instant::now);
+                self.inbox.apply(ev)
+            }
             Trigger::Changed => {}
             Trigger::Drift(why) => wake.drift = Some(why),
         }
@@ -385,6 +392,10 @@ impl SyncLoop {
         match result {
             Ok((objects, stats, repaired)) => {
                 self.metrics.record_sync(took, true);
+                if let Some(first) = wake.first_event {
+                    let waited = first.elapsed().as_secs_f64();
+                    self.metrics.event_to_kernel.observe(waited);
+                }
                 self.metrics.sync_objects.set(objects as i64);
                 self.metrics.sync_bytes.set(stats.bytes as i64);
                 self.metrics.services_programmed.set(plan.services as i64);
