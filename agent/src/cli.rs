@@ -30,7 +30,7 @@ pub enum Command {
     /// Plan for the objects in FILEs and program the tables once; print one line of stats.
     Apply(FileArgs),
     /// Delete nodelb's tables (`ip nodelb`, `ip6 nodelb`), nothing else.
-    Cleanup,
+    Cleanup(CleanupArgs),
     /// Remove every Service status field owned by field manager `nodelb` (the ingress and
     /// nodelb's conditions), leaving other managers' fields; for uninstalling, once no agent
     /// runs. Exits non-zero if a Service could not be cleared.
@@ -40,13 +40,38 @@ pub enum Command {
     Check(CheckArgs),
 }
 
-/// `clear-status`: which cluster.
+/// `clear-status`: which cluster, and the agents it waits for.
 #[derive(Debug, Clone, Args)]
 pub struct ClearStatusArgs {
     /// kubeconfig file. Default: `$KUBECONFIG`, else `~/.kube/config`, else the in-cluster
     /// service account.
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
+
+    /// Namespace of the Lease `nodelb-status`. The status is cleared once that Lease has not
+    /// changed for its lease duration (no leader is left to write it again), or at once when
+    /// it does not exist.
+    #[arg(long, default_value = "nodelb-system", value_name = "NS")]
+    pub lease_namespace: String,
+
+    /// How long to wait for the Lease to go quiet before giving up.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m",
+          value_name = "DURATION")]
+    pub wait: Duration,
+}
+
+/// `cleanup`: what it waits for first.
+#[derive(Debug, Clone, Args)]
+pub struct CleanupArgs {
+    /// First wait until nothing answers on this address (the agent's `--health-addr` on this
+    /// node, e.g. `127.0.0.1:9254`): a running agent would put its tables back.
+    #[arg(long, value_name = "ADDR")]
+    pub after_agent_stops: Option<SocketAddr>,
+
+    /// How long to wait for the agent to stop before giving up.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m",
+          value_name = "DURATION")]
+    pub wait: Duration,
 }
 
 /// Families and which Services nodelb takes: shared by `run`, `render`, `apply`.

@@ -73,8 +73,11 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 .enable_all()
                 .build()?;
             let done = rt.block_on(async {
+                use nodelb_agent::kube::clear_status;
                 let client = nodelb_agent::kube::client(args.kubeconfig.as_deref()).await?;
-                anyhow::Ok(nodelb_agent::kube::clear_status::clear_all(client).await?)
+                clear_status::wait_for_quiet_lease(&client, &args.lease_namespace, args.wait)
+                    .await?;
+                anyhow::Ok(clear_status::clear_all(client).await?)
             })?;
             println!("{done}");
             Ok(if done.failed.is_empty() {
@@ -83,7 +86,10 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 ExitCode::from(1)
             })
         }
-        Command::Cleanup => {
+        Command::Cleanup(args) => {
+            if let Some(addr) = args.after_agent_stops {
+                oneshot::wait_until_closed(addr, args.wait)?;
+            }
             let deleted = oneshot::cleanup(DEFAULT_TABLE_NAME)?;
             if deleted.is_empty() {
                 println!("no nodelb tables");

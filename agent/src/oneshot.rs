@@ -12,6 +12,7 @@ use nodelb_netfilter::{Commit, CommitStats, Committer, Nft, TableRef};
 use std::collections::BTreeSet;
 use std::fmt;
 use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 /// Everything a one-shot plan looks at.
 pub struct OneShot {
@@ -145,6 +146,26 @@ pub fn apply(
         objects,
         stats: done.stats,
     })
+}
+
+/// Waits until nothing accepts connections on `addr` (refused, or no answer within a second),
+/// for at most `wait`.
+pub fn wait_until_closed(addr: std::net::SocketAddr, wait: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + wait;
+    let mut said = false;
+    while std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok() {
+        if Instant::now() >= deadline {
+            anyhow::bail!(
+                "the agent on {addr} still runs after {wait:?}: stop it first (manifests/cleanup/ schedules the agent DaemonSet on no node)"
+            );
+        }
+        if !said {
+            println!("waiting for the agent on {addr} to stop");
+            said = true;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    Ok(())
 }
 
 /// `cleanup`: delete `ip nodelb` and `ip6 nodelb` where they exist; nothing else.

@@ -787,16 +787,33 @@ impl Cluster {
     /// Runs the agent binary with `args` in node `i`'s namespace to its end, as a Pod of a
     /// Job or an init container would.
     pub fn run_agent_command(&self, i: usize, args: &[String]) -> std::process::Output {
+        self.spawn_agent_command(i, args)
+            .wait_with_output()
+            .expect("waiting for the agent command")
+    }
+
+    /// Starts the agent binary with `args` in node `i`'s namespace (stdout and stderr piped).
+    /// It gets `PR_SET_PDEATHSIG(SIGKILL)` like the agents: it dies with the calling thread.
+    pub fn spawn_agent_command(&self, i: usize, args: &[String]) -> std::process::Child {
         let bin = agent_binary();
-        Command::new("ip")
-            .args(["netns", "exec", self.nodes[i].ns.name()])
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", self.nodes[i].ns.name()])
             .arg(&bin)
             .args(args)
             .env("NO_COLOR", "1")
             .env_remove("KUBECONFIG")
             .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("running {}: {e}", bin.display()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: prctl is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        cmd.spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()))
     }
 
     pub fn agent_log(&self, i: usize) -> String {

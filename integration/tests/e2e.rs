@@ -192,6 +192,15 @@ fn wait_refused(c: &Cluster, ns: &Netns, dst: SocketAddr) {
     });
 }
 
+/// Waits until a request from `ns` to `dst` gets no answer at all within `SILENCE` (a drop,
+/// not a reset); `what` names the rule.
+fn wait_silence(c: &Cluster, ns: &Netns, dst: SocketAddr, what: &str) {
+    wait_with_ruleset(c, what, || match tcp_request(ns, dst, SILENCE) {
+        Outcome::TimedOut => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
+}
+
 /// [`wait_for`] over `CHANGE`, printing node 0's ruleset when it gives up.
 fn wait_with_ruleset<T>(c: &Cluster, what: &str, f: impl FnMut() -> Result<T, String>) -> T {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| wait_for(what, CHANGE, f)));
@@ -439,11 +448,13 @@ fn policies_source_ranges_hairpin_and_conflicts() {
         "IPv4",
         &[(c.backend_v4(2).to_string(), other_node.clone())],
     ));
+    // (The Service may be synced before its slice: rejecting, until the slice makes it drop.)
     wait_table(&c, "ip", &tag(&c, "remote", "tcp"), true);
-    assert_eq!(
-        tcp_request(c.client(), v4(&c, 8012), SILENCE),
-        Outcome::TimedOut,
-        "Local without a local endpoint drops"
+    wait_silence(
+        &c,
+        c.client(),
+        v4(&c, 8012),
+        "Local without a local endpoint drops",
     );
     // The same endpoint under Cluster policy answers: the silence above is the policy.
     c.apply(&service(
@@ -927,10 +938,11 @@ fn two_nodes_local_policy_follows_the_endpoint() {
     );
     // node-a has the Service (its table says so) but no local endpoint: silence.
     wait_table(&c, "ip", &tag(&c, "local2", "tcp"), true);
-    assert_eq!(
-        tcp_request(c.client(), v4(&c, 8071), SILENCE),
-        Outcome::TimedOut,
-        "node-a must drop a Local Service whose endpoints are all on node-b"
+    wait_silence(
+        &c,
+        c.client(),
+        v4(&c, 8071),
+        "node-a must drop a Local Service whose endpoints are all on node-b",
     );
     c.assert_agents_authorized();
 }

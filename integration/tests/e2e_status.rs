@@ -961,10 +961,12 @@ fn failover_mid_convergence_keeps_one_writer() {
     assert_rbac(&c);
 }
 
-/// Uninstalling: with the agents stopped, `manifests/cleanup/` run as the cluster would run it
-/// (the Job's `clear-status` as its own ServiceAccount, the DaemonSet's `cleanup` on every
-/// node) leaves no nodelb table on any node and no status field owned by `nodelb`, keeps
-/// another manager's status fields, and every process it started has ended.
+/// Uninstalling in one apply: `manifests/cleanup/` schedules the agent DaemonSet on no node,
+/// and its Job and DaemonSet commands, started before the agents stop (as the cluster may start
+/// them), wait for them: `clear-status` until the status Lease is quiet, `cleanup` until the
+/// node's agent no longer answers. Afterwards no node has a nodelb table, no Service has a
+/// status field owned by `nodelb`, another manager's status fields stay, and every process
+/// started has ended.
 #[test]
 fn uninstall_clears_tables_and_status_and_keeps_other_managers_fields() {
     if !require_root("uninstall_clears_tables_and_status_and_keeps_other_managers_fields") {
@@ -980,6 +982,7 @@ fn uninstall_clears_tables_and_status_and_keeps_other_managers_fields() {
     apply(&c, slice(&c, "web", &[(0, true), (1, true)]));
     let want: Vec<String> = vec![addr(&c, 0), addr(&c, 1)];
     wait_ips(&c, "web", &want, CHANGE);
+    wait_condition(&c, "web", "True", "Serving");
     // Another controller owns a condition in the same status.
     let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
     let theirs = json!({"apiVersion": "v1", "kind": "Service",
@@ -993,34 +996,79 @@ fn uninstall_clears_tables_and_status_and_keeps_other_managers_fields() {
         &Patch::Apply(&theirs),
     ))
     .unwrap_or_else(|e| panic!("writing the other controller's condition: {e}"));
+
+    c.install_cleanup();
+    let (clear_args, cleanup_args) = cleanup_commands(&c);
+    let clear = c.spawn_agent_command(0, &clear_args);
+    let cleanups: Vec<_> = (0..2)
+        .map(|i| c.spawn_agent_command(i, &cleanup_args))
+        .collect();
+    // The DaemonSet controller's part: the agent DaemonSet now selects no node, so its pods go.
+    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        Api::namespaced(c.admin().clone(), AGENT_NAMESPACE);
+    let agent_ds = c.block_on(daemonsets.get("nodelb-agent")).unwrap();
+    let selector = agent_ds
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .node_selector
+        .unwrap();
+    let nodes: Api<Node> = Api::all(c.admin().clone());
     for i in 0..2 {
-        assert!(c.nft_table(i, "ip").is_some(), "node {i} has its table");
+        let labels = c
+            .block_on(nodes.get(c.node_name(i)))
+            .unwrap()
+            .metadata
+            .labels
+            .unwrap_or_default();
+        assert!(
+            selector.iter().any(|(k, v)| labels.get(k) != Some(v)),
+            "the stopped agent DaemonSet still selects node {i}"
+        );
+        // The commands wait while the agent runs.
+        assert!(
+            c.nft_table(i, "ip").is_some(),
+            "node {i}'s table stays while its agent runs"
+        );
+    }
+    std::thread::sleep(2 * LEASE);
+    assert!(
+        c.nft_table(0, "ip").is_some(),
+        "cleanup waited for the agent"
+    );
+    for i in 0..2 {
         c.stop_agent(i, Signal::SIGTERM);
     }
 
-    c.install_cleanup();
-    // The Job's container, as its ServiceAccount (the RBAC of manifests/cleanup/ decides).
-    let jobs: Api<k8s_openapi::api::batch::v1::Job> =
-        Api::namespaced(c.admin().clone(), AGENT_NAMESPACE);
-    let job = c
-        .block_on(jobs.get("nodelb-clear-status"))
-        .unwrap_or_else(|e| panic!("the Job from manifests/cleanup/ is installed: {e}"));
-    let pod = job.spec.unwrap().template.spec.unwrap();
-    let sa = pod.service_account_name.clone().unwrap();
-    let mut args = pod.containers[0].args.clone().unwrap_or_default();
-    args.push("--kubeconfig".into());
-    args.push(c.service_account_kubeconfig(&sa, 0).display().to_string());
-    let out = c.run_agent_command(0, &args);
+    let out = clear.wait_with_output().unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "clear-status failed: {text}");
-    let web = format!("{}/web", c.namespace());
-    assert!(text.contains(&format!("cleared {web}")), "{text}");
-    // Again: nothing left to clear.
-    let again = c.run_agent_command(0, &args);
+    assert!(
+        text.contains(&format!("cleared {}/web", c.namespace())),
+        "{text}"
+    );
+    for (i, p) in cleanups.into_iter().enumerate() {
+        let out = p.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "cleanup on node {i}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("waiting for the agent"),
+            "cleanup on node {i} did not wait: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert_eq!(c.nft_table(i, "ip"), None, "node {i} still has ip nodelb");
+        assert_eq!(c.nft_table(i, "ip6"), None, "node {i} still has ip6 nodelb");
+    }
+    let again = c.run_agent_command(0, &clear_args);
     assert!(again.status.success());
     assert!(
         String::from_utf8_lossy(&again.stdout)
@@ -1028,32 +1076,6 @@ fn uninstall_clears_tables_and_status_and_keeps_other_managers_fields() {
         "{}",
         String::from_utf8_lossy(&again.stdout)
     );
-
-    // The DaemonSet's init container on every node.
-    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> =
-        Api::namespaced(c.admin().clone(), AGENT_NAMESPACE);
-    let ds = c
-        .block_on(daemonsets.get("nodelb-cleanup"))
-        .unwrap_or_else(|e| panic!("the cleanup DaemonSet is installed: {e}"));
-    let init = ds
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap()
-        .init_containers
-        .unwrap();
-    let cleanup_args = init[0].args.clone().unwrap_or_default();
-    for i in 0..2 {
-        let out = c.run_agent_command(i, &cleanup_args);
-        assert!(
-            out.status.success(),
-            "cleanup on node {i}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_eq!(c.nft_table(i, "ip"), None, "node {i} still has ip nodelb");
-        assert_eq!(c.nft_table(i, "ip6"), None, "node {i} still has ip6 nodelb");
-    }
 
     let svc = c
         .block_on(api.get("web"))
@@ -1071,11 +1093,55 @@ fn uninstall_clears_tables_and_status_and_keeps_other_managers_fields() {
             .map(|c| c.type_.as_str())
             .collect::<Vec<_>>(),
         vec!["example.com/Checked"],
-        "the other controller's condition stays"
+        "the other controller's condition stays, nodelb's is gone"
     );
     for i in 0..2 {
         assert!(!c.agent_running(i), "node {i}'s agent still runs");
     }
+}
+
+/// The commands of `manifests/cleanup/` as installed: the Job's container (with a kubeconfig
+/// of its ServiceAccount, so the RBAC of the manifests decides) and the cleanup DaemonSet's
+/// init container, whose health address is the harness agents' (the manifests' port is the
+/// DaemonSet's default).
+fn cleanup_commands(c: &Cluster) -> (Vec<String>, Vec<String>) {
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> =
+        Api::namespaced(c.admin().clone(), AGENT_NAMESPACE);
+    let job = c
+        .block_on(jobs.get("nodelb-clear-status"))
+        .unwrap_or_else(|e| panic!("the Job from manifests/cleanup/ is installed: {e}"));
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    let sa = pod.service_account_name.clone().unwrap();
+    let mut clear = pod.containers[0].args.clone().unwrap_or_default();
+    clear.push("--kubeconfig".into());
+    clear.push(c.service_account_kubeconfig(&sa, 0).display().to_string());
+    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        Api::namespaced(c.admin().clone(), AGENT_NAMESPACE);
+    let ds = c
+        .block_on(daemonsets.get("nodelb-cleanup"))
+        .unwrap_or_else(|e| panic!("the cleanup DaemonSet is installed: {e}"));
+    let init = ds
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .init_containers
+        .unwrap();
+    let cleanup: Vec<String> = init[0]
+        .args
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|a| match a.strip_suffix(":9254") {
+            Some(host) => format!("{host}:{}", nodelb_integration::e2e::HEALTH_PORT),
+            None => a,
+        })
+        .collect();
+    assert!(cleanup
+        .iter()
+        .any(|a| a.ends_with(&format!(":{}", nodelb_integration::e2e::HEALTH_PORT))));
+    (clear, cleanup)
 }
 
 /// `status.conditions` entry `nodelb.io/Serving` of Service `name`: `(status, reason, message)`.

@@ -610,16 +610,60 @@ fn hardened_overlay_keeps_net_admin_and_a_read_only_root_only() {
     assert_eq!(strip(&hardened), strip(&base));
 }
 
-#[test]
-fn cleanup_daemonset_runs_cleanup_on_every_node() {
+/// The cleanup's build: the install's objects with the agent DaemonSet scheduled on no node,
+/// and the cleanup's own.
+fn cleanup_objects() -> (Vec<Object>, DaemonSet, DaemonSet) {
     let objects = build("cleanup");
     let ds = daemonsets(&objects);
-    assert_eq!(ds.len(), 1);
-    assert_eq!(
-        objects.len(),
-        5,
-        "cleanup installs its DaemonSet, and the clear-status Job with its ServiceAccount and RBAC"
+    assert_eq!(ds.len(), 2, "the agent's, stopped, and the cleanup's");
+    let named = |n: &str| {
+        ds.iter()
+            .find(|d| d.metadata.name.as_deref() == Some(n))
+            .cloned()
+            .unwrap_or_else(|| panic!("DaemonSet {n} in manifests/cleanup/"))
+    };
+    (
+        objects.clone(),
+        named("nodelb-agent"),
+        named("nodelb-cleanup"),
+    )
+}
+
+#[test]
+fn cleanup_stops_the_agents_and_changes_nothing_else_of_the_install() {
+    let (_, stopped, _) = cleanup_objects();
+    // Every object of the install is in the cleanup's build (so deleting it removes them all).
+    let root = manifests().canonicalize().unwrap();
+    let ours = by_identity(kustomize(&root.join("cleanup"), &mut BTreeSet::new()));
+    for id in by_identity(kustomize(&root, &mut BTreeSet::new())).keys() {
+        assert!(ours.contains_key(id), "{id} is not in manifests/cleanup/");
+    }
+    let selector = pod_spec(&stopped).node_selector.clone().unwrap();
+    assert_eq!(selector.len(), 1);
+    let (label, _) = selector.iter().next().unwrap();
+    assert!(
+        label.starts_with("nodelb.io/"),
+        "a label no node carries: {label}"
     );
+    let mut agent = the_daemonset(".");
+    let mut stopped = stopped;
+    stopped
+        .spec
+        .as_mut()
+        .unwrap()
+        .template
+        .spec
+        .as_mut()
+        .unwrap()
+        .node_selector = None;
+    agent.metadata = stopped.metadata.clone();
+    assert_eq!(stopped, agent, "only the node selector differs");
+}
+
+#[test]
+fn cleanup_daemonset_runs_cleanup_on_every_node() {
+    let (_, _, cleanup_ds) = cleanup_objects();
+    let ds = [cleanup_ds];
     let agent = the_daemonset(".");
     assert_eq!(ds[0].metadata.namespace, agent.metadata.namespace);
     assert_ne!(
@@ -645,7 +689,15 @@ fn cleanup_daemonset_runs_cleanup_on_every_node() {
         std::iter::once("nodelb-agent".to_string()).chain(cleanup.args.clone().unwrap_or_default()),
     )
     .unwrap();
-    assert!(matches!(cli.command, Command::Cleanup));
+    let Command::Cleanup(args) = cli.command else {
+        panic!("the init container runs cleanup");
+    };
+    let health = run_args(the_container(pod_spec(&agent), "agent")).health_addr;
+    assert_eq!(
+        args.after_agent_stops.map(|a| a.port()),
+        Some(health.port()),
+        "cleanup waits for the agent on its health port"
+    );
     let sc = cleanup.security_context.clone().unwrap();
     let caps = sc.capabilities.unwrap();
     assert_eq!(caps.add, Some(vec!["NET_ADMIN".to_string()]));
@@ -815,10 +867,11 @@ fn every_reviewed_request_names_the_code_that_makes_it() {
 }
 
 /// The clear-status Job runs `nodelb-agent clear-status` as its own ServiceAccount, which may
-/// list Services and patch their status, nothing else, without privileges.
+/// read Leases in the agent's namespace (to wait for the status Lease), list Services and
+/// patch their status, nothing else, without privileges.
 #[test]
 fn clear_status_job_may_list_services_and_patch_their_status_only() {
-    let objects = build("cleanup");
+    let (objects, _, _) = cleanup_objects();
     let jobs: Vec<&Job> = objects
         .iter()
         .filter_map(|o| match o {
@@ -840,49 +893,62 @@ fn clear_status_job_may_list_services_and_patch_their_status_only() {
         std::iter::once("nodelb-agent".to_string()).chain(c.args.clone().unwrap_or_default()),
     )
     .unwrap();
-    assert!(matches!(cli.command, Command::ClearStatus(_)));
+    let Command::ClearStatus(args) = cli.command else {
+        panic!("the Job runs clear-status");
+    };
+    assert_eq!(
+        args.lease_namespace, namespace,
+        "it waits for the agents' Lease"
+    );
     let sc = c.security_context.clone().unwrap();
     assert_eq!(sc.run_as_non_root, Some(true));
     assert_eq!(sc.capabilities.unwrap().drop, Some(vec!["ALL".to_string()]));
 
-    let mut granted = BTreeSet::new();
+    let binds = |subjects: &Option<Vec<k8s_openapi::api::rbac::v1::Subject>>| {
+        subjects.iter().flatten().any(|s| {
+            s.kind == "ServiceAccount" && s.name == sa && s.namespace.as_deref() == Some(&namespace)
+        })
+    };
     let mut bound = BTreeSet::new();
-    let mut roles = BTreeSet::new();
     for o in &objects {
         match o {
-            Object::ClusterRoleBinding(b) => {
-                assert!(b
-                    .subjects
-                    .iter()
-                    .flatten()
-                    .all(|s| s.kind == "ServiceAccount"
-                        && s.name == sa
-                        && s.namespace.as_deref() == Some(namespace.as_str())));
-                bound.insert(b.role_ref.name.clone());
+            Object::ClusterRoleBinding(b) if binds(&b.subjects) => {
+                bound.insert(("ClusterRole", b.role_ref.name.clone()));
             }
-            Object::ClusterRole(r) => {
-                roles.insert(r.metadata.name.clone().unwrap());
-                for rule in r.rules.iter().flatten() {
-                    assert!(rule.resource_names.is_none());
-                    for v in &rule.verbs {
-                        for g in rule.api_groups.iter().flatten() {
-                            for res in rule.resources.iter().flatten() {
-                                granted.insert((v.clone(), g.clone(), res.clone()));
-                            }
-                        }
-                    }
-                }
+            Object::RoleBinding(b) if binds(&b.subjects) => {
+                bound.insert(("Role", b.role_ref.name.clone()));
             }
-            Object::Role(_) | Object::RoleBinding(_) => panic!("cleanup needs no Role"),
             _ => {}
         }
     }
-    assert_eq!(bound.len(), 1);
-    assert_eq!(roles, bound, "the one ClusterRole is the one bound");
-    let want: BTreeSet<(String, String, String)> =
-        [("list", "", "services"), ("patch", "", "services/status")]
-            .into_iter()
-            .map(|(v, g, r)| (v.to_string(), g.to_string(), r.to_string()))
-            .collect();
+    let mut granted = BTreeSet::new();
+    for o in &objects {
+        let (kind, r) = match o {
+            Object::ClusterRole(r) => ("ClusterRole", (r.metadata.name.clone(), &r.rules)),
+            Object::Role(r) => ("Role", (r.metadata.name.clone(), &r.rules)),
+            _ => continue,
+        };
+        if !bound.contains(&(kind, r.0.clone().unwrap())) {
+            continue;
+        }
+        for rule in r.1.iter().flatten() {
+            assert!(rule.resource_names.is_none());
+            for v in &rule.verbs {
+                for g in rule.api_groups.iter().flatten() {
+                    for res in rule.resources.iter().flatten() {
+                        granted.insert((kind, v.clone(), g.clone(), res.clone()));
+                    }
+                }
+            }
+        }
+    }
+    let want: BTreeSet<(&str, String, String, String)> = [
+        ("ClusterRole", "list", "", "services"),
+        ("ClusterRole", "patch", "", "services/status"),
+        ("Role", "get", "coordination.k8s.io", "leases"),
+    ]
+    .into_iter()
+    .map(|(k, v, g, r)| (k, v.to_string(), g.to_string(), r.to_string()))
+    .collect();
     assert_eq!(granted, want);
 }

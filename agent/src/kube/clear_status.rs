@@ -1,12 +1,21 @@
 //! `nodelb-agent clear-status`, for uninstalling: every Service whose status has fields owned by
 //! field manager `nodelb` gets an empty server-side apply under that manager, which removes
 //! what only nodelb owned (the ingress, nodelb's conditions) and leaves other managers' fields.
-//! Run it once no agent runs any more (a leader would write the status again).
+//! It first waits until no leader is left to write the status again: until the Lease
+//! `nodelb-status` has not changed for its lease duration, as seen on this process's clock.
 
 use crate::status::ingress::{self, FIELD_MANAGER};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use std::fmt;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The status Lease's name (see `kube::lease`).
+const STATUS_LEASE: &str = "nodelb-status";
+/// How often the Lease is read while waiting.
+const POLL: Duration = Duration::from_secs(1);
 
 /// Services listed per request: the list is read a page at a time.
 const PAGE: u32 = 500;
@@ -82,5 +91,52 @@ pub async fn clear_all(client: kube::Client) -> Result<Cleared, kube::Error> {
             Some(token) => params = params.continue_token(&token),
             None => return Ok(done),
         }
+    }
+}
+
+/// Waits until the Lease `nodelb-status` in `namespace` has not changed (same
+/// resourceVersion) for its lease duration plus a poll, on this process's monotonic clock (no
+/// agent renews or takes it: none is left to write status), or is absent; at most `wait`.
+pub async fn wait_for_quiet_lease(
+    client: &kube::Client,
+    namespace: &str,
+    wait: Duration,
+) -> anyhow::Result<()> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let deadline = Instant::now() + wait;
+    let mut last: Option<(Option<String>, Instant)> = None;
+    loop {
+        let Some(lease) = api.get_opt(STATUS_LEASE).await? else {
+            return Ok(());
+        };
+        let version = lease.metadata.resource_version.clone();
+        let quiet_for = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.lease_duration_seconds)
+            .map_or(Duration::from_secs(15), |s| {
+                Duration::from_secs(s.max(1) as u64)
+            })
+            + POLL;
+        let now = Instant::now();
+        match &last {
+            Some((v, since)) if *v == version => {
+                if now.duration_since(*since) >= quiet_for {
+                    return Ok(());
+                }
+            }
+            _ => {
+                if last.is_some() {
+                    println!("the Lease {namespace}/{STATUS_LEASE} changed: an agent still runs; waiting");
+                }
+                last = Some((version, now));
+            }
+        }
+        if now >= deadline {
+            anyhow::bail!(
+                "the Lease {namespace}/{STATUS_LEASE} still changes after {wait:?}: an agent still runs; stop the agents first (manifests/cleanup/ schedules their DaemonSet on no node)"
+            );
+        }
+        tokio::time::sleep(POLL).await;
     }
 }
