@@ -27,7 +27,7 @@ use nodelb_agent::plan::{plan, Input};
 use nodelb_agent::vocab::{Families, IpFamily};
 use nodelb_integration::commit::{replace, sync};
 use nodelb_integration::netns::{require_root, route, Netns, Topology};
-use nodelb_integration::nft::{list_ruleset, nodelb_replace};
+use nodelb_integration::nft::{list_ruleset, nft_f, nodelb_replace};
 use nodelb_integration::traffic::{
     tcp_request, tcp_server, udp_request, udp_server, IcmpError, Outcome, Server,
 };
@@ -879,4 +879,79 @@ fn endpoint_changes_through_incremental_sync_move_traffic() {
             assert_spread(&topo, proto, dst, &[0, 1].into(), masq(f), &what);
         }
     }
+}
+
+// ---- NAT order -----------------------------------------------------------------------------
+
+/// A foreign nat table in the node namespace whose `dstnat` prerouting chain DNATs the node's
+/// address and port 80 to backend 1, as kube-proxy, a CNI's hostPort or Docker could.
+fn add_foreign_dnat(topo: &Topology) {
+    let to = |f| SocketAddr::new(backend_addr(topo, f, 1), BACKEND_PORT);
+    let script = format!(
+        "table ip foreign {{\n\tchain pre {{\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tip daddr {} tcp dport 80 dnat to {}\n\t}}\n}}\n\
+         table ip6 foreign {{\n\tchain pre {{\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tip6 daddr {} tcp dport 80 dnat to {}\n\t}}\n}}\n",
+        node_addr(topo, IpFamily::V4),
+        to(IpFamily::V4),
+        node_addr(topo, IpFamily::V6),
+        to(IpFamily::V6),
+    );
+    nft_f(&topo.node, &script).unwrap_or_else(|e| panic!("adding the foreign DNAT: {e}"));
+}
+
+fn delete_foreign_dnat(topo: &Topology) {
+    nft_f(
+        &topo.node,
+        "delete table ip foreign\ndelete table ip6 foreign\n",
+    )
+    .unwrap_or_else(|e| panic!("deleting the foreign DNAT: {e}"));
+}
+
+/// Every request from the client to the node's port 80 is answered by backend `want`.
+fn assert_answered_by(topo: &Topology, want: usize, what: &str) {
+    for f in FAMILIES {
+        let dst = SocketAddr::new(node_addr(topo, f), 80);
+        let got = answers(
+            topo,
+            &topo.client,
+            Proto::Tcp,
+            dst,
+            8,
+            &format!("{what} {f}"),
+        );
+        assert!(
+            got.iter().all(|(i, _)| *i == want),
+            "{what} {f}: answered by {got:?}, want b{want} only\nnode ruleset:\n{}",
+            list_ruleset(&topo.node)
+        );
+    }
+}
+
+/// nodelb's dispatch runs at `dstnat - 10`: a foreign `dstnat` chain DNATing the same node
+/// address and port never wins, whether it was registered before nodelb's tables, after them,
+/// or stays while nodelb replaces its tables.
+#[test]
+fn a_foreign_dstnat_chain_for_the_same_address_and_port_never_wins() {
+    if !require_root("a_foreign_dstnat_chain_for_the_same_address_and_port_never_wins") {
+        return;
+    }
+    let topo = Topology::new(2);
+    let _servers = start_backends(&topo);
+    let web = [(Proto::Tcp, 80)];
+    let yaml = service("web", "Cluster", &web, "") + &slices(&topo, "web", &web, &[(0, NODE)]);
+    let tables = plan_tables(&topo, &yaml);
+
+    // The foreign rule alone works: it sends port 80 to backend 1.
+    add_foreign_dnat(&topo);
+    assert_answered_by(&topo, 1, "foreign DNAT alone");
+    // Registered before nodelb's.
+    program(&topo.node, &tables);
+    assert_answered_by(&topo, 0, "foreign chain registered first");
+    // Registered after nodelb's.
+    delete_foreign_dnat(&topo);
+    add_foreign_dnat(&topo);
+    assert_answered_by(&topo, 0, "foreign chain registered last");
+    // nodelb replaces its tables (its chains registered anew, after the foreign one).
+    program(&topo.node, &tables);
+    assert_answered_by(&topo, 0, "after nodelb's full replace");
+    delete_foreign_dnat(&topo);
 }

@@ -48,8 +48,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-/// Priority of nodelb's nat chains: kube-proxy's and Docker's DNAT sit at -100 too.
-pub const NAT_PRIORITY: i32 = -100;
+/// Priority of nodelb's dispatch (nat `prerouting` and `output`): `dstnat - 10`, before every
+/// other DNAT at `dstnat` (-100: kube-proxy, CNI hostPort/portmap, Docker), so for the addresses
+/// and ports nodelb publishes, nodelb's DNAT is the one that applies, whatever registered its
+/// chain first.
+pub const DISPATCH_PRIORITY: i32 = -110;
 /// Priority of nodelb's filter chains.
 pub const FILTER_PRIORITY: i32 = 0;
 /// Priority of the masquerade chain (srcnat).
@@ -805,8 +808,8 @@ const fn hooked(
 /// other chain is reached from these, through `map services`.
 #[rustfmt::skip]
 const BASE_CHAINS: [BaseChainSpec; 6] = [
-    hooked("prerouting", ChainType::Nat, Hook::Prerouting, NAT_PRIORITY, dispatch_rules),
-    hooked("output", ChainType::Nat, Hook::Output, NAT_PRIORITY, dispatch_rules),
+    hooked("prerouting", ChainType::Nat, Hook::Prerouting, DISPATCH_PRIORITY, dispatch_rules),
+    hooked("output", ChainType::Nat, Hook::Output, DISPATCH_PRIORITY, dispatch_rules),
     hooked("postrouting", ChainType::Nat, Hook::Postrouting, SRCNAT_PRIORITY, masquerade_rules),
     hooked("forward", ChainType::Filter, Hook::Forward, FILTER_PRIORITY, forward_rules),
     hooked("input", ChainType::Filter, Hook::Input, FILTER_PRIORITY, reject_rules),

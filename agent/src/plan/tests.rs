@@ -1405,3 +1405,36 @@ fn block(table: &str, header: &str) -> Option<String> {
     }
     None
 }
+
+#[test]
+fn dispatch_runs_before_every_other_dstnat_chain() {
+    let p = World::new()
+        .service(&svc(
+            "default",
+            "web",
+            "2024-01-01T00:00:00Z",
+            "- {port: 80}",
+            "",
+        ))
+        .plan();
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let t = p
+            .tables
+            .iter()
+            .find(|t| t.family == family.netfilter())
+            .unwrap();
+        for name in ["prerouting", "output"] {
+            let base = t.chains[name].base.as_ref().unwrap();
+            assert_eq!(
+                base.chain_type,
+                nodelb_netfilter::ChainType::Nat,
+                "{family} {name}"
+            );
+            // dstnat is -100 (kube-proxy, CNI hostPort/portmap, Docker): nodelb's DNAT first.
+            assert_eq!(base.priority, -110, "{family} {name}");
+        }
+        // Masquerading stays at srcnat, the filter chains at filter.
+        assert_eq!(t.chains["postrouting"].base.as_ref().unwrap().priority, 100);
+        assert_eq!(t.chains["forward"].base.as_ref().unwrap().priority, 0);
+    }
+}
