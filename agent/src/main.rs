@@ -68,37 +68,8 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             println!("{applied}");
             Ok(ExitCode::SUCCESS)
         }
-        Command::ClearStatus(args) => {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            let done = rt.block_on(async {
-                use nodelb_agent::kube::clear_status;
-                let client = nodelb_agent::kube::client(args.kubeconfig.as_deref()).await?;
-                clear_status::wait_for_quiet_lease(&client, &args.lease_namespace, args.wait)
-                    .await?;
-                anyhow::Ok(clear_status::clear_all(client).await?)
-            })?;
-            println!("{done}");
-            Ok(if done.failed.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
-        }
-        Command::Cleanup(args) => {
-            if let Some(addr) = args.after_agent_stops {
-                oneshot::wait_until_closed(addr, args.wait)?;
-            }
-            let deleted = oneshot::cleanup(DEFAULT_TABLE_NAME)?;
-            if deleted.is_empty() {
-                println!("no nodelb tables");
-            }
-            for t in deleted {
-                println!("deleted table {t}");
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::ClearStatus(args) => clear_status(args),
+        Command::Cleanup(args) => cleanup(args),
         Command::Check(args) => {
             let findings = check::run(args.ipv4, args.ipv6, &Sysctls::default());
             for f in &findings {
@@ -113,4 +84,38 @@ fn report_skipped(one: &OneShot) {
     for s in &one.objects.skipped {
         eprintln!("warning: skipped {s}");
     }
+}
+
+/// `clear-status`: once no leader is left, remove nodelb's Service status fields.
+fn clear_status(args: nodelb_agent::cli::ClearStatusArgs) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let done = rt.block_on(async {
+        use nodelb_agent::kube::clear_status;
+        let client = nodelb_agent::kube::client(args.kubeconfig.as_deref()).await?;
+        clear_status::wait_for_quiet_lease(&client, &args.lease_namespace, args.wait).await?;
+        anyhow::Ok(clear_status::clear_all(client).await?)
+    })?;
+    println!("{done}");
+    Ok(if done.failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// `cleanup`: once the node's agent has stopped (if asked), delete nodelb's tables.
+fn cleanup(args: nodelb_agent::cli::CleanupArgs) -> anyhow::Result<ExitCode> {
+    if let Some(addr) = args.after_agent_stops {
+        oneshot::wait_until_closed(addr, args.wait)?;
+    }
+    let deleted = oneshot::cleanup(DEFAULT_TABLE_NAME)?;
+    if deleted.is_empty() {
+        println!("no nodelb tables");
+    }
+    for t in deleted {
+        println!("deleted table {t}");
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -526,7 +526,7 @@ fn status_metrics(
     let heartbeat_age = register(
         r,
         "heartbeat_age_seconds",
-        "Age of each node's heartbeat Lease, as seen by the leader",
+        "Time since the leader last saw each node's heartbeat renewal change, on its own clock",
         Family::<NodeLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default(),
     );
     let status_writes = register(

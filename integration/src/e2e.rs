@@ -123,6 +123,9 @@ pub struct ClusterOptions {
     /// server ([`OldServerProxy`]); the test's admin client talks to the server directly.
     /// Ignored against an external cluster.
     pub old_server: Option<OldServer>,
+    /// Node `i`'s agent runs as `<prefix...> nodelb-agent run ...` (e.g. `faketime -f -60s`
+    /// for a node clock a minute behind; the monotonic clock stays real).
+    pub agent_prefix: std::collections::BTreeMap<usize, Vec<String>>,
 }
 
 impl Default for ClusterOptions {
@@ -134,6 +137,7 @@ impl Default for ClusterOptions {
             agent_args: Vec::new(),
             resync_interval: Duration::from_secs(30),
             old_server: None,
+            agent_prefix: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -645,6 +649,12 @@ impl Cluster {
         } else {
             Some(format!("{}ms", self.options.resync_interval.as_millis()))
         };
+        let prefix = self
+            .options
+            .agent_prefix
+            .get(&i)
+            .cloned()
+            .unwrap_or_default();
         let node = &mut self.nodes[i];
         assert!(
             node.agent.as_mut().is_none_or(|a| !a.running()),
@@ -658,6 +668,8 @@ impl Cluster {
         let _ = writeln!(log, "===== e2e: starting {} =====", bin.display());
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", node.ns.name()])
+            .args(&prefix)
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
             .arg(&bin)
             .arg("run")
             .arg("--kubeconfig")

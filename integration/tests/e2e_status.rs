@@ -1243,3 +1243,97 @@ fn every_service_explains_itself_in_a_condition() {
     assert_eq!(kept, vec!["example.com/Checked".to_string()]);
     assert_rbac(&c);
 }
+
+/// Debian's multi-threaded libfaketime, if installed.
+fn faketime_library() -> Option<std::path::PathBuf> {
+    std::fs::read_dir("/usr/lib")
+        .ok()?
+        .flatten()
+        .map(|d| d.path().join("faketime/libfaketimeMT.so.1"))
+        .find(|p| p.exists())
+}
+
+/// `--retry-period` of `fast_options`: the status writer's round period.
+const RETRY_PERIOD: Duration = Duration::from_millis(500);
+
+/// How far node `i`'s heartbeat `renewTime` is from the test's clock (positive: ahead).
+fn renew_offset_secs(c: &Cluster, i: usize) -> Result<i64, String> {
+    let api: Api<Lease> = Api::namespaced(c.admin().clone(), AGENT_NAMESPACE);
+    let name = format!("nodelb-node-{}", c.node_name(i));
+    let lease = c
+        .block_on(api.get_opt(&name))
+        .map_err(|e| e.to_string())?
+        .ok_or(format!("no Lease {name} yet"))?;
+    let renewed = lease
+        .spec
+        .and_then(|s| s.renew_time)
+        .ok_or(format!("{name} has no renewTime"))?;
+    Ok(renewed.0.duration_since(Timestamp::now()).as_secs())
+}
+
+/// Liveness is judged by renewals the leader sees change, on its own clock: with one agent's
+/// clock a minute behind and the other's a minute ahead (faketime around the agent binary,
+/// the monotonic clock real), both nodes are published; a killed agent's node leaves within
+/// one node lease duration plus one retry period of its agent's death (plus a second for the
+/// server's round trips).
+#[test]
+fn node_clocks_a_minute_off_are_judged_by_observed_renewals() {
+    if !require_root("node_clocks_a_minute_off_are_judged_by_observed_renewals") {
+        return;
+    }
+    // libfaketime preloaded into the agent itself (`env` execs it: the agent is the process
+    // the harness signals; the `faketime` wrapper would fork it off as a grandchild).
+    let Some(lib) = faketime_library() else {
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+        assert!(
+            !ci,
+            "libfaketime is missing (Debian package faketime; scripts/deps.sh installs it)"
+        );
+        eprintln!("skipping: no libfaketime (apt-get install faketime)");
+        return;
+    };
+    let _serial = serial();
+    let skew = |s: &str| {
+        vec![
+            "env".to_string(),
+            format!("LD_PRELOAD={}", lib.display()),
+            format!("FAKETIME={s}"),
+        ]
+    };
+    let mut c = Cluster::start(ClusterOptions {
+        agent_prefix: [(0, skew("-60s")), (1, skew("+60s"))].into(),
+        ..fast_options(2)
+    });
+    // The clocks really are off: each agent writes its own time into its heartbeat.
+    let offsets = wait_for("both heartbeats renewed", CHANGE, || {
+        Ok((renew_offset_secs(&c, 0)?, renew_offset_secs(&c, 1)?))
+    });
+    eprintln!("measured: heartbeat renewTime offsets from the test's clock {offsets:?} s");
+    assert!(
+        (-75..=-45).contains(&offsets.0),
+        "node 0 runs a minute behind: {offsets:?}"
+    );
+    assert!(
+        (45..=75).contains(&offsets.1),
+        "node 1 runs a minute ahead: {offsets:?}"
+    );
+
+    apply(&c, service("web", 8003));
+    let both = [addr(&c, 0), addr(&c, 1)];
+    wait_ips(&c, "web", &both, CHANGE);
+    // And they stay published across several node lease durations.
+    std::thread::sleep(3 * NODE_LEASE);
+    assert_eq!(ips(&c, "web"), both);
+
+    let leader = wait_leader(&c, 2, CHANGE);
+    let victim = 1 - leader;
+    c.stop_agent(victim, Signal::SIGKILL);
+    let bound = NODE_LEASE + RETRY_PERIOD + Duration::from_secs(1);
+    let took = wait_ips(&c, "web", &[addr(&c, leader)], CHANGE);
+    eprintln!(
+        "measured: node {victim} (clock {}) left web's status {took:?} after its agent was SIGKILLed (bound {bound:?})",
+        if victim == 0 { "-60 s" } else { "+60 s" }
+    );
+    assert!(took <= bound, "left after {took:?}, bound {bound:?}");
+    assert_rbac(&c);
+}

@@ -57,6 +57,9 @@ struct Written {
 #[derive(Default)]
 struct Memory {
     status: Status,
+    /// When each heartbeat's renewal was last seen to change (a new leader starts empty: every
+    /// node gets one lease duration of grace).
+    observed: heartbeat::Observed,
     /// What we wrote, and the Service's resourceVersion then: until the watch shows a newer
     /// version, the stored value we see is the old one, and writing again would be a repeat.
     written: BTreeMap<ServiceKey, Written>,
@@ -168,11 +171,11 @@ impl StatusWriter {
         let nodes: Vec<Node> = nodes.state().iter().map(|n| (**n).clone()).collect();
         let leases: Vec<Lease> = leases.state().iter().map(|l| (**l).clone()).collect();
         let beats = heartbeat::read(&leases);
-        let now = Timestamp::now();
-        self.record_heartbeat_ages(&beats, now);
+        let ages = memory.observed.ages(&beats, std::time::Instant::now());
+        self.record_heartbeat_ages(&ages);
         let changed = memory
             .status
-            .compute(&objects, &nodes, &beats, now, &self.cfg);
+            .compute(&objects, &nodes, &beats, &ages, &self.cfg);
         // Look at the Services whose desired status or whose object changed (a status write,
         // ours or someone else's, shows up as a change of the object).
         let mut keys: BTreeSet<ServiceKey> =
@@ -197,17 +200,12 @@ impl StatusWriter {
         }
     }
 
-    fn record_heartbeat_ages(
-        &self,
-        beats: &BTreeMap<String, heartbeat::Heartbeat>,
-        now: Timestamp,
-    ) {
-        for (node, b) in beats {
-            let age = now.duration_since(b.renewed).as_secs_f64();
+    fn record_heartbeat_ages(&self, ages: &BTreeMap<String, Duration>) {
+        for (node, age) in ages {
             self.metrics
                 .heartbeat_age
                 .get_or_create(&NodeLabel { node: node.clone() })
-                .set(age);
+                .set(age.as_secs_f64());
         }
     }
 

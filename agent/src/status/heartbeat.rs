@@ -3,9 +3,9 @@
 
 use crate::vocab::Families;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Prefix of the heartbeat Lease names; the node name follows.
 pub const LEASE_PREFIX: &str = "nodelb-node-";
@@ -22,11 +22,35 @@ pub struct Heartbeat {
     pub families: Families,
 }
 
-impl Heartbeat {
-    /// Younger than `max_age` at `now`. A renewal from the future (clock skew) counts as fresh.
-    pub fn fresh(&self, now: Timestamp, max_age: Duration) -> bool {
-        let age = now.duration_since(self.renewed);
-        age < SignedDuration::try_from(max_age).unwrap_or(SignedDuration::MAX)
+/// Liveness as the leader sees it: when it last saw each node's heartbeat renewal change, on
+/// its own monotonic clock. A node's `renewTime` is compared only with its own earlier value,
+/// never with the leader's clock, so a node clock minutes behind or ahead changes nothing. A
+/// node seen for the first time (by a new leader, or a new node) counts as just renewed: one
+/// lease duration of grace before it can be dropped.
+#[derive(Clone, Debug, Default)]
+pub struct Observed {
+    /// Node → its last renewal value and when it was first seen.
+    seen: BTreeMap<String, (Timestamp, Instant)>,
+}
+
+impl Observed {
+    /// Take the heartbeats read at `now`; returns each node's age: the time since its renewal
+    /// was last seen to change.
+    pub fn ages(
+        &mut self,
+        beats: &BTreeMap<String, Heartbeat>,
+        now: Instant,
+    ) -> BTreeMap<String, Duration> {
+        self.seen.retain(|node, _| beats.contains_key(node));
+        let mut ages = BTreeMap::new();
+        for (node, b) in beats {
+            let seen = self.seen.entry(node.clone()).or_insert((b.renewed, now));
+            if seen.0 != b.renewed {
+                *seen = (b.renewed, now);
+            }
+            ages.insert(node.clone(), now.saturating_duration_since(seen.1));
+        }
+        ages
     }
 }
 

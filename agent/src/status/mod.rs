@@ -26,7 +26,6 @@ use crate::vocab::{Families, IpFamily};
 use crate::vocab::{Protocol, ServiceKey};
 use heartbeat::Heartbeat;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::jiff::Timestamp;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Duration;
@@ -35,7 +34,8 @@ use std::time::Duration;
 #[derive(Clone, Debug)]
 pub struct StatusConfig {
     pub planner: Config,
-    /// `--node-lease-duration`: a heartbeat younger than this is fresh.
+    /// `--node-lease-duration`: a heartbeat whose renewal the leader saw change less than this
+    /// long ago is fresh.
     pub node_lease_duration: Duration,
 }
 
@@ -138,12 +138,13 @@ impl Status {
 
     /// Bring the desired status up to date; returns the Services whose desired status changed
     /// (or that stopped being nodelb's).
+    /// `ages`: each heartbeat's age as the leader observed it (see [`heartbeat::Observed`]).
     pub fn compute(
         &mut self,
         objects: &Objects,
         nodes: &[Node],
         beats: &BTreeMap<String, Heartbeat>,
-        now: Timestamp,
+        ages: &BTreeMap<String, Duration>,
         cfg: &StatusConfig,
     ) -> BTreeSet<ServiceKey> {
         // Serving candidates: nodes with a fresh heartbeat; their families from it.
@@ -153,7 +154,10 @@ impl Status {
             let Some(beat) = beats.get(&info.name) else {
                 continue;
             };
-            if !beat.fresh(now, cfg.node_lease_duration) {
+            let fresh = ages
+                .get(&info.name)
+                .is_some_and(|age| *age < cfg.node_lease_duration);
+            if !fresh {
                 continue;
             }
             candidates.insert(info.name.clone(), (info, beat.families));

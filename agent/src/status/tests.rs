@@ -8,7 +8,9 @@ use crate::kube::wire;
 use crate::plan::index::{EndpointSlice, Service};
 use crate::vocab::ServiceKey;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
 use std::sync::Arc;
+use std::time::Instant;
 
 const NOW: &str = "2026-01-01T12:00:00Z";
 
@@ -135,7 +137,13 @@ impl World {
         at: Timestamp,
     ) -> BTreeMap<ServiceKey, Desired> {
         let mut s = Status::default();
-        s.compute(&self.objects, &self.nodes, beats, at, &self.cfg);
+        s.compute(
+            &self.objects,
+            &self.nodes,
+            beats,
+            &ages_at(beats, at),
+            &self.cfg,
+        );
         s.desired().clone()
     }
 
@@ -354,23 +362,95 @@ fn heartbeats_are_read_with_their_families() {
         }
     );
     assert_eq!(heartbeat::lease_name("node-a"), "nodelb-node-node-a");
-    let hb = Heartbeat {
-        node: "n".into(),
-        holder: None,
-        renewed: now(),
-        families: Families {
-            v4: true,
-            v6: false,
+}
+
+/// Ages of `beats` as a leader that watched every renewal when it happened sees them at `at`.
+fn ages_at(beats: &BTreeMap<String, Heartbeat>, at: Timestamp) -> BTreeMap<String, Duration> {
+    beats
+        .iter()
+        .map(|(n, b)| {
+            let age = at.duration_since(b.renewed);
+            (n.clone(), Duration::try_from(age).unwrap_or_default())
+        })
+        .collect()
+}
+
+fn beat_at(node: &str, renewed: Timestamp) -> (String, Heartbeat) {
+    (
+        node.to_string(),
+        Heartbeat {
+            node: node.into(),
+            holder: None,
+            renewed,
+            families: Families {
+                v4: true,
+                v6: false,
+            },
         },
-    };
-    assert!(hb.fresh(
-        now() + SignedDuration::from_secs(14),
-        Duration::from_secs(15)
-    ));
-    assert!(!hb.fresh(
-        now() + SignedDuration::from_secs(15),
-        Duration::from_secs(15)
-    ));
+    )
+}
+
+#[test]
+fn a_node_clock_minutes_behind_or_ahead_still_serves() {
+    let mut o = heartbeat::Observed::default();
+    let t0 = Instant::now();
+    let secs = |s| Duration::from_secs(s);
+    // node-behind writes renewTimes 3 minutes in the past, node-ahead 3 minutes in the future:
+    // each renewal changes the value, and that change is all the leader looks at.
+    for round in 0..10u64 {
+        let at = now() + SignedDuration::from_secs(round as i64 * 2);
+        let beats: BTreeMap<_, _> = [
+            beat_at("node-behind", at - SignedDuration::from_mins(3)),
+            beat_at("node-ahead", at + SignedDuration::from_mins(3)),
+        ]
+        .into();
+        let ages = o.ages(&beats, t0 + secs(round * 2));
+        assert_eq!(ages["node-behind"], Duration::ZERO, "round {round}");
+        assert_eq!(ages["node-ahead"], Duration::ZERO, "round {round}");
+    }
+}
+
+#[test]
+fn a_node_whose_renewals_stop_ages_from_the_last_change_seen() {
+    let mut o = heartbeat::Observed::default();
+    let t0 = Instant::now();
+    let secs = |s| Duration::from_secs(s);
+    let beats: BTreeMap<_, _> = [beat_at("node-a", now())].into();
+    o.ages(&beats, t0);
+    let renewed: BTreeMap<_, _> = [beat_at("node-a", now() + SignedDuration::from_secs(5))].into();
+    assert_eq!(o.ages(&renewed, t0 + secs(5))["node-a"], Duration::ZERO);
+    // No renewal after that: the age grows on the leader's clock alone.
+    assert_eq!(o.ages(&renewed, t0 + secs(19))["node-a"], secs(14));
+    assert_eq!(o.ages(&renewed, t0 + secs(21))["node-a"], secs(16));
+}
+
+#[test]
+fn a_new_leader_gives_every_node_one_lease_duration_of_grace() {
+    // The stored renewal is an hour old by any clock; a leader that has just started sees it
+    // for the first time and counts from then.
+    let mut o = heartbeat::Observed::default();
+    let t0 = Instant::now();
+    let beats: BTreeMap<_, _> = [beat_at("node-a", now() - SignedDuration::from_hours(1))].into();
+    assert_eq!(o.ages(&beats, t0)["node-a"], Duration::ZERO);
+    let w = World::two_nodes().service(svc("web", "2024-01-01T00:00:00Z", 80, none()));
+    let mut s = Status::default();
+    let lease = Duration::from_secs(15);
+    let all = heartbeat::read(&w.leases);
+    let ages: BTreeMap<String, Duration> =
+        all.keys().map(|n| (n.clone(), Duration::ZERO)).collect();
+    s.compute(&w.objects, &w.nodes, &all, &ages, &w.cfg);
+    assert_eq!(
+        s.desired()[&ServiceKey::new("default", "web")]
+            .ingress
+            .len(),
+        2
+    );
+    // One lease duration later with no change seen: dropped.
+    let ages: BTreeMap<String, Duration> = all.keys().map(|n| (n.clone(), lease)).collect();
+    s.compute(&w.objects, &w.nodes, &all, &ages, &w.cfg);
+    assert!(s.desired()[&ServiceKey::new("default", "web")]
+        .ingress
+        .is_empty());
 }
 
 // ---- what the writer does -----------------------------------------------------------------
@@ -533,16 +613,34 @@ fn recomputing_after_a_change_touches_only_what_changed_and_equals_a_fresh_compu
         .slice(slice("a", &[("198.51.100.20", "node-b")]));
     let mut s = Status::default();
     let beats = heartbeat::read(&w.leases);
-    let first = s.compute(&w.objects, &w.nodes, &beats, now(), &w.cfg);
+    let first = s.compute(
+        &w.objects,
+        &w.nodes,
+        &beats,
+        &ages_at(&beats, now()),
+        &w.cfg,
+    );
     assert_eq!(first.len(), 3);
     assert!(
-        s.compute(&w.objects, &w.nodes, &beats, now(), &w.cfg)
-            .is_empty(),
+        s.compute(
+            &w.objects,
+            &w.nodes,
+            &beats,
+            &ages_at(&beats, now()),
+            &w.cfg
+        )
+        .is_empty(),
         "nothing changed"
     );
     // The endpoint moves to node-a: only `a` changes.
     w = w.slice(slice("a", &[("198.51.100.20", "node-a")]));
-    let changed = s.compute(&w.objects, &w.nodes, &beats, now(), &w.cfg);
+    let changed = s.compute(
+        &w.objects,
+        &w.nodes,
+        &beats,
+        &ages_at(&beats, now()),
+        &w.cfg,
+    );
     assert_eq!(changed, [ServiceKey::new("default", "a")].into());
     assert_eq!(s.desired(), &w.compute());
     // A heartbeat going stale changes every Service served there.
@@ -550,7 +648,13 @@ fn recomputing_after_a_change_touches_only_what_changed_and_equals_a_fresh_compu
     let mut beats2 = beats.clone();
     beats2.get_mut("node-a").unwrap().renewed = later;
     let a_before = s.desired()[&ServiceKey::new("default", "a")].clone();
-    let changed = s.compute(&w.objects, &w.nodes, &beats2, later, &w.cfg);
+    let changed = s.compute(
+        &w.objects,
+        &w.nodes,
+        &beats2,
+        &ages_at(&beats2, later),
+        &w.cfg,
+    );
     // `a` is Local with its endpoint on node-a: its ingress does not change, only its
     // condition's count of nodes (one candidate fewer).
     assert_eq!(
