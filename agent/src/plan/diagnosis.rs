@@ -155,12 +155,22 @@ pub enum PortResult {
     RejectsNoEndpoints,
     /// An older Service holds this (family, protocol, port) on this node: no rules for it.
     Conflict { winner: ServiceKey },
+    /// All or nothing: another port of the Service lost a conflict in this family on this
+    /// node, so this one gets no rules either (it keeps its claim: who wins a port never
+    /// depends on the Service's other ports).
+    Withheld {
+        lost: ServicePortId,
+        winner: ServiceKey,
+    },
 }
 
 impl PortResult {
     /// Whether this port has rules in the table (forwards, drops or rejects).
     pub fn is_programmed(&self) -> bool {
-        !matches!(self, PortResult::Conflict { .. })
+        !matches!(
+            self,
+            PortResult::Conflict { .. } | PortResult::Withheld { .. }
+        )
     }
 }
 
@@ -284,6 +294,11 @@ impl fmt::Display for PortResult {
             }
             PortResult::RejectsNoEndpoints => f.write_str("rejects: no endpoints"),
             PortResult::Conflict { winner } => write!(f, "port conflict, held by {winner}"),
+            PortResult::Withheld { lost, winner } => write!(
+                f,
+                "no rules: {}/{} held by {winner} (all or nothing)",
+                lost.port, lost.protocol
+            ),
         }
     }
 }

@@ -139,12 +139,23 @@ impl FamilyProgram<'_> {
         winner: impl Fn(&Slot) -> Option<&'k ServiceKey>,
         mut parts: Option<&mut FamilyParts>,
     ) -> FamilyOutcome {
+        let mine = || ports.iter().filter(|p| p.family == self.family);
+        let lost_to = |p: &PreparedPort| {
+            winner(&(self.family, p.port.protocol, p.port.port))
+                .filter(|w| *w != self.key)
+                .cloned()
+        };
+        // All or nothing: the first port lost in this family withholds the others.
+        let first_lost = mine().find_map(|p| lost_to(p).map(|w| (p.port.clone(), w)));
         let mut results = Vec::new();
-        for p in ports.iter().filter(|p| p.family == self.family) {
-            let slot = (self.family, p.port.protocol, p.port.port);
-            let result = match winner(&slot) {
-                Some(w) if w != self.key => PortResult::Conflict { winner: w.clone() },
-                _ => {
+        for p in mine() {
+            let result = match (lost_to(p), &first_lost) {
+                (Some(w), _) => PortResult::Conflict { winner: w },
+                (None, Some((lost, w))) => PortResult::Withheld {
+                    lost: lost.clone(),
+                    winner: w.clone(),
+                },
+                (None, None) => {
                     let (result, action) = port_action(&p.selection);
                     if let Some(parts) = parts.as_deref_mut() {
                         self.add_port(parts.entry(self.family), &p.port, action);

@@ -1438,3 +1438,50 @@ fn dispatch_runs_before_every_other_dstnat_chain() {
         assert_eq!(t.chains["forward"].base.as_ref().unwrap().priority, 0);
     }
 }
+
+#[test]
+fn a_service_that_loses_one_port_gets_no_rules_in_that_family() {
+    // `old` holds TCP 8081 in IPv4 only; `both` asks TCP and UDP 8081 in both families.
+    let p = World::new()
+        .service(&svc(
+            "default",
+            "old",
+            "2023-01-01T00:00:00Z",
+            "- {name: tcp, port: 8081, protocol: TCP}",
+            "ipFamilies: [IPv4]",
+        ))
+        .service(&svc(
+            "default",
+            "both",
+            "2024-01-01T00:00:00Z",
+            "- {name: tcp, port: 8081, protocol: TCP}\n- {name: udp, port: 8081, protocol: UDP}",
+            "ipFamilies: [IPv4, IPv6]\nipFamilyPolicy: RequireDualStack",
+        ))
+        .plan();
+    let v4 = p.outcome("default/both").ports(IpFamily::V4).unwrap();
+    let old = ServiceKey::new("default", "old");
+    assert_eq!(
+        v4[0].result,
+        PortResult::Conflict {
+            winner: old.clone()
+        }
+    );
+    assert_eq!(
+        v4[1].result,
+        PortResult::Withheld {
+            lost: v4[0].port.clone(),
+            winner: old
+        },
+        "UDP 8081 did not lose, but the Service gets nothing in IPv4"
+    );
+    assert!(
+        !p.v4().contains("default/both"),
+        "no rule, element or counter:\n{}",
+        p.v4()
+    );
+    assert!(p.v4().contains("default/old:tcp"));
+    // IPv6 has no conflict: both ports are served there.
+    let v6 = p.outcome("default/both").ports(IpFamily::V6).unwrap();
+    assert!(v6.iter().all(|p| p.result.is_programmed()), "{v6:?}");
+    assert!(p.text(IpFamily::V6).contains("default/both:udp"));
+}

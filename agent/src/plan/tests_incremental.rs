@@ -118,7 +118,7 @@ fn incremental_updates_equal_planning_from_scratch() {
 
     let mut edits_seen = 0;
     let mut counter_edits = 0;
-    for step in 0..400 {
+    for step in 0..1000 {
         let mut dirty = BTreeSet::new();
         for _ in 0..1 + rng.next(3) {
             let i = rng.next(services.len() as u64);

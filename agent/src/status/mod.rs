@@ -412,6 +412,8 @@ impl Observed {
                 serves
             }
             PortResult::RejectsNoEndpoints => cluster,
+            // The family's lost port (a `Conflict` beside it) says why.
+            PortResult::Withheld { .. } => false,
             PortResult::DropsNoLocalEndpoint { .. } => {
                 why_not.get_or_insert_with(|| {
                     "no ready endpoint on the node (externalTrafficPolicy Local)".into()
