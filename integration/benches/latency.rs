@@ -105,17 +105,6 @@ const GOAL_SERVICES: usize = 10_000;
 /// kube-proxy's default `minSyncPeriod` (iptables and nftables modes): a configuration
 /// constant, quoted, not measured.
 const KUBE_PROXY_MIN_SYNC: Duration = Duration::from_secs(1);
-/// Ports a Service may not take by the agent's defaults, plus the harness's health and metrics
-/// ports (the agent refuses its own ports too).
-const RESERVED: &[(u16, u16)] = &[
-    (22, 22),
-    (2379, 2380),
-    (6443, 6443),
-    (9254, 9255),
-    (10250, 10259),
-    (19254, 19255),
-    (30000, 32767),
-];
 /// How long a change may take before a sample counts as lost (an error).
 const SAMPLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Upper bounds for the agent to start and program everything, and for the status writer
@@ -260,8 +249,21 @@ fn agent_binary() -> Res<PathBuf> {
 
 // ---- ports and objects -------------------------------------------------------------------
 
+/// Whether a TCP Service may not take `p`: the agent's default reserved ports (read from the
+/// agent, so the bench never drifts from it), with the harness's health and metrics ports as
+/// the agent's own.
 fn reserved(p: u16) -> bool {
-    RESERVED.iter().any(|(lo, hi)| (*lo..=*hi).contains(&p))
+    use nodelb_integration::e2e::{HEALTH_PORT, METRICS_PORT};
+    static RESERVED: std::sync::OnceLock<nodelb_agent::plan::reserved::ReservedPorts> =
+        std::sync::OnceLock::new();
+    RESERVED
+        .get_or_init(|| {
+            nodelb_agent::plan::reserved::ReservedPorts::defaults().with(
+                nodelb_agent::vocab::Protocol::Tcp,
+                [HEALTH_PORT, METRICS_PORT],
+            )
+        })
+        .contains(nodelb_agent::vocab::Protocol::Tcp, p)
 }
 
 fn max_services() -> usize {
