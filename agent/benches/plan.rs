@@ -155,6 +155,7 @@ fn main() {
                 v6: false,
             },
             config: &config,
+            listeners: &Default::default(),
         });
         times.push(t0.elapsed());
         assert_eq!(p.services.len(), n);

@@ -52,6 +52,9 @@ impl OneShot {
             local_addresses: &self.local_addresses,
             families: self.families,
             config: &self.config,
+            // `render` and `apply` plan from the files and flags: following the host's listeners
+            // is the running agent's job.
+            listeners: &Default::default(),
         })
     }
 }

@@ -194,3 +194,25 @@ impl fmt::Display for ServicePortId {
         }
     }
 }
+
+/// A socket on a node that takes traffic for a port: TCP or SCTP listening, UDP bound and not
+/// connected. `address` is what it is bound to: its family's wildcard (`0.0.0.0`, `::`) or one
+/// address. `process` names its owner where the host could tell (`/proc`); it never decides
+/// anything.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Listener {
+    pub protocol: Protocol,
+    pub address: IpAddr,
+    pub port: u16,
+    pub process: Option<String>,
+}
+
+impl fmt::Display for Listener {
+    /// `socat on 0.0.0.0`, or `a host process on 203.0.113.1` when the owner is not known.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.process {
+            Some(p) => write!(f, "{p} on {}", self.address),
+            None => write!(f, "a host process on {}", self.address),
+        }
+    }
+}

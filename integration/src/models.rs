@@ -854,6 +854,7 @@ pub fn bench_table(n: usize, eps: usize) -> Table {
             v6: false,
         },
         config: &config,
+        listeners: &Default::default(),
     });
     p.tables.into_iter().next().expect("the ip table")
 }

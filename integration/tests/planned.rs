@@ -139,6 +139,7 @@ fn plan_for_fixed_node(objects: &ObjectFiles) -> Plan {
         local_addresses: &local,
         families: Families { v4: true, v6: true },
         config: &config,
+        listeners: &Default::default(),
     })
 }
 

@@ -83,6 +83,7 @@ fn plan_tables(topo: &Topology, yaml: &str) -> Vec<Table> {
         local_addresses: &local,
         families: Families { v4: true, v6: true },
         config: &Config::default(),
+        listeners: &Default::default(),
     });
     assert!(p.warnings.is_empty(), "planner warnings: {:?}", p.warnings);
     assert_eq!(p.tables.len(), 2);

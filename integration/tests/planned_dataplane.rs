@@ -184,6 +184,7 @@ fn plan_tables(topo: &Topology, yaml: &str) -> Vec<Table> {
         local_addresses: &local,
         families: Families { v4: true, v6: true },
         config: &config,
+        listeners: &Default::default(),
     });
     assert!(p.warnings.is_empty(), "planner warnings: {:?}", p.warnings);
     assert_eq!(p.tables.len(), 2, "one table per family");

@@ -4,7 +4,7 @@
 //! warnings are bad input (an object and what is wrong with it), one per problem.
 
 use crate::vocab::IpFamily;
-use crate::vocab::{Protocol, ServiceKey, ServicePortId};
+use crate::vocab::{Listener, Protocol, ServiceKey, ServicePortId};
 use std::fmt;
 use std::net::IpAddr;
 
@@ -155,13 +155,26 @@ pub enum PortResult {
     RejectsNoEndpoints,
     /// An older Service holds this (family, protocol, port) on this node: no rules for it.
     Conflict { winner: ServiceKey },
-    /// All or nothing: another port of the Service lost a conflict in this family on this
-    /// node, so this one gets no rules either (it keeps its claim: who wins a port never
-    /// depends on the Service's other ports).
+    /// A process on this node listens on this (protocol, port), on the family's wildcard
+    /// address or a served one: the port is the host's, no rules for it (a listener always
+    /// wins, also one that started after the Service).
+    HostListener { listener: Listener },
+    /// All or nothing: another port of the Service lost its (family, protocol, port) on this
+    /// node, to an older Service or a host listener, so this one gets no rules either (it
+    /// keeps its claim: who wins a port never depends on the Service's other ports).
     Withheld {
         lost: ServicePortId,
-        winner: ServiceKey,
+        holder: PortHolder,
     },
+}
+
+/// Who holds a port a Service lost on this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PortHolder {
+    /// An older Service.
+    Service(ServiceKey),
+    /// A process on the node.
+    Listener(Listener),
 }
 
 impl PortResult {
@@ -169,8 +182,19 @@ impl PortResult {
     pub fn is_programmed(&self) -> bool {
         !matches!(
             self,
-            PortResult::Conflict { .. } | PortResult::Withheld { .. }
+            PortResult::Conflict { .. }
+                | PortResult::HostListener { .. }
+                | PortResult::Withheld { .. }
         )
+    }
+
+    /// Who holds the port instead of the Service, if it lost it (not when withheld).
+    pub fn holder(&self) -> Option<PortHolder> {
+        match self {
+            PortResult::Conflict { winner } => Some(PortHolder::Service(winner.clone())),
+            PortResult::HostListener { listener } => Some(PortHolder::Listener(listener.clone())),
+            _ => None,
+        }
     }
 }
 
@@ -197,6 +221,19 @@ impl ServiceOutcome {
             for p in ports {
                 if let PortResult::Conflict { winner } = &p.result {
                     out.push((f, &p.port, winner));
+                }
+            }
+        }
+        out
+    }
+
+    /// Every port a host listener took from this Service: family, port, listener.
+    pub fn host_listeners(&self) -> Vec<(IpFamily, &ServicePortId, &Listener)> {
+        let mut out = Vec::new();
+        for (f, _, ports) in self.served_families() {
+            for p in ports {
+                if let PortResult::HostListener { listener } = &p.result {
+                    out.push((f, &p.port, listener));
                 }
             }
         }
@@ -294,11 +331,23 @@ impl fmt::Display for PortResult {
             }
             PortResult::RejectsNoEndpoints => f.write_str("rejects: no endpoints"),
             PortResult::Conflict { winner } => write!(f, "port conflict, held by {winner}"),
-            PortResult::Withheld { lost, winner } => write!(
+            PortResult::HostListener { listener } => {
+                write!(f, "no rules: in use on the node by {listener}")
+            }
+            PortResult::Withheld { lost, holder } => write!(
                 f,
-                "no rules: {}/{} held by {winner} (all or nothing)",
+                "no rules: {}/{} held by {holder} (all or nothing)",
                 lost.port, lost.protocol
             ),
+        }
+    }
+}
+
+impl fmt::Display for PortHolder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PortHolder::Service(key) => write!(f, "{key}"),
+            PortHolder::Listener(l) => write!(f, "{l}, on the node"),
         }
     }
 }

@@ -1,9 +1,9 @@
 //! One Service after port conflicts: its outcome on this node and what it owns in each
 //! family's table.
 
-use super::conflicts::Slot;
+use super::conflicts::{Claims, Slot};
 use super::diagnosis::{
-    FamilyOutcome, FamilySkip, FamilyState, PortOutcome, PortResult, ServiceOutcome,
+    FamilyOutcome, FamilySkip, FamilyState, PortHolder, PortOutcome, PortResult, ServiceOutcome,
 };
 use super::endpoints::Selection;
 use super::prepare::{Context, Prepared, PreparedPort, Stage};
@@ -46,8 +46,8 @@ impl FamilyParts {
 }
 
 /// The holder of each slot the Service claims, as an outcome recorded it: the winner of a
-/// port in conflict, else the Service itself (`None`).
-pub fn recorded_winner<'a>(outcome: &'a ServiceOutcome, slot: &Slot) -> Option<&'a ServiceKey> {
+/// port in conflict or the host listener that took it, else the Service itself (`None`).
+pub fn recorded_holder(outcome: &ServiceOutcome, slot: &Slot) -> Option<PortHolder> {
     let ServiceOutcome::Served { families } = outcome else {
         return None;
     };
@@ -58,23 +58,25 @@ pub fn recorded_winner<'a>(outcome: &'a ServiceOutcome, slot: &Slot) -> Option<&
             FamilyState::Served { ports, .. } => ports.as_slice(),
             FamilyState::Skipped(_) => &[],
         })
-        .find_map(|p| match &p.result {
-            PortResult::Conflict { winner }
-                if p.port.protocol == slot.1 && p.port.port == slot.2 =>
-            {
-                Some(winner)
-            }
-            _ => None,
-        })
+        .filter(|p| p.port.protocol == slot.1 && p.port.port == slot.2)
+        .find_map(|p| p.result.holder())
 }
 
-/// `winner` says who holds each slot (the claims now, or [`recorded_winner`] of an earlier
+/// Who holds a slot now: a host listener that takes it, else the oldest Service claiming it.
+pub fn holder_now(ctx: &Context, claims: &Claims, slot: &Slot) -> Option<PortHolder> {
+    ctx.taken
+        .get(slot)
+        .map(PortHolder::Listener)
+        .or_else(|| claims.winner(slot).cloned().map(PortHolder::Service))
+}
+
+/// `holder` says who holds each slot ([`holder_now`], or [`recorded_holder`] of an earlier
 /// outcome, which rebuilds that earlier fragment: a fragment is a function of the prepared
 /// Service, the slots' holders and the context, so only outcomes are kept between syncs).
 /// `tables: false` decides outcomes only (for the status writer, which plans for every node).
-pub fn build<'k>(
+pub fn build(
     prep: &Prepared,
-    winner: impl Fn(&Slot) -> Option<&'k ServiceKey>,
+    holder: impl Fn(&Slot) -> Option<PortHolder>,
     ctx: &Context,
     tables: bool,
 ) -> Fragment {
@@ -111,7 +113,7 @@ pub fn build<'k>(
             policy: *policy,
             source_ranges: source_ranges.as_deref(),
         };
-        outcomes.push(program.outcome(ports, &winner, tables.then_some(&mut parts)));
+        outcomes.push(program.outcome(ports, &holder, tables.then_some(&mut parts)));
     }
     outcomes.shrink_to_fit();
     Fragment {
@@ -133,27 +135,27 @@ struct FamilyProgram<'a> {
 impl FamilyProgram<'_> {
     /// The family's outcome, port by port, and (given the Service's `parts`) its ports in the
     /// family's table.
-    fn outcome<'k>(
+    fn outcome(
         &self,
         ports: &[PreparedPort],
-        winner: impl Fn(&Slot) -> Option<&'k ServiceKey>,
+        holder: impl Fn(&Slot) -> Option<PortHolder>,
         mut parts: Option<&mut FamilyParts>,
     ) -> FamilyOutcome {
         let mine = || ports.iter().filter(|p| p.family == self.family);
         let lost_to = |p: &PreparedPort| {
-            winner(&(self.family, p.port.protocol, p.port.port))
-                .filter(|w| *w != self.key)
-                .cloned()
+            holder(&(self.family, p.port.protocol, p.port.port))
+                .filter(|h| !matches!(h, PortHolder::Service(w) if w == self.key))
         };
         // All or nothing: the first port lost in this family withholds the others.
-        let first_lost = mine().find_map(|p| lost_to(p).map(|w| (p.port.clone(), w)));
+        let first_lost = mine().find_map(|p| lost_to(p).map(|h| (p.port.clone(), h)));
         let mut results = Vec::new();
         for p in mine() {
             let result = match (lost_to(p), &first_lost) {
-                (Some(w), _) => PortResult::Conflict { winner: w },
-                (None, Some((lost, w))) => PortResult::Withheld {
+                (Some(PortHolder::Service(winner)), _) => PortResult::Conflict { winner },
+                (Some(PortHolder::Listener(listener)), _) => PortResult::HostListener { listener },
+                (None, Some((lost, h))) => PortResult::Withheld {
                     lost: lost.clone(),
-                    winner: w.clone(),
+                    holder: h.clone(),
                 },
                 (None, None) => {
                     let (result, action) = port_action(&p.selection);

@@ -11,6 +11,7 @@ pub mod diagnosis;
 pub mod endpoints;
 pub mod fragment;
 pub mod index;
+pub mod listeners;
 pub mod node;
 pub mod planner;
 pub mod prepare;
@@ -46,6 +47,8 @@ pub struct Input<'a> {
     /// Families to program: enabled and forwarding.
     pub families: Families,
     pub config: &'a config::Config,
+    /// The node's listening sockets: a Service never takes a port one of them holds.
+    pub listeners: &'a listeners::HostListeners,
 }
 
 /// What the planner decided: the tables to hold (one per programmed family) and, per Service
@@ -84,7 +87,8 @@ pub fn plan(input: &Input<'_>) -> Plan {
         input.local_addresses.clone(),
         input.families,
         input.config.clone(),
-    );
+    )
+    .with_listeners(input.listeners.clone());
     let mut planner = Planner::new();
     planner.update(&objects, &ctx, None);
     let mut warnings: Vec<diagnosis::Warning> = planner.warnings().cloned().collect();

@@ -124,16 +124,24 @@ impl Planner {
         ctx: &Context,
         dirty: Option<&BTreeSet<ServiceKey>>,
     ) -> Update {
-        let rebuild = dirty.is_none() || self.ctx.as_ref() != Some(ctx);
+        let rebuild =
+            dirty.is_none() || !self.ctx.as_ref().is_some_and(|c| c.same_but_listeners(ctx));
         let previous = std::mem::replace(&mut self.objects, objects.clone());
-        let keys = if rebuild {
-            self.reset(objects, ctx)
+        let (keys, moved) = if rebuild {
+            (self.reset(objects, ctx), BTreeSet::new())
         } else {
-            dirty.cloned().unwrap_or_default()
+            (
+                dirty.cloned().unwrap_or_default(),
+                self.follow_listeners(ctx),
+            )
         };
         let previous = (!rebuild).then_some(&previous);
         let reprepared = self.reprepare(keys, objects, previous, ctx);
-        let refresh = self.settle_conflicts(&reprepared);
+        let mut refresh = self.settle_conflicts(&reprepared);
+        // A listener that started or stopped: every Service claiming its slot.
+        for slot in &moved {
+            refresh.extend(self.claims.claimants(slot).cloned());
+        }
         let replanned = refresh.len();
         let Replanned {
             mut edits,
@@ -159,6 +167,18 @@ impl Planner {
             changed,
             replanned,
         }
+    }
+
+    /// Take the context's listeners (the rest of it is as before); returns the slots whose
+    /// taker changed.
+    fn follow_listeners(&mut self, ctx: &Context) -> BTreeSet<Slot> {
+        if self.ctx.as_ref() == Some(ctx) {
+            return BTreeSet::new();
+        }
+        let Some(before) = self.ctx.replace(ctx.clone()) else {
+            return BTreeSet::new();
+        };
+        ctx.taken.moved(&before.taken)
     }
 
     /// Forget everything but the context (a rebuild); returns every Service to plan: those in
@@ -258,13 +278,14 @@ impl Planner {
             let claims = &self.claims;
             let new = new_prep
                 .as_ref()
-                .map(|p| fragment::build(p, |s| claims.winner(s), ctx, tables));
+                .map(|p| fragment::build(p, |s| fragment::holder_now(ctx, claims, s), ctx, tables));
             // The Service's Parts before this update, rebuilt from what it was prepared as and
-            // the holders its outcome recorded (the context is unchanged when not rebuilding).
+            // the holders its outcome recorded (the context is unchanged when not rebuilding,
+            // but for its listeners, whose earlier holds the outcome recorded too).
             let old = match (&old_outcome, old_prep, rebuild || !tables) {
                 (Some(outcome), Some(p), false) => Some(fragment::build(
                     &p,
-                    |s| fragment::recorded_winner(outcome, s),
+                    |s| fragment::recorded_holder(outcome, s),
                     ctx,
                     true,
                 )),
@@ -321,7 +342,12 @@ impl Planner {
                 let Some(p) = prepare_in(&self.objects, key, ctx) else {
                     continue;
                 };
-                let f = fragment::build(&p, |s| self.claims.winner(s), ctx, true);
+                let f = fragment::build(
+                    &p,
+                    |s| fragment::holder_now(ctx, &self.claims, s),
+                    ctx,
+                    true,
+                );
                 for (family, part) in f.parts.into_parts() {
                     if let Some((_, a)) = assemblies.iter_mut().find(|(f, _)| *f == family) {
                         a.add(part);
@@ -333,6 +359,20 @@ impl Planner {
         assemblies
             .into_iter()
             .map(|(family, a)| a.finish(self.shared.hairpin(family).unwrap_or(&empty)))
+            .collect()
+    }
+
+    /// The Service ports host listeners take on this node: each (family, protocol, port) a
+    /// Service claims here and a listener holds, with that listener. (A node where every
+    /// port counts as taken reports none: it has no list.)
+    pub fn taken_ports(&self) -> Vec<(Slot, &crate::vocab::Listener)> {
+        let Some(ctx) = &self.ctx else {
+            return Vec::new();
+        };
+        ctx.taken
+            .slots()
+            .filter(|(slot, _)| self.claims.claimants(slot).next().is_some())
+            .map(|(slot, l)| (*slot, l))
             .collect()
     }
 

@@ -7,6 +7,7 @@ use super::config::Config;
 use super::diagnosis::{FamilySkip, ObjectRef, ServiceOutcome, Warning};
 use super::endpoints::{self, Selection};
 use super::index::{EndpointSlice, Service};
+use super::listeners::{HostListeners, Taken};
 use super::node::NodeInfo;
 use super::service::{self, Cidr, LbService, TrafficPolicy};
 use crate::vocab::{Families, IpFamily};
@@ -24,6 +25,10 @@ pub struct Context {
     pub config: Config,
     /// The node's InternalIP/ExternalIP addresses that are on the host, per family, sorted.
     pub served: BTreeMap<IpFamily, Vec<IpAddr>>,
+    /// The node's listening sockets (none unless [`Context::with_listeners`]).
+    pub listeners: HostListeners,
+    /// The (family, protocol, port)s they take from every Service here.
+    pub taken: Taken,
 }
 
 impl Context {
@@ -51,7 +56,37 @@ impl Context {
             families,
             config,
             served,
+            listeners: HostListeners::default(),
+            taken: Taken::default(),
         }
+    }
+
+    /// The same context with the node's listening sockets.
+    pub fn with_listeners(mut self, listeners: HostListeners) -> Context {
+        self.taken = Taken::new(&listeners, &self.served);
+        self.listeners = listeners;
+        self
+    }
+
+    /// Whether `other` differs from this context in its listeners at most, and in none of
+    /// what every Service depends on (a change of which replans everything). A listener
+    /// that stops or starts changes only the Services claiming its port.
+    pub fn same_but_listeners(&self, other: &Context) -> bool {
+        let Context {
+            node,
+            local_addresses,
+            families,
+            config,
+            served,
+            listeners: _,
+            taken,
+        } = self;
+        *node == other.node
+            && *local_addresses == other.local_addresses
+            && *families == other.families
+            && *config == other.config
+            && *served == other.served
+            && taken.every_port() == other.taken.every_port()
     }
 }
 

@@ -88,7 +88,8 @@ fn incremental_updates_equal_planning_from_scratch() {
     let local: BTreeSet<IpAddr> = node.addresses.iter().map(|a| a.1).collect();
     let config = Config::default();
     let families = Families { v4: true, v6: true };
-    let ctx = Context::new(node.clone(), local.clone(), families, config.clone());
+    let bare = Context::new(node.clone(), local.clone(), families, config.clone());
+    let mut ctx = bare.clone();
 
     let mut rng = Lcg(7);
     let mut objects = Objects::default();
@@ -118,11 +119,37 @@ fn incremental_updates_equal_planning_from_scratch() {
 
     let mut edits_seen = 0;
     let mut counter_edits = 0;
+    let mut listener_changes = 0;
     for step in 0..1000 {
         let mut dirty = BTreeSet::new();
         for _ in 0..1 + rng.next(3) {
             let i = rng.next(services.len() as u64);
-            match rng.next(5) {
+            match rng.next(6) {
+                5 => {
+                    // A host listener starts or stops (on the wildcard, a node address, or
+                    // loopback, which takes nothing).
+                    let address = ["0.0.0.0", "::", "203.0.113.1", "2001:db8::1", "127.0.0.1"]
+                        [rng.next(5) as usize];
+                    let l = crate::vocab::Listener {
+                        protocol: [crate::vocab::Protocol::Tcp, crate::vocab::Protocol::Udp]
+                            [rng.next(2) as usize],
+                        address: address.parse().unwrap(),
+                        port: 80 + rng.next(12) as u16,
+                        process: Some(format!("p{}", rng.next(2))),
+                    };
+                    // At most two at a time, or most ports would be held most of the time.
+                    let mut sockets = ctx.listeners.sockets.clone();
+                    if !sockets.remove(&l) {
+                        if sockets.len() >= 2 {
+                            sockets.pop_first();
+                        }
+                        sockets.insert(l);
+                    }
+                    ctx = bare
+                        .clone()
+                        .with_listeners(listeners::HostListeners::new(sockets));
+                    listener_changes += 1;
+                }
                 0 => {
                     // The Service changes or goes away and comes back.
                     let s = if rng.next(4) == 0 {
@@ -216,6 +243,7 @@ fn incremental_updates_equal_planning_from_scratch() {
             local_addresses: &local,
             families,
             config: &config,
+            listeners: &ctx.listeners,
         });
         for (a, b) in tables.iter().zip(&fresh.tables) {
             if a != b {
@@ -239,6 +267,10 @@ fn incremental_updates_equal_planning_from_scratch() {
     assert!(
         counter_edits > 100,
         "the sequence created or deleted {counter_edits} counters"
+    );
+    assert!(
+        listener_changes > 100,
+        "the sequence started or stopped {listener_changes} listeners"
     );
 }
 

@@ -89,6 +89,15 @@ pub fn decide(seen: &Seen, problems: &[Problem], namespace: &str) -> Serving {
             ),
         );
     }
+    if let Some(p @ Problem::PortInUseOnNode { .. }) = problems.first_of("PortInUseOnNode") {
+        return not(
+            "PortInUseOnNode",
+            format!(
+                "{}; stop that process, use another port, or a node selector without those nodes",
+                p.note()
+            ),
+        );
+    }
     let why = match problems.first_of("NoServingNodes") {
         Some(Problem::NoServingNodes { why }) => why.clone(),
         _ => "no node serves it".to_string(),

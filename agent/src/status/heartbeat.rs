@@ -1,10 +1,13 @@
-//! Node heartbeats: the Lease `nodelb-node-<node>` each agent renews in its namespace, with an
-//! annotation naming the families it has programmed. Read here into plain values.
+//! Node heartbeats: the Lease `nodelb-node-<node>` each agent renews in its namespace, with
+//! annotations naming the families it has programmed and the Service ports host listeners
+//! hold there. Read here into plain values.
 
-use crate::vocab::Families;
+use crate::plan::conflicts::Slot;
+use crate::plan::listeners::{wildcard, HostListeners};
+use crate::vocab::{Families, IpFamily, Listener, Protocol};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 /// Prefix of the heartbeat Lease names; the node name follows.
@@ -13,6 +16,14 @@ pub const LEASE_PREFIX: &str = "nodelb-node-";
 pub const FAMILIES_ANNOTATION: &str = "nodelb.io/families";
 /// Label on a heartbeat: the node's name (Lease names may be shortened, labels are exact).
 pub const NODE_LABEL: &str = "nodelb.io/node";
+/// Annotation on a heartbeat: the Service ports host listeners hold on the node, with the
+/// process where known, `IPv4/TCP/7000=socat,IPv6/UDP/53` (absent when there are none).
+pub const BLOCKED_ANNOTATION: &str = "nodelb.io/blocked-ports";
+/// At most this many ports are listed (about 37 KiB at the longest); past it the list ends
+/// with [`MORE`] and the leader counts every port as held on that node.
+pub const MAX_BLOCKED: usize = 1000;
+/// The last entry of a list cut at [`MAX_BLOCKED`].
+pub const MORE: &str = "more";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Heartbeat {
@@ -20,6 +31,113 @@ pub struct Heartbeat {
     pub holder: Option<String>,
     pub renewed: Timestamp,
     pub families: Families,
+    /// The Service ports host listeners hold on the node.
+    pub blocked: BlockedPorts,
+}
+
+/// What an agent reports in its heartbeat, from its last committed sync.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    pub families: Families,
+    pub blocked: BlockedPorts,
+}
+
+/// The Service ports host listeners hold on a node: (family, protocol, port) with the
+/// listening process where the node could tell.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BlockedPorts {
+    pub ports: BTreeMap<Slot, Option<String>>,
+    /// More were held than a heartbeat lists ([`MAX_BLOCKED`]).
+    pub incomplete: bool,
+}
+
+impl BlockedPorts {
+    /// From the ports a node's planner found taken (see `Planner::taken_ports`).
+    pub fn new<'a>(taken: impl IntoIterator<Item = (Slot, &'a Listener)>) -> BlockedPorts {
+        BlockedPorts {
+            ports: taken
+                .into_iter()
+                .map(|(slot, l)| (slot, l.process.clone()))
+                .collect(),
+            incomplete: false,
+        }
+    }
+
+    /// The annotation's value: one entry per port, at most [`MAX_BLOCKED`], then [`MORE`].
+    /// Process names keep only `[A-Za-z0-9._+@:-]` (others become `_`).
+    pub fn format(&self) -> String {
+        let mut entries: Vec<String> = self
+            .ports
+            .iter()
+            .take(MAX_BLOCKED)
+            .map(|((family, protocol, port), process)| {
+                let mut e = format!("{family}/{protocol}/{port}");
+                if let Some(p) = process {
+                    e.push('=');
+                    e.extend(p.chars().map(|c| {
+                        if c.is_ascii_alphanumeric() || "._+@:-".contains(c) {
+                            c
+                        } else {
+                            '_'
+                        }
+                    }));
+                }
+                e
+            })
+            .collect();
+        if self.incomplete || self.ports.len() > MAX_BLOCKED {
+            entries.push(MORE.to_string());
+        }
+        entries.join(",")
+    }
+
+    /// Read an annotation's value; entries that do not parse are skipped.
+    pub fn parse(s: &str) -> BlockedPorts {
+        let mut out = BlockedPorts::default();
+        for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            if entry == MORE {
+                out.incomplete = true;
+                continue;
+            }
+            let (slot, process) = match entry.split_once('=') {
+                Some((slot, p)) => (slot, Some(p.to_string()).filter(|p| !p.is_empty())),
+                None => (entry, None),
+            };
+            let mut parts = slot.split('/');
+            let (Some(f), Some(p), Some(n), None) =
+                (parts.next(), parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let (Some(family), Some(protocol), Ok(port)) = (
+                IpFamily::parse(f),
+                Protocol::parse(Some(p)),
+                n.parse::<u16>(),
+            ) else {
+                continue;
+            };
+            out.ports.insert((family, protocol, port), process);
+        }
+        out
+    }
+
+    /// As the planner's input for that node: a listener on the family's wildcard per port.
+    pub fn listeners(&self) -> HostListeners {
+        let sockets: BTreeSet<Listener> = self
+            .ports
+            .iter()
+            .map(|((family, protocol, port), process)| Listener {
+                protocol: *protocol,
+                address: wildcard(*family),
+                port: *port,
+                process: process.clone(),
+            })
+            .collect();
+        HostListeners {
+            sockets,
+            incomplete: self.incomplete,
+        }
+    }
 }
 
 /// Liveness as the leader sees it: when it last saw each node's heartbeat renewal change, on
@@ -89,6 +207,13 @@ pub fn read(leases: &[Lease]) -> BTreeMap<String, Heartbeat> {
                 v4: false,
                 v6: false,
             });
+        let blocked = l
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(BLOCKED_ANNOTATION))
+            .map(|s| BlockedPorts::parse(s))
+            .unwrap_or_default();
         out.insert(
             node.clone(),
             Heartbeat {
@@ -96,6 +221,7 @@ pub fn read(leases: &[Lease]) -> BTreeMap<String, Heartbeat> {
                 holder: spec.holder_identity.clone(),
                 renewed: renewed.0,
                 families,
+                blocked,
             },
         );
     }

@@ -24,7 +24,7 @@ use crate::plan::service::{self, TrafficPolicy};
 use crate::plan::{Context, Objects, Planner};
 use crate::vocab::{Families, IpFamily};
 use crate::vocab::{Protocol, ServiceKey};
-use heartbeat::Heartbeat;
+use heartbeat::{BlockedPorts, Heartbeat};
 use k8s_openapi::api::core::v1::Node;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -39,6 +39,9 @@ pub struct StatusConfig {
     pub node_lease_duration: Duration,
 }
 
+/// A node, with the process listening on a port there where its agent could tell.
+pub type NodeProcess = (String, Option<String>);
+
 /// A problem with a Service that deserves a Warning Event (reason and note).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Problem {
@@ -48,6 +51,13 @@ pub enum Problem {
         port: u16,
         winner: ServiceKey,
         nodes: Vec<String>,
+    },
+    /// A process on some nodes listens on one of its ports: the nodes, each with the
+    /// process where its agent could tell.
+    PortInUseOnNode {
+        protocol: Protocol,
+        port: u16,
+        nodes: Vec<NodeProcess>,
     },
     /// It asks for ports in `--reserved-ports`.
     ReservedPort { ports: Vec<(Protocol, u16)> },
@@ -61,6 +71,7 @@ impl Problem {
     pub fn reason(&self) -> &'static str {
         match self {
             Problem::PortConflict { .. } => "PortConflict",
+            Problem::PortInUseOnNode { .. } => "PortInUseOnNode",
             Problem::ReservedPort { .. } => "ReservedPort",
             Problem::NoServingNodes { .. } => "NoServingNodes",
             Problem::InvalidInput { .. } => "InvalidInput",
@@ -78,6 +89,23 @@ impl Problem {
                 "port {port}/{protocol} is held by the older Service {winner} on {}: no rules for this Service there",
                 nodes.join(", ")
             ),
+            Problem::PortInUseOnNode {
+                protocol,
+                port,
+                nodes,
+            } => {
+                let on: Vec<String> = nodes
+                    .iter()
+                    .map(|(node, process)| match process {
+                        Some(p) => format!("{node} (process {p})"),
+                        None => node.clone(),
+                    })
+                    .collect();
+                format!(
+                    "port {port}/{protocol} is in use by a process listening on {}: no rules for this Service there (a host listener always wins)",
+                    on.join(", ")
+                )
+            }
             Problem::ReservedPort { ports } => {
                 let list: Vec<String> = ports.iter().map(|(p, n)| format!("{n}/{p}")).collect();
                 format!(
@@ -123,8 +151,9 @@ pub fn published(node: &NodeInfo, family: IpFamily) -> Vec<IpAddr> {
 #[derive(Default)]
 pub struct Status {
     planners: BTreeMap<String, Planner>,
-    /// The serving candidates last time: a change there recomputes every Service.
-    candidates: BTreeMap<String, (NodeInfo, Families)>,
+    /// The serving candidates last time, with the ports host listeners hold there: a change
+    /// there recomputes every Service.
+    candidates: BTreeMap<String, (NodeInfo, Families, BlockedPorts)>,
     /// The objects' version last computed from.
     version: Option<u64>,
     desired: BTreeMap<ServiceKey, Desired>,
@@ -148,7 +177,7 @@ impl Status {
         cfg: &StatusConfig,
     ) -> BTreeSet<ServiceKey> {
         // Serving candidates: nodes with a fresh heartbeat; their families from it.
-        let mut candidates: BTreeMap<String, (NodeInfo, Families)> = BTreeMap::new();
+        let mut candidates: BTreeMap<String, (NodeInfo, Families, BlockedPorts)> = BTreeMap::new();
         for n in nodes {
             let info = NodeInfo::from_node(n);
             let Some(beat) = beats.get(&info.name) else {
@@ -160,7 +189,10 @@ impl Status {
             if !fresh {
                 continue;
             }
-            candidates.insert(info.name.clone(), (info, beat.families));
+            candidates.insert(
+                info.name.clone(),
+                (info, beat.families, beat.blocked.clone()),
+            );
         }
         let dirty = self.version.and_then(|v| objects.changed_since(v));
         let everything = dirty.is_none() || candidates != self.candidates;
@@ -168,12 +200,13 @@ impl Status {
         self.planners
             .retain(|name, _| candidates.contains_key(name));
         let mut touched: BTreeSet<ServiceKey> = dirty.clone().unwrap_or_default();
-        for (name, (info, families)) in &candidates {
+        for (name, (info, families, blocked)) in &candidates {
             // Another host's assigned addresses are not known here: its Node's addresses stand
             // in (the agent there serves only those that are assigned, and its heartbeat names
-            // only families it serves on).
+            // only families it serves on). Its listeners: the ports its heartbeat says are held.
             let local = info.addresses.iter().map(|(_, a)| *a).collect();
-            let ctx = Context::new(info.clone(), local, *families, cfg.planner.clone());
+            let ctx = Context::new(info.clone(), local, *families, cfg.planner.clone())
+                .with_listeners(blocked.listeners());
             let planner = self
                 .planners
                 .entry(name.clone())
@@ -244,6 +277,13 @@ impl Status {
                 port,
                 winner,
                 nodes,
+            });
+        }
+        for ((protocol, port), nodes) in std::mem::take(&mut seen.listeners) {
+            desired.problems.push(Problem::PortInUseOnNode {
+                protocol,
+                port,
+                nodes: nodes.into_iter().collect(),
             });
         }
         if desired.ingress.is_empty() && desired.problems.is_empty() {
@@ -325,6 +365,8 @@ struct Observed {
     serving: BTreeMap<IpFamily, Vec<String>>,
     /// Ports lost to an older Service: the nodes where each was lost.
     conflicts: BTreeMap<(Protocol, u16, ServiceKey), Vec<String>>,
+    /// Ports held by host listeners: the nodes (with the process) where each is held.
+    listeners: BTreeMap<(Protocol, u16), BTreeSet<NodeProcess>>,
     /// Why the nodes that are not serving nodes of it are not.
     other: BTreeSet<String>,
     condition: condition::Seen,
@@ -336,6 +378,7 @@ impl Observed {
             policy,
             serving: BTreeMap::new(),
             conflicts: BTreeMap::new(),
+            listeners: BTreeMap::new(),
             other: BTreeSet::new(),
             condition: condition::Seen {
                 candidates,
@@ -406,13 +449,26 @@ impl Observed {
                     .push(node.to_string());
                 false
             }
+            PortResult::HostListener { listener } => {
+                why_not.get_or_insert_with(|| {
+                    format!(
+                        "port {}/{} in use on the node by {listener}",
+                        p.port.port, p.port.protocol
+                    )
+                });
+                self.listeners
+                    .entry((p.port.protocol, p.port.port))
+                    .or_default()
+                    .insert((node.to_string(), listener.process.clone()));
+                false
+            }
             PortResult::Forwards { terminating, .. } => {
                 let serves = cluster || !*terminating;
                 self.condition.any_endpoint |= serves;
                 serves
             }
             PortResult::RejectsNoEndpoints => cluster,
-            // The family's lost port (a `Conflict` beside it) says why.
+            // The family's lost port (a `Conflict` or `HostListener` beside it) says why.
             PortResult::Withheld { .. } => false,
             PortResult::DropsNoLocalEndpoint { .. } => {
                 why_not.get_or_insert_with(|| {

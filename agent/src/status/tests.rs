@@ -386,6 +386,7 @@ fn beat_at(node: &str, renewed: Timestamp) -> (String, Heartbeat) {
                 v4: true,
                 v6: false,
             },
+            blocked: Default::default(),
         },
     )
 }
@@ -918,4 +919,181 @@ fn a_service_that_carries_only_nodelbs_condition_is_cleared_when_no_longer_ours(
         ingress::decide(&s, None, None, now()),
         Write::Clear { .. }
     ));
+}
+
+// ---- host listeners --------------------------------------------------------------------------
+
+/// A heartbeat whose agent reports `blocked` (the annotation's value) as held by host
+/// listeners.
+fn beat_blocked(node: &str, blocked: &str) -> Lease {
+    let mut l = beat(node, 1, "IPv4,IPv6");
+    l.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(heartbeat::BLOCKED_ANNOTATION.into(), blocked.into());
+    l
+}
+
+/// `web` on TCP 7000 and `other` on TCP 8000, each with an endpoint.
+fn listened() -> World {
+    World::two_nodes()
+        .service(svc("web", "2024-01-01T00:00:00Z", 7000, none()))
+        .slice(slice("web", &[("198.51.100.20", "node-b")]))
+        .service(svc("other", "2024-01-01T00:00:00Z", 8000, none()))
+        .slice(slice("other", &[("198.51.100.21", "node-b")]))
+}
+
+#[test]
+fn a_node_whose_heartbeat_says_a_port_is_blocked_is_left_out_for_that_service_only() {
+    let mut w = listened();
+    w.leases[0] = beat_blocked("node-a", "IPv4/TCP/7000=socat");
+    assert_eq!(w.ingress("web"), vec!["203.0.113.9"], "node-a left out");
+    assert_eq!(
+        w.ingress("other"),
+        vec!["203.0.113.9", "203.0.113.10"],
+        "another port is not held"
+    );
+    let c = w.serving("web");
+    assert!(c.status, "served on node-b");
+    assert_eq!(
+        c.message,
+        "served on 1 of 2 nodes; node-a: port 7000/TCP in use on the node by socat on 0.0.0.0"
+    );
+    assert_eq!(
+        w.problems("web"),
+        vec![Problem::PortInUseOnNode {
+            protocol: Protocol::Tcp,
+            port: 7000,
+            nodes: vec![("node-a".into(), Some("socat".into()))],
+        }]
+    );
+    assert!(w.problems("other").is_empty());
+}
+
+#[test]
+fn a_listener_that_starts_or_stops_changes_only_the_services_on_its_port() {
+    let mut w = listened();
+    let mut s = Status::default();
+    let mut step = |w: &World| {
+        let beats = heartbeat::read(&w.leases);
+        s.compute(
+            &w.objects,
+            &w.nodes,
+            &beats,
+            &ages_at(&beats, now()),
+            &w.cfg,
+        )
+    };
+    step(&w);
+    w.leases[0] = beat_blocked("node-a", "IPv4/TCP/7000=socat");
+    assert_eq!(step(&w), [ServiceKey::new("default", "web")].into());
+    w.leases[0] = beat("node-a", 1, "IPv4,IPv6");
+    assert_eq!(step(&w), [ServiceKey::new("default", "web")].into());
+    assert_eq!(w.ingress("web").len(), 2, "node-a is back");
+}
+
+#[test]
+fn a_port_blocked_in_one_family_leaves_the_other_published() {
+    let mut w = World::two_nodes().service(svc(
+        "web",
+        "2024-01-01T00:00:00Z",
+        7000,
+        serde_json::json!({"ipFamilies": ["IPv4", "IPv6"]}),
+    ));
+    // An IPv4-only listener on node-a: its IPv6 address still serves.
+    w.leases[0] = beat_blocked("node-a", "IPv4/TCP/7000=socat");
+    assert_eq!(
+        w.ingress("web"),
+        vec!["203.0.113.9", "2001:db8::a", "2001:db8::b"]
+    );
+}
+
+#[test]
+fn a_port_blocked_everywhere_says_port_in_use_on_node_and_names_the_nodes() {
+    let mut w = listened();
+    w.leases = vec![
+        beat_blocked("node-a", "IPv4/TCP/7000=socat"),
+        beat_blocked("node-b", "IPv4/TCP/7000,IPv6/TCP/7000"),
+    ];
+    assert!(w.ingress("web").is_empty());
+    let c = w.serving("web");
+    assert_eq!((c.status, c.reason), (false, "PortInUseOnNode"));
+    for needle in ["7000/TCP", "node-a (process socat)", "node-b"] {
+        assert!(c.message.contains(needle), "{needle}: {}", c.message);
+    }
+    assert!(
+        c.message.ends_with(
+            "stop that process, use another port, or a node selector without those nodes"
+        ),
+        "{}",
+        c.message
+    );
+    assert_eq!(w.ingress("other").len(), 2);
+}
+
+#[test]
+fn the_port_in_use_event_names_node_port_and_process() {
+    let mut w = listened();
+    w.leases[0] = beat_blocked("node-a", "IPv4/TCP/7000=socat");
+    let p = &w.problems("web")[0];
+    assert_eq!(p.reason(), "PortInUseOnNode");
+    assert_eq!(
+        p.note(),
+        "port 7000/TCP is in use by a process listening on node-a (process socat): no rules for this Service there (a host listener always wins)"
+    );
+}
+
+#[test]
+fn blocked_ports_travel_in_a_bounded_annotation() {
+    let socat = |port| {
+        (
+            ((IpFamily::V4, Protocol::Tcp, port)),
+            Some("so,cat=x".to_string()),
+        )
+    };
+    let b = heartbeat::BlockedPorts {
+        ports: [socat(7000), ((IpFamily::V6, Protocol::Udp, 53), None)].into(),
+        incomplete: false,
+    };
+    let text = b.format();
+    assert_eq!(text, "IPv4/TCP/7000=so_cat_x,IPv6/UDP/53");
+    let back = heartbeat::BlockedPorts::parse(&text);
+    assert_eq!(back.ports.len(), 2);
+    assert_eq!(
+        back.ports[&(IpFamily::V4, Protocol::Tcp, 7000)].as_deref(),
+        Some("so_cat_x")
+    );
+    assert!(!back.incomplete);
+    // Junk entries are skipped.
+    assert_eq!(
+        heartbeat::BlockedPorts::parse("IPv5/TCP/1,IPv4/TCP/x,IPv4/TCP/70000,,IPv4/UDP/9").ports,
+        [((IpFamily::V4, Protocol::Udp, 9), None)].into()
+    );
+    // Thousands of ports: the list stops at MAX_BLOCKED and says there are more.
+    let many = heartbeat::BlockedPorts {
+        ports: (1..=5000u16).map(socat).collect(),
+        incomplete: false,
+    };
+    let text = many.format();
+    assert!(text.len() < 40 * 1024, "{} bytes", text.len());
+    assert!(text.ends_with(",more"));
+    let back = heartbeat::BlockedPorts::parse(&text);
+    assert_eq!(
+        (back.ports.len(), back.incomplete),
+        (heartbeat::MAX_BLOCKED, true)
+    );
+}
+
+#[test]
+fn a_heartbeat_whose_list_was_cut_leaves_its_node_out_of_every_service() {
+    let mut w = listened();
+    w.leases[0] = beat_blocked("node-a", "IPv4/TCP/1=socat,more");
+    assert_eq!(w.ingress("web"), vec!["203.0.113.9"]);
+    assert_eq!(w.ingress("other"), vec!["203.0.113.9"]);
+    assert!(
+        matches!(&w.problems("other")[0], Problem::PortInUseOnNode { port: 8000, nodes, .. } if nodes[0].0 == "node-a"),
+        "{:?}",
+        w.problems("other")
+    );
 }
