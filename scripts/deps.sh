@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs what nodelb builds and tests with on Debian/Ubuntu: libnftnl and libmnl headers for
 # the netlink encoder, nftables (`nft`, the reference the tests compare against), iproute2
-# (`ip netns`), etcd (the store of the real kube-apiserver the end-to-end tests run against)
-# and libfaketime (agents whose clock is off, for the liveness test). Runs apt-get only when
+# (`ip netns`), etcd (the store of the real kube-apiserver the end-to-end tests run against),
+# libfaketime (agents whose clock is off, for the liveness test) and socat (a host process
+# listening on a node's port, for the host-listener tests). Runs apt-get only when
 # something is missing. promtool (the monitoring test checks the alert rules with it) is
 # unpacked from Debian's prometheus package into the cache, not installed: installing would
 # start a Prometheus server on the machine. Then builds that kube-apiserver once per machine
 # (scripts/kube-apiserver.sh; needs Go).
 set -euo pipefail
-packages=(libnftnl-dev libmnl-dev pkg-config nftables iproute2 gcc etcd-server faketime)
+packages=(libnftnl-dev libmnl-dev pkg-config nftables iproute2 gcc etcd-server faketime socat)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -233,6 +233,10 @@ pub struct Metrics {
     pub heartbeat_age: Family<NodeLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub status_writes: Family<WriteLabel, Counter>,
     pub heartbeats: Family<ResultLabel, Counter>,
+    /// Reads of the host's listening sockets, by result.
+    pub listener_reads: Family<ResultLabel, Counter>,
+    /// Service ports host listeners hold on this node.
+    pub blocked_ports: Gauge,
 }
 
 impl Default for Metrics {
@@ -288,6 +292,7 @@ impl Metrics {
             Gauge::default(),
         );
         let (drift_repairs, resyncs) = repair_metrics(&mut r);
+        let (listener_reads, blocked_ports) = listener_metrics(&mut r);
         let invalid_objects = register(
             &mut r,
             "invalid_objects",
@@ -319,6 +324,8 @@ impl Metrics {
             heartbeat_age,
             status_writes,
             heartbeats,
+            listener_reads,
+            blocked_ports,
         }
     }
 
@@ -488,6 +495,23 @@ fn repair_metrics(r: &mut Registry) -> (Counter, Family<ResultLabel, Counter>) {
         Family::<ResultLabel, Counter>::default(),
     );
     (drift_repairs, resyncs)
+}
+
+/// The host's listeners: reads, and the Service ports they hold.
+fn listener_metrics(r: &mut Registry) -> (Family<ResultLabel, Counter>, Gauge) {
+    let reads = register(
+        r,
+        "listener_reads",
+        "Reads of the host's listening sockets (sock_diag), by result: ok or error (the last set read stays in use)",
+        Family::<ResultLabel, Counter>::default(),
+    );
+    let blocked = register(
+        r,
+        "blocked_ports",
+        "Service ports (family, protocol, port) a process listening on this node holds: no Service gets them here",
+        Gauge::default(),
+    );
+    (reads, blocked)
 }
 
 /// The kernel's per-Service counters, read from `source` at each scrape (an empty registry

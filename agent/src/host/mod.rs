@@ -1,7 +1,8 @@
-//! The host around the agent: forwarding sysctls, local addresses, other tables' forward
-//! policies, privileges. Thin I/O; decisions are made by the callers from what these return.
+//! The host around the agent: forwarding sysctls, local addresses, listening sockets, other
+//! tables' forward policies, privileges. Thin I/O; decisions are made by the callers from what these return.
 
 pub mod addresses;
 pub mod forward_policy;
+pub mod listeners;
 pub mod privileges;
 pub mod sysctl;

@@ -97,6 +97,27 @@ impl Sysctls {
             .map_err(|source| Error::Write { name, source })
     }
 
+    /// The ports the kernel picks for outgoing connections and unbound sends
+    /// (`net.ipv4.ip_local_port_range`, both families), or `None` when the file does not
+    /// exist.
+    pub fn ephemeral_ports(&self) -> Result<Option<std::ops::RangeInclusive<u16>>, Error> {
+        const NAME: &str = "net.ipv4.ip_local_port_range";
+        let text = match std::fs::read_to_string(self.path(NAME)) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(Error::Read { name: NAME, source }),
+        };
+        let bad = || Error::NotANumber {
+            name: NAME,
+            value: text.trim().to_string(),
+        };
+        let mut ports = text.split_whitespace().map(|p| p.parse::<u16>());
+        match (ports.next(), ports.next(), ports.next()) {
+            (Some(Ok(low)), Some(Ok(high)), None) if low <= high => Ok(Some(low..=high)),
+            _ => Err(bad()),
+        }
+    }
+
     /// Whether `family` forwards.
     pub fn forwarding(&self, family: IpFamily) -> Result<Forwarding, Error> {
         let name = forwarding_name(family);
@@ -188,6 +209,17 @@ mod tests {
                 fix: "sysctl -w net.ipv6.conf.all.forwarding=1".into()
             }
         );
+    }
+
+    #[test]
+    fn reads_the_ephemeral_port_range() {
+        let root = TempRoot::new("ephemeral");
+        let s = Sysctls::new(&root.0);
+        assert_eq!(s.ephemeral_ports().unwrap(), None);
+        root.set("net.ipv4.ip_local_port_range", "32768\t60999\n");
+        assert_eq!(s.ephemeral_ports().unwrap(), Some(32768..=60999));
+        root.set("net.ipv4.ip_local_port_range", "60999 32768\n");
+        assert!(s.ephemeral_ports().is_err());
     }
 
     #[test]

@@ -4,8 +4,9 @@
 use crate::metrics::{Metrics, ResultLabel};
 use crate::status::election::{Action, Election, Params, LEASE_NAME};
 use crate::status::format_families;
-use crate::status::heartbeat::{lease_name, FAMILIES_ANNOTATION, NODE_LABEL};
-use crate::vocab::Families;
+use crate::status::heartbeat::{
+    lease_name, Report, BLOCKED_ANNOTATION, FAMILIES_ANNOTATION, NODE_LABEL,
+};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
@@ -183,14 +184,15 @@ async fn release(api: &Api<Lease>, me: &str) -> Result<(), kube::Error> {
 
 #[allow(clippy::too_many_arguments)]
 /// Renew this node's heartbeat every `period` once the first sync committed, with the families
-/// programmed (from `families`, published by the sync loop), until `stop`.
+/// programmed and the Service ports host listeners hold (from `report`, published by the sync
+/// loop), until `stop`.
 pub async fn heartbeat(
     client: Client,
     namespace: String,
     node: String,
     holder: String,
     period: Duration,
-    mut families: watch::Receiver<Option<Families>>,
+    mut report: watch::Receiver<Option<Report>>,
     metrics: Arc<Metrics>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -198,9 +200,9 @@ pub async fn heartbeat(
     let name = lease_name(&node);
     async {
         loop {
-            let current = *families.borrow_and_update();
+            let current = report.borrow_and_update().clone();
             if let Some(f) = current {
-                let r = renew(&api, &name, &node, &holder, f, period).await;
+                let r = renew(&api, &name, &node, &holder, &f, period).await;
                 let result = if r.is_ok() { "ok" } else { "error" };
                 metrics
                     .heartbeats
@@ -213,8 +215,8 @@ pub async fn heartbeat(
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => break,
                 _ = tokio::time::sleep(period) => {}
-                // Families changed: say so at once.
-                r = families.changed() => if r.is_err() { break },
+                // Families or held ports changed: say so at once.
+                r = report.changed() => if r.is_err() { break },
             }
         }
     }
@@ -227,17 +229,18 @@ async fn renew(
     name: &str,
     node: &str,
     holder: &str,
-    families: Families,
+    report: &Report,
     period: Duration,
 ) -> Result<(), kube::Error> {
-    let fams = format_families(families);
     match api.get_opt(name).await? {
         None => {
+            let mut annotations = Default::default();
+            annotate(&mut annotations, report);
             let lease = Lease {
                 metadata: kube::api::ObjectMeta {
                     name: Some(name.to_string()),
                     labels: Some([(NODE_LABEL.to_string(), node.to_string())].into()),
-                    annotations: Some([(FAMILIES_ANNOTATION.to_string(), fams)].into()),
+                    annotations: Some(annotations),
                     ..Default::default()
                 },
                 spec: Some(LeaseSpec {
@@ -251,11 +254,13 @@ async fn renew(
             api.create(&PostParams::default(), &lease).await?;
         }
         Some(mut lease) => {
-            lease
-                .metadata
-                .annotations
-                .get_or_insert_with(Default::default)
-                .insert(FAMILIES_ANNOTATION.to_string(), fams);
+            annotate(
+                lease
+                    .metadata
+                    .annotations
+                    .get_or_insert_with(Default::default),
+                report,
+            );
             lease
                 .metadata
                 .labels
@@ -269,4 +274,18 @@ async fn renew(
         }
     }
     Ok(())
+}
+
+/// A heartbeat's annotations: the families programmed, and the Service ports host listeners
+/// hold (no annotation when there are none).
+fn annotate(annotations: &mut std::collections::BTreeMap<String, String>, report: &Report) {
+    annotations.insert(
+        FAMILIES_ANNOTATION.to_string(),
+        format_families(report.families),
+    );
+    if report.blocked.ports.is_empty() && !report.blocked.incomplete {
+        annotations.remove(BLOCKED_ANNOTATION);
+    } else {
+        annotations.insert(BLOCKED_ANNOTATION.to_string(), report.blocked.format());
+    }
 }

@@ -362,17 +362,16 @@ impl Planner {
             .collect()
     }
 
-    /// The Service ports host listeners take on this node: each (family, protocol, port) a
-    /// Service claims here and a listener holds, with that listener. (A node where every
-    /// port counts as taken reports none: it has no list.)
-    pub fn taken_ports(&self) -> Vec<(Slot, &crate::vocab::Listener)> {
+    /// The (family, protocol, port)s host listeners take on this node, each with its
+    /// listener and whether a Service claims it here (a Service port the listener holds).
+    /// (A node where every port counts as taken has no list: none.)
+    pub fn taken_ports(&self) -> Vec<(Slot, &crate::vocab::Listener, bool)> {
         let Some(ctx) = &self.ctx else {
             return Vec::new();
         };
         ctx.taken
             .slots()
-            .filter(|(slot, _)| self.claims.claimants(slot).next().is_some())
-            .map(|(slot, l)| (*slot, l))
+            .map(|(slot, l)| (*slot, l, self.claims.claimants(slot).next().is_some()))
             .collect()
     }
 

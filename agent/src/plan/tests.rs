@@ -1753,13 +1753,14 @@ fn a_listener_that_appears_later_takes_the_port_back() {
     let taken: Vec<_> = planner
         .taken_ports()
         .into_iter()
-        .map(|(slot, l)| (slot, l.process.clone()))
+        .map(|(slot, l, claimed)| (slot, l.process.clone(), claimed))
         .collect();
     assert_eq!(
         taken,
         vec![(
             (IpFamily::V4, Protocol::Tcp, 7000),
-            Some("socat".to_string())
+            Some("socat".to_string()),
+            true
         )]
     );
     let fresh = World {
@@ -1771,10 +1772,13 @@ fn a_listener_that_appears_later_takes_the_port_back() {
         fresh.plan().tables,
         "as planned from scratch"
     );
-    // A listener on a port no Service claims is not reported, and replans nothing.
+    // A listener on a port no Service claims takes it from none.
     let u = planner.update(&objects, &with("TCP 0.0.0.0 9000"), Some(&BTreeSet::new()));
     assert_eq!(u.changed, [web.clone()].into(), "web gets 7000 back");
-    assert!(planner.taken_ports().is_empty());
+    assert!(
+        !planner.taken_ports()[0].2,
+        "9000 taken, from no Service's port"
+    );
     // It stops: the Service gets its rules back.
     planner.update(&objects, &bare, Some(&BTreeSet::new()));
     assert_eq!(

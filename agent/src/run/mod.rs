@@ -1,9 +1,11 @@
-//! `run`: the agent. Watches feed caches, rtnetlink feeds local addresses, nftables events
-//! report foreign changes; all of them wake one sync loop (see `sync`). HTTP serves health,
-//! readiness and metrics. SIGTERM/SIGINT stop the agent and leave its rules in place.
+//! `run`: the agent. Watches feed caches, rtnetlink feeds local addresses, sock_diag the
+//! host's listeners, nftables events report foreign changes; all of them wake one sync loop
+//! (see `sync`). HTTP serves health, readiness and metrics. SIGTERM/SIGINT stop the agent and
+//! leave its rules in place.
 
 pub mod decisions;
 pub mod http;
+pub mod listeners;
 pub mod logging;
 pub mod malloc;
 pub mod sync;
@@ -175,16 +177,14 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let addrs = addresses::watch(settings.resync_interval)
         .await
         .context("following the host's addresses over rtnetlink")?;
-    forward_address_changes(addrs.rx.clone(), tx.clone());
-    let watch_pause = spawn_drift_watch(&config, tx.clone());
-    drop(tx);
+    let (host_listeners, watch_pause) = wake_sources(&addrs.rx, &config, &metrics, tx);
 
     let node_events = node_events::NodeEvents::new(
         Some(client.clone()),
         &settings.node_name,
         settings.pod_name_given.then(|| settings.pod_name.clone()),
     );
-    let (families_tx, families_rx) = watch::channel(None);
+    let (report_tx, report_rx) = watch::channel(None);
     let (objects_tx, objects_rx) = watch::channel(None);
     let (leading_tx, leading_rx) = watch::channel(false);
     let sync = sync::SyncLoop::new(
@@ -199,13 +199,14 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         settings.sync_debounce,
         settings.resync_interval,
     )
-    .with_status(families_tx, objects_tx, leading_rx.clone())
-    .with_watch_pause(watch_pause);
+    .with_status(report_tx, objects_tx, leading_rx.clone())
+    .with_watch_pause(watch_pause)
+    .with_listeners(host_listeners);
     let (stop_tx, stop_rx) = watch::channel(false);
     let status = StatusTasks::spawn(
         &settings,
         client,
-        families_rx,
+        report_rx,
         objects_rx,
         (leading_tx, leading_rx),
         metrics,
@@ -264,6 +265,21 @@ fn set_forwarding(sysctls: &Sysctls, config: &Config) {
     }
 }
 
+/// Start what wakes the sync loop besides the watches: the host's addresses, its listeners
+/// (returned, for the sync loop to read them too) and foreign changes to nodelb's tables (the
+/// drift watch's pause handle, returned).
+fn wake_sources(
+    addresses: &watch::Receiver<addresses::Snapshot>,
+    config: &Config,
+    metrics: &Arc<metrics::Metrics>,
+    tx: mpsc::UnboundedSender<Trigger>,
+) -> (listeners::Listeners, Option<nodelb_netfilter::WatchPause>) {
+    forward_address_changes(addresses.clone(), tx.clone());
+    let host_listeners = listeners::Listeners::new(metrics.clone());
+    host_listeners.clone().follow(tx.clone());
+    (host_listeners, spawn_drift_watch(config, tx))
+}
+
 /// Each change of the host's addresses wakes the sync loop.
 fn forward_address_changes(
     mut rx: watch::Receiver<addresses::Snapshot>,
@@ -290,7 +306,7 @@ impl StatusTasks {
     fn spawn(
         settings: &Settings,
         client: ::kube::Client,
-        families: watch::Receiver<Option<crate::vocab::Families>>,
+        report: watch::Receiver<Option<crate::status::heartbeat::Report>>,
         objects: watch::Receiver<Option<Arc<crate::plan::Objects>>>,
         (leading_tx, leading_rx): (watch::Sender<bool>, watch::Receiver<bool>),
         metrics: Arc<metrics::Metrics>,
@@ -311,7 +327,7 @@ impl StatusTasks {
             settings.node_name.clone(),
             settings.pod_name.clone(),
             (settings.node_lease_duration / 3).max(Duration::from_secs(1)),
-            families,
+            report,
             metrics.clone(),
             stop.clone(),
         ));

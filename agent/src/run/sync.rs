@@ -20,13 +20,17 @@ use crate::kube::node_events::{NodeEvents, NodeProblem};
 use crate::kube::watches::{valid, Caches};
 use crate::metrics::Metrics;
 use crate::plan::config::Config;
+use crate::plan::conflicts::Slot;
 use crate::plan::diagnosis::{ObjectKind, ObjectRef, Warning};
+use crate::plan::listeners::HostListeners;
 use crate::plan::node::NodeInfo;
 use crate::plan::{Context, Planner, TableChange};
+use crate::status::heartbeat::{BlockedPorts, Report};
 use crate::vocab::{Families, IpFamily};
 use nodelb_netfilter::{
     readback::Drift, Commit, CommitStats, Committed, Committer, Edit, Nft, Table, TableRef,
 };
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
@@ -48,8 +52,15 @@ pub struct SyncLoop {
     inbox: Inbox,
     planner: Planner,
     notes: Vec<String>,
-    /// For the heartbeat: the families committed by the last successful sync.
-    families_tx: Option<watch::Sender<Option<Families>>>,
+    /// For the heartbeat: the families committed by the last successful sync, and the Service
+    /// ports host listeners hold.
+    report_tx: Option<watch::Sender<Option<Report>>>,
+    /// The host's listeners, read at the start of each sync (none: not followed).
+    listeners: Option<super::listeners::Listeners>,
+    /// The ports host listeners hold, as the heartbeat reports them.
+    blocked: BlockedPorts,
+    /// The Service ports host listeners held at the last sync, with their processes.
+    held: BTreeMap<Slot, Option<String>>,
     /// For the status writer, while leading: the objects after each sync.
     objects_tx: Option<watch::Sender<Option<Arc<crate::plan::Objects>>>>,
     leading: Option<watch::Receiver<bool>>,
@@ -107,7 +118,10 @@ impl SyncLoop {
             inbox: Inbox::default(),
             planner: Planner::new(),
             notes: Vec::new(),
-            families_tx: None,
+            report_tx: None,
+            listeners: None,
+            blocked: BlockedPorts::default(),
+            held: BTreeMap::new(),
             objects_tx: None,
             leading: None,
             warnings: WarningLog::default(),
@@ -203,14 +217,20 @@ impl SyncLoop {
         self
     }
 
+    /// Follow the host's listeners: a Service never takes a port one of them holds.
+    pub fn with_listeners(mut self, listeners: super::listeners::Listeners) -> SyncLoop {
+        self.listeners = Some(listeners);
+        self
+    }
+
     /// Channels to the heartbeat and the status writer.
     pub fn with_status(
         mut self,
-        families_tx: watch::Sender<Option<Families>>,
+        report_tx: watch::Sender<Option<Report>>,
         objects_tx: watch::Sender<Option<Arc<crate::plan::Objects>>>,
         leading: watch::Receiver<bool>,
     ) -> SyncLoop {
-        self.families_tx = Some(families_tx);
+        self.report_tx = Some(report_tx);
         self.objects_tx = Some(objects_tx);
         self.leading = Some(leading);
         self
@@ -274,7 +294,14 @@ impl SyncLoop {
             ),
         };
         let local = self.addresses.borrow().clone();
-        let ctx = Context::new(node, local, families, self.config.clone());
+        // Read now: a sync that adds ports must not take one a process listens on.
+        let host = self
+            .listeners
+            .as_ref()
+            .map(|l| l.look(false).0)
+            .unwrap_or_default();
+        let ctx = Context::new(node, local, families, self.config.clone())
+            .with_listeners(HostListeners::new(host));
         // What the heartbeat tells the leader: families with a table and a node address on
         // the host to serve on.
         let serving = Families {
@@ -314,6 +341,7 @@ impl SyncLoop {
             }
         }
         let (services, endpoints) = programmed_counts(self.planner.outcomes());
+        self.note_blocked();
         Planned {
             change: update.change,
             summary: PlanSummary {
@@ -323,6 +351,40 @@ impl SyncLoop {
                 endpoints,
             },
         }
+    }
+
+    /// The ports host listeners hold, for the heartbeat; log the Service ports they took or
+    /// gave back since the last sync.
+    fn note_blocked(&mut self) {
+        let taken = self.planner.taken_ports();
+        let held: BTreeMap<Slot, Option<String>> = taken
+            .iter()
+            .filter(|(_, _, claimed)| *claimed)
+            .map(|(slot, l, _)| {
+                // A listener the sync's read did not name yet: name it now, for the heartbeat.
+                let named = || self.listeners.as_ref()?.process_of(l);
+                (*slot, l.process.clone().or_else(named))
+            })
+            .collect();
+        let ephemeral = self.sysctls.ephemeral_ports().ok().flatten();
+        let reserved = &self.config.reserved_ports;
+        self.blocked = BlockedPorts::report(&taken, &held, reserved, ephemeral.as_ref());
+        if held == self.held {
+            return;
+        }
+        for ((family, protocol, port), process) in &held {
+            if !self.held.contains_key(&(*family, *protocol, *port)) {
+                warn!(%family, %protocol, port, process = process.as_deref().unwrap_or("unknown"),
+                      "a process on the node listens on a Service port: no Service gets it here");
+            }
+        }
+        for (family, protocol, port) in self.held.keys() {
+            if !held.contains_key(&(*family, *protocol, *port)) {
+                info!(%family, %protocol, port, "the host no longer listens on a Service port");
+            }
+        }
+        self.metrics.blocked_ports.set(held.len() as i64);
+        self.held = held;
     }
 
     /// Commit what the plan changed: edits, or a full replace when the tables must be
@@ -430,9 +492,12 @@ impl SyncLoop {
     /// objects, while leading), readiness, and Node Events for node problems.
     fn publish(&mut self, ok: bool, inputs: Inputs) {
         if ok {
-            if let Some(tx) = &self.families_tx {
-                let serving = inputs.serving;
-                tx.send_if_modified(|f| f.replace(serving) != Some(serving));
+            if let Some(tx) = &self.report_tx {
+                let report = Report {
+                    families: inputs.serving,
+                    blocked: self.blocked.clone(),
+                };
+                tx.send_if_modified(|r| r.replace(report.clone()).as_ref() != Some(&report));
             }
         }
         if let (Some(tx), Some(leading)) = (&self.objects_tx, &self.leading) {

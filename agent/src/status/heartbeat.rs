@@ -4,10 +4,12 @@
 
 use crate::plan::conflicts::Slot;
 use crate::plan::listeners::{wildcard, HostListeners};
+use crate::plan::reserved::ReservedPorts;
 use crate::vocab::{Families, IpFamily, Listener, Protocol};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::RangeInclusive;
 use std::time::{Duration, Instant};
 
 /// Prefix of the heartbeat Lease names; the node name follows.
@@ -16,11 +18,13 @@ pub const LEASE_PREFIX: &str = "nodelb-node-";
 pub const FAMILIES_ANNOTATION: &str = "nodelb.io/families";
 /// Label on a heartbeat: the node's name (Lease names may be shortened, labels are exact).
 pub const NODE_LABEL: &str = "nodelb.io/node";
-/// Annotation on a heartbeat: the Service ports host listeners hold on the node, with the
-/// process where known, `IPv4/TCP/7000=socat,IPv6/UDP/53` (absent when there are none).
+/// Annotation on a heartbeat: the ports host listeners hold on the node that a Service may ask
+/// for (see [`BlockedPorts::report`]), with the process where known,
+/// `IPv4/TCP/7000=socat,IPv6/UDP/53` (absent when there are none).
 pub const BLOCKED_ANNOTATION: &str = "nodelb.io/blocked-ports";
-/// At most this many ports are listed (about 37 KiB at the longest); past it the list ends
-/// with [`MORE`] and the leader counts every port as held on that node.
+/// At most this many ports are listed (about 37 KiB at the longest): past it only the ports
+/// Services ask for, and past it again the list ends with [`MORE`] and the leader counts every
+/// port as held on that node.
 pub const MAX_BLOCKED: usize = 1000;
 /// The last entry of a list cut at [`MAX_BLOCKED`].
 pub const MORE: &str = "more";
@@ -52,13 +56,33 @@ pub struct BlockedPorts {
 }
 
 impl BlockedPorts {
-    /// From the ports a node's planner found taken (see `Planner::taken_ports`).
-    pub fn new<'a>(taken: impl IntoIterator<Item = (Slot, &'a Listener)>) -> BlockedPorts {
+    /// What a node reports: every (family, protocol, port) host listeners take there that a
+    /// Service may ask for (not reserved), so that the leader knows before a Service asks; in
+    /// the ephemeral port range, where the kernel's own sockets come and go, only those a
+    /// Service asks for (`held`). Past [`MAX_BLOCKED`] entries only `held` is listed (and past
+    /// that, [`MORE`] ends the list).
+    /// `taken`: as the planner found them (`Planner::taken_ports`); `held`: the ports taken
+    /// from a Service, with the process holding each where known.
+    pub fn report(
+        taken: &[(Slot, &Listener, bool)],
+        held: &BTreeMap<Slot, Option<String>>,
+        reserved: &ReservedPorts,
+        ephemeral: Option<&RangeInclusive<u16>>,
+    ) -> BlockedPorts {
+        let mut ports = held.clone();
+        for ((family, protocol, port), l, _) in taken {
+            let churns = ephemeral.is_some_and(|e| e.contains(port));
+            if !reserved.contains(*protocol, *port) && !churns {
+                ports
+                    .entry((*family, *protocol, *port))
+                    .or_insert_with(|| l.process.clone());
+            }
+        }
+        if ports.len() > MAX_BLOCKED {
+            ports = held.clone();
+        }
         BlockedPorts {
-            ports: taken
-                .into_iter()
-                .map(|(slot, l)| (slot, l.process.clone()))
-                .collect(),
+            ports,
             incomplete: false,
         }
     }

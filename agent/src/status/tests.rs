@@ -1048,7 +1048,7 @@ fn the_port_in_use_event_names_node_port_and_process() {
 fn blocked_ports_travel_in_a_bounded_annotation() {
     let socat = |port| {
         (
-            ((IpFamily::V4, Protocol::Tcp, port)),
+            (IpFamily::V4, Protocol::Tcp, port),
             Some("so,cat=x".to_string()),
         )
     };
@@ -1096,4 +1096,45 @@ fn a_heartbeat_whose_list_was_cut_leaves_its_node_out_of_every_service() {
         "{:?}",
         w.problems("other")
     );
+}
+
+#[test]
+fn a_heartbeat_lists_the_ports_a_service_may_ask_for_before_one_does() {
+    use crate::vocab::Listener;
+    let l = |protocol, port, process: &str| Listener {
+        protocol,
+        address: "0.0.0.0".parse().unwrap(),
+        port,
+        process: Some(process.to_string()),
+    };
+    let v4 = IpFamily::V4;
+    let (sshd, exporter, client, dns) = (
+        l(Protocol::Tcp, 22, "sshd"),
+        l(Protocol::Tcp, 9100, "node_exporter"),
+        l(Protocol::Udp, 41000, "resolver"),
+        l(Protocol::Udp, 45000, "dnsd"),
+    );
+    let taken = vec![
+        ((v4, Protocol::Tcp, 22), &sshd, false),
+        ((v4, Protocol::Tcp, 9100), &exporter, false),
+        ((v4, Protocol::Udp, 41000), &client, false),
+        ((v4, Protocol::Udp, 45000), &dns, true),
+    ];
+    let held: BTreeMap<_, _> = [((v4, Protocol::Udp, 45000), Some("dnsd".to_string()))].into();
+    let reserved = crate::plan::config::Config::default().reserved_ports;
+    let b = heartbeat::BlockedPorts::report(&taken, &held, &reserved, Some(&(32768..=60999)));
+    // Reserved: no Service may ask. Ephemeral and unclaimed: sockets that come and go.
+    assert_eq!(
+        b.format(),
+        "IPv4/TCP/9100=node_exporter,IPv4/UDP/45000=dnsd"
+    );
+    // Thousands of ports: only those Services ask for.
+    let many: Vec<Listener> = (1000..3000).map(|p| l(Protocol::Tcp, p, "x")).collect();
+    let mut taken: Vec<_> = many
+        .iter()
+        .map(|x| ((v4, Protocol::Tcp, x.port), x, false))
+        .collect();
+    taken.push(((v4, Protocol::Udp, 45000), &dns, true));
+    let b = heartbeat::BlockedPorts::report(&taken, &held, &reserved, None);
+    assert_eq!(b.format(), "IPv4/UDP/45000=dnsd");
 }
