@@ -21,7 +21,6 @@
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -120,21 +119,9 @@ fn spawn_logged(mut cmd: Command, log: &Path) -> Result<Child, String> {
     cmd.stdin(Stdio::null())
         .stdout(file.try_clone().map_err(|e| e.to_string())?)
         .stderr(file);
-    // SAFETY: prctl is async-signal-safe; the server dies with the thread that started it if
-    // the test process is killed before it could clean up.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-    cmd.spawn().map_err(|e| format!("starting {cmd:?}: {e}"))
-}
-
-fn in_netns(ns: &Netns, program: &Path) -> Command {
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", ns.name()]).arg(program);
-    cmd
+    crate::netns::dies_with_thread(&mut cmd)
+        .spawn()
+        .map_err(|e| format!("starting {cmd:?}: {e}"))
 }
 
 /// The last `n` lines of a log file, for failure messages.
@@ -246,7 +233,7 @@ impl ControlPlane {
             version: pinned_version(),
         };
 
-        let mut etcd = in_netns(ns, Path::new("etcd"));
+        let mut etcd = ns.command("etcd");
         etcd.arg("--name=nodelb-e2e")
             .arg(format!("--data-dir={}", etcd_data.display()))
             .arg("--listen-client-urls=http://127.0.0.1:2379")
@@ -262,7 +249,7 @@ impl ControlPlane {
         })?);
 
         let d = |f: &str| dir.join(f).display().to_string();
-        let mut api = in_netns(ns, &bins.join("kube-apiserver"));
+        let mut api = ns.command(bins.join("kube-apiserver"));
         api.arg("--etcd-servers=http://127.0.0.1:2379")
             .arg("--bind-address=0.0.0.0")
             .arg(format!("--secure-port={API_PORT}"))

@@ -58,7 +58,6 @@
 use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -695,15 +694,7 @@ impl Cluster {
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log file"))
             .stderr(log);
-        // SAFETY: prctl is async-signal-safe; the agent dies with the thread that started it
-        // if the test process is killed before it could clean up.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = cmd
+        let child = crate::netns::dies_with_thread(&mut cmd)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
         node.agent = Some(Agent { child });
@@ -808,23 +799,15 @@ impl Cluster {
     /// It gets `PR_SET_PDEATHSIG(SIGKILL)` like the agents: it dies with the calling thread.
     pub fn spawn_agent_command(&self, i: usize, args: &[String]) -> std::process::Child {
         let bin = agent_binary();
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", self.nodes[i].ns.name()])
-            .arg(&bin)
-            .args(args)
+        let mut cmd = self.nodes[i].ns.command(&bin);
+        cmd.args(args)
             .env("NO_COLOR", "1")
             .env_remove("KUBECONFIG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // SAFETY: prctl is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        cmd.spawn()
+        crate::netns::dies_with_thread(&mut cmd)
+            .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()))
     }
 

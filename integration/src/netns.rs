@@ -135,6 +135,14 @@ impl Netns {
             .unwrap_or_else(|e| panic!("cannot run `ip netns exec {}`: {e}", self.name))
     }
 
+    /// `ip netns exec <name> program`, to be given arguments and spawned (see
+    /// [`dies_with_thread`]).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.name]).arg(program);
+        cmd
+    }
+
     /// Runs `sh -c cmd` inside the namespace; returns stdout, or a message
     /// with the exit status and stderr.
     pub fn sh_ok(&self, cmd: &str) -> Result<String, String> {
@@ -238,6 +246,21 @@ impl Drop for Netns {
             .args(["netns", "del", &self.name])
             .output();
     }
+}
+
+/// Makes the process `cmd` spawns die with the thread that spawns it
+/// (`PR_SET_PDEATHSIG(SIGKILL)`): a server or agent a test starts does not outlive a test
+/// process killed before it could clean up.
+pub fn dies_with_thread(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    cmd
 }
 
 /// Joins the network namespace behind `fd` on the calling thread.

@@ -24,7 +24,7 @@ use nodelb_integration::netns::require_root;
 use serde_json::{json, Value};
 
 mod common;
-use common::{apply, fast_options, service};
+use common::{apply, fast_options, ips, service};
 
 /// Upper bound for an Event to show after the change that causes it.
 const CHANGE: Duration = Duration::from_secs(20);
@@ -63,15 +63,6 @@ fn node_uid(c: &Cluster, i: usize) -> String {
         .metadata
         .uid
         .expect("a stored Node has a uid")
-}
-
-/// A Service's stored ingress addresses.
-fn ips(c: &Cluster, name: &str) -> Vec<String> {
-    let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
-    let svc = c
-        .block_on(api.get(name))
-        .unwrap_or_else(|e| panic!("reading Service {name}: {e}"));
-    nodelb_integration::e2e::ingress_ips(&svc)
 }
 
 // ---- reading Events back ---------------------------------------------------------------------

@@ -12,23 +12,20 @@
 //! Run as root: `cargo test -p nodelb-integration --test e2e_listeners -- --nocapture`.
 
 use std::net::SocketAddr;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, MutexGuard};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Service;
 use kube::api::Api;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use nodelb_integration::e2e::{wait_for, Cluster, AGENT_NAMESPACE};
-use nodelb_integration::netns::{require_root, Netns};
+use nodelb_integration::netns::{dies_with_thread, require_root, Netns};
 use nodelb_integration::traffic::{tcp_request, tcp_server, udp_request, udp_server, Outcome};
 use serde_json::{json, Value};
 
 mod common;
-use common::{apply, fast_options, service};
+use common::{apply, fast_options, ips, serial, service, serving_condition, wait_ips};
 
 /// The port every backend listens on (the slices' target port).
 const BACKEND_PORT: u16 = 8080;
@@ -40,13 +37,6 @@ const ANSWER: Duration = Duration::from_secs(2);
 const TAKE_BACK_GOAL: Duration = Duration::from_secs(5);
 /// What socat answers with.
 const HOST_REPLY: &str = "host-socat";
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// One test at a time: both measure how fast a change shows, on a shared machine.
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A process listening in a node's namespace; killed by pid (and reaped) on drop.
 struct HostProcess {
@@ -69,19 +59,12 @@ impl HostProcess {
                 format!("SYSTEM:dd bs=2048 count=1 status=none >/dev/null; echo {HOST_REPLY}"),
             ),
         };
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", ns.name(), "socat", &listen, &reply])
+        let mut cmd = ns.command("socat");
+        cmd.args([&listen, &reply])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        // SAFETY: prctl is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = cmd
+        let child = dies_with_thread(&mut cmd)
             .spawn()
             .expect("socat (scripts/deps.sh installs it) in the node's namespace");
         HostProcess { child }
@@ -155,39 +138,6 @@ fn wait_tcp(c: &Cluster, dst: SocketAddr, what: &str, want: impl Fn(&str) -> boo
 
 fn is_backend(w: &str) -> bool {
     w == "b0" || w == "b1"
-}
-
-/// A Service's stored ingress addresses.
-fn ips(c: &Cluster, name: &str) -> Vec<String> {
-    let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
-    let svc = c
-        .block_on(api.get(name))
-        .unwrap_or_else(|e| panic!("reading Service {name}: {e}"));
-    nodelb_integration::e2e::ingress_ips(&svc)
-}
-
-fn wait_ips(c: &Cluster, name: &str, want: &[String]) -> Duration {
-    let t0 = Instant::now();
-    wait_for(&format!("{name}'s status lists {want:?}"), CHANGE, || {
-        let got = ips(c, name);
-        if got == want {
-            Ok(())
-        } else {
-            Err(format!("{got:?}"))
-        }
-    });
-    t0.elapsed()
-}
-
-/// `(status, reason, message)` of Service `name`'s condition `nodelb.io/Serving`.
-fn condition(c: &Cluster, name: &str) -> Option<(String, String, String)> {
-    let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
-    let svc = c.block_on(api.get(name)).ok()?;
-    svc.status?
-        .conditions?
-        .into_iter()
-        .find(|c| c.type_ == "nodelb.io/Serving")
-        .map(|c| (c.status, c.reason, c.message))
 }
 
 /// The note of the newest `reason` Event about Service `svc`, once one says `needle`.
@@ -300,7 +250,7 @@ fn a_host_listener_is_never_shadowed_and_its_node_is_left_out_of_the_status() {
         .filter(|e| e["regarding"]["name"] == "web" && e["reason"] == "PortInUseOnNode")
         .collect();
     assert_eq!(all.len(), 1, "{all:#?}");
-    let (status, reason, message) = condition(&c, "web").expect("a condition");
+    let (status, reason, message) = serving_condition(&c, "web").expect("a condition");
     assert_eq!((status.as_str(), reason.as_str()), ("True", "Serving"));
     let why = format!(
         "{}: port 7000/TCP in use on the node by socat",
@@ -315,7 +265,7 @@ fn a_host_listener_is_never_shadowed_and_its_node_is_left_out_of_the_status() {
     let t0 = Instant::now();
     host.stop();
     let back = wait_tcp(&c, at(&c, 0, 7000), "node-a serves web again", is_backend);
-    let status = wait_ips(&c, "web", &[a.clone(), b.clone()]);
+    let status = wait_ips(&c, "web", &[a.clone(), b.clone()], CHANGE);
     println!(
         "measured: after the listener stopped, node-a forwarded to the Service in {:.2} s and was back in the status {:.2} s later",
         back.as_secs_f64(),
@@ -346,7 +296,7 @@ fn a_listener_that_starts_after_the_service_takes_the_port_back() {
     for obj in service_with_endpoints(&c, "late", "tcp", 7001) {
         apply(&c, obj);
     }
-    wait_ips(&c, "late", &[a.clone(), b.clone()]);
+    wait_ips(&c, "late", &[a.clone(), b.clone()], CHANGE);
     wait_tcp(&c, at(&c, 0, 7001), "node-a serves late", is_backend);
 
     let t0 = Instant::now();
@@ -366,7 +316,7 @@ fn a_listener_that_starts_after_the_service_takes_the_port_back() {
         TAKE_BACK_GOAL.as_secs(),
         if took < TAKE_BACK_GOAL { "PASS" } else { "MISS" }
     );
-    let dropped = wait_ips(&c, "late", std::slice::from_ref(&b));
+    let dropped = wait_ips(&c, "late", std::slice::from_ref(&b), CHANGE);
     println!(
         "measured: the status dropped node-a {:.2} s after that",
         dropped.as_secs_f64()
@@ -378,7 +328,7 @@ fn a_listener_that_starts_after_the_service_takes_the_port_back() {
     for obj in service_with_endpoints(&c, "dns", "udp", 5300) {
         apply(&c, obj);
     }
-    wait_ips(&c, "dns", std::slice::from_ref(&b));
+    wait_ips(&c, "dns", std::slice::from_ref(&b), CHANGE);
     for n in 0..10 {
         let w = who(&udp_request(c.client(), at(&c, 0, 5300), ANSWER));
         assert_eq!(w, HOST_REPLY, "datagram {n} to node-a:5300");

@@ -20,7 +20,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -37,7 +36,7 @@ use nodelb_integration::old_server_proxy::OldServer;
 use serde_json::{json, Value};
 
 mod common;
-use common::{apply, fast_options, service};
+use common::{apply, fast_options, ips, serial, service, serving_condition, wait_ips};
 
 /// `--node-lease-duration`: a heartbeat is fresh this long.
 const NODE_LEASE: Duration = Duration::from_secs(3);
@@ -49,13 +48,6 @@ const RESYNC: Duration = Duration::from_secs(2);
 const CHANGE: Duration = Duration::from_secs(20);
 /// The election Lease.
 const STATUS_LEASE: &str = "nodelb-status";
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// One test at a time (see the module docs); a failed test does not block the others.
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 // ---- objects ---------------------------------------------------------------------------------
 
@@ -94,25 +86,6 @@ fn ingress(c: &Cluster, name: &str) -> Vec<(String, Option<String>)> {
         .into_iter()
         .map(|i| (i.ip.unwrap_or_default(), i.ip_mode))
         .collect()
-}
-
-/// The stored ingress addresses.
-fn ips(c: &Cluster, name: &str) -> Vec<String> {
-    ingress(c, name).into_iter().map(|(ip, _)| ip).collect()
-}
-
-/// Waits until Service `name` publishes exactly `want` (in order); returns how long it took.
-fn wait_ips(c: &Cluster, name: &str, want: &[String], timeout: Duration) -> Duration {
-    let t0 = Instant::now();
-    wait_for(&format!("{name}'s status lists {want:?}"), timeout, || {
-        let got = ips(c, name);
-        if got == want {
-            Ok(())
-        } else {
-            Err(format!("{got:?}"))
-        }
-    });
-    t0.elapsed()
 }
 
 /// Ok when `n` Services in the test namespace publish exactly `want`.
@@ -1142,20 +1115,6 @@ fn cleanup_commands(c: &Cluster) -> (Vec<String>, Vec<String>) {
         .iter()
         .any(|a| a.ends_with(&format!(":{}", nodelb_integration::e2e::HEALTH_PORT))));
     (clear, cleanup)
-}
-
-/// `status.conditions` entry `nodelb.io/Serving` of Service `name`: `(status, reason, message)`.
-fn serving_condition(c: &Cluster, name: &str) -> Option<(String, String, String)> {
-    let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
-    let svc = c
-        .block_on(api.get(name))
-        .unwrap_or_else(|e| panic!("reading Service {name}: {e}"));
-    svc.status
-        .and_then(|s| s.conditions)
-        .unwrap_or_default()
-        .into_iter()
-        .find(|c| c.type_ == "nodelb.io/Serving")
-        .map(|c| (c.status, c.reason, c.message))
 }
 
 /// Waits until Service `name`'s condition has `status` and `reason`; returns its message.

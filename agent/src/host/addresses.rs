@@ -160,30 +160,7 @@ impl Drop for AbortOnDrop {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::process::Command;
-
-    fn root_or_skip(test: &str) -> bool {
-        if nix::unistd::geteuid().is_root() {
-            return true;
-        }
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("{test}: needs root for a network namespace; CI=true makes this a failure");
-        }
-        eprintln!("SKIP {test}: needs root");
-        false
-    }
-
-    fn ip(args: &str) {
-        let out = Command::new("ip")
-            .args(args.split_whitespace())
-            .output()
-            .expect("run ip");
-        assert!(
-            out.status.success(),
-            "ip {args}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    use crate::host::test_netns::{ip, root_or_skip};
 
     async fn wait_for(
         rx: &mut watch::Receiver<Snapshot>,

@@ -444,6 +444,7 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::test_netns::{ip, root_or_skip};
     use nix::sys::socket::{
         bind, listen, setsockopt, socket, sockopt, AddressFamily, Backlog, SockFlag, SockType,
         SockaddrIn6, SockaddrStorage,
@@ -486,29 +487,6 @@ mod tests {
             ["2001:db8::1"]
         );
         assert_eq!(addrs(&sock(tcp, "0.0.0.0", 80, None)), ["0.0.0.0"]);
-    }
-
-    fn root_or_skip(test: &str) -> bool {
-        if nix::unistd::geteuid().is_root() {
-            return true;
-        }
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("{test}: needs root for a network namespace; CI=true makes this a failure");
-        }
-        eprintln!("SKIP {test}: needs root");
-        false
-    }
-
-    fn ip(args: &str) {
-        let out = Command::new("ip")
-            .args(args.split_whitespace())
-            .output()
-            .expect("run ip");
-        assert!(
-            out.status.success(),
-            "ip {args}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
     }
 
     /// An IPv6 socket bound to `addr`, with `IPV6_V6ONLY` as given; listening for TCP.

@@ -6,3 +6,5 @@ pub mod forward_policy;
 pub mod listeners;
 pub mod privileges;
 pub mod sysctl;
+#[cfg(test)]
+mod test_netns;

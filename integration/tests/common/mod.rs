@@ -1,8 +1,59 @@
-//! What the status and Event end-to-end tests share: fast leases, a one-port Service, and
-//! applying an object (a module of those test crates, not a test target of its own).
+//! What the status, Event and host-listener end-to-end tests share: fast leases, a one-port
+//! Service, applying an object, reading a Service's status back, one test at a time (a module
+//! of those test crates, not a test target of its own; each uses some of it).
+#![allow(dead_code)]
 
-use nodelb_integration::e2e::{Cluster, ClusterOptions};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::Api;
+use nodelb_integration::e2e::{wait_for, Cluster, ClusterOptions};
 use serde_json::{json, Value};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// One test at a time, within one test crate: these tests are about timing on a shared
+/// machine. A failed test does not block the others.
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A Service's stored `status.loadBalancer.ingress` addresses.
+pub fn ips(c: &Cluster, name: &str) -> Vec<String> {
+    let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
+    let svc = c
+        .block_on(api.get(name))
+        .unwrap_or_else(|e| panic!("reading Service {name}: {e}"));
+    nodelb_integration::e2e::ingress_ips(&svc)
+}
+
+/// Waits until Service `name` publishes exactly `want` (in order); returns how long it took.
+pub fn wait_ips(c: &Cluster, name: &str, want: &[String], timeout: Duration) -> Duration {
+    let t0 = Instant::now();
+    wait_for(&format!("{name}'s status lists {want:?}"), timeout, || {
+        let got = ips(c, name);
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!("{got:?}"))
+        }
+    });
+    t0.elapsed()
+}
+
+/// `status.conditions` entry `nodelb.io/Serving` of Service `name`: `(status, reason, message)`.
+pub fn serving_condition(c: &Cluster, name: &str) -> Option<(String, String, String)> {
+    let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
+    let svc = c
+        .block_on(api.get(name))
+        .unwrap_or_else(|e| panic!("reading Service {name}: {e}"));
+    svc.status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "nodelb.io/Serving")
+        .map(|c| (c.status, c.reason, c.message))
+}
 
 /// `nodes` nodes with one backend each; short leases so heartbeats, the status Lease and a
 /// failover come quickly, and a 2 s resync so a change that makes no event of its own (a
