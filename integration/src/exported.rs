@@ -47,6 +47,9 @@ pub fn metric_names() -> Vec<String> {
             result: "unchanged",
         })
         .inc();
+    m.listener_reads
+        .get_or_create(&nodelb_agent::metrics::ResultLabel { result: "ok" })
+        .inc();
     let text = m.render();
     let types: Vec<(String, String)> = text
         .lines()
