@@ -163,7 +163,7 @@ fn main() {
     let before_o = heap::live();
     o.update(&objects, &ctx, None);
     println!(
-        "heap: an outcomes-only planner (the leader's status writer keeps one per serving node): {:.1} MiB",
+        "heap: an outcomes-only planner (the leader keeps one per class of serving nodes): {:.1} MiB",
         mib(heap::live() - before_o)
     );
     drop(o);

@@ -18,7 +18,7 @@ fn now() -> Timestamp {
     NOW.parse().unwrap()
 }
 
-fn node(name: &str, addrs: &[(&str, &str)], labels: &[(&str, &str)]) -> Node {
+pub(super) fn node(name: &str, addrs: &[(&str, &str)], labels: &[(&str, &str)]) -> Node {
     let addresses: Vec<_> = addrs
         .iter()
         .map(|(t, a)| serde_json::json!({"type": t, "address": a}))
