@@ -156,6 +156,11 @@ impl Status {
         &self.desired
     }
 
+    /// How many classes the serving candidates fall into (one planner each).
+    pub fn classes(&self) -> usize {
+        self.classes.classes.len()
+    }
+
     /// Bring the desired status up to date; returns the Services whose desired status changed
     /// (or that stopped being nodelb's).
     /// `ages`: each heartbeat's age as the leader observed it (see [`heartbeat::Observed`]).

@@ -223,8 +223,9 @@ fn verdict(
         ServiceOutcome::NamespaceNotAllowed => v.namespace_denied = true,
         ServiceOutcome::InvalidName | ServiceOutcome::NoValidPorts => v.invalid = true,
         o => {
-            v.other = Some(o.to_string());
-            v.why_not = Some(o.to_string());
+            let why = o.to_string();
+            v.why_not = Some(why.clone());
+            v.other = Some(why);
         }
     }
     v
