@@ -315,7 +315,7 @@ fn a_udp_client_keeping_its_port_reaches_the_other_endpoint_once_the_removed_one
     let cleaned = n.clean(&change);
     let done = Instant::now();
     println!(
-        "cleanup (socket, dump and delete, both families): {:.1} ms: {cleaned:?}",
+        "measured: cleanup (socket, dump and delete, both families) {:.1} ms: {cleaned:?}",
         done.duration_since(cleaned_at).as_secs_f64() * 1e3
     );
     for f in [IpFamily::V4, IpFamily::V6] {
@@ -328,7 +328,7 @@ fn a_udp_client_keeping_its_port_reaches_the_other_endpoint_once_the_removed_one
     for (f, dns, other) in &flows {
         let switched = wait_reply_from(&n, dns, "b1", cleaned_at, &format!("{f} dns after"));
         println!(
-            "{f}: first reply from b1 {:.0} ms after the cleanup",
+            "measured: {f}: first reply from b1 {:.0} ms after the cleanup",
             switched.duration_since(cleaned_at).as_secs_f64() * 1e3
         );
         std::thread::sleep(A_WHILE);
@@ -424,7 +424,7 @@ fn a_udp_port_that_gets_endpoints_deletes_the_entries_made_before() {
     );
     let reached = wait_reply_from(&n, &flow, "b0", cleaned_at, "after the cleanup");
     println!(
-        "first reply from b0 {:.0} ms after the cleanup",
+        "measured: first reply from b0 {:.0} ms after the cleanup",
         reached.duration_since(cleaned_at).as_secs_f64() * 1e3
     );
 }

@@ -153,7 +153,7 @@ fn a_udp_client_on_a_fixed_port_follows_the_endpointslice() {
     let (_, switched) = first_reply(&c, &f, updated, Some(&other_name));
     let took = switched.duration_since(updated);
     println!(
-        "UDP flow reached {other_name} {:.0} ms after the EndpointSlice update (goal < {} ms): {}",
+        "measured: UDP flow reached {other_name} {:.0} ms after the EndpointSlice update (goal < {} ms): {}",
         took.as_secs_f64() * 1e3,
         GOAL.as_millis(),
         if took < GOAL { "PASS" } else { "MISS" }
@@ -262,7 +262,7 @@ fn a_restarted_agent_deletes_the_entries_of_endpoints_that_left_meanwhile_and_ke
         .collect();
     assert!(gaps.is_empty(), "the kept flow went silent: {gaps:?}");
     println!(
-        "the moved flow reached b2 {:.0} ms after the agent was started",
+        "measured: the moved flow reached b2 {:.0} ms after the agent was started",
         moved.duration_since(started).as_secs_f64() * 1e3
     );
 }
