@@ -7,10 +7,13 @@
 //! conntrack put it), so it fails if the cleanup deletes nothing; then that after the cleanup
 //! the flow reaches what the rules say, while the endpoint that left still answers.
 //!
+//! UDP over IPv4 and IPv6; SCTP over IPv4 through raw sockets (this kernel tracks and NATs
+//! SCTP but has no SCTP sockets); TCP, whose entries nodelb never deletes.
+//!
 //! Run as root: `cargo test -p nodelb-integration --test conntrack`.
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,6 +27,7 @@ use nodelb_agent::vocab::{Families, IpFamily, Protocol, ServiceKey};
 use nodelb_integration::commit::replace;
 use nodelb_integration::netns::{require_root, Topology};
 use nodelb_integration::nft::list_ruleset;
+use nodelb_integration::sctp::{self, sctp_backend, SctpBackend, SctpClient, SctpEvent};
 use nodelb_integration::traffic::{
     tcp_echo_server, udp_request, udp_server, Heard, Outcome, Server, TcpSession, UdpFlow,
 };
@@ -460,4 +464,134 @@ fn an_established_tcp_connection_to_a_removed_endpoint_is_not_cut() {
     // A new connection takes the endpoint of now.
     let mut fresh = TcpSession::connect(&n.topo.client, dst, ANSWER).expect("connect again");
     assert_eq!(name_of(&fresh.ask().expect("answer")), "b1");
+}
+
+/// Waits until `client` has a HEARTBEAT-ACK from `backend` after `since`; returns when.
+fn wait_ack_from(
+    n: &Node,
+    client: &SctpClient,
+    backend: &str,
+    since: Instant,
+    what: &str,
+) -> Instant {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some((t, _)) = client
+            .acks_since(since)
+            .into_iter()
+            .find(|(_, b)| b == backend)
+        {
+            return t;
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "{what}: no HEARTBEAT-ACK from {backend}; heard {:?}\nnode ruleset:\n{}",
+                client.events().iter().rev().take(5).collect::<Vec<_>>(),
+                list_ruleset(&n.topo.node)
+            );
+        }
+        std::thread::sleep(INTERVAL / 2);
+    }
+}
+
+/// SCTP, as UDP: an association that keeps its source port stays on the endpoint it reached
+/// until its entry goes. Then its next HEARTBEAT makes a new entry (a "secondary path" to
+/// conntrack) to the other endpoint, which does not know the association: its ABORT does not
+/// come back (conntrack holds a new entry made by a HEARTBEAT in its HEARTBEAT_SENT state,
+/// which takes no ABORT), so the client's heartbeats go unanswered, it gives the association
+/// up, and its new one from the same port is with the other endpoint. This kernel
+/// tracks and NATs SCTP but has no SCTP sockets, so both ends are raw sockets sending real
+/// SCTP packets (`nodelb_integration::sctp`).
+#[test]
+fn an_sctp_association_keeping_its_port_reaches_the_other_endpoint_once_the_removed_ones_entries_go(
+) {
+    if !require_root("an_sctp_association_keeping_its_port_reaches_the_other_endpoint_once_the_removed_ones_entries_go") {
+        return;
+    }
+    println!(
+        "SCTP sockets in this kernel: {}; the test's SCTP peers are raw sockets",
+        sctp::kernel_has_sctp_sockets()
+    );
+    let mut n = Node::new(2);
+    let backends: Vec<SctpBackend> = (0..2)
+        .map(|i| {
+            sctp_backend(
+                &n.topo.backends[i],
+                n.topo.backend_v4(i),
+                BACKEND_PORT,
+                &format!("b{i}"),
+            )
+        })
+        .collect();
+    n.apply(&(service("assoc", "SCTP", 9132) + &slices(&n, "assoc", "SCTP", &[0])));
+    let client = SctpClient::start(
+        &n.topo.client,
+        SocketAddrV4::new(n.topo.client_v4(), 40132),
+        SocketAddrV4::new(n.topo.node_v4(), 9132),
+        INTERVAL,
+    );
+    wait_ack_from(
+        &n,
+        &client,
+        "b0",
+        Instant::now() - A_WHILE,
+        "the association with b0",
+    );
+
+    // b0 leaves: the association's entry keeps it on b0.
+    let change = n.apply(&slices(&n, "assoc", "SCTP", &[1]));
+    let committed = Instant::now();
+    std::thread::sleep(A_WHILE);
+    let acks = client.acks_since(committed);
+    assert!(
+        acks.len() >= 5 && acks.iter().all(|(_, b)| b == "b0"),
+        "without the cleanup the association stays on the endpoint that left: {acks:?}"
+    );
+
+    let cleaned = n.clean(&change);
+    let done = Instant::now();
+    assert_eq!(
+        Node::deleted(&cleaned, IpFamily::V4, Protocol::Sctp),
+        1,
+        "{cleaned:?}"
+    );
+    let switched = wait_ack_from(&n, &client, "b1", done, "the association with b1");
+    println!(
+        "measured: SCTP association up with b1, first HEARTBEAT-ACK {:.0} ms after the cleanup",
+        switched.duration_since(done).as_secs_f64() * 1e3
+    );
+    let events: Vec<SctpEvent> = client
+        .events()
+        .into_iter()
+        .filter(|(t, _)| *t >= done)
+        .map(|(_, e)| e)
+        .collect();
+    assert!(
+        events.contains(&SctpEvent::Failed) && events.contains(&SctpEvent::Up("b1".into())),
+        "the old association fails, and the client's next one, from the same port, is with b1: {events:?}"
+    );
+    // b0 heard nothing of the client since (its packets went to b1).
+    let b0_heard = backends[0]
+        .received
+        .lock()
+        .expect("b0's log")
+        .iter()
+        .filter(|(t, _, _)| *t >= done)
+        .count();
+    assert!(b0_heard <= 1, "b0 still heard the client {b0_heard} times");
+    std::thread::sleep(A_WHILE);
+    let after = client.acks_since(switched);
+    assert!(
+        after.len() >= 5 && after.iter().all(|(_, b)| b == "b1"),
+        "{after:?}"
+    );
+    // b0 still answers SCTP, asked directly from the node.
+    let direct = SctpClient::start(
+        &n.topo.node,
+        SocketAddrV4::new(n.topo.node_v4_toward_backend(0), 40133),
+        SocketAddrV4::new(n.topo.backend_v4(0), BACKEND_PORT),
+        INTERVAL,
+    );
+    wait_ack_from(&n, &direct, "b0", Instant::now(), "b0 asked directly");
+    drop(backends);
 }
