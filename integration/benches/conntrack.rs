@@ -98,28 +98,11 @@ fn run() -> Res<()> {
         return Ok(());
     }
     make_entries(&topo, n)?;
-    let nothing = [
-        "-D",
-        "-p",
-        "udp",
-        "--orig-dst",
-        &node.to_string(),
-        "--dport",
-        "53",
-        "--reply-src",
-        "198.51.100.99",
-    ];
+    let node_arg = node.to_string();
+    let every = ["-D", "-p", "udp", "--orig-dst", &node_arg, "--dport", "53"];
+    let nothing = [&every[..], &["--reply-src", "198.51.100.99"]].concat();
     let (t, out) = peer(&topo, &nothing)?;
     println!("  conntrack -D, nothing to delete: {:.1} ms ({out})", ms(t));
-    let every = [
-        "-D",
-        "-p",
-        "udp",
-        "--orig-dst",
-        &node.to_string(),
-        "--dport",
-        "53",
-    ];
     let (t, out) = peer(&topo, &every)?;
     println!(
         "  conntrack -D, every entry: {:.1} ms, {:.1} µs per entry ({out})",

@@ -16,9 +16,8 @@
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{
@@ -26,6 +25,7 @@ use nix::sys::socket::{
 };
 
 use crate::netns::Netns;
+use crate::traffic::Running;
 
 const INIT: u8 = 1;
 const INIT_ACK: u8 = 2;
@@ -213,34 +213,6 @@ fn recv(fd: &OwnedFd, buf: &mut [u8]) -> Option<Received> {
     parse(&buf[..n])
 }
 
-/// A stoppable thread; stops and joins on drop.
-pub struct Running {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn spawn(name: String, body: impl FnOnce(&AtomicBool) + Send + 'static) -> Running {
-    let stop = Arc::new(AtomicBool::new(false));
-    let s = Arc::clone(&stop);
-    let thread = std::thread::Builder::new()
-        .name(name)
-        .spawn(move || body(&s))
-        .expect("cannot spawn an SCTP thread");
-    Running {
-        stop,
-        thread: Some(thread),
-    }
-}
-
 /// A backend answering SCTP on `addr:port` in `ns`, until dropped.
 pub struct SctpBackend {
     /// Every packet it received: when, its first chunk's type, whether it belonged to an
@@ -260,7 +232,7 @@ pub fn sctp_backend(ns: &Netns, addr: Ipv4Addr, port: u16, name: &str) -> SctpBa
     let name = name.to_owned();
     // Its own tag, the same for every association: enough to tell backends apart.
     let own = 0xB000_0000 | (crc32c(name.as_bytes()) & 0xffff);
-    let running = spawn(format!("sctp-{name}"), move |stop| {
+    let running = Running::spawn(format!("sctp-{name}"), move |stop| {
         let mut peers: HashMap<(Ipv4Addr, u16), u32> = HashMap::new();
         let mut buf = vec![0u8; 65_536];
         while !stop.load(Ordering::Relaxed) {
@@ -361,7 +333,7 @@ impl SctpClient {
         let fd = raw_socket(ns);
         let events = Arc::new(Mutex::new(Vec::new()));
         let log = Arc::clone(&events);
-        let running = spawn(format!("sctp-client-{src}"), move |stop| {
+        let running = Running::spawn(format!("sctp-client-{src}"), move |stop| {
             let mut c = ClientState::new(fd, src, dst, log);
             let mut next = Instant::now();
             while !stop.load(Ordering::Relaxed) {

@@ -66,29 +66,51 @@ impl IcmpError {
     };
 }
 
+/// A thread that runs until dropped: the drop raises its stop flag and joins it.
+#[derive(Debug)]
+pub struct Running {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Runs `body` on a new thread named `name`; `body` returns once its flag is raised.
+    pub fn spawn(name: String, body: impl FnOnce(&AtomicBool) + Send + 'static) -> Running {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || body(&flag))
+            .expect("cannot spawn a test thread");
+        Running {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            // A panicking thread already printed its message; do not double-panic while a
+            // test may be unwinding.
+            let _ = thread.join();
+        }
+    }
+}
+
 /// A running test server; stops (and joins its thread) on drop.
 #[derive(Debug)]
 pub struct Server {
     addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    _running: Running,
 }
 
 impl Server {
     /// The address the server is bound to (with the real port if 0 was asked).
     pub fn addr(&self) -> SocketAddr {
         self.addr
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            // A panicking server thread already printed its message; do not
-            // double-panic while a test may be unwinding.
-            let _ = thread.join();
-        }
     }
 }
 
@@ -180,8 +202,10 @@ where
     match ready_rx.recv() {
         Ok(Ok(addr)) => Server {
             addr,
-            stop,
-            thread: Some(thread),
+            _running: Running {
+                stop,
+                thread: Some(thread),
+            },
         },
         Ok(Err(e)) => {
             let _ = thread.join();
@@ -473,15 +497,13 @@ pub enum Heard {
 /// namespace it sends a datagram to `dst` every `interval` and notes what comes back and when,
 /// until dropped.
 pub struct UdpFlow {
-    stop: Arc<AtomicBool>,
     heard: Arc<std::sync::Mutex<Vec<(Instant, Heard)>>>,
-    thread: Option<JoinHandle<()>>,
+    _running: Running,
 }
 
 impl UdpFlow {
     /// Binds `src` in `ns` (before this returns) and starts sending.
     pub fn start(ns: &Netns, src: SocketAddr, dst: SocketAddr, interval: Duration) -> UdpFlow {
-        let stop = Arc::new(AtomicBool::new(false));
         let heard = Arc::new(std::sync::Mutex::new(Vec::new()));
         let socket = ns
             .run(move || -> Result<UdpSocket, Errno> {
@@ -498,15 +520,13 @@ impl UdpFlow {
                 Ok(UdpSocket::from(fd))
             })
             .unwrap_or_else(|e| panic!("UDP flow {src} -> {dst} in {}: {e}", ns.name()));
-        let (t_stop, t_heard) = (Arc::clone(&stop), Arc::clone(&heard));
-        let thread = std::thread::Builder::new()
-            .name(format!("udp-flow-{src}"))
-            .spawn(move || udp_flow(socket, interval, &t_stop, &t_heard))
-            .expect("cannot spawn a UDP flow thread");
+        let log = Arc::clone(&heard);
+        let running = Running::spawn(format!("udp-flow-{src}"), move |stop| {
+            udp_flow(socket, interval, stop, &log)
+        });
         UdpFlow {
-            stop,
             heard,
-            thread: Some(thread),
+            _running: running,
         }
     }
 
@@ -525,15 +545,6 @@ impl UdpFlow {
                 Heard::Refused => None,
             })
             .collect()
-    }
-}
-
-impl Drop for UdpFlow {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 

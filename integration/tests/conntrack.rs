@@ -25,8 +25,8 @@ use nodelb_agent::plan::node::{AddressKind, NodeInfo};
 use nodelb_agent::plan::{Context, Objects, Planner, TableChange};
 use nodelb_agent::vocab::{Families, IpFamily, Protocol, ServiceKey};
 use nodelb_integration::commit::replace;
+use nodelb_integration::e2e::wait_for;
 use nodelb_integration::netns::{require_root, Topology};
-use nodelb_integration::nft::list_ruleset;
 use nodelb_integration::sctp::{self, sctp_backend, SctpBackend, SctpClient, SctpEvent};
 use nodelb_integration::traffic::{
     tcp_echo_server, udp_request, udp_server, Heard, Outcome, Server, TcpSession, UdpFlow,
@@ -209,25 +209,17 @@ fn name_of(reply: &str) -> &str {
 }
 
 /// Waits until `flow` has heard a reply from `backend` after `since`; returns when.
-fn wait_reply_from(n: &Node, flow: &UdpFlow, backend: &str, since: Instant, what: &str) -> Instant {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Some((t, _)) = flow
-            .replies_since(since)
-            .into_iter()
-            .find(|(_, r)| name_of(r) == backend)
-        {
-            return t;
+fn wait_reply_from(flow: &UdpFlow, backend: &str, since: Instant, what: &str) -> Instant {
+    wait_for(&format!("{what}: a reply from {backend}"), DEADLINE, || {
+        let replies = flow.replies_since(since);
+        match replies.iter().find(|(_, r)| name_of(r) == backend) {
+            Some((t, _)) => Ok(*t),
+            None => Err(format!(
+                "heard {:?}",
+                replies.iter().rev().take(5).collect::<Vec<_>>()
+            )),
         }
-        if Instant::now() > deadline {
-            panic!(
-                "{what}: no reply from {backend}; heard {:?}\nnode ruleset:\n{}",
-                flow.heard().iter().rev().take(5).collect::<Vec<_>>(),
-                list_ruleset(&n.topo.node)
-            );
-        }
-        std::thread::sleep(INTERVAL / 2);
-    }
+    })
 }
 
 /// The names of the servers that replied to `flow` in `[from, to)`.
@@ -291,8 +283,8 @@ fn a_udp_client_keeping_its_port_reaches_the_other_endpoint_once_the_removed_one
         .collect();
     let t0 = Instant::now();
     for (f, dns, other) in &flows {
-        wait_reply_from(&n, dns, "b0", t0, &format!("{f} dns before"));
-        wait_reply_from(&n, other, "b0", t0, &format!("{f} other before"));
+        wait_reply_from(dns, "b0", t0, &format!("{f} dns before"));
+        wait_reply_from(other, "b0", t0, &format!("{f} other before"));
     }
     let other_ids: Vec<Option<u32>> = n
         .entries(Family::Ip, L4Proto::Udp)
@@ -330,7 +322,7 @@ fn a_udp_client_keeping_its_port_reaches_the_other_endpoint_once_the_removed_one
         );
     }
     for (f, dns, other) in &flows {
-        let switched = wait_reply_from(&n, dns, "b1", cleaned_at, &format!("{f} dns after"));
+        let switched = wait_reply_from(dns, "b1", cleaned_at, &format!("{f} dns after"));
         println!(
             "measured: {f}: first reply from b1 {:.0} ms after the cleanup",
             switched.duration_since(cleaned_at).as_secs_f64() * 1e3
@@ -426,7 +418,7 @@ fn a_udp_port_that_gets_endpoints_deletes_the_entries_made_before() {
         1,
         "{cleaned:?}"
     );
-    let reached = wait_reply_from(&n, &flow, "b0", cleaned_at, "after the cleanup");
+    let reached = wait_reply_from(&flow, "b0", cleaned_at, "after the cleanup");
     println!(
         "measured: first reply from b0 {:.0} ms after the cleanup",
         reached.duration_since(cleaned_at).as_secs_f64() * 1e3
@@ -467,31 +459,22 @@ fn an_established_tcp_connection_to_a_removed_endpoint_is_not_cut() {
 }
 
 /// Waits until `client` has a HEARTBEAT-ACK from `backend` after `since`; returns when.
-fn wait_ack_from(
-    n: &Node,
-    client: &SctpClient,
-    backend: &str,
-    since: Instant,
-    what: &str,
-) -> Instant {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Some((t, _)) = client
+fn wait_ack_from(client: &SctpClient, backend: &str, since: Instant, what: &str) -> Instant {
+    wait_for(
+        &format!("{what}: a HEARTBEAT-ACK from {backend}"),
+        DEADLINE,
+        || match client
             .acks_since(since)
             .into_iter()
             .find(|(_, b)| b == backend)
         {
-            return t;
-        }
-        if Instant::now() > deadline {
-            panic!(
-                "{what}: no HEARTBEAT-ACK from {backend}; heard {:?}\nnode ruleset:\n{}",
-                client.events().iter().rev().take(5).collect::<Vec<_>>(),
-                list_ruleset(&n.topo.node)
-            );
-        }
-        std::thread::sleep(INTERVAL / 2);
-    }
+            Some((t, _)) => Ok(t),
+            None => Err(format!(
+                "heard {:?}",
+                client.events().iter().rev().take(5).collect::<Vec<_>>()
+            )),
+        },
+    )
 }
 
 /// SCTP, as UDP: an association that keeps its source port stays on the endpoint it reached
@@ -531,7 +514,6 @@ fn an_sctp_association_keeping_its_port_reaches_the_other_endpoint_once_the_remo
         INTERVAL,
     );
     wait_ack_from(
-        &n,
         &client,
         "b0",
         Instant::now() - A_WHILE,
@@ -555,7 +537,7 @@ fn an_sctp_association_keeping_its_port_reaches_the_other_endpoint_once_the_remo
         1,
         "{cleaned:?}"
     );
-    let switched = wait_ack_from(&n, &client, "b1", done, "the association with b1");
+    let switched = wait_ack_from(&client, "b1", done, "the association with b1");
     println!(
         "measured: SCTP association up with b1, first HEARTBEAT-ACK {:.0} ms after the cleanup",
         switched.duration_since(done).as_secs_f64() * 1e3
@@ -592,6 +574,6 @@ fn an_sctp_association_keeping_its_port_reaches_the_other_endpoint_once_the_remo
         SocketAddrV4::new(n.topo.backend_v4(0), BACKEND_PORT),
         INTERVAL,
     );
-    wait_ack_from(&n, &direct, "b0", Instant::now(), "b0 asked directly");
+    wait_ack_from(&direct, "b0", Instant::now(), "b0 asked directly");
     drop(backends);
 }

@@ -193,6 +193,15 @@ fn left(address: &str, endpoint: Endpoint) -> StaleFlows {
     }
 }
 
+/// Every endpoint of [`dns_node`] left every port.
+fn every_endpoint_left() -> Vec<StaleFlows> {
+    vec![
+        left(NODE_V4, ep(2)),
+        left(NODE_V4, ep(3)),
+        left(NODE_V6, ep6(2)),
+    ]
+}
+
 /// A UDP Service `dns` with endpoints .2 and .3 (IPv4) and ::2 (IPv6), planned.
 fn dns_node() -> Node {
     let mut n = Node::new();
@@ -340,14 +349,7 @@ fn a_removed_port_has_its_flows_deleted() {
         "  - {name: dns, port: 53, protocol: UDP}",
         "  - {name: web, port: 80, protocol: TCP}",
     ));
-    assert_eq!(
-        n.step(d),
-        vec![
-            left(NODE_V4, ep(2)),
-            left(NODE_V4, ep(3)),
-            left(NODE_V6, ep6(2))
-        ]
-    );
+    assert_eq!(n.step(d), every_endpoint_left());
 }
 
 #[test]
@@ -355,14 +357,7 @@ fn a_deleted_service_has_its_flows_deleted() {
     let mut n = dns_node();
     let gone: wire::Service = serde_yaml_ng::from_str(&dns("UDP")).unwrap();
     let d = n.objects.delete_service(&gone.into()).into_iter().collect();
-    assert_eq!(
-        n.step(d),
-        vec![
-            left(NODE_V4, ep(2)),
-            left(NODE_V4, ep(3)),
-            left(NODE_V6, ep6(2))
-        ]
-    );
+    assert_eq!(n.step(d), every_endpoint_left());
 }
 
 #[test]
@@ -372,14 +367,7 @@ fn a_node_selector_that_no_longer_matches_deletes_the_flows() {
         "  creationTimestamp",
         "  annotations:\n    nodelb.io/node-selector: kubernetes.io/hostname=node-b\n  creationTimestamp",
     ));
-    assert_eq!(
-        n.step(d),
-        vec![
-            left(NODE_V4, ep(2)),
-            left(NODE_V4, ep(3)),
-            left(NODE_V6, ep6(2))
-        ]
-    );
+    assert_eq!(n.step(d), every_endpoint_left());
 }
 
 #[test]
@@ -391,14 +379,7 @@ fn a_node_excluded_by_label_deletes_the_flows() {
             "".into(),
         );
     });
-    assert_eq!(
-        stale,
-        vec![
-            left(NODE_V4, ep(2)),
-            left(NODE_V4, ep(3)),
-            left(NODE_V6, ep6(2))
-        ]
-    );
+    assert_eq!(stale, every_endpoint_left());
 }
 
 #[test]
