@@ -194,12 +194,29 @@ impl Conntrack {
         self.seq
     }
 
-    /// Every entry of `family` and `protocol`, the protocol filtered by the kernel.
+    /// Every entry of `family` and `protocol`, the protocol filtered by the kernel (a kernel
+    /// that refuses the filter is asked for the family's every entry).
     pub fn dump(&mut self, family: Family, protocol: L4Proto) -> Result<Vec<Entry>, Error> {
-        let req = dump_request(family, protocol, self.next_seq());
+        match self.dump_with(family, protocol, true) {
+            Err(Error::Dump { source, .. })
+                if matches!(source.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) =>
+            {
+                self.dump_with(family, protocol, false)
+            }
+            r => r,
+        }
+    }
+
+    fn dump_with(
+        &mut self,
+        family: Family,
+        protocol: L4Proto,
+        filtered: bool,
+    ) -> Result<Vec<Entry>, Error> {
+        let req = dump_request(family, protocol, filtered, self.next_seq());
         let mut out = Vec::new();
         transact::exchange(&self.sock, &req, true, |m| {
-            // Entries of other protocols, should a kernel ignore the filter, are skipped too.
+            // Entries of other protocols (unfiltered) are skipped here.
             if let Some(e) = parse_entry(&m).filter(|e| e.protocol == protocol) {
                 out.push(e);
             }
@@ -298,17 +315,20 @@ fn nfproto(family: Family) -> u8 {
     family.nfproto()
 }
 
-/// `IPCTNL_MSG_CT_GET` dump of one family, filtered on the protocol by the kernel
+/// `IPCTNL_MSG_CT_GET` dump of one family, `filtered` on the protocol by the kernel
 /// (`CTA_FILTER`, Linux 5.8+).
-fn dump_request(family: Family, protocol: L4Proto, seq: u32) -> Vec<u8> {
-    Request::of(
+fn dump_request(family: Family, protocol: L4Proto, filtered: bool, seq: u32) -> Vec<u8> {
+    let r = Request::of(
         NFNL_SUBSYS_CTNETLINK,
         IPCTNL_MSG_CT_GET,
         libc::NLM_F_DUMP as u16,
         nfproto(family),
         seq,
-    )
-    .nested(CTA_TUPLE_ORIG, |r| {
+    );
+    if !filtered {
+        return r.finish();
+    }
+    r.nested(CTA_TUPLE_ORIG, |r| {
         r.nested(CTA_TUPLE_PROTO, |r| {
             r.attr_u8(CTA_PROTO_NUM, protocol.number())
         })
