@@ -14,6 +14,8 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+/// Dump answers are `IPCTNL_MSG_CT_NEW` messages, one per entry.
+const IPCTNL_MSG_CT_NEW: u16 = 0;
 const IPCTNL_MSG_CT_GET: u16 = 1;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
 // enum ctattr_type
@@ -311,10 +313,6 @@ impl Conntrack {
     }
 }
 
-fn nfproto(family: Family) -> u8 {
-    family.nfproto()
-}
-
 /// `IPCTNL_MSG_CT_GET` dump of one family, `filtered` on the protocol by the kernel
 /// (`CTA_FILTER`, Linux 5.8+).
 fn dump_request(family: Family, protocol: L4Proto, filtered: bool, seq: u32) -> Vec<u8> {
@@ -322,7 +320,7 @@ fn dump_request(family: Family, protocol: L4Proto, filtered: bool, seq: u32) -> 
         NFNL_SUBSYS_CTNETLINK,
         IPCTNL_MSG_CT_GET,
         libc::NLM_F_DUMP as u16,
-        nfproto(family),
+        family.nfproto(),
         seq,
     );
     if !filtered {
@@ -347,7 +345,7 @@ pub fn delete_request(e: &Entry, seq: u32) -> Vec<u8> {
         NFNL_SUBSYS_CTNETLINK,
         IPCTNL_MSG_CT_DELETE,
         libc::NLM_F_ACK as u16,
-        nfproto(e.family()),
+        e.family().nfproto(),
         seq,
     )
     .nested(CTA_TUPLE_ORIG, |r| tuple_attrs(r, e.protocol, &e.original))
@@ -389,7 +387,7 @@ fn l4proto(n: u8) -> Option<L4Proto> {
 
 /// One entry of a dump; `None` for what is not a TCP, UDP or SCTP entry.
 pub fn parse_entry(m: &Msg<'_>) -> Option<Entry> {
-    if m.ty != (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW_REPLY {
+    if m.ty != (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW {
         return None;
     }
     let attrs = m.attrs();
@@ -408,9 +406,6 @@ pub fn parse_entry(m: &Msg<'_>) -> Option<Entry> {
         id: attrs.get_be32(CTA_ID),
     })
 }
-
-/// Dump answers are `IPCTNL_MSG_CT_NEW` messages.
-const IPCTNL_MSG_CT_NEW_REPLY: u16 = 0;
 
 fn parse_tuple(v: &[u8]) -> Option<(L4Proto, Tuple)> {
     let t = Attrs(v);

@@ -314,8 +314,13 @@ impl SyncLoop {
                 .conntrack_deleted
                 .get_or_create(&labels)
                 .inc_by(c.deleted as u64);
-            info!(family = %c.family, protocol = %c.protocol, deleted = c.deleted,
-                  dumped = c.dumped, took = ?c.took, "deleted stale conntrack entries");
+            if c.deleted > 0 {
+                info!(family = %c.family, protocol = %c.protocol, deleted = c.deleted,
+                      dumped = c.dumped, took = ?c.took, "deleted stale conntrack entries");
+            } else {
+                debug!(family = %c.family, protocol = %c.protocol, dumped = c.dumped,
+                       took = ?c.took, "no stale conntrack entries");
+            }
         }
     }
 
