@@ -11,55 +11,11 @@ use futures::StreamExt;
 use nodelb_agent::metrics::{CounterSource, Metrics};
 use nodelb_agent::vocab::IpFamily;
 use nodelb_netfilter::CounterValues;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// The system allocator, counting the bytes live.
-struct Counting;
+mod heap;
 
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-fn count(add: usize) {
-    let now = LIVE.fetch_add(add, Ordering::Relaxed) + add;
-    PEAK.fetch_max(now, Ordering::Relaxed);
-}
-
-/// Reset the peak to what is live now; returns that.
-fn peak_from_now() -> usize {
-    let now = LIVE.load(Ordering::Relaxed);
-    PEAK.store(now, Ordering::Relaxed);
-    now
-}
-
-/// The peak above `base` since [`peak_from_now`] returned it.
-fn peak_above(base: usize) -> usize {
-    PEAK.load(Ordering::Relaxed) - base
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        count(l.size());
-        System.alloc(l)
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-        System.dealloc(p, l)
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        count(new);
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-        System.realloc(p, l, new)
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn mib(bytes: usize) -> f64 {
-    bytes as f64 / (1024.0 * 1024.0)
-}
+use heap::{mib, peak_above, peak_from_now};
 
 /// The counters a dump of the kernel's table gives: a new map on each read, as from netlink.
 #[derive(Debug)]
@@ -88,7 +44,7 @@ fn main() {
 
     let base = peak_from_now();
     let read = source.read();
-    let read_live = LIVE.load(Ordering::Relaxed) - base;
+    let read_live = heap::live() - base;
     drop(read);
 
     let metrics = Arc::new(Metrics::with_counters(Box::new(source)));

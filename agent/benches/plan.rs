@@ -11,90 +11,14 @@ use nodelb_agent::plan::{
     config::Config, index, node, plan, Context, Input, Objects, Planner, TableChange,
 };
 use nodelb_agent::vocab::Families;
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The system allocator, counting the bytes live.
-struct Counting;
+mod heap;
 
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-/// Allocations live, and the bytes glibc's malloc takes for them (a chunk is the request plus
-/// an 8-byte header, rounded up to 16, at least 32; large requests are mapped pages).
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-static CHUNKS: AtomicUsize = AtomicUsize::new(0);
-
-fn chunk(size: usize) -> usize {
-    if size >= 128 * 1024 {
-        (size + 8).div_ceil(4096) * 4096
-    } else {
-        ((size + 8).div_ceil(16) * 16).max(32)
-    }
-}
-
-fn count(add: usize) {
-    let now = LIVE.fetch_add(add, Ordering::Relaxed) + add;
-    PEAK.fetch_max(now, Ordering::Relaxed);
-    ALLOCS.fetch_add(1, Ordering::Relaxed);
-    CHUNKS.fetch_add(chunk(add), Ordering::Relaxed);
-}
-
-fn uncount(size: usize) {
-    LIVE.fetch_sub(size, Ordering::Relaxed);
-    ALLOCS.fetch_sub(1, Ordering::Relaxed);
-    CHUNKS.fetch_sub(chunk(size), Ordering::Relaxed);
-}
-
-/// Allocations and malloc chunk bytes live now.
-fn footprint() -> (usize, usize) {
-    (
-        ALLOCS.load(Ordering::Relaxed),
-        CHUNKS.load(Ordering::Relaxed),
-    )
-}
-
-/// "N allocations, X MiB as malloc chunks" between two footprints.
-fn chunks_text(from: (usize, usize), to: (usize, usize)) -> String {
-    format!(
-        "{} allocations, {:.1} MiB as malloc chunks",
-        to.0 - from.0,
-        mib(to.1 - from.1)
-    )
-}
-
-/// Reset the peak to what is live now; returns that.
-fn peak_from_now() -> usize {
-    let now = LIVE.load(Ordering::Relaxed);
-    PEAK.store(now, Ordering::Relaxed);
-    now
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        count(l.size());
-        System.alloc(l)
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        uncount(l.size());
-        System.dealloc(p, l)
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        count(new);
-        uncount(l.size());
-        System.realloc(p, l, new)
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn mib(bytes: usize) -> f64 {
-    bytes as f64 / (1024.0 * 1024.0)
-}
+use heap::{chunks_text, footprint, mib, peak_from_now};
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -170,14 +94,14 @@ fn main() {
     );
 
     // The agent's path: a planner kept between syncs, one EndpointSlice changed per sync.
-    let live0 = LIVE.load(Ordering::Relaxed);
+    let live0 = heap::live();
     let fp0 = footprint();
     // Stored as the agent's inbox stores them.
     let mut objects = Objects::from_lists(
         services.iter().cloned().map(Into::into),
         slices.iter().cloned().map(Into::into),
     );
-    let live_objects = LIVE.load(Ordering::Relaxed);
+    let live_objects = heap::live();
     let fp_objects = footprint();
     let ctx = Context::new(
         node.clone(),
@@ -189,26 +113,26 @@ fn main() {
         config.clone(),
     );
     let mut planner = Planner::new();
-    let live_ctx = LIVE.load(Ordering::Relaxed);
+    let live_ctx = heap::live();
     let fp_ctx = footprint();
     planner.update(&objects, &ctx, None);
-    let live_planner = LIVE.load(Ordering::Relaxed);
+    let live_planner = heap::live();
     let fp_planner = footprint();
     let before_tables = peak_from_now();
     let tables = planner.tables();
-    let live_tables = LIVE.load(Ordering::Relaxed);
+    let live_tables = heap::live();
     let fp_tables = footprint();
-    let peak_tables = PEAK.load(Ordering::Relaxed) - before_tables;
+    let peak_tables = heap::peak_above(before_tables);
     // A full replace's batch, as the committer encodes it (no kernel needed to encode).
     let before_batch = peak_from_now();
     let ops: Vec<_> = tables
         .iter()
         .flat_map(nodelb_netfilter::full_replace)
         .collect();
-    let ops_live = LIVE.load(Ordering::Relaxed) - before_batch;
+    let ops_live = heap::live() - before_batch;
     let batch = nodelb_netfilter::Batch::encode(1, &ops).expect("the planner's tables encode");
-    let batch_peak = PEAK.load(Ordering::Relaxed) - before_batch;
-    let batch_live = LIVE.load(Ordering::Relaxed) - before_batch;
+    let batch_peak = heap::peak_above(before_batch);
+    let batch_live = heap::live() - before_batch;
     let (batch_bytes, batch_messages, n_ops) = (batch.len(), batch.message_count(), ops.len());
     drop((batch, ops));
     let elements: usize = tables
@@ -237,11 +161,11 @@ fn main() {
         mib(batch_peak),
     );
     let mut o = Planner::outcomes_only();
-    let before_o = LIVE.load(Ordering::Relaxed);
+    let before_o = heap::live();
     o.update(&objects, &ctx, None);
     println!(
-        "heap: an outcomes-only planner (the leader's status writer keeps one per serving node): {:.1} MiB",
-        mib(LIVE.load(Ordering::Relaxed) - before_o)
+        "heap: an outcomes-only planner (the leader keeps one per class of serving nodes): {:.1} MiB",
+        mib(heap::live() - before_o)
     );
     drop(o);
     // The agent's whole syncs: the tables consumed while encoded (what they and the batch
@@ -249,7 +173,7 @@ fn main() {
     let before_consuming = peak_from_now();
     let batch =
         nodelb_netfilter::Batch::encode_replace(1, tables, &mut || {}).expect("they encode");
-    let consuming_peak = PEAK.load(Ordering::Relaxed) - before_consuming;
+    let consuming_peak = heap::peak_above(before_consuming);
     drop(batch);
     println!(
         "heap: a consuming replace of those tables (Batch::encode_replace): peak {:.1} MiB above the tables (the batch's buffer counted at its capacity, of which only the {:.1} MiB written are touched pages)",

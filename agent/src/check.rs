@@ -1,6 +1,7 @@
 //! `check`: can this node run nodelb? Kernel, privileges, nf_tables and the expressions nodelb
-//! uses (proved by committing a throwaway table `nodelb-check` and deleting it), forwarding
-//! per family, and other tables' forward policies. Each finding says what to fix.
+//! uses (proved by committing a throwaway table `nodelb-check` and deleting it), ctnetlink (for
+//! conntrack cleanup), forwarding per family, and other tables' forward policies. Each finding
+//! says what to fix.
 
 use crate::host::forward_policy;
 use crate::host::privileges;
@@ -113,6 +114,7 @@ pub fn run(v4: bool, v6: bool, sysctls: &Sysctls) -> Vec<Finding> {
             }
         }
     }
+    out.push(conntrack());
     for f in &families {
         out.push(forwarding(sysctls, *f));
     }
@@ -159,6 +161,28 @@ fn kernel() -> Finding {
             "kernel",
             "cannot read the kernel release",
             "make sure the kernel is ≥ 5.10",
+        ),
+    }
+}
+
+/// ctnetlink, through which the agent deletes stale UDP and SCTP entries: a dump of the UDP
+/// entries proves it (read only).
+fn conntrack() -> Finding {
+    let dumped = nodelb_netfilter::conntrack::Conntrack::open()
+        .and_then(|mut ct| ct.dump(Family::Ip, L4Proto::Udp));
+    match dumped {
+        Ok(entries) => Finding::ok(
+            "conntrack",
+            format!("ctnetlink usable; {} UDP entries", entries.len()),
+        ),
+        Err(e) => Finding::bad(
+            Status::Warn,
+            "conntrack",
+            format!(
+                "{}: UDP and SCTP clients that keep their source port stay on an endpoint that left until they go quiet",
+                crate::error_chain(&e)
+            ),
+            "a kernel with ctnetlink (`modprobe nf_conntrack_netlink`), and CAP_NET_ADMIN",
         ),
     }
 }

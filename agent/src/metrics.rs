@@ -54,6 +54,14 @@ pub struct WriteLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FlowLabels {
+    /// `IPv4` or `IPv6`.
+    pub family: &'static str,
+    /// `UDP` or `SCTP`.
+    pub protocol: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceLabel {
     /// `services`, `endpointslices` or `nodes`.
     pub resource: &'static str,
@@ -237,6 +245,10 @@ pub struct Metrics {
     pub listener_reads: Family<ResultLabel, Counter>,
     /// Service ports host listeners hold on this node.
     pub blocked_ports: Gauge,
+    /// Conntrack entries of nodelb's UDP and SCTP Service ports deleted as stale.
+    pub conntrack_deleted: Family<FlowLabels, Counter>,
+    /// Conntrack cleanups after a commit, `ok` or `error`.
+    pub conntrack_cleanups: Family<ResultLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -305,6 +317,7 @@ impl Metrics {
             "Errors of the Kubernetes watches",
             Family::<ResourceLabel, Counter>::default(),
         );
+        let (conntrack_deleted, conntrack_cleanups) = conntrack_metrics(&mut r);
         Metrics {
             registry: r,
             service_counters: service_counters(counters),
@@ -326,6 +339,8 @@ impl Metrics {
             heartbeats,
             listener_reads,
             blocked_ports,
+            conntrack_deleted,
+            conntrack_cleanups,
         }
     }
 
@@ -478,6 +493,25 @@ fn latency_metrics(r: &mut Registry) -> (Histogram, Histogram) {
         Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
     );
     (sync_duration, event_to_kernel)
+}
+
+/// Conntrack cleanups: entries deleted, and cleanups by result.
+fn conntrack_metrics(
+    r: &mut Registry,
+) -> (Family<FlowLabels, Counter>, Family<ResultLabel, Counter>) {
+    let deleted = register(
+        r,
+        "conntrack_entries_deleted",
+        "Conntrack entries of nodelb's UDP and SCTP Service ports deleted because their endpoint no longer serves the port, or made before the port had its endpoints",
+        Family::<FlowLabels, Counter>::default(),
+    );
+    let cleanups = register(
+        r,
+        "conntrack_cleanups",
+        "Deletions of stale conntrack entries after a commit, by result (an error is retried after the next commit)",
+        Family::<ResultLabel, Counter>::default(),
+    );
+    (deleted, cleanups)
 }
 
 /// Drift: full replaces that repaired it, and the periodic resyncs that look for it.

@@ -50,6 +50,15 @@ pub fn metric_names() -> Vec<String> {
     m.listener_reads
         .get_or_create(&nodelb_agent::metrics::ResultLabel { result: "ok" })
         .inc();
+    m.conntrack_deleted
+        .get_or_create(&nodelb_agent::metrics::FlowLabels {
+            family: "IPv4",
+            protocol: "UDP",
+        })
+        .inc();
+    m.conntrack_cleanups
+        .get_or_create(&nodelb_agent::metrics::ResultLabel { result: "ok" })
+        .inc();
     let text = m.render();
     let types: Vec<(String, String)> = text
         .lines()

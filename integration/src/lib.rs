@@ -8,6 +8,7 @@ pub mod models;
 pub mod netns;
 pub mod nft;
 pub mod old_server_proxy;
+pub mod sctp;
 pub mod traffic;
 
 pub use agent_access::{is_expected, rbac_expectations, AgentRequest, Scope};

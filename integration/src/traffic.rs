@@ -66,29 +66,51 @@ impl IcmpError {
     };
 }
 
+/// A thread that runs until dropped: the drop raises its stop flag and joins it.
+#[derive(Debug)]
+pub struct Running {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Runs `body` on a new thread named `name`; `body` returns once its flag is raised.
+    pub fn spawn(name: String, body: impl FnOnce(&AtomicBool) + Send + 'static) -> Running {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || body(&flag))
+            .expect("cannot spawn a test thread");
+        Running {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            // A panicking thread already printed its message; do not double-panic while a
+            // test may be unwinding.
+            let _ = thread.join();
+        }
+    }
+}
+
 /// A running test server; stops (and joins its thread) on drop.
 #[derive(Debug)]
 pub struct Server {
     addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    _running: Running,
 }
 
 impl Server {
     /// The address the server is bound to (with the real port if 0 was asked).
     pub fn addr(&self) -> SocketAddr {
         self.addr
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            // A panicking server thread already printed its message; do not
-            // double-panic while a test may be unwinding.
-            let _ = thread.join();
-        }
     }
 }
 
@@ -180,8 +202,10 @@ where
     match ready_rx.recv() {
         Ok(Ok(addr)) => Server {
             addr,
-            stop,
-            thread: Some(thread),
+            _running: Running {
+                stop,
+                thread: Some(thread),
+            },
         },
         Ok(Err(e)) => {
             let _ = thread.join();
@@ -457,4 +481,199 @@ fn io_errno(e: io::Error) -> Errno {
 /// "ENETUNREACH: Network is unreachable".
 fn errno_text(e: Errno) -> String {
     format!("{e:?}: {}", e.desc())
+}
+
+/// What a long-lived client heard back for one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Heard {
+    /// The server's reply, trimmed ("<name> <peer-ip>" from [`udp_server`]).
+    Reply(String),
+    /// An ICMP error (port unreachable) or a TCP reset.
+    Refused,
+}
+
+/// A UDP client that keeps its source port, as DNS resolvers, syslog, SIP or WireGuard do:
+/// from `src` (address and a fixed port, which flows to other destinations may share) in its
+/// namespace it sends a datagram to `dst` every `interval` and notes what comes back and when,
+/// until dropped.
+pub struct UdpFlow {
+    heard: Arc<std::sync::Mutex<Vec<(Instant, Heard)>>>,
+    _running: Running,
+}
+
+impl UdpFlow {
+    /// Binds `src` in `ns` (before this returns) and starts sending.
+    pub fn start(ns: &Netns, src: SocketAddr, dst: SocketAddr, interval: Duration) -> UdpFlow {
+        let heard = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let socket = ns
+            .run(move || -> Result<UdpSocket, Errno> {
+                let fd = new_socket(dst, SockType::Datagram)?;
+                match dst {
+                    SocketAddr::V4(_) => socket::setsockopt(&fd, sockopt::Ipv4RecvErr, &true)?,
+                    SocketAddr::V6(_) => socket::setsockopt(&fd, sockopt::Ipv6RecvErr, &true)?,
+                }
+                // Flows to two destinations may share a source port: each socket is
+                // connected, so the kernel hands it only its own destination's replies.
+                socket::setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+                socket::bind(fd.as_raw_fd(), &SockaddrStorage::from(src))?;
+                socket::connect(fd.as_raw_fd(), &SockaddrStorage::from(dst))?;
+                Ok(UdpSocket::from(fd))
+            })
+            .unwrap_or_else(|e| panic!("UDP flow {src} -> {dst} in {}: {e}", ns.name()));
+        let log = Arc::clone(&heard);
+        let running = Running::spawn(format!("udp-flow-{src}"), move |stop| {
+            udp_flow(socket, interval, stop, &log)
+        });
+        UdpFlow {
+            heard,
+            _running: running,
+        }
+    }
+
+    /// Everything heard so far, in order, with when it came.
+    pub fn heard(&self) -> Vec<(Instant, Heard)> {
+        self.heard.lock().expect("flow log").clone()
+    }
+
+    /// Replies heard at or after `since`.
+    pub fn replies_since(&self, since: Instant) -> Vec<(Instant, String)> {
+        self.heard()
+            .into_iter()
+            .filter(|(t, _)| *t >= since)
+            .filter_map(|(t, h)| match h {
+                Heard::Reply(r) => Some((t, r)),
+                Heard::Refused => None,
+            })
+            .collect()
+    }
+}
+
+fn udp_flow(
+    socket: UdpSocket,
+    interval: Duration,
+    stop: &AtomicBool,
+    heard: &std::sync::Mutex<Vec<(Instant, Heard)>>,
+) {
+    let mut buf = [0u8; 2048];
+    let mut next = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        if Instant::now() >= next {
+            // A refusal queued since the last datagram surfaces on send as well.
+            if let Err(e) = socket.send(b"ping") {
+                if e.kind() == ErrorKind::ConnectionRefused {
+                    let _ = read_error_queue(&socket);
+                    heard
+                        .lock()
+                        .expect("flow log")
+                        .push((Instant::now(), Heard::Refused));
+                }
+            }
+            next += interval;
+        }
+        let wait = next
+            .saturating_duration_since(Instant::now())
+            .min(SERVER_TICK);
+        let got = match wait_for(socket.as_fd(), PollFlags::POLLIN, Instant::now() + wait) {
+            Ok(Some(events)) if events.contains(PollFlags::POLLERR) => {
+                let _ = read_error_queue(&socket);
+                Some(Heard::Refused)
+            }
+            Ok(Some(_)) => match socket.recv(&mut buf) {
+                Ok(n) => Some(Heard::Reply(
+                    String::from_utf8_lossy(&buf[..n]).trim().to_owned(),
+                )),
+                Err(e) if e.kind() == ErrorKind::ConnectionRefused => Some(Heard::Refused),
+                Err(_) => None,
+            },
+            _ => None,
+        };
+        if let Some(h) = got {
+            heard.lock().expect("flow log").push((Instant::now(), h));
+        }
+    }
+}
+
+/// A TCP server inside `ns` bound to `addr` that keeps each connection open and answers every
+/// line with "<name> <peer-ip>\n", until the client closes or the server stops.
+pub fn tcp_echo_server(ns: &Netns, addr: SocketAddr, name: &str) -> Server {
+    let name = name.to_owned();
+    spawn_server(ns, addr, "tcp-echo", move |stop| {
+        let listener = TcpListener::bind(addr)?;
+        listener.set_nonblocking(true)?;
+        let local = listener.local_addr()?;
+        Ok((local, move || {
+            std::thread::scope(|scope| {
+                while !stop.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((stream, peer)) => {
+                            let (name, stop) = (&name, &stop);
+                            scope.spawn(move || echo_lines(stream, peer, name, stop));
+                        }
+                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                        Err(_) => std::thread::sleep(SERVER_TICK),
+                    }
+                }
+            })
+        }))
+    })
+}
+
+fn echo_lines(stream: TcpStream, peer: SocketAddr, name: &str, stop: &AtomicBool) {
+    use std::io::{BufRead, Write};
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(SERVER_TICK));
+    let Ok(mut writer) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = io::BufReader::new(stream);
+    let mut line = String::new();
+    while !stop.load(Ordering::Relaxed) {
+        match reader.read_line(&mut line) {
+            Ok(0) => return,
+            Ok(_) => {
+                let reply = format!("{name} {}\n", peer.ip().to_canonical());
+                if writer.write_all(reply.as_bytes()).is_err() {
+                    return;
+                }
+                line.clear();
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// One long-lived TCP connection from a namespace, asked one line at a time.
+pub struct TcpSession {
+    reader: io::BufReader<TcpStream>,
+}
+
+impl TcpSession {
+    /// Connects from inside `ns` to `dst`.
+    pub fn connect(ns: &Netns, dst: SocketAddr, timeout: Duration) -> Result<TcpSession, String> {
+        let stream = ns
+            .run(move || TcpStream::connect_timeout(&dst, timeout))
+            .map_err(|e| format!("connecting to {dst}: {e}"))?;
+        stream
+            .set_read_timeout(Some(timeout))
+            .map_err(|e| e.to_string())?;
+        Ok(TcpSession {
+            reader: io::BufReader::new(stream),
+        })
+    }
+
+    /// Sends a line and reads the answer line (trimmed), or says what went wrong.
+    pub fn ask(&mut self) -> Result<String, String> {
+        use std::io::{BufRead, Write};
+        self.reader
+            .get_mut()
+            .write_all(b"ping\n")
+            .map_err(|e| format!("send: {e}"))?;
+        let mut line = String::new();
+        match self.reader.read_line(&mut line) {
+            Ok(0) => Err("the connection was closed".into()),
+            Ok(_) => Ok(line.trim().to_owned()),
+            Err(e) => Err(format!("receive: {e}")),
+        }
+    }
 }

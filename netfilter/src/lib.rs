@@ -3,6 +3,7 @@
 //! Knows nothing of Kubernetes.
 
 pub mod committer;
+pub mod conntrack;
 pub mod edit;
 pub mod encode;
 #[cfg(any(test, feature = "test-fixtures"))]

@@ -1,6 +1,8 @@
 //! Reading netlink messages and nf_tables attributes, and writing the few small requests
-//! nodelb sends that carry no libnftnl object (dumps, generation). Plain byte parsing.
+//! nodelb sends that carry no libnftnl object (dumps, generation, conntrack requests). Plain
+//! byte parsing.
 
+pub const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 pub const NFNL_SUBSYS_NFTABLES: u16 = 10;
 pub const NLMSG_ERROR: u16 = 2;
 pub const NLMSG_DONE: u16 = 3;
@@ -137,6 +139,8 @@ impl<'a> Attrs<'a> {
     }
 }
 
+const NLA_F_NESTED: u16 = 0x8000;
+
 pub fn align4(n: usize) -> usize {
     n.div_ceil(4) * 4
 }
@@ -147,10 +151,16 @@ pub struct Request {
 }
 
 impl Request {
+    /// An nf_tables request (`NFT_MSG_*`).
     pub fn new(nft_kind: u16, flags: u16, family: u8, seq: u32) -> Request {
+        Request::of(NFNL_SUBSYS_NFTABLES, nft_kind, flags, family, seq)
+    }
+
+    /// A request of a netfilter netlink subsystem (`NFNL_SUBSYS_*`) and its message kind.
+    pub fn of(subsys: u16, kind: u16, flags: u16, family: u8, seq: u32) -> Request {
         let mut buf = Vec::with_capacity(64);
         buf.extend_from_slice(&0u32.to_ne_bytes());
-        buf.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | nft_kind).to_ne_bytes());
+        buf.extend_from_slice(&((subsys << 8) | kind).to_ne_bytes());
         buf.extend_from_slice(&(flags | libc::NLM_F_REQUEST as u16).to_ne_bytes());
         buf.extend_from_slice(&seq.to_ne_bytes());
         buf.extend_from_slice(&0u32.to_ne_bytes());
@@ -176,6 +186,42 @@ impl Request {
         self
     }
 
+    /// An attribute of raw bytes (addresses, in network order).
+    pub fn attr_bytes(mut self, ty: u16, v: &[u8]) -> Request {
+        self.buf
+            .extend_from_slice(&((4 + v.len()) as u16).to_ne_bytes());
+        self.buf.extend_from_slice(&ty.to_ne_bytes());
+        self.buf.extend_from_slice(v);
+        self.buf.resize(align4(self.buf.len()), 0);
+        self
+    }
+
+    pub fn attr_u8(self, ty: u16, v: u8) -> Request {
+        self.attr_bytes(ty, &[v])
+    }
+
+    /// A big-endian u16 attribute (ports, conntrack zones).
+    pub fn attr_be16(self, ty: u16, v: u16) -> Request {
+        self.attr_bytes(ty, &v.to_be_bytes())
+    }
+
+    /// A host-order u32 attribute (`NLA_U32` flags).
+    pub fn attr_u32(self, ty: u16, v: u32) -> Request {
+        self.attr_bytes(ty, &v.to_ne_bytes())
+    }
+
+    /// A nested attribute (`NLA_F_NESTED`) holding what `inner` adds.
+    pub fn nested(mut self, ty: u16, inner: impl FnOnce(Request) -> Request) -> Request {
+        let start = self.buf.len();
+        self.buf.extend_from_slice(&[0, 0]);
+        self.buf
+            .extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
+        let mut r = inner(self);
+        let len = (r.buf.len() - start) as u16;
+        r.buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+        r
+    }
+
     pub fn finish(mut self) -> Vec<u8> {
         let len = self.buf.len() as u32;
         self.buf[0..4].copy_from_slice(&len.to_ne_bytes());
@@ -198,5 +244,19 @@ mod tests {
         assert_eq!(msgs[0].seq, 42);
         assert_eq!(msgs[0].family(), 2);
         assert_eq!(msgs[0].attrs().get_str(1).as_deref(), Some("nodelb"));
+    }
+
+    #[test]
+    fn nested_attributes_round_trip() {
+        let req = Request::of(NFNL_SUBSYS_CTNETLINK, 2, 0, 2, 7)
+            .nested(1, |r| r.attr_u8(1, 17).attr_be16(2, 5353))
+            .attr_u32(3, 9)
+            .finish();
+        let m = messages(&req).next().expect("one message");
+        assert_eq!(m.ty, (NFNL_SUBSYS_CTNETLINK << 8) | 2);
+        let inner = Attrs(m.attrs().get(1).expect("the nest"));
+        assert_eq!(inner.get(1), Some(&[17u8][..]));
+        assert_eq!(inner.get(2), Some(&5353u16.to_be_bytes()[..]));
+        assert_eq!(m.attrs().get(3), Some(&9u32.to_ne_bytes()[..]));
     }
 }

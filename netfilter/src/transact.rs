@@ -144,6 +144,107 @@ pub(crate) fn own_portids() -> &'static std::sync::Mutex<std::collections::HashS
     IDS.get_or_init(Default::default)
 }
 
+/// A netfilter netlink socket as nodelb uses one, in the current thread's network namespace:
+/// close-on-exec, buffers for the batches (and dumps) of 10,000 Services, errors that echo only
+/// the failed message's header with the kernel's text, and a receive timeout.
+pub(crate) fn configured_socket() -> Result<mnl::Socket, Error> {
+    let sock = open_socket()?;
+    let fd = mnl_fd(&sock);
+    let big = SOCKET_BUFFER_BYTES as i32;
+    setsockopt_int(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_SNDBUFFORCE,
+        "SO_SNDBUFFORCE",
+        big,
+    )?;
+    setsockopt_int(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_RCVBUFFORCE,
+        "SO_RCVBUFFORCE",
+        big,
+    )?;
+    setsockopt_int(
+        fd,
+        libc::SOL_NETLINK,
+        libc::NETLINK_CAP_ACK,
+        "NETLINK_CAP_ACK",
+        1,
+    )?;
+    setsockopt_int(
+        fd,
+        libc::SOL_NETLINK,
+        libc::NETLINK_EXT_ACK,
+        "NETLINK_EXT_ACK",
+        1,
+    )?;
+    let tv = libc::timeval {
+        tv_sec: RECV_TIMEOUT.as_secs() as libc::time_t,
+        tv_usec: 0,
+    };
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            &tv as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(Error::SocketOption {
+            option: "SO_RCVTIMEO",
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(sock)
+}
+
+/// A first sequence number from the clock, so two sockets of a process are easy to tell apart
+/// in a trace (sequence numbers need only be distinct per socket).
+pub(crate) fn clock_seq() -> u32 {
+    (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as u32)
+        .unwrap_or(1))
+        & 0x7fff_ffff
+}
+
+/// Send one request and hand each answer to it to `each`, until `NLMSG_DONE` (a dump) or the
+/// first answer (a plain request). An error the kernel answers with is returned as the error.
+pub(crate) fn exchange(
+    sock: &mnl::Socket,
+    req: &[u8],
+    dump: bool,
+    mut each: impl FnMut(netlink::Msg<'_>),
+) -> io::Result<()> {
+    let seq = u32::from_ne_bytes(req[8..12].try_into().expect("header"));
+    sock.send(req)?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = sock.recv_raw(&mut buf)?;
+        for m in messages(&buf[..n]) {
+            if m.seq != seq {
+                continue;
+            }
+            if m.ty == netlink::NLMSG_DONE {
+                return Ok(());
+            }
+            if let Some((code, _, _)) = m.error() {
+                if code != 0 {
+                    return Err(io::Error::from_raw_os_error(-code));
+                }
+                return Ok(());
+            }
+            each(m);
+            if !dump {
+                return Ok(());
+            }
+        }
+    }
+}
+
 impl Drop for Nft {
     fn drop(&mut self) {
         if let Ok(mut ids) = own_portids().lock() {
@@ -160,64 +261,10 @@ unsafe impl Send for Nft {}
 impl Nft {
     /// Open a socket in the current thread's network namespace.
     pub fn open() -> Result<Nft, Error> {
-        let sock = open_socket()?;
-        let fd = mnl_fd(&sock);
-        let big = SOCKET_BUFFER_BYTES as i32;
-        setsockopt_int(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_SNDBUFFORCE,
-            "SO_SNDBUFFORCE",
-            big,
-        )?;
-        setsockopt_int(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUFFORCE,
-            "SO_RCVBUFFORCE",
-            big,
-        )?;
-        // Errors echo only the header of the failed message, and carry the kernel's text.
-        setsockopt_int(
-            fd,
-            libc::SOL_NETLINK,
-            libc::NETLINK_CAP_ACK,
-            "NETLINK_CAP_ACK",
-            1,
-        )?;
-        setsockopt_int(
-            fd,
-            libc::SOL_NETLINK,
-            libc::NETLINK_EXT_ACK,
-            "NETLINK_EXT_ACK",
-            1,
-        )?;
-        let tv = libc::timeval {
-            tv_sec: RECV_TIMEOUT.as_secs() as libc::time_t,
-            tv_usec: 0,
-        };
-        let r = unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                &tv as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        if r < 0 {
-            return Err(Error::SocketOption {
-                option: "SO_RCVTIMEO",
-                source: io::Error::last_os_error(),
-            });
-        }
+        let sock = configured_socket()?;
         // Sequence numbers only need to be distinct per socket; start from the clock so two
         // handles in one process are easy to tell apart in a trace.
-        let seq = (std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs() as u32)
-            .unwrap_or(1))
-            & 0x7fff_ffff;
+        let seq = clock_seq();
         own_portids()
             .lock()
             .expect("portid registry")
@@ -330,48 +377,23 @@ impl Nft {
         what: &str,
         dump: bool,
     ) -> Result<Vec<Vec<u8>>, Error> {
-        let seq = u32::from_ne_bytes(req[8..12].try_into().expect("header"));
-        self.sock.send(req).map_err(|source| Error::Dump {
+        let mut out = Vec::new();
+        exchange(&self.sock, req, dump, |m| {
+            let len = 16 + m.body.len();
+            let mut raw = Vec::with_capacity(len);
+            raw.extend_from_slice(&(len as u32).to_ne_bytes());
+            raw.extend_from_slice(&m.ty.to_ne_bytes());
+            raw.extend_from_slice(&m.flags.to_ne_bytes());
+            raw.extend_from_slice(&m.seq.to_ne_bytes());
+            raw.extend_from_slice(&m.pid.to_ne_bytes());
+            raw.extend_from_slice(m.body);
+            out.push(raw);
+        })
+        .map_err(|source| Error::Dump {
             what: what.into(),
             source,
         })?;
-        let mut out = Vec::new();
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = self.sock.recv_raw(&mut buf).map_err(|source| Error::Dump {
-                what: what.into(),
-                source,
-            })?;
-            for m in messages(&buf[..n]) {
-                if m.seq != seq {
-                    continue;
-                }
-                if m.ty == netlink::NLMSG_DONE {
-                    return Ok(out);
-                }
-                if let Some((code, _, _)) = m.error() {
-                    if code != 0 {
-                        return Err(Error::Dump {
-                            what: what.into(),
-                            source: io::Error::from_raw_os_error(-code),
-                        });
-                    }
-                    return Ok(out);
-                }
-                let len = 16 + m.body.len();
-                let mut raw = Vec::with_capacity(len);
-                raw.extend_from_slice(&(len as u32).to_ne_bytes());
-                raw.extend_from_slice(&m.ty.to_ne_bytes());
-                raw.extend_from_slice(&m.flags.to_ne_bytes());
-                raw.extend_from_slice(&m.seq.to_ne_bytes());
-                raw.extend_from_slice(&m.pid.to_ne_bytes());
-                raw.extend_from_slice(m.body);
-                out.push(raw);
-                if !dump {
-                    return Ok(out);
-                }
-            }
-        }
+        Ok(out)
     }
 }
 

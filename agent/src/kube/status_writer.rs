@@ -47,7 +47,8 @@ pub struct StatusWriter {
 
 /// What the leader wrote of one Service, and the Service's resourceVersion then.
 struct Written {
-    ingress: Vec<IpAddr>,
+    /// Shared with the desired status it was written from.
+    ingress: Arc<[IpAddr]>,
     serving: Serving,
     resource_version: Option<Str>,
 }

@@ -179,19 +179,22 @@ fn slice_port(
     }
 }
 
-/// Apply the traffic policy: `Cluster` takes every endpoint, `Local` only this node's. Ready
-/// endpoints first; when none is ready, serving-and-terminating ones.
+/// Apply the traffic policy: `Cluster` takes every endpoint, `Local` only those on `node`
+/// (`None`: a node that runs none of them). Ready endpoints first; when none is ready,
+/// serving-and-terminating ones.
 pub fn select(
     c: &Candidates,
     policy: TrafficPolicy,
-    node: &str,
+    node: Option<&str>,
     key: &ServiceKey,
     port: &ServicePortId,
     warnings: &mut Vec<Warning>,
 ) -> Selection {
     let pick = |m: &BTreeMap<Endpoint, Option<Str>>| -> Vec<Endpoint> {
         m.iter()
-            .filter(|(_, n)| policy == TrafficPolicy::Cluster || n.as_deref() == Some(node))
+            .filter(|(_, n)| {
+                policy == TrafficPolicy::Cluster || (node.is_some() && n.as_deref() == node)
+            })
             .map(|(e, _)| *e)
             .collect()
     };

@@ -198,7 +198,7 @@ impl FamilyProgram<'_> {
 }
 
 /// What a port the Service holds does, from the endpoints picked for it.
-fn port_action(selection: &Selection) -> (PortResult, Action) {
+pub fn port_action(selection: &Selection) -> (PortResult, Action) {
     match selection {
         Selection::Forward {
             endpoints,

@@ -9,6 +9,7 @@ pub mod config;
 pub mod conflicts;
 pub mod diagnosis;
 pub mod endpoints;
+pub mod flows;
 pub mod fragment;
 pub mod index;
 pub mod listeners;
@@ -26,6 +27,8 @@ pub use prepare::Context;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_flows;
 #[cfg(test)]
 mod tests_incremental;
 

@@ -8,6 +8,7 @@
 
 use super::conflicts::{Claim, Claims, Slot};
 use super::diagnosis::{ServiceOutcome, Warning};
+use super::flows::{self, FlowChange, Flows, Touched};
 use super::fragment::{self, Fragment};
 use super::index::Objects;
 use super::prepare::{prepare, Context, Prepared, Stage};
@@ -34,6 +35,10 @@ pub struct Update {
     pub changed: BTreeSet<ServiceKey>,
     /// Services that were planned again (for logging what was looked at).
     pub replanned: usize,
+    /// How the UDP and SCTP ports' endpoints changed: the conntrack entries to delete once
+    /// this update is committed ([`FlowChange::stale`]). The same after a rebuild as after the
+    /// edit that gets to the same plan.
+    pub flows: FlowChange,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -54,6 +59,8 @@ pub struct Planner {
     warnings: BTreeMap<ServiceKey, Vec<Warning>>,
     /// Who uses the shared `endpoints-N` chains and hairpin elements.
     shared: Shared,
+    /// What the UDP and SCTP ports DNAT to (not kept by an outcomes-only planner).
+    flows: Flows,
 }
 
 /// The dirty Services whose preparation changed, and the slots whose claims moved with them.
@@ -75,6 +82,8 @@ struct Replanned {
     shared_before: SharedBefore,
     /// Services whose outcome changed, appeared or went away.
     changed: BTreeSet<ServiceKey>,
+    /// The datagram ports touched, with their endpoints before.
+    touched: Touched,
 }
 
 /// One Service of `objects`, prepared (`None`: not nodelb's).
@@ -126,6 +135,8 @@ impl Planner {
     ) -> Update {
         let rebuild =
             dirty.is_none() || !self.ctx.as_ref().is_some_and(|c| c.same_but_listeners(ctx));
+        // A rebuild forgets everything but what the ports DNATed to, to compare with after.
+        let flows_before = rebuild.then(|| std::mem::take(&mut self.flows));
         let previous = std::mem::replace(&mut self.objects, objects.clone());
         let (keys, moved) = if rebuild {
             (self.reset(objects, ctx), BTreeSet::new())
@@ -147,12 +158,18 @@ impl Planner {
             mut edits,
             shared_before,
             changed,
+            touched,
         } = self.replan(refresh, reprepared, objects, ctx, rebuild);
+        let flows = match flows_before {
+            Some(before) => FlowChange::between(&before, &self.flows),
+            None => self.flows.change_since(touched),
+        };
         if rebuild {
             return Update {
                 change: TableChange::Rebuild,
                 changed,
                 replanned,
+                flows,
             };
         }
         self.shared.edits(shared_before, &mut edits);
@@ -166,6 +183,7 @@ impl Planner {
             ),
             changed,
             replanned,
+            flows,
         }
     }
 
@@ -294,6 +312,13 @@ impl Planner {
             if old_outcome.as_ref() != new.as_ref().map(|f| &f.outcome) {
                 out.changed.insert(key.clone());
             }
+            if tables {
+                let now = match (&new_prep, &new) {
+                    (Some(p), Some(f)) => flows::of_service(p, &f.outcome),
+                    _ => Vec::new(),
+                };
+                self.flows.replace(&key, now, &mut out.touched);
+            }
             self.replace_parts(old.as_ref(), new.as_ref(), ctx, rebuild, &mut out);
             if let Some(n) = new {
                 self.outcomes.insert(key, n.outcome);
@@ -373,6 +398,11 @@ impl Planner {
             .slots()
             .map(|(slot, l)| (*slot, l, self.claims.claimants(slot).next().is_some()))
             .collect()
+    }
+
+    /// What the UDP and SCTP ports DNAT to now.
+    pub fn flows(&self) -> &Flows {
+        &self.flows
     }
 
     /// What this node does for each Service nodelb handles.

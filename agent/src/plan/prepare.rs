@@ -215,7 +215,7 @@ fn ports_stage(
         for port in &lb.ports {
             let c = endpoints::candidates(slices, port, *family, warnings);
             let selection =
-                endpoints::select(&c, lb.policy, &ctx.node.name, &lb.key, port, warnings);
+                endpoints::select(&c, lb.policy, Some(&ctx.node.name), &lb.key, port, warnings);
             ports.push(PreparedPort {
                 family: *family,
                 port: port.clone(),

@@ -1,6 +1,7 @@
 //! The incremental planner against planning from scratch: after every change in a long
 //! random sequence, the edit it returns, applied to the previous tables, must give exactly the
-//! tables `plan()` computes anew, and the outcomes must be the same.
+//! tables `plan()` computes anew, and the outcomes must be the same; and the conntrack entries
+//! it makes stale are those a rebuild from the same planner makes stale.
 
 use super::config::Config;
 use super::node::{AddressKind, NodeInfo};
@@ -120,7 +121,9 @@ fn incremental_updates_equal_planning_from_scratch() {
     let mut edits_seen = 0;
     let mut counter_edits = 0;
     let mut listener_changes = 0;
-    for step in 0..1000 {
+    // Endpoints that left, ports that opened.
+    let mut stale_seen = (0, 0);
+    for step in 0..1200 {
         let mut dirty = BTreeSet::new();
         for _ in 0..1 + rng.next(3) {
             let i = rng.next(services.len() as u64);
@@ -201,7 +204,21 @@ fn incremental_updates_equal_planning_from_scratch() {
                 }
             }
         }
+        let mut rebuilt = planner.clone();
         let update = planner.update(&objects, &ctx, Some(&dirty));
+        let rebuild = rebuilt.update(&objects, &ctx, None);
+        assert_eq!(
+            update.flows.stale(),
+            rebuild.flows.stale(),
+            "step {step}: incremental and rebuilt plans make different flows stale"
+        );
+        assert_eq!(planner.flows(), rebuilt.flows(), "step {step}");
+        for s in update.flows.stale() {
+            match s {
+                flows::StaleFlows::Left { .. } => stale_seen.0 += 1,
+                flows::StaleFlows::Opened { .. } => stale_seen.1 += 1,
+            }
+        }
         let TableChange::Edit(edits) = update.change else {
             panic!("step {step}: an unchanged context must not rebuild")
         };
@@ -271,6 +288,10 @@ fn incremental_updates_equal_planning_from_scratch() {
     assert!(
         listener_changes > 100,
         "the sequence started or stopped {listener_changes} listeners"
+    );
+    assert!(
+        stale_seen.0 > 50 && stale_seen.1 > 50,
+        "the sequence made {stale_seen:?} flows stale (left, opened)"
     );
 }
 

@@ -6,6 +6,11 @@
 //! holds the only committed model: a full replace has the planner build the tables inside it,
 //! once for the batch (consumed while encoded) and once more afterwards for the model, so the
 //! agent never holds two copies of its tables, nor a whole table and its whole batch.
+//!
+//! After a commit, in the same sync, the conntrack entries the committed change made stale
+//! (UDP and SCTP flows to endpoints that left, flows made before a port had its endpoints) are
+//! deleted; a cleanup that fails is logged, counted and tried again after the next commit,
+//! and never fails the sync.
 
 use super::decisions::{
     decide_families, programmed_counts, Backoff, FamilyDecision, Pacer, WarningLog,
@@ -13,6 +18,7 @@ use super::decisions::{
 use super::http::SharedReadiness;
 use super::Trigger;
 use crate::host::addresses::Snapshot;
+use crate::host::conntrack::{self as ct, Cleaned};
 use crate::host::forward_policy;
 use crate::host::sysctl::{Forwarding, Sysctls};
 use crate::kube::inbox::Inbox;
@@ -22,11 +28,13 @@ use crate::metrics::Metrics;
 use crate::plan::config::Config;
 use crate::plan::conflicts::Slot;
 use crate::plan::diagnosis::{ObjectKind, ObjectRef, Warning};
+use crate::plan::flows::FlowChange;
 use crate::plan::listeners::HostListeners;
 use crate::plan::node::NodeInfo;
 use crate::plan::{Context, Planner, TableChange};
 use crate::status::heartbeat::{BlockedPorts, Report};
 use crate::vocab::{Families, IpFamily};
+use nodelb_netfilter::conntrack::Conntrack;
 use nodelb_netfilter::{
     readback::Drift, Commit, CommitStats, Committed, Committer, Edit, Nft, Table, TableRef,
 };
@@ -51,6 +59,11 @@ pub struct SyncLoop {
     replace_next: bool,
     inbox: Inbox,
     planner: Planner,
+    /// How the UDP and SCTP ports' endpoints changed since the last conntrack cleanup: what
+    /// the next commit's cleanup deletes.
+    flows: FlowChange,
+    /// The ctnetlink socket, once opened (dropped after a failure).
+    conntrack: Option<Conntrack>,
     notes: Vec<String>,
     /// For the heartbeat: the families committed by the last successful sync, and the Service
     /// ports host listeners hold.
@@ -117,6 +130,8 @@ impl SyncLoop {
             replace_next: true,
             inbox: Inbox::default(),
             planner: Planner::new(),
+            flows: FlowChange::default(),
+            conntrack: None,
             notes: Vec::new(),
             report_tx: None,
             listeners: None,
@@ -257,8 +272,76 @@ impl SyncLoop {
             .commit_planned(&wake, planned.change, inputs.families)
             .await;
         let ok = self.record(result, &wake, &planned.summary, t0, &mut inputs.problems);
+        if ok {
+            self.clean_conntrack().await;
+        }
         self.publish(ok, inputs);
         ok
+    }
+
+    /// Delete the conntrack entries the changes committed since the last cleanup made stale.
+    /// A failure is logged and counted, and the same changes are tried again after the next
+    /// commit (composed with what it changes).
+    async fn clean_conntrack(&mut self) {
+        let stale = self.flows.stale();
+        if stale.is_empty() {
+            self.flows = FlowChange::default();
+            return;
+        }
+        let socket = self.conntrack.take();
+        let r = tokio::task::spawn_blocking(move || {
+            let mut socket = match socket {
+                Some(s) => s,
+                None => Conntrack::open()?,
+            };
+            let r = ct::delete_stale(&mut socket, &stale);
+            r.map(|done| (socket, done))
+        })
+        .await;
+        let result = match r {
+            Ok(Ok((socket, done))) => {
+                self.conntrack = Some(socket);
+                self.flows = FlowChange::default();
+                self.record_cleanup(&done);
+                "ok"
+            }
+            Ok(Err(e)) => {
+                warn!(error = %crate::error_chain(&e), "deleting stale conntrack entries failed; trying again after the next commit");
+                "error"
+            }
+            Err(_) => {
+                warn!("the conntrack cleanup panicked; trying again after the next commit");
+                "error"
+            }
+        };
+        self.metrics
+            .conntrack_cleanups
+            .get_or_create(&crate::metrics::ResultLabel { result })
+            .inc();
+    }
+
+    fn record_cleanup(&self, done: &[Cleaned]) {
+        for c in done {
+            let labels = crate::metrics::FlowLabels {
+                family: c.family.label(),
+                protocol: match c.protocol {
+                    crate::vocab::Protocol::Udp => "UDP",
+                    crate::vocab::Protocol::Sctp => "SCTP",
+                    crate::vocab::Protocol::Tcp => "TCP",
+                },
+            };
+            self.metrics
+                .conntrack_deleted
+                .get_or_create(&labels)
+                .inc_by(c.deleted as u64);
+            if c.deleted > 0 {
+                info!(family = %c.family, protocol = %c.protocol, deleted = c.deleted,
+                      dumped = c.dumped, took = ?c.took, "deleted stale conntrack entries");
+            } else {
+                debug!(family = %c.family, protocol = %c.protocol, dumped = c.dumped,
+                       took = ?c.took, "no stale conntrack entries");
+            }
+        }
     }
 
     /// What this sync plans from: the families that can be programmed, this node, its
@@ -342,6 +425,7 @@ impl SyncLoop {
         }
         let (services, endpoints) = programmed_counts(self.planner.outcomes());
         self.note_blocked();
+        self.flows = std::mem::take(&mut self.flows).then(update.flows);
         Planned {
             change: update.change,
             summary: PlanSummary {

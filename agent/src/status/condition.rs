@@ -26,13 +26,54 @@ pub struct Seen {
     /// Nodes whose addresses are published for it.
     pub serving: usize,
     /// The other candidates, each with why it does not serve the Service.
-    pub why_not: BTreeMap<String, String>,
+    pub why_not: WhyNot,
     /// Whether a serving node forwards to an endpoint (else every connection is refused).
     pub any_endpoint: bool,
     /// `--allowed-namespaces` leaves its namespace out.
     pub namespace_denied: bool,
     /// No valid port, or a name nodelb cannot use.
     pub invalid: bool,
+}
+
+/// The candidates that do not serve a Service, each with why: the first few by name (as many
+/// as a message names) and how many in all. What a message says of them is all that is kept,
+/// so a Service seen on a thousand nodes costs no more than one seen on ten.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WhyNot {
+    first: BTreeMap<String, String>,
+    count: usize,
+}
+
+impl WhyNot {
+    /// `count` nodes do not serve it, for the same reason; `nodes` lists them in name order
+    /// (only the first few are read).
+    pub fn add<'a>(&mut self, nodes: impl IntoIterator<Item = &'a str>, count: usize, why: &str) {
+        self.add_each(nodes.into_iter().map(|n| (n, why.to_string())), count);
+    }
+
+    /// `count` nodes do not serve it; `nodes` lists them in name order, each with why (only
+    /// the first few are read, so only their reasons are made).
+    pub fn add_each<'a>(
+        &mut self,
+        nodes: impl IntoIterator<Item = (&'a str, String)>,
+        count: usize,
+    ) {
+        self.count += count;
+        for (node, why) in nodes.into_iter().take(NAMED_NODES) {
+            if self.first.len() == NAMED_NODES
+                && self
+                    .first
+                    .last_key_value()
+                    .is_some_and(|(last, _)| last.as_str() < node)
+            {
+                break;
+            }
+            self.first.insert(node.to_string(), why);
+            if self.first.len() > NAMED_NODES {
+                self.first.pop_last();
+            }
+        }
+    }
 }
 
 /// The condition from what was seen and the problems found (see [`Problem`]).
@@ -61,7 +102,7 @@ pub fn decide(seen: &Seen, problems: &[Problem], namespace: &str) -> Serving {
             "InvalidService",
             format!(
                 "nodelb cannot program this Service ({}); fix spec.ports",
-                bounded(&what)
+                bounded(&what, what.len())
             ),
         );
     }
@@ -122,25 +163,29 @@ impl FirstOf for [Problem] {
 }
 
 /// `; node-d: why; node-e: why and 2 more` for the nodes that do not serve.
-fn others(why_not: &BTreeMap<String, String>) -> String {
-    let items: Vec<String> = why_not.iter().map(|(n, w)| format!("{n}: {w}")).collect();
+fn others(why_not: &WhyNot) -> String {
+    let items: Vec<String> = why_not
+        .first
+        .iter()
+        .map(|(n, w)| format!("{n}: {w}"))
+        .collect();
     if items.is_empty() {
         String::new()
     } else {
-        format!("; {}", bounded(&items))
+        format!("; {}", bounded(&items, why_not.count))
     }
 }
 
-/// The first few items joined with `; `, then how many more.
-fn bounded(items: &[String]) -> String {
+/// The first few of `count` items joined with `; `, then how many more.
+fn bounded(items: &[String], count: usize) -> String {
     let mut out = items
         .iter()
         .take(NAMED_NODES)
         .cloned()
         .collect::<Vec<_>>()
         .join("; ");
-    if items.len() > NAMED_NODES {
-        let _ = write!(out, " and {} more", items.len() - NAMED_NODES);
+    if count > NAMED_NODES {
+        let _ = write!(out, " and {} more", count - NAMED_NODES);
     }
     out
 }

@@ -145,6 +145,11 @@ impl BlockedPorts {
         out
     }
 
+    /// The process its node named as holding `slot`, if it named one.
+    pub fn process(&self, slot: &Slot) -> Option<&str> {
+        self.ports.get(slot)?.as_deref()
+    }
+
     /// As the planner's input for that node: a listener on the family's wildcard per port.
     pub fn listeners(&self) -> HostListeners {
         let sockets: BTreeSet<Listener> = self

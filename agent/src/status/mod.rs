@@ -4,30 +4,46 @@
 //!
 //! A node serves a Service for a family when its heartbeat is fresh and says that family is
 //! programmed, and the planner, run for that node, gives the Service rules there: not excluded,
-//! inside the node selector, not beaten in a port conflict, no reserved port, and for `Local`
-//! a ready endpoint on that node. The published addresses are the node's ExternalIPs of that
+//! inside the node selector, not beaten in a port conflict, no reserved port, no port its
+//! heartbeat says a host listener holds, and for `Local` a ready endpoint on that node. The published addresses are the node's ExternalIPs of that
 //! family, else its InternalIPs, in `spec.ipFamilies` order, numerically sorted within a family.
+//!
+//! The planner runs once per class of nodes it cannot tell apart (`classes.rs`), not once per
+//! node; what tells the nodes of a class apart, the endpoints of `Local` Services, comes from an
+//! index of them by node (`local.rs`); `observed.rs` gathers a Service's status class by class.
+//! The per-node computation this replaces is kept as the tests' oracle (`oracle.rs`).
 
+pub mod classes;
 pub mod condition;
 pub mod election;
 pub mod heartbeat;
 pub mod ingress;
+pub mod local;
+pub mod observed;
 
 #[cfg(test)]
+mod oracle;
+#[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_classes;
 
 use crate::plan::config::Config;
-use crate::plan::diagnosis::{FamilyState, PortResult, ServiceOutcome};
+use crate::plan::diagnosis::Warning;
 use crate::plan::index::Service;
 use crate::plan::node::{AddressKind, NodeInfo};
-use crate::plan::service::{self, TrafficPolicy};
-use crate::plan::{Context, Objects, Planner};
+use crate::plan::service::{self, LbService, TrafficPolicy};
+use crate::plan::Objects;
 use crate::vocab::{Families, IpFamily};
 use crate::vocab::{Protocol, ServiceKey};
-use heartbeat::{BlockedPorts, Heartbeat};
+use classes::{Classes, Read};
+use heartbeat::Heartbeat;
 use k8s_openapi::api::core::v1::Node;
-use std::collections::{BTreeMap, BTreeSet};
+use local::LocalIndex;
+use observed::IngressKey;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What the leader decides with.
@@ -122,8 +138,8 @@ impl Problem {
 /// The desired status of one Service nodelb handles.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Desired {
-    /// Addresses to publish, in order.
-    pub ingress: Vec<IpAddr>,
+    /// Addresses to publish, in order (shared by the Services that publish the same).
+    pub ingress: Arc<[IpAddr]>,
     pub problems: Vec<Problem>,
     /// The condition `nodelb.io/Serving`.
     pub serving: condition::Serving,
@@ -146,14 +162,17 @@ pub fn published(node: &NodeInfo, family: IpFamily) -> Vec<IpAddr> {
     }
 }
 
-/// The status computation with memory: planners per node and the desired status of every
-/// Service, so a change recomputes only what it touches.
+/// The status computation with memory: the serving candidates in classes with a planner each,
+/// the endpoints of `Local` Services by node, and the desired status of every Service, so a
+/// change recomputes only what it touches.
 #[derive(Default)]
 pub struct Status {
-    planners: BTreeMap<String, Planner>,
-    /// The serving candidates last time, with the ports host listeners hold there: a change
-    /// there recomputes every Service.
-    candidates: BTreeMap<String, (NodeInfo, Families, BlockedPorts)>,
+    classes: Classes,
+    read: Read,
+    local: LocalIndex,
+    /// Published addresses, one list shared by every Service with the same serving nodes
+    /// (kept while some Service's desired status holds it).
+    ingresses: HashMap<IngressKey, Arc<[IpAddr]>>,
     /// The objects' version last computed from.
     version: Option<u64>,
     desired: BTreeMap<ServiceKey, Desired>,
@@ -163,6 +182,11 @@ impl Status {
     /// The desired status of every Service nodelb handles, as last computed.
     pub fn desired(&self) -> &BTreeMap<ServiceKey, Desired> {
         &self.desired
+    }
+
+    /// How many classes the serving candidates fall into (one planner each).
+    pub fn classes(&self) -> usize {
+        self.classes.classes.len()
     }
 
     /// Bring the desired status up to date; returns the Services whose desired status changed
@@ -176,46 +200,25 @@ impl Status {
         ages: &BTreeMap<String, Duration>,
         cfg: &StatusConfig,
     ) -> BTreeSet<ServiceKey> {
-        // Serving candidates: nodes with a fresh heartbeat; their families from it.
-        let mut candidates: BTreeMap<String, (NodeInfo, Families, BlockedPorts)> = BTreeMap::new();
-        for n in nodes {
-            let info = NodeInfo::from_node(n);
-            let Some(beat) = beats.get(&info.name) else {
-                continue;
-            };
-            let fresh = ages
-                .get(&info.name)
-                .is_some_and(|age| *age < cfg.node_lease_duration);
-            if !fresh {
-                continue;
-            }
-            candidates.insert(
-                info.name.clone(),
-                (info, beat.families, beat.blocked.clone()),
-            );
-        }
+        let candidates = classes::candidates(nodes, beats, ages, cfg.node_lease_duration);
         let dirty = self.version.and_then(|v| objects.changed_since(v));
-        let everything = dirty.is_none() || candidates != self.candidates;
         self.version = Some(objects.version());
-        self.planners
-            .retain(|name, _| candidates.contains_key(name));
+        let handled = |svc: &Service| service::is_handled(svc, &cfg.planner);
+        self.read.update(objects, dirty.as_ref(), handled);
+        self.local.update(objects, dirty.as_ref(), handled);
+        // A change of the candidates or their classes recomputes every Service.
+        let regrouped = self.classes.regroup(candidates, &self.read, &cfg.planner);
+        let everything = dirty.is_none() || regrouped;
         let mut touched: BTreeSet<ServiceKey> = dirty.clone().unwrap_or_default();
-        for (name, (info, families, blocked)) in &candidates {
-            // Another host's assigned addresses are not known here: its Node's addresses stand
-            // in (the agent there serves only those that are assigned, and its heartbeat names
-            // only families it serves on). Its listeners: the ports its heartbeat says are held.
-            let local = info.addresses.iter().map(|(_, a)| *a).collect();
-            let ctx = Context::new(info.clone(), local, *families, cfg.planner.clone())
-                .with_listeners(blocked.listeners());
-            let planner = self
-                .planners
-                .entry(name.clone())
-                .or_insert_with(Planner::outcomes_only);
-            let u = planner.update(objects, &ctx, dirty.as_ref());
+        for class in &mut self.classes.classes {
+            let u = class
+                .planner
+                .update(objects, &class.context, dirty.as_ref());
             touched.extend(u.changed);
         }
-        self.candidates = candidates;
-
+        if everything {
+            self.ingresses.clear();
+        }
         let keys: Vec<ServiceKey> = if everything {
             objects
                 .services()
@@ -241,23 +244,90 @@ impl Status {
                 None => self.desired.remove(&key),
             };
         }
+        self.ingresses.retain(|_, a| Arc::strong_count(a) > 1);
         changed
     }
 
-    fn desired_of(&self, key: &ServiceKey, svc: &Service, cfg: &StatusConfig) -> Option<Desired> {
+    fn desired_of(
+        &mut self,
+        key: &ServiceKey,
+        svc: &Service,
+        cfg: &StatusConfig,
+    ) -> Option<Desired> {
         if !service::is_handled(svc, &cfg.planner) || !crate::vocab::valid_key(key) {
             return None;
         }
         let mut warnings = Vec::new();
         let lb = service::read(svc, key.clone(), &mut warnings);
-        let mut seen = Observed::new(self.candidates.len(), lb.policy);
-        for (node, planner) in &self.planners {
-            if let Some(outcome) = planner.outcome(key) {
-                seen.node(node, outcome);
-            }
-        }
+        let classes = &self.classes;
+        let mut seen = observed::observe(classes, key, lb.policy, self.local.get(key));
+        let ingress = self
+            .ingresses
+            .entry(seen.ingress_key(&lb.families))
+            .or_insert_with_key(|k| ingress(classes, k))
+            .clone();
+        // Invalid parts as the first candidate's planner found them, as they were found when
+        // each candidate had a planner of its own.
+        let planned = classes
+            .classes
+            .first()
+            .map(|c| c.planner.warnings_of(key))
+            .unwrap_or_default();
+        let found = Found {
+            candidates: classes.candidates.len(),
+            ingress,
+            gathered: seen.gathered,
+            planned,
+            warnings,
+        };
+        Some(found.desired(key, &lb, cfg))
+    }
+}
+
+/// The addresses to publish: each family's serving nodes' addresses, in the Service's
+/// families order, sorted and without repeats within a family.
+fn ingress(classes: &Classes, key: &IngressKey) -> Arc<[IpAddr]> {
+    let mut out = Vec::new();
+    for (family, servers) in key {
+        let members = servers
+            .classes
+            .iter()
+            .flat_map(|c| &classes.classes[*c].members);
+        let mut addrs: Vec<IpAddr> = members
+            .chain(&servers.nodes)
+            .flat_map(|i| published(&classes.candidates[*i].info, *family))
+            .collect();
+        addrs.sort();
+        addrs.dedup();
+        out.extend(addrs);
+    }
+    out.into()
+}
+
+/// What a Service's desired status is decided from: what the candidates' planners said of
+/// it, and what reading it found.
+pub(crate) struct Found<'a> {
+    /// How many serving candidates there are.
+    pub candidates: usize,
+    pub ingress: Arc<[IpAddr]>,
+    pub gathered: observed::Gathered,
+    /// Invalid parts of the Service and its slices, as a planner found them.
+    pub planned: &'a [Warning],
+    /// Invalid parts of the Service, as reading it found them.
+    pub warnings: Vec<Warning>,
+}
+
+impl Found<'_> {
+    pub fn desired(self, key: &ServiceKey, lb: &LbService<'_>, cfg: &StatusConfig) -> Desired {
+        let Found {
+            candidates,
+            ingress,
+            gathered,
+            planned,
+            warnings,
+        } = self;
         let mut desired = Desired {
-            ingress: self.ingress(&lb.families, &seen.serving),
+            ingress,
             ..Desired::default()
         };
         let reserved: Vec<(Protocol, u16)> = lb
@@ -271,7 +341,10 @@ impl Status {
                 .problems
                 .push(Problem::ReservedPort { ports: reserved });
         }
-        for ((protocol, port, winner), nodes) in std::mem::take(&mut seen.conflicts) {
+        for ((protocol, port, winner), mut nodes) in gathered.conflicts {
+            // A node that lost the port in both families is named once.
+            nodes.sort();
+            nodes.dedup();
             desired.problems.push(Problem::PortConflict {
                 protocol,
                 port,
@@ -279,7 +352,7 @@ impl Status {
                 nodes,
             });
         }
-        for ((protocol, port), nodes) in std::mem::take(&mut seen.listeners) {
+        for ((protocol, port), nodes) in gathered.listeners {
             desired.problems.push(Problem::PortInUseOnNode {
                 protocol,
                 port,
@@ -288,194 +361,39 @@ impl Status {
         }
         if desired.ingress.is_empty() && desired.problems.is_empty() {
             // (Invalid input is added below: it does not explain an empty status.)
-            let why = self.why_no_node(lb.policy, &seen.other);
+            let why = why_no_node(candidates == 0, lb.policy, &gathered.other);
             desired.problems.push(Problem::NoServingNodes { why });
         }
-        self.invalid_parts(key, warnings, &mut desired.problems);
-        desired.serving = condition::decide(&seen.condition, &desired.problems, &key.namespace);
+        invalid_parts(planned, warnings, &mut desired.problems);
+        let seen = &gathered.condition;
+        desired.serving = condition::decide(seen, &desired.problems, &key.namespace);
         // Kept for every Service: no spare room.
-        desired.ingress.shrink_to_fit();
         desired.problems.shrink_to_fit();
-        Some(desired)
-    }
-
-    /// The addresses to publish: each family's serving nodes' addresses, in `families` order,
-    /// sorted and without repeats within a family.
-    fn ingress(
-        &self,
-        families: &[IpFamily],
-        serving: &BTreeMap<IpFamily, Vec<String>>,
-    ) -> Vec<IpAddr> {
-        let mut out = Vec::new();
-        for family in families {
-            let mut addrs: Vec<IpAddr> = serving
-                .get(family)
-                .into_iter()
-                .flatten()
-                .flat_map(|n| published(&self.candidates[n].0, *family))
-                .collect();
-            addrs.sort();
-            addrs.dedup();
-            out.extend(addrs);
-        }
-        out
-    }
-
-    fn why_no_node(&self, policy: TrafficPolicy, other: &BTreeSet<String>) -> String {
-        if self.candidates.is_empty() {
-            "no node has a fresh nodelb heartbeat".to_string()
-        } else if policy == TrafficPolicy::Local {
-            "externalTrafficPolicy is Local and no serving node has a ready endpoint".to_string()
-        } else if other.is_empty() {
-            "no serving node has an address of the Service's families".to_string()
-        } else {
-            other.iter().cloned().collect::<Vec<_>>().join("; ")
-        }
-    }
-
-    /// Invalid parts, as any node's planner found them (they do not depend on the node), and
-    /// as reading the Service found them, each once.
-    fn invalid_parts(
-        &self,
-        key: &ServiceKey,
-        warnings: Vec<crate::plan::diagnosis::Warning>,
-        problems: &mut Vec<Problem>,
-    ) {
-        let mut seen = BTreeSet::new();
-        let planned = self
-            .planners
-            .values()
-            .next()
-            .into_iter()
-            .flat_map(|p| p.warnings_of(key).iter().cloned());
-        for w in planned.chain(warnings) {
-            if seen.insert(w.to_string()) {
-                problems.push(Problem::InvalidInput {
-                    problem: w.to_string(),
-                });
-            }
-        }
+        desired
     }
 }
 
-/// What the serving candidates' planners say of one Service, gathered node by node.
-struct Observed {
-    policy: TrafficPolicy,
-    /// Nodes serving it, per family.
-    serving: BTreeMap<IpFamily, Vec<String>>,
-    /// Ports lost to an older Service: the nodes where each was lost.
-    conflicts: BTreeMap<(Protocol, u16, ServiceKey), Vec<String>>,
-    /// Ports held by host listeners: the nodes (with the process) where each is held.
-    listeners: BTreeMap<(Protocol, u16), BTreeSet<NodeProcess>>,
-    /// Why the nodes that are not serving nodes of it are not.
-    other: BTreeSet<String>,
-    condition: condition::Seen,
+fn why_no_node(no_candidates: bool, policy: TrafficPolicy, other: &BTreeSet<String>) -> String {
+    if no_candidates {
+        "no node has a fresh nodelb heartbeat".to_string()
+    } else if policy == TrafficPolicy::Local {
+        "externalTrafficPolicy is Local and no serving node has a ready endpoint".to_string()
+    } else if other.is_empty() {
+        "no serving node has an address of the Service's families".to_string()
+    } else {
+        other.iter().cloned().collect::<Vec<_>>().join("; ")
+    }
 }
 
-impl Observed {
-    fn new(candidates: usize, policy: TrafficPolicy) -> Observed {
-        Observed {
-            policy,
-            serving: BTreeMap::new(),
-            conflicts: BTreeMap::new(),
-            listeners: BTreeMap::new(),
-            other: BTreeSet::new(),
-            condition: condition::Seen {
-                candidates,
-                ..Default::default()
-            },
-        }
-    }
-
-    /// Node `node`'s outcome for the Service.
-    fn node(&mut self, node: &str, outcome: &ServiceOutcome) {
-        let mut why_not = None;
-        match outcome {
-            ServiceOutcome::ReservedPorts { .. } => {}
-            ServiceOutcome::Served { families } => {
-                let mut served_here = false;
-                for f in families {
-                    let FamilyState::Served { ports, .. } = &f.state else {
-                        continue;
-                    };
-                    let mut serves = false;
-                    for p in ports {
-                        serves |= self.port(node, p, &mut why_not);
-                    }
-                    if serves {
-                        self.serving
-                            .entry(f.family)
-                            .or_default()
-                            .push(node.to_string());
-                        served_here = true;
-                    }
-                }
-                if served_here {
-                    self.condition.serving += 1;
-                    why_not = None;
-                }
-            }
-            ServiceOutcome::NamespaceNotAllowed => self.condition.namespace_denied = true,
-            ServiceOutcome::InvalidName | ServiceOutcome::NoValidPorts => {
-                self.condition.invalid = true
-            }
-            o => {
-                self.other.insert(o.to_string());
-                why_not = Some(o.to_string());
-            }
-        }
-        if let Some(w) = why_not {
-            self.condition.why_not.insert(node.to_string(), w);
-        }
-    }
-
-    /// One port's result on `node`: whether it makes the node serve the Service; the first
-    /// reason it does not goes to `why_not`.
-    fn port(
-        &mut self,
-        node: &str,
-        p: &crate::plan::diagnosis::PortOutcome,
-        why_not: &mut Option<String>,
-    ) -> bool {
-        let cluster = self.policy == TrafficPolicy::Cluster;
-        match &p.result {
-            PortResult::Conflict { winner } => {
-                why_not.get_or_insert_with(|| {
-                    format!("port {}/{} held by {winner}", p.port.port, p.port.protocol)
-                });
-                self.conflicts
-                    .entry((p.port.protocol, p.port.port, winner.clone()))
-                    .or_default()
-                    .push(node.to_string());
-                false
-            }
-            PortResult::HostListener { listener } => {
-                why_not.get_or_insert_with(|| {
-                    format!(
-                        "port {}/{} in use on the node by {listener}",
-                        p.port.port, p.port.protocol
-                    )
-                });
-                self.listeners
-                    .entry((p.port.protocol, p.port.port))
-                    .or_default()
-                    .insert((node.to_string(), listener.process.clone()));
-                false
-            }
-            PortResult::Forwards { terminating, .. } => {
-                let serves = cluster || !*terminating;
-                self.condition.any_endpoint |= serves;
-                serves
-            }
-            PortResult::RejectsNoEndpoints => cluster,
-            // The family's lost port (a `Conflict` or `HostListener` beside it) says why.
-            PortResult::Withheld { .. } => false,
-            PortResult::DropsNoLocalEndpoint { .. } => {
-                why_not.get_or_insert_with(|| {
-                    "no ready endpoint on the node (externalTrafficPolicy Local)".into()
-                });
-                false
-            }
+/// Invalid parts, as a planner found them (they do not depend on the node), and as reading
+/// the Service found them, each once.
+fn invalid_parts(planned: &[Warning], warnings: Vec<Warning>, problems: &mut Vec<Problem>) {
+    let mut seen = BTreeSet::new();
+    for w in planned.iter().cloned().chain(warnings) {
+        if seen.insert(w.to_string()) {
+            problems.push(Problem::InvalidInput {
+                problem: w.to_string(),
+            });
         }
     }
 }

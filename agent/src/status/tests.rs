@@ -18,7 +18,7 @@ fn now() -> Timestamp {
     NOW.parse().unwrap()
 }
 
-fn node(name: &str, addrs: &[(&str, &str)], labels: &[(&str, &str)]) -> Node {
+pub(super) fn node(name: &str, addrs: &[(&str, &str)], labels: &[(&str, &str)]) -> Node {
     let addresses: Vec<_> = addrs
         .iter()
         .map(|(t, a)| serde_json::json!({"type": t, "address": a}))
@@ -919,6 +919,28 @@ fn a_service_that_carries_only_nodelbs_condition_is_cleared_when_no_longer_ours(
         ingress::decide(&s, None, None, now()),
         Write::Clear { .. }
     ));
+}
+
+#[test]
+fn a_port_lost_in_both_families_names_each_node_once() {
+    let dual = || serde_json::json!({"ipFamilies": ["IPv4", "IPv6"]});
+    let w = World::two_nodes()
+        .service(svc("old", "2023-01-01T00:00:00Z", 80, dual()))
+        .service(svc("new", "2024-01-01T00:00:00Z", 80, dual()));
+    let conflicts: Vec<Problem> = w
+        .problems("new")
+        .into_iter()
+        .filter(|p| p.reason() == "PortConflict")
+        .collect();
+    assert_eq!(
+        conflicts,
+        vec![Problem::PortConflict {
+            protocol: Protocol::Tcp,
+            port: 80,
+            winner: ServiceKey::new("default", "old"),
+            nodes: vec!["node-a".into(), "node-b".into()],
+        }]
+    );
 }
 
 // ---- host listeners --------------------------------------------------------------------------

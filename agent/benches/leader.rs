@@ -1,0 +1,374 @@
+//! The status leader at N nodes: the heap and the time of a whole status round
+//! (`Status::compute` from nothing, as a new leader does) for 10,000 Services × 5 endpoints on
+//! N = 10, 100 and 1,000 nodes. The nodes fall into a handful of classes (three zones, and
+//! every tenth node excluded from load balancers) while each carries labels of its own
+//! (`kubernetes.io/hostname`); 30% of the Services are `Local`, one in ten has a node
+//! selector on the zone, one in 500 loses its port to an older Service, and each Service's
+//! endpoints run on nodes spread over the cluster. The cluster is IPv6 (2001:db8::/32), so
+//! every node has an address of its own within the documentation range.
+//!
+//! Prints `bench leader nodes=N services=S heap_mib=X round_ms=Y` per N (heap: the peak of
+//! bytes live during the round above the objects and nodes it reads, counted by a wrapping
+//! allocator), details, the per-node computation it replaced where that is cheap (up to
+//! NODELB_BENCH_LEADER_OLD_NODES nodes, default 10: at 1,000 it would take about 4 GiB), and
+//! each goal as PASS or MISS.
+//! `cargo bench -p nodelb-agent --bench leader`; NODELB_BENCH_LEADER_NODES (`10,100,1000`),
+//! NODELB_BENCH_SERVICES (10,000).
+
+mod heap;
+
+use heap::{mib, peak_above, peak_from_now};
+use k8s_openapi::api::core::v1::Node;
+use nodelb_agent::kube::wire::{EndpointSlice, Service};
+use nodelb_agent::plan::config::Config;
+use nodelb_agent::plan::{Objects, Planner};
+use nodelb_agent::status::classes::{candidates, node_context};
+use nodelb_agent::status::heartbeat::Heartbeat;
+use nodelb_agent::status::{parse_families, Status, StatusConfig};
+use nodelb_agent::vocab::Protocol;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const ENDPOINTS: usize = 5;
+const ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// What the leader reads: the objects, the Nodes and their heartbeats.
+struct Cluster {
+    objects: Objects,
+    nodes: Vec<Node>,
+    beats: BTreeMap<String, Heartbeat>,
+    ages: BTreeMap<String, Duration>,
+    slices: Vec<EndpointSlice>,
+    cfg: StatusConfig,
+}
+
+fn node_name(i: usize) -> String {
+    format!("node-{i:04}")
+}
+
+fn node(i: usize) -> Node {
+    let mut labels = json!({
+        "kubernetes.io/hostname": node_name(i),
+        "kubernetes.io/os": "linux",
+        "topology.kubernetes.io/zone": ZONES[i % 3],
+        "node.kubernetes.io/instance-type": "m5.large",
+    });
+    if i % 10 == 9 {
+        labels["node.kubernetes.io/exclude-from-external-load-balancers"] = json!("true");
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": node_name(i), "labels": labels},
+        "status": {"addresses": [
+            {"type": "InternalIP", "address": format!("2001:db8:1::{:x}", i + 1)},
+            {"type": "Hostname", "address": node_name(i)},
+        ]},
+    }))
+    .unwrap()
+}
+
+/// The Service ports, in order: TCP, none reserved; Service `i` reuses its predecessor's port
+/// when `i % 500 == 1` (it is younger, and loses the port where both are served).
+fn ports(n: usize, cfg: &Config) -> Vec<u16> {
+    let mut out: Vec<u16> = Vec::with_capacity(n);
+    let mut next = 1024u16;
+    for i in 0..n {
+        if i % 500 == 1 {
+            out.push(out[i - 1]);
+            continue;
+        }
+        while cfg.reserved_ports.contains(Protocol::Tcp, next) {
+            next += 1;
+        }
+        out.push(next);
+        next += 1;
+    }
+    out
+}
+
+fn service(i: usize, port: u16) -> Service {
+    let mut meta = json!({
+        "namespace": "bench",
+        "name": format!("svc-{i}"),
+        "creationTimestamp": format!("2024-01-01T{:02}:{:02}:{:02}Z", i / 3600 % 24, i / 60 % 60, i % 60),
+    });
+    match i % 20 {
+        0 => {
+            meta["annotations"] =
+                json!({"nodelb.io/node-selector": "topology.kubernetes.io/zone=zone-a"})
+        }
+        10 => {
+            meta["annotations"] =
+                json!({"nodelb.io/node-selector": "topology.kubernetes.io/zone in (zone-b,zone-c)"})
+        }
+        _ => {}
+    }
+    let policy = if i % 10 < 3 { "Local" } else { "Cluster" };
+    serde_json::from_value(json!({
+        "metadata": meta,
+        "spec": {"type": "LoadBalancer", "externalTrafficPolicy": policy, "ipFamilies": ["IPv6"],
+                 "ports": [{"name": "http", "port": port, "protocol": "TCP"}]},
+    }))
+    .unwrap()
+}
+
+/// Service `i`'s endpoints, on nodes spread over the cluster (`shift` moves them).
+fn slice(i: usize, nodes: usize, shift: usize) -> EndpointSlice {
+    let eps: Vec<_> = (0..ENDPOINTS)
+        .map(|e| {
+            let k = i * ENDPOINTS + e;
+            let node = (k * 7919 + shift) % nodes;
+            // One in fifty Services has an endpoint on its way out.
+            let terminating = i.is_multiple_of(50) && e == 0;
+            json!({
+                "addresses": [format!("2001:db8:2::{:x}", k % 60_000 + 1)],
+                "nodeName": node_name(node),
+                "conditions": {"ready": !terminating, "serving": true, "terminating": terminating},
+            })
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"namespace": "bench", "name": format!("svc-{i}-1"),
+                     "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
+        "addressType": "IPv6",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": eps,
+    }))
+    .unwrap()
+}
+
+impl Cluster {
+    fn new(nodes: usize, services: usize) -> Cluster {
+        let cfg = StatusConfig {
+            planner: Config {
+                ipv4: false,
+                ipv6: true,
+                ..Config::default()
+            },
+            node_lease_duration: Duration::from_secs(15),
+        };
+        let ports = ports(services, &cfg.planner);
+        let slices: Vec<EndpointSlice> = (0..services).map(|i| slice(i, nodes, 0)).collect();
+        let objects = Objects::from_lists(
+            (0..services).map(|i| service(i, ports[i]).into()),
+            slices.iter().cloned().map(Into::into),
+        );
+        let renewed = "2026-01-01T12:00:00Z".parse().unwrap();
+        let beats: BTreeMap<String, Heartbeat> = (0..nodes)
+            .map(|i| {
+                let beat = Heartbeat {
+                    node: node_name(i),
+                    holder: Some(format!("nodelb-{i}")),
+                    renewed,
+                    families: parse_families("IPv6"),
+                    blocked: Default::default(),
+                };
+                (node_name(i), beat)
+            })
+            .collect();
+        let ages = beats
+            .keys()
+            .map(|n| (n.clone(), Duration::from_secs(1)))
+            .collect();
+        Cluster {
+            objects,
+            nodes: (0..nodes).map(node).collect(),
+            beats,
+            ages,
+            slices,
+            cfg,
+        }
+    }
+
+    fn round(&self, status: &mut Status) -> usize {
+        status
+            .compute(
+                &self.objects,
+                &self.nodes,
+                &self.beats,
+                &self.ages,
+                &self.cfg,
+            )
+            .len()
+    }
+}
+
+/// What was measured at one N.
+struct Measured {
+    nodes: usize,
+    heap: usize,
+    round: Duration,
+}
+
+/// CPU time this thread has used: beside the wall time, what a round costs when other work
+/// shares the machine.
+fn cpu() -> Duration {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn measure(nodes: usize, services: usize, old_up_to: usize) -> Measured {
+    let mut c = Cluster::new(nodes, services);
+    let base = peak_from_now();
+    let (t0, cpu0) = (Instant::now(), cpu());
+    let mut status = Status::default();
+    let changed = c.round(&mut status);
+    let (round, round_cpu) = (t0.elapsed(), cpu() - cpu0);
+    let heap = peak_above(base);
+    let retained = heap::live() - base;
+    assert_eq!(changed, services, "every Service gets a status");
+    println!(
+        "bench leader nodes={nodes} services={services} heap_mib={:.1} round_ms={:.0}",
+        mib(heap),
+        ms(round)
+    );
+    let desired = status.desired();
+    let published: usize = desired.values().map(|d| d.ingress.len()).sum();
+    let serving = desired.values().filter(|d| d.serving.status).count();
+    println!(
+        "  the round took {:.0} ms of CPU; kept after it: {:.1} MiB ({} classes of nodes; {serving} Services serving, {published} addresses published in all)",
+        ms(round_cpu),
+        mib(retained),
+        status.classes(),
+    );
+
+    // The rounds after: one EndpointSlice changed (its endpoints move to other nodes).
+    let mut times = Vec::new();
+    for k in 0..100 {
+        let i = (k * 97) % services;
+        c.objects.put_slice(Arc::new(slice(i, nodes, 1 + k).into()));
+        let t0 = Instant::now();
+        c.round(&mut status);
+        times.push(t0.elapsed());
+    }
+    let one_slice = median(times);
+    // One node's heartbeat goes stale and comes back: every Service is decided again, the
+    // classes' planners are kept.
+    let mut times = Vec::new();
+    for stale in [true, false] {
+        let age = if stale { 20 } else { 1 };
+        c.ages
+            .insert(node_name(nodes / 2), Duration::from_secs(age));
+        let t0 = Instant::now();
+        c.round(&mut status);
+        times.push(t0.elapsed());
+    }
+    println!(
+        "  later rounds: one EndpointSlice changed {:.2} ms (median of 100); a node's heartbeat stale, then fresh: {:.0} ms, {:.0} ms",
+        ms(one_slice),
+        ms(times[0]),
+        ms(times[1]),
+    );
+    drop(status);
+    if nodes <= old_up_to {
+        old_per_node(&c);
+    } else {
+        println!(
+            "  the per-node computation it replaced: not run at {nodes} nodes (about {:.0} MiB: {nodes} planners of about 4 MiB; NODELB_BENCH_LEADER_OLD_NODES={nodes} runs it)",
+            4.0 * nodes as f64
+        );
+    }
+    drop(c.slices);
+    Measured { nodes, heap, round }
+}
+
+/// What the leader kept before classes: an outcomes-only planner per serving candidate, each
+/// planned from nothing in a new leader's first round.
+fn old_per_node(c: &Cluster) {
+    let base = peak_from_now();
+    let (t0, cpu0) = (Instant::now(), cpu());
+    let candidates = candidates(&c.nodes, &c.beats, &c.ages, c.cfg.node_lease_duration);
+    let planners: Vec<Planner> = candidates
+        .iter()
+        .map(|cand| {
+            let mut p = Planner::outcomes_only();
+            p.update(&c.objects, &node_context(cand, &c.cfg.planner), None);
+            p
+        })
+        .collect();
+    let (took, took_cpu) = (t0.elapsed(), cpu() - cpu0);
+    println!(
+        "  the per-node computation it replaced, its planners alone: heap_mib={:.1} round_ms={:.0} ({:.0} ms of CPU; {} planners)",
+        mib(peak_above(base)),
+        ms(took),
+        ms(took_cpu),
+        planners.len()
+    );
+}
+
+fn verdict(pass: bool) -> &'static str {
+    if pass {
+        "PASS"
+    } else {
+        "MISS"
+    }
+}
+
+fn main() {
+    let services: usize = env("NODELB_BENCH_SERVICES")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let sizes: Vec<usize> = env("NODELB_BENCH_LEADER_NODES")
+        .unwrap_or_else(|| "10,100,1000".into())
+        .split(',')
+        .map(|n| {
+            n.trim()
+                .parse()
+                .expect("NODELB_BENCH_LEADER_NODES: numbers")
+        })
+        .collect();
+    let old_up_to: usize = env("NODELB_BENCH_LEADER_OLD_NODES")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let measured: Vec<Measured> = sizes
+        .iter()
+        .map(|n| measure(*n, services, old_up_to))
+        .collect();
+    let at = |n: usize| measured.iter().find(|m| m.nodes == n);
+    match at(1000) {
+        Some(m) => {
+            println!(
+                "bench leader goal heap at 1000 nodes < 128 MiB: {:.1} MiB {}",
+                mib(m.heap),
+                verdict(m.heap < 128 << 20)
+            );
+            println!(
+                "bench leader goal round at 1000 nodes < 1 s: {:.0} ms {}",
+                ms(m.round),
+                verdict(m.round < Duration::from_secs(1))
+            );
+        }
+        None => println!("bench leader goals at 1000 nodes: not measured"),
+    }
+    match (at(10), at(1000)) {
+        (Some(small), Some(large)) => {
+            let ratio = large.heap as f64 / small.heap as f64;
+            println!(
+                "bench leader goal heap at 1000 nodes <= 1.5 x heap at 10: {:.1} / {:.1} MiB = {ratio:.2} {}",
+                mib(large.heap),
+                mib(small.heap),
+                verdict(ratio <= 1.5)
+            );
+        }
+        _ => println!("bench leader goal heap at 1000 nodes <= 1.5 x heap at 10: not measured"),
+    }
+}

@@ -1,0 +1,441 @@
+//! Which conntrack entries an update makes stale (DESIGN.md, "What a Service gets": when an
+//! endpoint stops being used by a UDP or SCTP Service port, its entries go; and those made
+//! while the port had no endpoint, once it has one). One test per way an endpoint stops being
+//! used, each named for the rule.
+//!
+//! Every step is planned twice from the same planner: as the incremental update the agent
+//! makes, and as a rebuild; both must name the same stale flows.
+
+use super::config::Config;
+use super::endpoints::Endpoint;
+use super::flows::{ServedPort, StaleFlows};
+use super::node::{AddressKind, NodeInfo};
+use super::*;
+use crate::kube::wire;
+use crate::vocab::{Protocol, ServiceKey};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+const NODE_V4: &str = "203.0.113.1";
+const NODE_V6: &str = "2001:db8::1";
+
+/// A node, its objects, and the planner that has planned them so far.
+struct Node {
+    objects: Objects,
+    ctx: Context,
+    planner: Planner,
+}
+
+impl Node {
+    /// `node-a` with an IPv4 and an IPv6 address, both families programmed; nothing planned.
+    fn new() -> Node {
+        let info = NodeInfo {
+            name: "node-a".into(),
+            labels: [("kubernetes.io/hostname".to_string(), "node-a".to_string())].into(),
+            addresses: vec![
+                (AddressKind::InternalIP, NODE_V4.parse().unwrap()),
+                (AddressKind::InternalIP, NODE_V6.parse().unwrap()),
+            ],
+        };
+        let local = info.addresses.iter().map(|a| a.1).collect();
+        let ctx = Context::new(
+            info,
+            local,
+            Families { v4: true, v6: true },
+            Config::default(),
+        );
+        Node {
+            objects: Objects::default(),
+            ctx,
+            planner: Planner::new(),
+        }
+    }
+
+    /// Puts Services and slices (YAML documents) and plans once from nothing, as the agent
+    /// does at start; returns what that start deletes.
+    fn start(&mut self, docs: &[String]) -> Vec<StaleFlows> {
+        for d in docs {
+            self.put(d);
+        }
+        self.planner
+            .update(&self.objects, &self.ctx, None)
+            .flows
+            .stale()
+    }
+
+    /// Puts one Service or EndpointSlice; returns the Services it touched.
+    fn put(&mut self, yaml: &str) -> BTreeSet<ServiceKey> {
+        if yaml.contains("kind: Service\n") {
+            let s: wire::Service = serde_yaml_ng::from_str(yaml).expect("Service fixture");
+            self.objects
+                .put_service(Arc::new(s.into()))
+                .into_iter()
+                .collect()
+        } else {
+            let s: wire::EndpointSlice = serde_yaml_ng::from_str(yaml).expect("slice fixture");
+            self.objects
+                .put_slice(Arc::new(s.into()))
+                .into_iter()
+                .collect()
+        }
+    }
+
+    /// One step: the objects changed, planned incrementally and (from a copy of the planner of
+    /// before) as a rebuild; both must make the same flows stale.
+    fn step(&mut self, dirty: BTreeSet<ServiceKey>) -> Vec<StaleFlows> {
+        let mut rebuilt = self.planner.clone();
+        let incremental = self.planner.update(&self.objects, &self.ctx, Some(&dirty));
+        assert!(matches!(incremental.change, TableChange::Edit(_)));
+        let rebuild = rebuilt.update(&self.objects, &self.ctx, None);
+        assert_eq!(
+            incremental.flows.stale(),
+            rebuild.flows.stale(),
+            "incremental and rebuild disagree"
+        );
+        assert_eq!(self.planner.flows(), rebuilt.flows());
+        incremental.flows.stale()
+    }
+
+    /// Changes the node-wide context (a rebuild, as in the agent).
+    fn with_ctx(
+        &mut self,
+        change: impl FnOnce(&mut NodeInfo, &mut BTreeSet<IpAddr>, &mut Families),
+    ) -> Vec<StaleFlows> {
+        let (mut node, mut local, mut families) = (
+            self.ctx.node.clone(),
+            self.ctx.local_addresses.clone(),
+            self.ctx.families,
+        );
+        change(&mut node, &mut local, &mut families);
+        self.ctx = Context::new(node, local, families, Config::default());
+        let u = self
+            .planner
+            .update(&self.objects, &self.ctx, Some(&BTreeSet::new()));
+        assert!(matches!(u.change, TableChange::Rebuild));
+        u.flows.stale()
+    }
+}
+
+/// A dual-stack LoadBalancer Service `default/<name>` with one port `dns` of `protocol` on
+/// port 53; `extra` lines are appended to the spec.
+fn svc(name: &str, created: &str, protocol: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  namespace: default\n  name: {name}\n  creationTimestamp: \"{created}\"\nspec:\n  type: LoadBalancer\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  ports:\n  - {{name: dns, port: 53, protocol: {protocol}}}\n{extra}"
+    )
+}
+
+fn dns(protocol: &str) -> String {
+    svc("dns", "2024-01-01T00:00:00Z", protocol, "")
+}
+
+/// An IPv4 slice `<service>-v4` with port `dns` → 8053, one endpoint per entry:
+/// `host [node] [ready=..] [serving=..] [terminating=..]`, host in 198.51.100.0/24.
+fn slice(service: &str, protocol: &str, endpoints: &[&str]) -> String {
+    let mut eps = String::new();
+    for e in endpoints {
+        let mut parts = e.split_whitespace();
+        let host = parts.next().unwrap();
+        eps += &format!("- addresses: [\"198.51.100.{host}\"]\n");
+        let mut cond = Vec::new();
+        for p in parts {
+            match p.split_once('=') {
+                Some((k, v)) => cond.push(format!("{k}: {v}")),
+                None => eps += &format!("  nodeName: {p}\n"),
+            }
+        }
+        if !cond.is_empty() {
+            eps += &format!("  conditions: {{{}}}\n", cond.join(", "));
+        }
+    }
+    let eps = if endpoints.is_empty() {
+        " []\n".to_string()
+    } else {
+        format!("\n{eps}")
+    };
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: default\n  name: {service}-v4\n  labels:\n    kubernetes.io/service-name: {service}\naddressType: IPv4\nports:\n- {{name: dns, port: 8053, protocol: {protocol}}}\nendpoints:{eps}"
+    )
+}
+
+/// The IPv6 slice `<service>-v6`: one endpoint, 2001:db8:b::<host>.
+fn slice6(service: &str, protocol: &str, host: u8) -> String {
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: default\n  name: {service}-v6\n  labels:\n    kubernetes.io/service-name: {service}\naddressType: IPv6\nports:\n- {{name: dns, port: 8053, protocol: {protocol}}}\nendpoints:\n- addresses: [\"2001:db8:b::{host}\"]\n"
+    )
+}
+
+fn served(protocol: Protocol, address: &str) -> ServedPort {
+    ServedPort {
+        protocol,
+        address: address.parse().unwrap(),
+        port: 53,
+    }
+}
+
+fn ep(host: u8) -> Endpoint {
+    Endpoint {
+        addr: IpAddr::from([198, 51, 100, host]),
+        port: 8053,
+    }
+}
+
+fn ep6(host: u8) -> Endpoint {
+    Endpoint {
+        addr: format!("2001:db8:b::{host}").parse().unwrap(),
+        port: 8053,
+    }
+}
+
+fn left(address: &str, endpoint: Endpoint) -> StaleFlows {
+    StaleFlows::Left {
+        port: served(Protocol::Udp, address),
+        endpoint,
+    }
+}
+
+/// Every endpoint of [`dns_node`] left every port.
+fn every_endpoint_left() -> Vec<StaleFlows> {
+    vec![
+        left(NODE_V4, ep(2)),
+        left(NODE_V4, ep(3)),
+        left(NODE_V6, ep6(2)),
+    ]
+}
+
+/// A UDP Service `dns` with endpoints .2 and .3 (IPv4) and ::2 (IPv6), planned.
+fn dns_node() -> Node {
+    let mut n = Node::new();
+    n.start(&[
+        dns("UDP"),
+        slice("dns", "UDP", &["2", "3"]),
+        slice6("dns", "UDP", 2),
+    ]);
+    n
+}
+
+#[test]
+fn a_udp_endpoint_that_leaves_has_its_flows_deleted() {
+    let mut n = dns_node();
+    let d = n.put(&slice("dns", "UDP", &["3"]));
+    assert_eq!(n.step(d), vec![left(NODE_V4, ep(2))]);
+}
+
+#[test]
+fn an_sctp_endpoint_that_leaves_has_its_flows_deleted() {
+    let mut n = Node::new();
+    n.start(&[dns("SCTP"), slice("dns", "SCTP", &["2", "3"])]);
+    let d = n.put(&slice("dns", "SCTP", &["3"]));
+    assert_eq!(
+        n.step(d),
+        vec![StaleFlows::Left {
+            port: served(Protocol::Sctp, NODE_V4),
+            endpoint: ep(2)
+        }]
+    );
+}
+
+#[test]
+fn tcp_endpoints_that_leave_keep_their_flows() {
+    let mut n = Node::new();
+    n.start(&[dns("TCP"), slice("dns", "TCP", &["2", "3"])]);
+    let d = n.put(&slice("dns", "TCP", &["3"]));
+    assert_eq!(n.step(d), vec![]);
+    let d = n.put(&slice("dns", "TCP", &[]));
+    assert_eq!(n.step(d), vec![], "not even the last one");
+}
+
+#[test]
+fn an_endpoint_no_longer_ready_has_its_flows_deleted() {
+    let mut n = dns_node();
+    let d = n.put(&slice("dns", "UDP", &["2 ready=false serving=false", "3"]));
+    assert_eq!(n.step(d), vec![left(NODE_V4, ep(2))]);
+}
+
+#[test]
+fn a_terminating_endpoint_no_longer_used_once_one_is_ready_has_its_flows_deleted() {
+    let mut n = Node::new();
+    n.start(&[
+        dns("UDP"),
+        slice(
+            "dns",
+            "UDP",
+            &["2 ready=false serving=true terminating=true"],
+        ),
+    ]);
+    // Still serving, but a ready endpoint appeared: the terminating one is no longer used.
+    let d = n.put(&slice(
+        "dns",
+        "UDP",
+        &["2 ready=false serving=true terminating=true", "3"],
+    ));
+    assert_eq!(n.step(d), vec![left(NODE_V4, ep(2))]);
+}
+
+#[test]
+fn a_udp_port_that_gets_endpoints_deletes_flows_made_while_rejecting() {
+    let mut n = Node::new();
+    n.start(&[dns("UDP"), slice("dns", "UDP", &[])]);
+    let d = n.put(&slice("dns", "UDP", &["2", "3"]));
+    assert_eq!(
+        n.step(d),
+        vec![StaleFlows::Opened {
+            port: served(Protocol::Udp, NODE_V4),
+            endpoints: vec![ep(2), ep(3)]
+        }]
+    );
+}
+
+#[test]
+fn a_udp_port_that_loses_its_last_endpoint_deletes_its_flows() {
+    let mut n = dns_node();
+    let d = n.put(&slice("dns", "UDP", &[]));
+    assert_eq!(n.step(d), vec![left(NODE_V4, ep(2)), left(NODE_V4, ep(3))]);
+}
+
+#[test]
+fn a_new_udp_service_deletes_the_flows_its_address_and_port_had_before() {
+    let mut n = Node::new();
+    n.start(&[]);
+    let mut d = n.put(&slice("dns", "UDP", &["2"]));
+    d.extend(n.put(&dns("UDP")));
+    assert_eq!(
+        n.step(d),
+        vec![StaleFlows::Opened {
+            port: served(Protocol::Udp, NODE_V4),
+            endpoints: vec![ep(2)]
+        }]
+    );
+}
+
+#[test]
+fn at_start_every_udp_port_deletes_the_flows_none_of_its_endpoints_answers() {
+    let mut n = Node::new();
+    let stale = n.start(&[
+        dns("UDP"),
+        slice("dns", "UDP", &["2", "3"]),
+        slice6("dns", "UDP", 2),
+    ]);
+    assert_eq!(
+        stale,
+        vec![
+            StaleFlows::Opened {
+                port: served(Protocol::Udp, NODE_V4),
+                endpoints: vec![ep(2), ep(3)]
+            },
+            StaleFlows::Opened {
+                port: served(Protocol::Udp, NODE_V6),
+                endpoints: vec![ep6(2)]
+            },
+        ]
+    );
+}
+
+#[test]
+fn a_change_that_keeps_the_endpoints_deletes_nothing() {
+    let mut n = dns_node();
+    let d = n.put(&svc(
+        "dns",
+        "2024-01-01T00:00:00Z",
+        "UDP",
+        "  loadBalancerSourceRanges: [192.0.2.0/24, 2001:db8:c::/64]\n",
+    ));
+    assert_eq!(n.step(d), vec![]);
+}
+
+#[test]
+fn a_removed_port_has_its_flows_deleted() {
+    let mut n = dns_node();
+    let d = n.put(&dns("UDP").replace(
+        "  - {name: dns, port: 53, protocol: UDP}",
+        "  - {name: web, port: 80, protocol: TCP}",
+    ));
+    assert_eq!(n.step(d), every_endpoint_left());
+}
+
+#[test]
+fn a_deleted_service_has_its_flows_deleted() {
+    let mut n = dns_node();
+    let gone: wire::Service = serde_yaml_ng::from_str(&dns("UDP")).unwrap();
+    let d = n.objects.delete_service(&gone.into()).into_iter().collect();
+    assert_eq!(n.step(d), every_endpoint_left());
+}
+
+#[test]
+fn a_node_selector_that_no_longer_matches_deletes_the_flows() {
+    let mut n = dns_node();
+    let d = n.put(&dns("UDP").replace(
+        "  creationTimestamp",
+        "  annotations:\n    nodelb.io/node-selector: kubernetes.io/hostname=node-b\n  creationTimestamp",
+    ));
+    assert_eq!(n.step(d), every_endpoint_left());
+}
+
+#[test]
+fn a_node_excluded_by_label_deletes_the_flows() {
+    let mut n = dns_node();
+    let stale = n.with_ctx(|node, _, _| {
+        node.labels.insert(
+            "node.kubernetes.io/exclude-from-external-load-balancers".into(),
+            "".into(),
+        );
+    });
+    assert_eq!(stale, every_endpoint_left());
+}
+
+#[test]
+fn a_family_no_longer_programmed_deletes_its_flows() {
+    let mut n = dns_node();
+    let stale = n.with_ctx(|_, _, families| families.v6 = false);
+    assert_eq!(stale, vec![left(NODE_V6, ep6(2))]);
+}
+
+#[test]
+fn a_served_address_gone_from_the_host_deletes_its_flows() {
+    let mut n = dns_node();
+    let stale = n.with_ctx(|_, local, _| {
+        local.remove(&NODE_V4.parse().unwrap());
+    });
+    assert_eq!(stale, vec![left(NODE_V4, ep(2)), left(NODE_V4, ep(3))]);
+    // Back on the host: the port opens there again, and nothing of before is kept.
+    let stale = n.with_ctx(|_, local, _| {
+        local.insert(NODE_V4.parse().unwrap());
+    });
+    assert_eq!(
+        stale,
+        vec![StaleFlows::Opened {
+            port: served(Protocol::Udp, NODE_V4),
+            endpoints: vec![ep(2), ep(3)]
+        }]
+    );
+}
+
+#[test]
+fn a_lost_port_conflict_deletes_the_flows_to_the_losers_endpoints() {
+    let mut n = dns_node();
+    // An older Service takes UDP 53 on this node (named to be replanned before the loser).
+    let mut d = n.put(&slice("apex", "UDP", &["9"]));
+    d.extend(n.put(&svc("apex", "2023-01-01T00:00:00Z", "UDP", "")));
+    assert_eq!(
+        n.step(d),
+        vec![
+            left(NODE_V4, ep(2)),
+            left(NODE_V4, ep(3)),
+            // IPv6: `apex` has no IPv6 endpoint, so it rejects there.
+            left(NODE_V6, ep6(2))
+        ]
+    );
+}
+
+#[test]
+fn a_local_endpoint_that_leaves_has_its_flows_deleted_and_the_nodes_own_clients_keep_theirs() {
+    let mut n = Node::new();
+    let local = "  externalTrafficPolicy: Local\n";
+    n.start(&[
+        svc("dns", "2024-01-01T00:00:00Z", "UDP", local),
+        slice("dns", "UDP", &["2 node-a", "3 node-b"]),
+    ]);
+    // Only the endpoint elsewhere is left: outside clients are dropped, the node's own go
+    // there, so its flows are kept.
+    let d = n.put(&slice("dns", "UDP", &["3 node-b"]));
+    assert_eq!(n.step(d), vec![left(NODE_V4, ep(2))]);
+}

@@ -1,0 +1,345 @@
+//! Serving candidates in classes. Nodes whose planner input is the same but for their name and
+//! addresses (see [`class_context`]) get the same outcome for every Service, but for `Local`
+//! Services, whose endpoints [`super::local`] indexes by node. So the leader keeps one
+//! outcomes-only planner per class, not per node, and its memory does not grow with the
+//! number of nodes.
+
+use super::heartbeat::{BlockedPorts, Heartbeat};
+use crate::plan::config::Config;
+use crate::plan::conflicts::Slot;
+use crate::plan::index::Service;
+use crate::plan::listeners::{wildcard, HostListeners};
+use crate::plan::node::{AddressKind, NodeInfo};
+use crate::plan::selector::Selector;
+use crate::plan::service::{self, EXCLUDE_LABEL, NODE_SELECTOR_ANNOTATION};
+use crate::plan::{Context, Objects, Planner};
+use crate::vocab::{Families, Listener, ServiceKey};
+use k8s_openapi::api::core::v1::Node;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::Duration;
+
+/// A node with a fresh heartbeat: it serves the Services its planner gives rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    pub info: NodeInfo,
+    /// The families its heartbeat says are programmed.
+    pub families: Families,
+    /// The ports its heartbeat says host listeners hold there, with their processes.
+    pub blocked: BlockedPorts,
+}
+
+impl Candidate {
+    /// Whether `other` is this candidate as far as the Services' status can tell: the same
+    /// node and families, and the same ports held of those a Service claims (`read`), by the
+    /// same processes.
+    fn same_for(&self, other: &Candidate, read: &Read) -> bool {
+        fn claimed<'a>(
+            b: &'a BlockedPorts,
+            read: &'a Read,
+        ) -> impl Iterator<Item = (&'a Slot, &'a Option<String>)> {
+            b.ports.iter().filter(|(slot, _)| read.claims(slot))
+        }
+        self.info == other.info
+            && self.families == other.families
+            && self.blocked.incomplete == other.blocked.incomplete
+            && claimed(&self.blocked, read).eq(claimed(&other.blocked, read))
+    }
+}
+
+/// The serving candidates, in name order: the nodes whose heartbeat the leader saw renewed less
+/// than a lease duration ago (`ages`).
+pub fn candidates(
+    nodes: &[Node],
+    beats: &BTreeMap<String, Heartbeat>,
+    ages: &BTreeMap<String, Duration>,
+    lease_duration: Duration,
+) -> Vec<Candidate> {
+    let mut out: BTreeMap<String, Candidate> = BTreeMap::new();
+    for n in nodes {
+        let info = NodeInfo::from_node(n);
+        let Some(beat) = beats.get(&info.name) else {
+            continue;
+        };
+        let fresh = ages
+            .get(&info.name)
+            .is_some_and(|age| *age < lease_duration);
+        if !fresh {
+            continue;
+        }
+        let families = beat.families;
+        let blocked = beat.blocked.clone();
+        let candidate = Candidate {
+            info,
+            families,
+            blocked,
+        };
+        out.insert(candidate.info.name.clone(), candidate);
+    }
+    out.into_values().collect()
+}
+
+/// What the planner would be given on a candidate, as the leader knows it. Another host's
+/// assigned addresses are not known here: its Node's addresses stand in (the agent there serves
+/// only those that are assigned, and its heartbeat names only families it serves on). Its
+/// listeners: the ports its heartbeat says are held, each on its family's wildcard.
+pub fn node_context(c: &Candidate, config: &Config) -> Context {
+    let local = c.info.addresses.iter().map(|(_, a)| *a).collect();
+    Context::new(c.info.clone(), local, c.families, config.clone())
+        .with_listeners(c.blocked.listeners())
+}
+
+/// The class of a node: its planner input without what tells it from the other nodes of the
+/// class. Its name and addresses go (an address per served family stands in: the served
+/// families decide which of a Service's families are skipped), and of its labels only those
+/// some Service's node selector or the exclusion label read (`read`) stay: a label every node
+/// has its own value of, such as `kubernetes.io/hostname`, would make each node its own class.
+/// Of the ports host listeners take there, only those some Service claims stay, and not the
+/// processes: nodes running different daemons on ports no Service asks for are one class (the
+/// status names each node's process from its own heartbeat, [`BlockedPorts::process`]).
+///
+/// Every field of the input is named here, so a new one must be placed: in the class (it joins
+/// the key: one line below) or left out, with the reason.
+pub fn class_context(ctx: &Context, read: &Read) -> Context {
+    let Context {
+        node:
+            NodeInfo {
+                name: _,
+                labels,
+                addresses: _,
+            },
+        // Only its served part counts, as `served` below.
+        local_addresses: _,
+        families,
+        config,
+        served,
+        // Only what they take counts, as `taken` below.
+        listeners: _,
+        taken,
+    } = ctx;
+    let labels = labels
+        .iter()
+        .filter(|(k, _)| read.reads(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let addresses: Vec<(AddressKind, IpAddr)> = served
+        .keys()
+        .map(|f| (AddressKind::InternalIP, wildcard(*f)))
+        .collect();
+    let local = addresses.iter().map(|(_, a)| *a).collect();
+    let node = NodeInfo {
+        name: String::new(),
+        labels,
+        addresses,
+    };
+    // On the stand-in addresses, a listener on the wildcard takes what one on a served
+    // address took.
+    let sockets = taken
+        .slots()
+        .filter(|(slot, _)| read.claims(slot))
+        .map(|((family, protocol, port), _)| Listener {
+            protocol: *protocol,
+            address: wildcard(*family),
+            port: *port,
+            process: None,
+        })
+        .collect();
+    let listeners = HostListeners {
+        sockets,
+        incomplete: taken.every_port(),
+    };
+    Context::new(node, local, *families, config.clone()).with_listeners(listeners)
+}
+
+/// What of a node the Services read, which alone can tell its class from another's: the label
+/// keys the exclusion label and every Service's `nodelb.io/node-selector` read (of any Service
+/// that has one: which of them nodelb handles does not matter here), and the (family,
+/// protocol, port)s the Services nodelb handles claim (a host listener on any other port
+/// changes nothing).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Read {
+    labels: Tally<String>,
+    ports: Tally<Slot>,
+}
+
+impl Read {
+    /// Bring it up to date with `objects`: the `dirty` Services, or (`None`) all.
+    pub fn update(
+        &mut self,
+        objects: &Objects,
+        dirty: Option<&BTreeSet<ServiceKey>>,
+        handled: impl Fn(&Service) -> bool,
+    ) {
+        let keys: Vec<ServiceKey> = match dirty {
+            Some(d) => d.iter().cloned().collect(),
+            None => {
+                *self = Read::default();
+                objects.services().map(|(k, _)| k.clone()).collect()
+            }
+        };
+        for key in keys {
+            let svc = objects.service(&key);
+            let selector = svc
+                .and_then(|s| s.metadata.annotations.as_ref())
+                .and_then(|a| a.get(NODE_SELECTOR_ANNOTATION))
+                .and_then(|s| Selector::parse(s).ok());
+            let labels = selector
+                .iter()
+                .flat_map(|s| s.requirements())
+                .map(|r| r.key.clone())
+                .collect();
+            self.labels.set(&key, labels);
+            let ports = match svc.filter(|s| handled(s)) {
+                Some(s) => claimed(&key, s),
+                None => Vec::new(),
+            };
+            self.ports.set(&key, ports);
+        }
+    }
+
+    pub fn reads(&self, key: &str) -> bool {
+        key == EXCLUDE_LABEL || self.labels.contains(key)
+    }
+
+    /// Whether some Service nodelb handles claims this (family, protocol, port).
+    pub fn claims(&self, slot: &Slot) -> bool {
+        self.ports.contains(slot)
+    }
+}
+
+/// Every (family, protocol, port) a Service may claim on a node: each of its ports in each of
+/// its families (a planner claims no other).
+fn claimed(key: &ServiceKey, svc: &Service) -> Vec<Slot> {
+    let lb = service::read(svc, key.clone(), &mut Vec::new());
+    lb.families
+        .iter()
+        .flat_map(|f| lb.ports.iter().map(|p| (*f, p.protocol, p.port)))
+        .collect()
+}
+
+/// The keys each Service contributes, and every key with how many Services contribute it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Tally<K> {
+    /// Services that contribute any.
+    by_service: BTreeMap<ServiceKey, Vec<K>>,
+    keys: BTreeMap<K, usize>,
+}
+
+impl<K> Default for Tally<K> {
+    fn default() -> Self {
+        Tally {
+            by_service: BTreeMap::new(),
+            keys: BTreeMap::new(),
+        }
+    }
+}
+
+impl<K: Ord + Clone> Tally<K> {
+    /// `service` now contributes `keys` (and no longer what it did before).
+    fn set(&mut self, service: &ServiceKey, mut keys: Vec<K>) {
+        for k in self.by_service.remove(service).unwrap_or_default() {
+            if let Some(n) = self.keys.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    self.keys.remove(&k);
+                }
+            }
+        }
+        keys.sort();
+        keys.dedup();
+        if keys.is_empty() {
+            return;
+        }
+        for k in &keys {
+            *self.keys.entry(k.clone()).or_default() += 1;
+        }
+        self.by_service.insert(service.clone(), keys);
+    }
+
+    fn contains<Q>(&self, key: &Q) -> bool
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        self.keys.contains_key(key)
+    }
+}
+
+/// Candidates the planner cannot tell apart, and the planner that decides for all of them.
+#[derive(Debug)]
+pub struct Class {
+    /// The planner's input for each of them (see [`class_context`]).
+    pub context: Context,
+    /// Its candidates (indexes into the candidates, ascending: in name order).
+    pub members: Vec<usize>,
+    pub planner: Planner,
+}
+
+/// The candidates and their classes.
+#[derive(Debug, Default)]
+pub struct Classes {
+    pub candidates: Vec<Candidate>,
+    /// In the order of their first member: the first candidate's class comes first.
+    pub classes: Vec<Class>,
+    /// Each candidate's class.
+    pub class_of: Vec<usize>,
+}
+
+impl Classes {
+    /// Group `candidates` into classes, keeping the planners of classes that were there
+    /// before; returns whether the candidates or their classes changed (every Service's
+    /// status is then decided again).
+    pub fn regroup(&mut self, candidates: Vec<Candidate>, read: &Read, cfg: &Config) -> bool {
+        let mut classes: Vec<Class> = Vec::new();
+        let mut class_of = Vec::with_capacity(candidates.len());
+        for (i, c) in candidates.iter().enumerate() {
+            let context = class_context(&node_context(c, cfg), read);
+            match classes.iter().position(|k| k.context == context) {
+                Some(k) => {
+                    classes[k].members.push(i);
+                    class_of.push(k);
+                }
+                None => {
+                    class_of.push(classes.len());
+                    classes.push(Class {
+                        context,
+                        members: vec![i],
+                        planner: Planner::outcomes_only(),
+                    });
+                }
+            }
+        }
+        let same = candidates.len() == self.candidates.len()
+            && candidates
+                .iter()
+                .zip(&self.candidates)
+                .all(|(a, b)| a.same_for(b, read))
+            && classes.len() == self.classes.len()
+            && classes
+                .iter()
+                .zip(&self.classes)
+                .all(|(a, b)| a.context == b.context && a.members == b.members);
+        for class in &mut classes {
+            if let Some(old) = self.classes.iter_mut().find(|o| o.context == class.context) {
+                class.planner = std::mem::take(&mut old.planner);
+            }
+        }
+        *self = Classes {
+            candidates,
+            classes,
+            class_of,
+        };
+        !same
+    }
+
+    /// The candidate named `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.candidates
+            .binary_search_by(|c| c.info.name.as_str().cmp(name))
+            .ok()
+    }
+
+    pub fn name(&self, i: usize) -> &str {
+        &self.candidates[i].info.name
+    }
+}

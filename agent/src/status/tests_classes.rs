@@ -1,0 +1,548 @@
+//! The status computed class by class against the oracle, the per-node computation it replaced
+//! (`oracle.rs`): on randomized clusters (nodes with varied labels, families, addresses and
+//! heartbeats; Services with node selectors, both policies, several families and ports that
+//! conflict; ready, terminating and missing endpoints on various nodes; host listeners on ports
+//! Services use and on ports none does, by various processes), and after each change in a
+//! random sequence, the desired status (ingress, problems, condition) must be the same.
+
+use super::heartbeat::{BlockedPorts, Heartbeat};
+use super::tests::node;
+use super::*;
+use crate::kube::wire;
+use crate::plan::conflicts::Slot;
+use k8s_openapi::jiff::Timestamp;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+const ZONES: [&str; 3] = ["a", "b", "c"];
+
+/// One randomized cluster, as the leader would see it.
+struct Cluster {
+    rng: StdRng,
+    /// Node names; some of the Services' endpoints run on nodes not in the cluster.
+    names: Vec<String>,
+    objects: Objects,
+    nodes: Vec<Node>,
+    beats: BTreeMap<String, Heartbeat>,
+    ages: BTreeMap<String, Duration>,
+    cfg: StatusConfig,
+}
+
+impl Cluster {
+    fn new(seed: u64) -> Cluster {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let n = rng.random_range(1..9);
+        // Not in index order, so name order and creation order differ.
+        let names: Vec<String> = (0..n)
+            .map(|i| format!("node-{}", (i * 7 + seed as usize) % 10))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut planner = Config::default();
+        if rng.random_bool(0.1) {
+            planner.allowed_namespaces = Some(["ns".to_string()].into());
+        }
+        let mut c = Cluster {
+            rng,
+            names,
+            objects: Objects::default(),
+            nodes: Vec::new(),
+            beats: BTreeMap::new(),
+            ages: BTreeMap::new(),
+            cfg: StatusConfig {
+                planner,
+                node_lease_duration: Duration::from_secs(15),
+            },
+        };
+        for i in 0..c.names.len() {
+            c.node(i);
+        }
+        for i in 0..c.rng.random_range(1..12) {
+            c.service(i);
+        }
+        c
+    }
+
+    /// Node `i` anew: its labels, addresses and heartbeat.
+    fn node(&mut self, i: usize) {
+        let name = self.names[i].clone();
+        let rng = &mut self.rng;
+        let mut labels = vec![("kubernetes.io/hostname", name.as_str())];
+        if rng.random_bool(0.8) {
+            labels.push(("zone", ZONES[rng.random_range(0..3)]));
+        }
+        if rng.random_bool(0.15) {
+            labels.push((service::EXCLUDE_LABEL, ""));
+        }
+        let mut addrs = Vec::new();
+        let (v4, v6) = (
+            format!("203.0.113.{}", 10 + i),
+            format!("2001:db8::{:x}", 10 + i),
+        );
+        let ext = format!("198.51.100.{}", 10 + i);
+        match rng.random_range(0..4) {
+            0 => addrs.push(("InternalIP", v4.as_str())),
+            1 => addrs.push(("InternalIP", v6.as_str())),
+            2 => addrs.extend([("InternalIP", v4.as_str()), ("InternalIP", v6.as_str())]),
+            _ => {
+                addrs.extend([("InternalIP", v4.as_str()), ("ExternalIP", ext.as_str())]);
+                // Two nodes may share an address: published once.
+                if rng.random_bool(0.3) {
+                    addrs.push(("ExternalIP", "198.51.100.200"));
+                }
+            }
+        }
+        let n = node(&name, &addrs, &labels);
+        match self
+            .nodes
+            .iter_mut()
+            .find(|n| n.metadata.name.as_ref() == Some(&name))
+        {
+            Some(old) => *old = n,
+            None => self.nodes.push(n),
+        }
+        self.beats.remove(&name);
+        self.ages.remove(&name);
+        if rng.random_bool(0.1) {
+            return; // no heartbeat at all
+        }
+        let families = ["IPv4", "IPv6", "IPv4,IPv6", "IPv4,IPv6", ""][rng.random_range(0..5)];
+        let renewed: Timestamp = "2026-01-01T12:00:00Z".parse().unwrap();
+        let beat = Heartbeat {
+            node: name.clone(),
+            holder: None,
+            renewed,
+            families: parse_families(families),
+            blocked: blocked(rng),
+        };
+        self.beats.insert(name.clone(), beat);
+        let age = if rng.random_bool(0.15) { 20 } else { 1 };
+        self.ages.insert(name, Duration::from_secs(age));
+    }
+
+    /// Only the ports host listeners hold on node `i` change (its heartbeat says so).
+    fn listeners(&mut self, i: usize) {
+        let blocked = blocked(&mut self.rng);
+        if let Some(beat) = self.beats.get_mut(&self.names[i]) {
+            beat.blocked = blocked;
+        }
+    }
+
+    /// Service `s{i}` anew, and its slices.
+    fn service(&mut self, i: usize) {
+        let rng = &mut self.rng;
+        let policy = ["Cluster", "Local"][rng.random_range(0..2)];
+        let families = [
+            vec!["IPv4"],
+            vec!["IPv6"],
+            vec!["IPv4", "IPv6"],
+            vec!["IPv6", "IPv4"],
+        ][rng.random_range(0..4)]
+        .clone();
+        let protocol = ["TCP", "UDP"][rng.random_range(0..2)];
+        // Few ports: many conflicts.
+        let mut ports =
+            vec![json!({"name": "p", "port": 80 + rng.random_range(0..3), "protocol": protocol})];
+        if rng.random_bool(0.4) {
+            ports
+                .push(json!({"name": "q", "port": 90 + rng.random_range(0..2), "protocol": "TCP"}));
+        }
+        if rng.random_bool(0.05) {
+            ports[0]["port"] = json!(22); // reserved
+        }
+        if rng.random_bool(0.05) {
+            ports[0]["protocol"] = json!("ICMP"); // invalid
+        }
+        let mut spec = json!({
+            "type": "LoadBalancer",
+            "externalTrafficPolicy": policy,
+            "ipFamilies": families,
+            "ports": ports,
+        });
+        if rng.random_bool(0.05) {
+            spec["loadBalancerClass"] = json!("example.com/other");
+        }
+        let ns = ["ns", "other"][usize::from(rng.random_bool(0.2))];
+        let mut meta = json!({
+            "namespace": ns,
+            "name": format!("s{i}"),
+            "creationTimestamp": format!("2024-01-{:02}T00:00:00Z", 1 + rng.random_range(0..4)),
+        });
+        if rng.random_bool(0.4) {
+            let host = format!("kubernetes.io/hostname={}", self.names[0]);
+            let selectors = [
+                "zone=a",
+                "zone in (a,b)",
+                "zone!=c",
+                "zone",
+                "!zone",
+                host.as_str(),
+                "zone=(", // invalid: served nowhere
+            ];
+            let sel = selectors[rng.random_range(0..selectors.len())];
+            meta["annotations"] = json!({"nodelb.io/node-selector": sel});
+        }
+        let svc: wire::Service =
+            serde_json::from_value(json!({"metadata": meta, "spec": spec})).unwrap();
+        self.objects.put_service(Arc::new(svc.into()));
+        for (k, family) in ["IPv4", "IPv6"].into_iter().enumerate() {
+            if self.rng.random_bool(0.8) {
+                let s = self.slice(ns, i, k, family);
+                self.objects.put_slice(Arc::new(s.into()));
+            }
+        }
+    }
+
+    fn slice(&mut self, ns: &str, i: usize, k: usize, family: &str) -> wire::EndpointSlice {
+        let rng = &mut self.rng;
+        let eps: Vec<_> = (0..rng.random_range(0..4))
+            .map(|_| {
+                let host = 10 + rng.random_range(0..6);
+                let addr = match family {
+                    "IPv4" => format!("192.0.2.{host}"),
+                    _ => format!("2001:db8:b::{host:x}"),
+                };
+                let mut ep = json!({
+                    "addresses": [addr],
+                    "conditions": {
+                        "ready": rng.random_range(0..3) != 0,
+                        "serving": rng.random_bool(0.8),
+                        "terminating": rng.random_bool(0.5),
+                    },
+                });
+                match rng.random_range(0..10) {
+                    0 => {}                                   // no node
+                    1 => ep["nodeName"] = json!("node-gone"), // not in the cluster
+                    _ => {
+                        let n = &self.names[rng.random_range(0..self.names.len())];
+                        ep["nodeName"] = json!(n);
+                    }
+                }
+                ep
+            })
+            .collect();
+        serde_json::from_value(json!({
+            "metadata": {"namespace": ns, "name": format!("s{i}-{k}"),
+                         "labels": {"kubernetes.io/service-name": format!("s{i}")}},
+            "addressType": family,
+            "ports": [{"name": "p", "port": 8080, "protocol": "TCP"},
+                      {"name": "p", "port": 8081, "protocol": "UDP"},
+                      {"name": "q", "port": 9090, "protocol": "TCP"}],
+            "endpoints": eps,
+        }))
+        .unwrap()
+    }
+
+    /// One random change: a Service, its slices, a node's labels, addresses or heartbeat.
+    fn change(&mut self) {
+        let services = self.objects.service_count();
+        match self.rng.random_range(0..5) {
+            0 | 1 => {
+                let i = self.rng.random_range(0..services + 1);
+                self.service(i);
+            }
+            2 => {
+                let i = self.rng.random_range(0..services.max(1));
+                let found = self
+                    .objects
+                    .services()
+                    .find(|(k, _)| *k.name == *format!("s{i}"))
+                    .map(|(_, s)| s.clone());
+                if let Some(svc) = found {
+                    self.objects.delete_service(&svc);
+                }
+            }
+            3 => {
+                let i = self.rng.random_range(0..self.names.len());
+                self.node(i);
+            }
+            _ => {
+                let i = self.rng.random_range(0..self.names.len());
+                self.listeners(i);
+            }
+        }
+    }
+
+    fn oracle(&self) -> BTreeMap<ServiceKey, Desired> {
+        oracle::desired(
+            &self.objects,
+            &self.nodes,
+            &self.beats,
+            &self.ages,
+            &self.cfg,
+        )
+    }
+
+    fn compute(&self, status: &mut Status) -> BTreeSet<ServiceKey> {
+        status.compute(
+            &self.objects,
+            &self.nodes,
+            &self.beats,
+            &self.ages,
+            &self.cfg,
+        )
+    }
+}
+
+/// The ports a heartbeat says host listeners hold: often none; else a few, on ports the
+/// random Services use (TCP and UDP 80 to 82, TCP 90 and 91) and on ports none does, by a
+/// process the node named or not; rarely a list cut short (every port counts as held).
+fn blocked(rng: &mut StdRng) -> BlockedPorts {
+    let mut b = BlockedPorts {
+        incomplete: rng.random_bool(0.03),
+        ..BlockedPorts::default()
+    };
+    if rng.random_bool(0.6) {
+        return b;
+    }
+    for _ in 0..rng.random_range(1..4) {
+        let family = [IpFamily::V4, IpFamily::V6][rng.random_range(0..2)];
+        let protocol = [Protocol::Tcp, Protocol::Udp][rng.random_range(0..2)];
+        let port = [80, 81, 82, 90, 91, 53, 7000, 7001][rng.random_range(0..8)];
+        let process = [Some("socat"), Some("dnsd"), None][rng.random_range(0..3)];
+        let slot: Slot = (family, protocol, port);
+        b.ports.insert(slot, process.map(String::from));
+    }
+    b
+}
+
+/// The first Service whose desired status differs, both ways, for the failure message.
+fn first_difference(
+    got: &BTreeMap<ServiceKey, Desired>,
+    want: &BTreeMap<ServiceKey, Desired>,
+) -> String {
+    let keys: BTreeSet<&ServiceKey> = got.keys().chain(want.keys()).collect();
+    for k in keys {
+        if got.get(k) != want.get(k) {
+            return format!(
+                "{k}:\n  by class: {:?}\n  per node: {:?}",
+                got.get(k),
+                want.get(k)
+            );
+        }
+    }
+    String::new()
+}
+
+#[test]
+fn the_status_by_class_equals_the_per_node_status_on_random_clusters() {
+    let mut compared = 0;
+    let mut local_served = 0;
+    let mut conflicts = 0;
+    let mut in_use = 0;
+    let mut in_use_served_elsewhere = 0;
+    for seed in 0..300 {
+        let mut c = Cluster::new(seed);
+        let mut status = Status::default();
+        for step in 0..12 {
+            if step > 0 {
+                c.change();
+            }
+            let before = status.desired().clone();
+            let changed = c.compute(&mut status);
+            let want = c.oracle();
+            assert!(
+                status.desired() == &want,
+                "seed {seed}, step {step}: {}",
+                first_difference(status.desired(), &want)
+            );
+            // What changed is reported as changed.
+            for (k, d) in &want {
+                if before.get(k) != Some(d) {
+                    assert!(
+                        changed.contains(k),
+                        "seed {seed}, step {step}: {k} not reported"
+                    );
+                }
+            }
+            compared += want.len();
+            local_served += want
+                .iter()
+                .filter(|(k, d)| {
+                    !d.ingress.is_empty()
+                        && c.objects.service(k).is_some_and(|s| {
+                            s.spec.as_ref().unwrap().external_traffic_policy.as_deref()
+                                == Some("Local")
+                        })
+                })
+                .count();
+            conflicts += want
+                .values()
+                .filter(|d| d.problems.iter().any(|p| p.reason() == "PortConflict"))
+                .count();
+            let held: Vec<&Desired> = want
+                .values()
+                .filter(|d| d.problems.iter().any(|p| p.reason() == "PortInUseOnNode"))
+                .collect();
+            in_use += held.len();
+            in_use_served_elsewhere += held
+                .iter()
+                .filter(|d| d.serving.status && d.serving.message.contains("in use on the node"))
+                .count();
+        }
+    }
+    // The clusters exercise what they are meant to.
+    assert!(compared > 10_000, "{compared}");
+    assert!(local_served > 500, "{local_served}");
+    assert!(conflicts > 500, "{conflicts}");
+    assert!(in_use > 500, "{in_use}");
+    assert!(
+        in_use_served_elsewhere > 100,
+        "{in_use_served_elsewhere} served elsewhere, a listener named in the condition"
+    );
+}
+
+impl Cluster {
+    /// `n` nodes, `node-0`…, in zones a, b, c in turn, each with a hostname label, one IPv4
+    /// address and a fresh heartbeat; no Service.
+    fn zones(n: usize) -> Cluster {
+        let mut c = Cluster::new(0);
+        c.names = (0..n).map(|i| format!("node-{i}")).collect();
+        c.objects = Objects::default();
+        c.nodes.clear();
+        c.beats.clear();
+        c.ages.clear();
+        for (i, name) in c.names.iter().enumerate() {
+            let addr = format!("203.0.113.{}", 10 + i);
+            let labels = [
+                ("kubernetes.io/hostname", name.as_str()),
+                ("zone", ZONES[i % 3]),
+            ];
+            c.nodes
+                .push(node(name, &[("InternalIP", addr.as_str())], &labels));
+            let beat = Heartbeat {
+                node: name.clone(),
+                holder: None,
+                renewed: "2026-01-01T12:00:00Z".parse().unwrap(),
+                families: parse_families("IPv4"),
+                blocked: BlockedPorts::default(),
+            };
+            c.beats.insert(name.clone(), beat);
+            c.ages.insert(name.clone(), Duration::from_secs(1));
+        }
+        c
+    }
+
+    fn put(&mut self, name: &str, port: u16, selector: Option<&str>) -> Service {
+        let mut meta =
+            json!({"namespace": "ns", "name": name, "creationTimestamp": "2024-01-01T00:00:00Z"});
+        if let Some(sel) = selector {
+            meta["annotations"] = json!({"nodelb.io/node-selector": sel});
+        }
+        let s: wire::Service = serde_json::from_value(json!({
+            "metadata": meta,
+            "spec": {"type": "LoadBalancer", "ports": [{"port": port}]},
+        }))
+        .unwrap();
+        let s: Service = s.into();
+        self.objects.put_service(Arc::new(s.clone()));
+        s
+    }
+}
+
+#[test]
+fn nodes_apart_only_in_labels_no_selector_reads_share_a_planner() {
+    let mut c = Cluster::zones(9);
+    c.put("web", 80, None);
+    let mut status = Status::default();
+    c.compute(&mut status);
+    assert_eq!(status.classes.classes.len(), 1, "no label is read");
+    assert_eq!(status.desired(), &c.oracle());
+
+    // A selector on the zone: one class per zone, not per node.
+    let zoned = c.put("zoned", 81, Some("zone in (a,b)"));
+    c.compute(&mut status);
+    assert_eq!(status.classes.classes.len(), 3);
+    assert_eq!(status.desired(), &c.oracle());
+    assert_eq!(
+        status.desired()[&ServiceKey::new("ns", "zoned")]
+            .ingress
+            .len(),
+        6
+    );
+
+    // Gone again: back to one class.
+    c.objects.delete_service(&zoned);
+    c.compute(&mut status);
+    assert_eq!(status.classes.classes.len(), 1);
+    assert_eq!(status.desired(), &c.oracle());
+}
+
+#[test]
+fn services_that_publish_the_same_addresses_share_one_list() {
+    let mut c = Cluster::zones(4);
+    c.put("a", 80, None);
+    c.put("b", 81, None);
+    let mut status = Status::default();
+    c.compute(&mut status);
+    let d = status.desired();
+    let (a, b) = (
+        &d[&ServiceKey::new("ns", "a")].ingress,
+        &d[&ServiceKey::new("ns", "b")].ingress,
+    );
+    assert_eq!(a.len(), 4);
+    assert!(Arc::ptr_eq(a, b), "one list, not a copy per Service");
+}
+
+#[test]
+fn nodes_apart_only_in_listeners_on_ports_no_service_uses_share_a_planner() {
+    let mut c = Cluster::zones(9);
+    c.put("web", 80, None);
+    // Each node runs daemons of its own, on ports no Service asks for.
+    for (i, beat) in c.beats.values_mut().enumerate() {
+        let port = 7000 + i as u16;
+        beat.blocked = BlockedPorts::parse(&format!(
+            "IPv4/TCP/{port}=daemon-{i},IPv6/UDP/{port}=daemon-{i}"
+        ));
+    }
+    let mut status = Status::default();
+    c.compute(&mut status);
+    assert_eq!(status.classes(), 1, "no Service uses those ports");
+    assert_eq!(status.desired(), &c.oracle());
+    assert_eq!(
+        status.desired()[&ServiceKey::new("ns", "web")]
+            .ingress
+            .len(),
+        9
+    );
+
+    // A daemon on node-4 takes the Service's port: node-4 alone is apart.
+    let web_port = (IpFamily::V4, Protocol::Tcp, 80);
+    let held_by = |c: &mut Cluster, process: &str| {
+        let beat = c.beats.get_mut("node-4").unwrap();
+        beat.blocked.ports.insert(web_port, Some(process.into()));
+    };
+    held_by(&mut c, "socat");
+    assert!(!c.compute(&mut status).is_empty());
+    assert_eq!(status.classes(), 2);
+    assert_eq!(status.desired(), &c.oracle());
+    let web = &status.desired()[&ServiceKey::new("ns", "web")];
+    assert_eq!(web.ingress.len(), 8);
+    assert_eq!(
+        web.problems,
+        vec![Problem::PortInUseOnNode {
+            protocol: Protocol::Tcp,
+            port: 80,
+            nodes: vec![("node-4".into(), Some("socat".into()))],
+        }]
+    );
+    // Another process on that port: the same class, the status names the new one.
+    held_by(&mut c, "nginx");
+    assert!(!c.compute(&mut status).is_empty(), "the Event names nginx");
+    assert_eq!(status.classes(), 2);
+    assert_eq!(status.desired(), &c.oracle());
+
+    // A Service on node-3's daemon's port: node-3 is apart too, for that Service's sake.
+    c.put("on-7003", 7003, None);
+    c.compute(&mut status);
+    assert_eq!(status.classes(), 3);
+    assert_eq!(status.desired(), &c.oracle());
+
+    // A daemon on a port no Service uses stops, another starts: nothing to decide again.
+    let beat = c.beats.get_mut("node-5").unwrap();
+    beat.blocked = BlockedPorts::parse("IPv4/TCP/9999=daemon-new");
+    assert!(c.compute(&mut status).is_empty());
+    assert_eq!(status.classes(), 3);
+    assert_eq!(status.desired(), &c.oracle());
+}
