@@ -9,10 +9,11 @@
 use super::config::Config;
 use super::endpoints::Endpoint;
 use super::flows::{ServedPort, StaleFlows};
+use super::listeners::HostListeners;
 use super::node::{AddressKind, NodeInfo};
 use super::*;
 use crate::kube::wire;
-use crate::vocab::{Protocol, ServiceKey};
+use crate::vocab::{Listener, Protocol, ServiceKey};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -94,6 +95,22 @@ impl Node {
         );
         assert_eq!(self.planner.flows(), rebuilt.flows());
         incremental.flows.stale()
+    }
+
+    /// The host's listeners become `sockets` (address, protocol, port): an edit, as in the
+    /// agent, that replans the Services claiming the ports they take or free.
+    fn listen(&mut self, sockets: &[(&str, Protocol, u16)]) -> Vec<StaleFlows> {
+        let sockets = sockets
+            .iter()
+            .map(|(address, protocol, port)| Listener {
+                protocol: *protocol,
+                address: address.parse().unwrap(),
+                port: *port,
+                process: Some("dnsmasq".into()),
+            })
+            .collect();
+        self.ctx = self.ctx.clone().with_listeners(HostListeners::new(sockets));
+        self.step(BTreeSet::new())
     }
 
     /// Changes the node-wide context (a rebuild, as in the agent).
@@ -438,4 +455,48 @@ fn a_local_endpoint_that_leaves_has_its_flows_deleted_and_the_nodes_own_clients_
     // there, so its flows are kept.
     let d = n.put(&slice("dns", "UDP", &["3 node-b"]));
     assert_eq!(n.step(d), vec![left(NODE_V4, ep(2))]);
+}
+
+#[test]
+fn a_udp_port_a_host_listener_takes_deletes_its_flows() {
+    let mut n = dns_node();
+    // dnsmasq binds UDP 53 on the IPv4 wildcard: the Service's IPv4 flows here go, so a client
+    // that keeps its source port reaches dnsmasq, not the endpoint it was DNATed to before.
+    // IPv6 stays the Service's.
+    assert_eq!(
+        n.listen(&[("0.0.0.0", Protocol::Udp, 53)]),
+        vec![left(NODE_V4, ep(2)), left(NODE_V4, ep(3))]
+    );
+    // It stops: the port DNATs again, and the flows dnsmasq answered go.
+    assert_eq!(
+        n.listen(&[]),
+        vec![StaleFlows::Opened {
+            port: served(Protocol::Udp, NODE_V4),
+            endpoints: vec![ep(2), ep(3)]
+        }]
+    );
+    // On the node's IPv6 address: the IPv6 flows go.
+    assert_eq!(
+        n.listen(&[(NODE_V6, Protocol::Udp, 53)]),
+        vec![left(NODE_V6, ep6(2))]
+    );
+    // A TCP listener on the same port takes nothing of the UDP port.
+    n.listen(&[]);
+    assert_eq!(n.listen(&[("0.0.0.0", Protocol::Tcp, 53)]), vec![]);
+}
+
+#[test]
+fn a_udp_port_withheld_for_a_listener_on_another_port_deletes_its_flows() {
+    let mut n = Node::new();
+    let tcp = "  - {name: admin, port: 5380, protocol: TCP}\n";
+    n.start(&[
+        svc("dns", "2024-01-01T00:00:00Z", "UDP", tcp),
+        slice("dns", "UDP", &["2", "3"]),
+    ]);
+    // A host process takes the Service's TCP port on IPv4: all or nothing, its UDP port
+    // there has no rules either, and its flows go.
+    assert_eq!(
+        n.listen(&[("0.0.0.0", Protocol::Tcp, 5380)]),
+        vec![left(NODE_V4, ep(2)), left(NODE_V4, ep(3))]
+    );
 }
