@@ -6,6 +6,10 @@
 //! be left out of the Service's status (node-b stays), and the leader's `PortInUseOnNode`
 //! Event must name node-a, the port and `socat`.
 //!
+//! A UDP listener that starts after the Service takes the port back from flows already
+//! forwarded too: the agent deletes their conntrack entries with the rules, so a client that
+//! keeps its source port reaches the process next, not the endpoint it was DNATed to before.
+//!
 //! The time a listener that starts after the Service takes its port back is printed as
 //! `measured:` with PASS/MISS against the goal of 5 s, not asserted.
 //!
@@ -21,7 +25,9 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use nodelb_integration::e2e::{wait_for, Cluster, AGENT_NAMESPACE};
 use nodelb_integration::netns::{dies_with_thread, require_root, Netns};
-use nodelb_integration::traffic::{tcp_request, tcp_server, udp_request, udp_server, Outcome};
+use nodelb_integration::traffic::{
+    tcp_request, tcp_server, udp_request, udp_server, Outcome, UdpFlow,
+};
 use serde_json::{json, Value};
 
 mod common;
@@ -342,5 +348,80 @@ fn a_listener_that_starts_after_the_service_takes_the_port_back() {
         }
     });
     wait_event(&c, "dns", "PortInUseOnNode", "5300/UDP");
+    c.assert_agents_authorized();
+}
+
+/// A UDP client that keeps its source port (as syslog or a DNS resolver does) sends to node-a
+/// every 100 ms and is forwarded to an endpoint; then a process starts listening on that UDP
+/// port on node-a. The flow's conntrack entry would keep it on the endpoint for as long as it
+/// sends: the agent deletes it with the rules, so its next datagrams reach the process (the
+/// time is printed), and from then on only the process answers it. The agent counts the
+/// deletion; the status drops node-a.
+#[test]
+fn a_udp_listener_that_starts_after_the_service_takes_the_flows_already_forwarded() {
+    if !require_root(
+        "a_udp_listener_that_starts_after_the_service_takes_the_flows_already_forwarded",
+    ) {
+        return;
+    }
+    let _serial = serial();
+    let c = Cluster::start(fast_options(2));
+    let _servers: Vec<_> = (0..c.backend_count())
+        .map(|j| {
+            let addr = SocketAddr::new(c.backend_v4(j).into(), BACKEND_PORT);
+            udp_server(c.backend(j), addr, &format!("b{j}"))
+        })
+        .collect();
+    let (a, b) = (c.node_v4(0).to_string(), c.node_v4(1).to_string());
+    for obj in service_with_endpoints(&c, "syslog", "udp", 5140) {
+        apply(&c, obj);
+    }
+    wait_ips(&c, "syslog", &[a, b.clone()], CHANGE);
+    let src = SocketAddr::new(c.client_v4(0).into(), 40514);
+    let flow = UdpFlow::start(c.client(), src, at(&c, 0, 5140), Duration::from_millis(100));
+    let name = |r: &str| r.split(' ').next().unwrap_or_default().to_string();
+    let started = Instant::now();
+    let endpoint = wait_for("the flow reaches an endpoint", CHANGE, || {
+        let heard = flow.replies_since(started);
+        heard
+            .iter()
+            .map(|(_, r)| name(r))
+            .find(|w| is_backend(w))
+            .ok_or_else(|| format!("{heard:?}"))
+    });
+    let deleted_before = metric(&c, 0, "nodelb_conntrack_entries_deleted_total");
+
+    let t0 = Instant::now();
+    let _host = HostProcess::socat(c.node_ns(0), "udp", 5140);
+    let first = wait_for("the flow reaches socat", CHANGE, || {
+        let heard = flow.replies_since(t0);
+        heard
+            .iter()
+            .find(|(_, r)| r == HOST_REPLY)
+            .map(|(t, _)| *t)
+            .ok_or_else(|| format!("{:?}", heard.iter().rev().take(3).collect::<Vec<_>>()))
+    });
+    let took = first - t0;
+    println!(
+        "measured: a UDP listener that started after the Service took a flow on {endpoint} already forwarded in {:.2} s (goal {} s): {}",
+        took.as_secs_f64(),
+        TAKE_BACK_GOAL.as_secs(),
+        if took < TAKE_BACK_GOAL { "PASS" } else { "MISS" }
+    );
+    // From then on only socat answers the flow.
+    std::thread::sleep(Duration::from_secs(1));
+    let after: Vec<String> = flow
+        .replies_since(first)
+        .into_iter()
+        .map(|(_, r)| r)
+        .collect();
+    assert!(after.len() >= 5, "the flow goes on: {after:?}");
+    assert!(after.iter().all(|r| r == HOST_REPLY), "{after:?}");
+    assert!(
+        metric(&c, 0, "nodelb_conntrack_entries_deleted_total") > deleted_before,
+        "the agent counts the entry it deleted"
+    );
+    wait_ips(&c, "syslog", std::slice::from_ref(&b), CHANGE);
+    wait_event(&c, "syslog", "PortInUseOnNode", "5140/UDP");
     c.assert_agents_authorized();
 }
