@@ -5,9 +5,12 @@
 //! (`kubernetes.io/hostname`); 30% of the Services are `Local`, one in ten has a node
 //! selector on the zone, one in 500 loses its port to an older Service, and each Service's
 //! endpoints run on nodes spread over the cluster. The cluster is IPv6 (2001:db8::/32), so
-//! every node has an address of its own within the documentation range.
+//! every node has an address of its own within the documentation range. Every node's heartbeat
+//! says host listeners hold ports there, by daemons and on ports of its own that no Service
+//! uses (they must not make each node its own class), and on one node a daemon holds a
+//! Service's port.
 //!
-//! Prints `bench leader nodes=N services=S heap_mib=X round_ms=Y` per N (heap: the peak of
+//! Prints `bench leader nodes=N services=S heap_mib=X round_ms=Y classes=C` per N (heap: the peak of
 //! bytes live during the round above the objects and nodes it reads, counted by a wrapping
 //! allocator), details, the per-node computation it replaced where that is cheap (up to
 //! NODELB_BENCH_LEADER_OLD_NODES nodes, default 10: at 1,000 it would take about 4 GiB), and
@@ -23,7 +26,7 @@ use nodelb_agent::kube::wire::{EndpointSlice, Service};
 use nodelb_agent::plan::config::Config;
 use nodelb_agent::plan::{Objects, Planner};
 use nodelb_agent::status::classes::{candidates, node_context};
-use nodelb_agent::status::heartbeat::Heartbeat;
+use nodelb_agent::status::heartbeat::{BlockedPorts, Heartbeat};
 use nodelb_agent::status::{parse_families, Status, StatusConfig};
 use nodelb_agent::vocab::Protocol;
 use serde_json::json;
@@ -117,6 +120,25 @@ fn service(i: usize, port: u16) -> Service {
     .unwrap()
 }
 
+/// The ports host listeners hold on node `i`, as its heartbeat says: daemons of its own on
+/// ports no Service uses (the Services' are below 12,000), and on node 3 (at every N) one on
+/// the port `held` of a Service.
+fn blocked(i: usize, held: u16) -> BlockedPorts {
+    let mut list = format!(
+        "IPv6/TCP/{}=agent-{},IPv6/UDP/{}=dnsd-{i}",
+        20_000 + i % 997,
+        i % 13,
+        30_000 + (i * 7) % 1000
+    );
+    if i.is_multiple_of(4) {
+        list.push_str(",IPv6/TCP/19100=node_exporter");
+    }
+    if i == 3 {
+        list.push_str(&format!(",IPv6/TCP/{held}=socat"));
+    }
+    BlockedPorts::parse(&list)
+}
+
 /// Service `i`'s endpoints, on nodes spread over the cluster (`shift` moves them).
 fn slice(i: usize, nodes: usize, shift: usize) -> EndpointSlice {
     let eps: Vec<_> = (0..ENDPOINTS)
@@ -166,7 +188,7 @@ impl Cluster {
                     holder: Some(format!("nodelb-{i}")),
                     renewed,
                     families: parse_families("IPv6"),
-                    blocked: Default::default(),
+                    blocked: blocked(i, ports[3]),
                 };
                 (node_name(i), beat)
             })
@@ -237,15 +259,21 @@ fn measure(nodes: usize, services: usize, old_up_to: usize) -> Measured {
     let retained = heap::live() - base;
     assert_eq!(changed, services, "every Service gets a status");
     println!(
-        "bench leader nodes={nodes} services={services} heap_mib={:.1} round_ms={:.0}",
+        "bench leader nodes={nodes} services={services} heap_mib={:.1} round_ms={:.0} classes={}",
         mib(heap),
-        ms(round)
+        ms(round),
+        status.classes()
     );
     let desired = status.desired();
     let published: usize = desired.values().map(|d| d.ingress.len()).sum();
     let serving = desired.values().filter(|d| d.serving.status).count();
+    let in_use = desired
+        .values()
+        .filter(|d| d.problems.iter().any(|p| p.reason() == "PortInUseOnNode"))
+        .count();
+    let listeners: usize = c.beats.values().map(|b| b.blocked.ports.len()).sum();
     println!(
-        "  the round took {:.0} ms of CPU; kept after it: {:.1} MiB ({} classes of nodes; {serving} Services serving, {published} addresses published in all)",
+        "  the round took {:.0} ms of CPU; kept after it: {:.1} MiB ({} classes of nodes; {serving} Services serving, {published} addresses published in all; {listeners} ports held by host listeners on the nodes; Services with a port in use on a node: {in_use})",
         ms(round_cpu),
         mib(retained),
         status.classes(),
