@@ -43,7 +43,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, PostParams};
 use nix::sys::signal::Signal;
 use nodelb_integration::bench::{
-    env_usize, loadavg, memory, mib, ms, release_agent_binary, stats, wait_until, Memory, Stats,
+    command_output, env_usize, loadavg, memory, mib, ms, release_agent_binary, stats, tail,
+    wait_until, Memory, Stats,
 };
 use nodelb_integration::control_plane::AuditRecord;
 use nodelb_integration::e2e::{
@@ -53,7 +54,7 @@ use nodelb_integration::element_watch::{ElementWatch, Seen};
 use nodelb_integration::lb_services::{self, TARGET_PORT};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 type Res<T> = Result<T, String>;
@@ -138,7 +139,7 @@ fn run() -> Res<()> {
     println!("  agent: {}", bin.display());
     println!(
         "  kernel {}, {} CPUs, load average at the start {load_start}",
-        sh_out("uname", &["-r"]).trim(),
+        command_output("uname", &["-r"]).trim(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
     let mut c = Cluster::build(ClusterOptions {
@@ -1184,24 +1185,10 @@ fn print_bench_lines(r: &Report) {
 
 /// `GET /metrics` of node `i`'s agent.
 fn metrics(c: &Cluster, i: usize) -> Res<String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| c.metrics(i)))
-        .map_err(|_| format!("GET /metrics on node {i} failed"))
+    c.try_metrics(i)
 }
 
 fn audit(c: &Cluster) -> Res<Vec<AuditRecord>> {
     c.audit()
         .ok_or_else(|| "no audit log: the soak needs the harness's own kube-apiserver".into())
-}
-
-fn tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
-fn sh_out(cmd: &str, args: &[&str]) -> String {
-    Command::new(cmd)
-        .args(args)
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_else(|e| format!("({cmd}: {e})"))
 }

@@ -131,6 +131,22 @@ pub fn loadavg() -> String {
         .unwrap_or_else(|e| format!("? ({e})"))
 }
 
+/// The standard output of `cmd args`, or a note of why it could not run (for the benches'
+/// headers: kernel, tool versions).
+pub fn command_output(cmd: &str, args: &[&str]) -> String {
+    std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_else(|e| format!("({cmd}: {e})"))
+}
+
+/// The last `n` lines of `text`.
+pub fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -771,13 +771,18 @@ impl Cluster {
 
     /// `GET /metrics` on node `i` (panics unless 200).
     pub fn metrics(&self, i: usize) -> String {
+        self.try_metrics(i).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// `GET /metrics` on node `i`: the body when it answers 200.
+    pub fn try_metrics(&self, i: usize) -> Result<String, String> {
         match http_get(
             &self.nodes[i].ns,
             ([127, 0, 0, 1], METRICS_PORT).into(),
             "/metrics",
         ) {
-            Ok((200, body)) => body,
-            other => panic!("GET /metrics on node {i}: {other:?}"),
+            Ok((200, body)) => Ok(body),
+            other => Err(format!("GET /metrics on node {i}: {other:?}")),
         }
     }
 
