@@ -314,13 +314,9 @@ struct KillRecord {
 enum KillState {
     Off,
     Due(Instant),
-    Down {
-        victim: usize,
-        killed: Instant,
-        syncs_ok: f64,
-        sync_errors: f64,
-        new_holder: Option<(usize, Instant)>,
-    },
+    /// Killed; `restarted` and `ready` not yet.
+    Down(KillRecord),
+    /// Started again; `ready` not yet.
     Restarting(KillRecord),
     Done(KillRecord),
 }
@@ -498,102 +494,103 @@ fn step_kill(
     pids: &mut [Vec<u32>],
     t0: Instant,
 ) -> Res<KillState> {
-    let now = Instant::now();
-    Ok(match state {
-        KillState::Due(at) if now >= at => {
-            let victim = leader(c)?.unwrap_or(leader_at_start);
-            let m = metrics(c, victim)?;
-            let syncs_ok = metric_value(&m, "nodelb_syncs_total{result=\"ok\"}").unwrap_or(0.0);
-            let sync_errors =
-                metric_value(&m, "nodelb_syncs_total{result=\"error\"}").unwrap_or(0.0);
-            let killed = Instant::now();
-            c.stop_agent(victim, Signal::SIGKILL);
-            println!(
-                "    {} s: SIGKILL to the leader, {}'s agent",
-                secs_since(t0, killed),
-                c.node_name(victim)
-            );
-            KillState::Down {
-                victim,
-                killed,
-                syncs_ok,
-                sync_errors,
-                new_holder: None,
-            }
+    match state {
+        KillState::Due(at) if Instant::now() >= at => {
+            kill_leader(c, leader_at_start, t0).map(KillState::Down)
         }
-        KillState::Down {
-            victim,
-            killed,
-            syncs_ok,
-            sync_errors,
-            mut new_holder,
-        } => {
-            if new_holder.is_none() {
-                new_holder = leader(c)?
-                    .filter(|h| *h != victim)
-                    .map(|h| (h, Instant::now()));
-            }
-            let waited = now - killed;
-            if waited < RESTART_DELAY || (new_holder.is_none() && waited < TAKEOVER_WAIT) {
-                return Ok(KillState::Down {
-                    victim,
-                    killed,
-                    syncs_ok,
-                    sync_errors,
-                    new_holder,
-                });
-            }
-            c.start_agent(victim);
-            pids[victim].extend(c.agent_pid(victim));
-            let restarted = Instant::now();
-            println!(
-                "    {} s: {}'s agent started again ({:.1} s after the kill; {})",
-                secs_since(t0, restarted),
-                c.node_name(victim),
-                (restarted - killed).as_secs_f64(),
-                new_holder.map_or("no other agent took nodelb-status".to_string(), |(h, t)| {
-                    format!(
-                        "{}'s agent took nodelb-status {:.1} s after the kill",
-                        c.node_name(h),
-                        (t - killed).as_secs_f64()
-                    )
-                })
-            );
-            KillState::Restarting(KillRecord {
-                victim,
-                killed,
-                new_holder,
-                restarted,
-                ready: restarted,
-                syncs_ok,
-                sync_errors,
-            })
-        }
-        KillState::Restarting(mut k) => {
-            if !c.agent_running(k.victim) {
-                return Err(format!(
-                    "the restarted agent exited; log:\n{}",
-                    tail(&c.agent_log(k.victim), 40)
-                ));
-            }
-            let ready = matches!(c.readyz(k.victim), Ok((200, _)))
-                && metric_sum(&metrics(c, k.victim)?, "nodelb_services_programmed") as usize == n;
-            if !ready {
-                if now - k.restarted > READY_TIMEOUT {
-                    return Err("the restarted agent did not program every Service".into());
-                }
-                return Ok(KillState::Restarting(k));
-            }
-            k.ready = now;
-            println!(
-                "    {} s: the restarted agent programmed {n} Services again, {:.1} s after its start",
-                secs_since(t0, now),
-                (now - k.restarted).as_secs_f64()
-            );
-            KillState::Done(k)
-        }
-        other => other,
+        KillState::Down(k) => restart_after_takeover(c, k, pids, t0),
+        KillState::Restarting(k) => ready_again(c, k, n, t0),
+        other => Ok(other),
+    }
+}
+
+/// SIGKILLs the agent holding `nodelb-status`, its sync counters read just before.
+fn kill_leader(c: &mut Cluster, leader_at_start: usize, t0: Instant) -> Res<KillRecord> {
+    let victim = leader(c)?.unwrap_or(leader_at_start);
+    let m = metrics(c, victim)?;
+    let killed = Instant::now();
+    c.stop_agent(victim, Signal::SIGKILL);
+    println!(
+        "    {} s: SIGKILL to the leader, {}'s agent",
+        secs_since(t0, killed),
+        c.node_name(victim)
+    );
+    Ok(KillRecord {
+        victim,
+        killed,
+        new_holder: None,
+        restarted: killed,
+        ready: killed,
+        syncs_ok: metric_value(&m, "nodelb_syncs_total{result=\"ok\"}").unwrap_or(0.0),
+        sync_errors: metric_value(&m, "nodelb_syncs_total{result=\"error\"}").unwrap_or(0.0),
     })
+}
+
+/// Starts the killed agent again once another holds `nodelb-status` (or `TAKEOVER_WAIT`
+/// passed), and not before `RESTART_DELAY`.
+fn restart_after_takeover(
+    c: &mut Cluster,
+    mut k: KillRecord,
+    pids: &mut [Vec<u32>],
+    t0: Instant,
+) -> Res<KillState> {
+    if k.new_holder.is_none() {
+        k.new_holder = leader(c)?
+            .filter(|h| *h != k.victim)
+            .map(|h| (h, Instant::now()));
+    }
+    let waited = k.killed.elapsed();
+    if waited < RESTART_DELAY || (k.new_holder.is_none() && waited < TAKEOVER_WAIT) {
+        return Ok(KillState::Down(k));
+    }
+    c.start_agent(k.victim);
+    pids[k.victim].extend(c.agent_pid(k.victim));
+    k.restarted = Instant::now();
+    println!(
+        "    {} s: {}'s agent started again ({:.1} s after the kill; {})",
+        secs_since(t0, k.restarted),
+        c.node_name(k.victim),
+        (k.restarted - k.killed).as_secs_f64(),
+        takeover_text(&k, |i| c.node_name(i).to_string())
+    );
+    Ok(KillState::Restarting(k))
+}
+
+/// `<node>'s agent took nodelb-status <s> after the kill`, or that none did.
+fn takeover_text(k: &KillRecord, name: impl Fn(usize) -> String) -> String {
+    k.new_holder
+        .map_or("no other agent took nodelb-status".to_string(), |(h, t)| {
+            format!(
+                "{}'s agent took nodelb-status {:.1} s after the kill",
+                name(h),
+                (t - k.killed).as_secs_f64()
+            )
+        })
+}
+
+/// Done once the restarted agent answers `/readyz` and programs all `n` Services.
+fn ready_again(c: &mut Cluster, mut k: KillRecord, n: usize, t0: Instant) -> Res<KillState> {
+    if !c.agent_running(k.victim) {
+        return Err(format!(
+            "the restarted agent exited; log:\n{}",
+            tail(&c.agent_log(k.victim), 40)
+        ));
+    }
+    let ready = matches!(c.readyz(k.victim), Ok((200, _)))
+        && metric_sum(&metrics(c, k.victim)?, "nodelb_services_programmed") as usize == n;
+    if !ready {
+        if k.restarted.elapsed() > READY_TIMEOUT {
+            return Err("the restarted agent did not program every Service".into());
+        }
+        return Ok(KillState::Restarting(k));
+    }
+    k.ready = Instant::now();
+    println!(
+        "    {} s: the restarted agent programmed {n} Services again, {:.1} s after its start",
+        secs_since(t0, k.ready),
+        (k.ready - k.restarted).as_secs_f64()
+    );
+    Ok(KillState::Done(k))
 }
 
 /// Seconds since the churn started, for its timeline.
@@ -983,11 +980,7 @@ fn print_report(cfg: &Config, r: &Report, loads: [&str; 3]) {
         println!(
             "  leader kill: {}'s agent SIGKILLed; {}; restarted after {:.1} s; programmed every Service again {:.1} s after its restart",
             r.names[k.victim],
-            k.new_holder.map_or("no other agent took nodelb-status".to_string(), |(h, t)| format!(
-                "{}'s agent took nodelb-status {:.1} s after the kill",
-                r.names[h],
-                (t - k.killed).as_secs_f64()
-            )),
+            takeover_text(k, |i| r.names[i].clone()),
             (k.restarted - k.killed).as_secs_f64(),
             (k.ready - k.restarted).as_secs_f64()
         );
