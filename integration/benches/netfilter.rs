@@ -26,7 +26,7 @@ use nodelb_integration::netns::Netns;
 use nodelb_integration::nft::{nft_f, nft_file};
 use nodelb_netfilter::validate::validate;
 use nodelb_netfilter::*;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 const GOAL_INSTALL_MS: f64 = 300.0;
@@ -134,8 +134,8 @@ fn run() -> Res<()> {
     }
     println!(
         "  kernel {}, {}, {} CPUs",
-        sh_out("uname", &["-r"]).trim(),
-        sh_out("nft", &["--version"]).trim(),
+        nodelb_integration::bench::command_output("uname", &["-r"]).trim(),
+        nodelb_integration::bench::command_output("nft", &["--version"]).trim(),
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
 
@@ -606,12 +606,4 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         src = c.source();
     }
     s
-}
-
-fn sh_out(cmd: &str, args: &[&str]) -> String {
-    Command::new(cmd)
-        .args(args)
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_else(|e| format!("({cmd}: {e})"))
 }

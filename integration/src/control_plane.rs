@@ -437,6 +437,26 @@ pub struct AuditRecord {
     pub object: Option<ObjectRef>,
 }
 
+impl AuditRecord {
+    /// A write (`create`, `update` or `patch`) of a Service's `status` subresource.
+    pub fn is_status_write(&self) -> bool {
+        matches!(self.verb.as_str(), "create" | "update" | "patch")
+            && self
+                .object
+                .as_ref()
+                .is_some_and(|o| o.resource == "services" && o.subresource == "status")
+    }
+
+    /// A `create` of an `events.k8s.io` Event.
+    pub fn is_event_create(&self) -> bool {
+        self.verb == "create"
+            && self
+                .object
+                .as_ref()
+                .is_some_and(|o| o.group == "events.k8s.io" && o.resource == "events")
+    }
+}
+
 /// Parses an audit log (JSON lines), keeping the first line of each request (`auditID`).
 pub fn parse_audit(text: &str) -> Vec<AuditRecord> {
     let mut seen = std::collections::HashSet::new();

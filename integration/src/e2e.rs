@@ -336,6 +336,18 @@ pub fn ingress_ips(svc: &k8s_openapi::api::core::v1::Service) -> Vec<String> {
         .collect()
 }
 
+/// The value of one series (`name{labels}` exactly as exposed, or a bare name) in
+/// Prometheus/OpenMetrics text; `None` when it is not exposed.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
 /// Sum of every sample of metric `name` (any labels) in Prometheus/OpenMetrics text.
 pub fn metric_sum(text: &str, name: &str) -> f64 {
     text.lines()
@@ -750,13 +762,18 @@ impl Cluster {
 
     /// `GET /metrics` on node `i` (panics unless 200).
     pub fn metrics(&self, i: usize) -> String {
+        self.try_metrics(i).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// `GET /metrics` on node `i`: the body when it answers 200.
+    pub fn try_metrics(&self, i: usize) -> Result<String, String> {
         match http_get(
             &self.nodes[i].ns,
             ([127, 0, 0, 1], METRICS_PORT).into(),
             "/metrics",
         ) {
-            Ok((200, body)) => body,
-            other => panic!("GET /metrics on node {i}: {other:?}"),
+            Ok((200, body)) => Ok(body),
+            other => Err(format!("GET /metrics on node {i}: {other:?}")),
         }
     }
 
@@ -1036,6 +1053,32 @@ impl Cluster {
             .into_iter()
             .map(|e| serde_json::to_value(e).expect("an Event as JSON"))
             .collect()
+    }
+
+    /// The holder of the `nodelb-status` Lease (empty when released), `None` before it exists.
+    pub fn status_holder(&self) -> Result<Option<String>, String> {
+        use k8s_openapi::api::coordination::v1::Lease;
+        let leases: Api<Lease> = Api::namespaced(self.admin.clone(), AGENT_NAMESPACE);
+        self.block_on(leases.get_opt("nodelb-status"))
+            .map(|l| l.map(|l| l.spec.and_then(|s| s.holder_identity).unwrap_or_default()))
+            .map_err(|e| format!("reading the nodelb-status Lease: {e}"))
+    }
+
+    /// The Services of namespace `ns`, listed through the admin client.
+    pub fn services(&self, ns: &str) -> Result<Vec<k8s_openapi::api::core::v1::Service>, String> {
+        let api: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(self.admin.clone(), ns);
+        self.block_on(api.list(&Default::default()))
+            .map(|l| l.items)
+            .map_err(|e| format!("listing Services: {e}"))
+    }
+
+    /// How many Services of namespace `ns` publish exactly `want` (ingress IPs, in order).
+    pub fn services_publishing(&self, ns: &str, want: &[String]) -> Result<usize, String> {
+        Ok(self
+            .services(ns)?
+            .iter()
+            .filter(|s| ingress_ips(s) == want)
+            .count())
     }
 
     // ---- audit ------------------------------------------------------------------------------

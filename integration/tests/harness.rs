@@ -276,3 +276,51 @@ fn udp_and_tcp_time_out_when_dropped() {
     assert_eq!(tcp_request(&topo.node, dst, short), Outcome::TimedOut);
     assert_eq!(udp_request(&topo.node, dst, short), Outcome::TimedOut);
 }
+
+#[test]
+fn element_watch_reports_what_a_transaction_added_to_its_table() {
+    use nodelb_integration::element_watch::{Added, ElementWatch, Seen};
+    use nodelb_integration::nft::nft_f;
+    if !require_root("element_watch_reports_what_a_transaction_added_to_its_table") {
+        return;
+    }
+    let ns = Netns::new("ewatch");
+    let watch = ElementWatch::start(&ns, libc::NFPROTO_IPV4 as u8, "nodelb").unwrap();
+    // Another table's transaction is not reported.
+    nft_f(
+        &ns,
+        "table ip other { set s { type ipv4_addr; elements = { 192.0.2.1 }; }; }\n",
+    )
+    .unwrap();
+    // One transaction: the table, the map and an element, the shape of nodelb's endpoint map.
+    nft_f(
+        &ns,
+        "table ip nodelb { map endpoints { typeof meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport; }; }\n\
+         add element ip nodelb endpoints { tcp . 1024 . 0 : 198.51.100.20 . 8080 }\n",
+    )
+    .unwrap();
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while seen.is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        seen.extend(watch.drain());
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    seen.extend(watch.drain());
+    watch.stop().unwrap();
+    let [Seen::Transaction(t)] = seen.as_slice() else {
+        panic!("expected one transaction, saw {seen:?}");
+    };
+    // Each field of a concatenation is padded to 4 bytes; ports are big-endian.
+    assert_eq!(
+        t.added,
+        vec![Added {
+            set: "endpoints".into(),
+            key: vec![6, 0, 0, 0, 0x04, 0x00, 0, 0, 0, 0, 0, 0],
+            data: vec![198, 51, 100, 20, 0x1f, 0x90, 0, 0],
+        }]
+    );
+    // The table, the map and the element.
+    assert_eq!(t.events, 3, "{t:?}");
+    assert_eq!(t.process.as_deref(), Some("nft"), "{t:?}");
+}
