@@ -148,6 +148,17 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
     }
     t.add_set(endpoints);
 
+    // Filled by packets: ClientIP session affinity's per-endpoint client sets.
+    t.add_set(
+        Set::new("clients", SetType::Type(vec![f.addr_type()]))
+            .dynamic(std::time::Duration::from_secs(10_800))
+            .with_comment("default/web:http"),
+    );
+    t.add_set(
+        Set::new("clients-brief", SetType::Typeof(vec![f.saddr()]))
+            .dynamic(std::time::Duration::from_millis(2_500)),
+    );
+
     let mut marks = Set::new("marks", SetType::Type(vec![DataType::Mark]));
     marks.insert(Key::Values(vec![Value::U32(1)].into()), None, None);
     t.add_set(marks);
@@ -256,6 +267,36 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
             }])
             .with_comment("default/web:http"),
         ),
+    );
+    // A client that was here before keeps its endpoint; one that is new is remembered.
+    t.add_chain(
+        Chain::regular("sticky")
+            .rule(
+                rule(vec![
+                    Stmt::Lookup {
+                        keys: vec![f.saddr()],
+                        set: "clients".into(),
+                        negate: false,
+                    },
+                    Stmt::counter(),
+                    verdict(Verdict::Goto("svc-b".into())),
+                ])
+                .with_comment("default/web:http"),
+            )
+            .rule(
+                rule(vec![Stmt::SetUpdate {
+                    keys: vec![f.saddr()],
+                    set: "clients".into(),
+                    timeout: Some(std::time::Duration::from_secs(10_800)),
+                }])
+                .with_comment("default/web:http"),
+            )
+            .rule(rule(vec![Stmt::SetUpdate {
+                keys: vec![f.saddr()],
+                set: "clients-brief".into(),
+                timeout: None,
+            }]))
+            .rule(rule(vec![verdict(Verdict::Goto("svc-b".into()))])),
     );
     t.add_chain(Chain::regular("svc-b").rule(rule(vec![
         Stmt::cmp(l4, Value::Proto(L4Proto::Udp)),

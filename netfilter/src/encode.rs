@@ -33,7 +33,11 @@ const NFT_SET_ANONYMOUS: u32 = 0x1;
 const NFT_SET_CONSTANT: u32 = 0x2;
 const NFT_SET_INTERVAL: u32 = 0x4;
 const NFT_SET_MAP: u32 = 0x8;
+const NFT_SET_TIMEOUT: u32 = 0x10;
+const NFT_SET_EVAL: u32 = 0x20;
 const NFT_SET_OBJECT: u32 = 0x40;
+/// `NFT_DYNSET_OP_UPDATE`: add the key, or restart its timeout.
+const NFT_DYNSET_OP_UPDATE: u32 = 1;
 const NFT_SET_ELEM_INTERVAL_END: u32 = 0x1;
 
 const NFT_REG_VERDICT: u32 = 0;
@@ -114,9 +118,13 @@ impl Batch {
     /// valid: what they refer to is created before them in the same batch. `freed` is called
     /// as parts are dropped (an allocator may return the pages they held before the batch
     /// grows further).
+    ///
+    /// `learned`: what dynamic sets held before, per table, given back to the sets of the same
+    /// name after their elements (a replace would otherwise empty them).
     pub fn encode_replace(
         first_seq: u32,
         mut tables: Vec<Table>,
+        learned: &BTreeMap<TableRef, crate::readback::LearnedElements>,
         freed: &mut dyn FnMut(),
     ) -> Result<Batch, EncodeError> {
         let mut elements: Vec<(usize, String, BTreeMap<Key, Element>)> = Vec::new();
@@ -169,6 +177,20 @@ impl Batch {
             })?;
             drop(elems);
             freed();
+        }
+        for t in &tables {
+            let Some(sets) = learned.get(&TableRef::of(t)) else {
+                continue;
+            };
+            for (name, elems) in sets {
+                if let Some(set) = t.sets.get(name).filter(|s| s.is_dynamic()) {
+                    b.push_op(&Op::RestoreElems {
+                        table: TableRef::of(t),
+                        set,
+                        learned: elems,
+                    })?;
+                }
+            }
         }
         drop(tables);
         freed();
@@ -298,6 +320,11 @@ impl Batch {
                     keys.iter().map(|k| (*k, None)).collect();
                 self.push_elems(table, set, &items, false)?;
             }
+            Op::RestoreElems {
+                table,
+                set,
+                learned,
+            } => self.push_learned(table, set, learned),
             Op::AddCounter(t, c) => self.push_add_counter(t, c),
             Op::DelCounter(t, name) => {
                 let o = NlObj::counter(t.family.nfproto(), &t.name, name);
@@ -460,6 +487,41 @@ impl Batch {
         Ok(())
     }
 
+    /// Elements a dynamic set learned, each expiring when it would have (never later than the
+    /// set's timeout from now: the kernel refuses that). Keys that do not fit the set (it was
+    /// declared anew) are left out.
+    fn push_learned(&mut self, t: &TableRef, set: &Set, learned: &[crate::readback::Learned]) {
+        let Some(timeout) = set.timeout else {
+            return;
+        };
+        let len = Layout::of(&set.key, t.family).len();
+        let elems: Vec<EncodedElem> = learned
+            .iter()
+            .filter(|l| l.key.len() == len)
+            .map(|l| EncodedElem {
+                key: l.key.clone(),
+                expiration: Some(l.expires.min(timeout).as_millis() as u64),
+                ..Default::default()
+            })
+            .collect();
+        for chunk in chunks(&elems) {
+            let ns = NlSet::with(t.family.nfproto(), &t.name, &set.name);
+            for el in chunk {
+                ns.add(el.to_nl());
+            }
+            self.msg(
+                NFT_MSG_NEWSETELEM,
+                t.family,
+                F_CREATE,
+                sys::Payload::SetElems(&ns),
+                obj(
+                    "restore",
+                    format!("{} elements of set {t} {}", chunk.len(), set.name),
+                ),
+            );
+        }
+    }
+
     fn push_rule(
         &mut self,
         t: &TableRef,
@@ -501,6 +563,23 @@ fn obj(action: &'static str, what: String) -> ObjectRef {
     ObjectRef { action, what }
 }
 
+/// Encoded elements cut into runs that each fit one message.
+fn chunks(elems: &[EncodedElem]) -> Vec<&[EncodedElem]> {
+    let mut out = Vec::new();
+    let (mut start, mut size) = (0, 0);
+    for (i, e) in elems.iter().enumerate() {
+        if i > start && size + e.size() > ELEM_MSG_BUDGET {
+            out.push(&elems[start..i]);
+            (start, size) = (i, 0);
+        }
+        size += e.size();
+    }
+    if start < elems.len() {
+        out.push(&elems[start..]);
+    }
+    out
+}
+
 #[derive(Default)]
 struct EncodedElem {
     key: Vec<u8>,
@@ -510,6 +589,8 @@ struct EncodedElem {
     /// The counter object a `: counter` map element names.
     counter: Option<String>,
     comment: Option<std::sync::Arc<str>>,
+    /// Milliseconds left before the element expires (a learned element carried over).
+    expiration: Option<u64>,
 }
 
 impl EncodedElem {
@@ -544,6 +625,9 @@ impl EncodedElem {
         }
         if let Some(c) = &self.counter {
             e = e.str(nsys::NFTNL_SET_ELEM_OBJREF, c);
+        }
+        if let Some(ms) = self.expiration {
+            e = e.u64(nsys::NFTNL_SET_ELEM_EXPIRATION, ms);
         }
         e
     }
@@ -641,6 +725,14 @@ fn encode_set_decl(t: &TableRef, s: &Set, id: u32) -> Result<NlSet, EncodeError>
     let mut flags = 0;
     if s.interval {
         flags |= NFT_SET_INTERVAL;
+    }
+    // `flags dynamic,timeout` and the default timeout. No size: nft gives a set an `update`
+    // names a size of 65535, which makes the kernel allocate its hash table for that many
+    // elements up front (about 1.5 MiB a set); without one the table starts small and grows,
+    // and the kernel caps the set at the same 65535 once a rule updates it.
+    if let Some(timeout) = s.timeout {
+        flags |= NFT_SET_TIMEOUT | NFT_SET_EVAL;
+        ns.u64(nsys::NFTNL_SET_TIMEOUT, timeout.as_millis() as u64);
     }
     match s.data {
         Some(MapData::Counter) => flags |= NFT_SET_OBJECT,
@@ -946,6 +1038,17 @@ impl RuleCtx {
                         .u32(nsys::NFTNL_EXPR_OBJREF_SET_SREG, NFT_REG_1)
                         .str(nsys::NFTNL_EXPR_OBJREF_SET_NAME, map),
                 );
+            }
+            Stmt::SetUpdate { keys, set, timeout } => {
+                self.load_keys(nr, keys);
+                let mut x = NlExpr::new("dynset")
+                    .u32(nsys::NFTNL_EXPR_DYNSET_SREG_KEY, NFT_REG_1)
+                    .u32(nsys::NFTNL_EXPR_DYNSET_OP, NFT_DYNSET_OP_UPDATE)
+                    .str(nsys::NFTNL_EXPR_DYNSET_SET_NAME, set);
+                if let Some(t) = timeout {
+                    x = x.u64(nsys::NFTNL_EXPR_DYNSET_TIMEOUT, t.as_millis() as u64);
+                }
+                nr.add(x);
             }
             Stmt::Nat { kind, addr, port } => nat_stmt(nr, kind, addr, port),
             Stmt::NatMap { kind, keys, map } => self.nat_map(nr, kind, keys, map),
