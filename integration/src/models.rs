@@ -148,6 +148,22 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
     }
     t.add_set(endpoints);
 
+    // A verdict map declared with typeof, with elements (ClientIP affinity's random pick).
+    let mut pick = Set::map(
+        "pick",
+        SetType::Typeof(vec![l4, th_dport, Expr::Numgen { modulus: 1 }]),
+        MapData::Verdict,
+    )
+    .with_comment("protocol . port . random index: the endpoint's chain");
+    for i in 0..2u32 {
+        pick.insert(
+            Key::Values(vec![Value::Proto(L4Proto::Tcp), Value::Port(80), Value::U32(i)].into()),
+            Some(ElemData::Verdict(Verdict::Goto("sticky".into()))),
+            Some("default/web:http".into()),
+        );
+    }
+    t.add_set(pick);
+
     // Filled by packets: ClientIP session affinity's per-endpoint client sets.
     t.add_set(
         Set::new("clients", SetType::Type(vec![f.addr_type()]))
@@ -298,6 +314,10 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
             }]))
             .rule(rule(vec![verdict(Verdict::Goto("svc-b".into()))])),
     );
+    t.add_chain(Chain::regular("pick-2").rule(rule(vec![Stmt::Vmap {
+        keys: vec![l4, th_dport, Expr::Numgen { modulus: 2 }],
+        map: "pick".into(),
+    }])));
     t.add_chain(Chain::regular("svc-b").rule(rule(vec![
         Stmt::cmp(l4, Value::Proto(L4Proto::Udp)),
         Stmt::Nat {

@@ -53,6 +53,9 @@ fn assert_dynamic_sets_listed(listing: &str) {
         format!("{ip} saddr @clients counter packets 0 bytes 0 goto svc-b comment \"default/web:http\""),
         format!("update @clients {{ {ip} saddr timeout 3h }} comment \"default/web:http\""),
         format!("update @clients-brief {{ {ip} saddr }}\n"),
+        "typeof meta l4proto . th dport . numgen random mod 1 : verdict".into(),
+        "tcp . 80 . 1 comment \"default/web:http\" : goto sticky".into(),
+        "meta l4proto . th dport . numgen random mod 2 vmap @pick".into(),
     ] {
         assert!(listing.contains(&want), "{want:?} missing from\n{listing}");
     }

@@ -760,8 +760,14 @@ fn encode_set_decl(t: &TableRef, s: &Set, id: u32) -> Result<NlSet, EncodeError>
         Some(MapData::Counter) => ns.u32(nsys::NFTNL_SET_OBJ_TYPE, sys::OBJECT_COUNTER),
     }
     crate::types::typeof_udata(&mut u, ud::KEY_TYPEOF, &s.key).map_err(err)?;
-    if let Some(MapData::Value(ty)) = &s.data {
-        crate::types::typeof_udata(&mut u, ud::DATA_TYPEOF, ty).map_err(err)?;
+    match (&s.key, &s.data) {
+        (_, Some(MapData::Value(ty))) => {
+            crate::types::typeof_udata(&mut u, ud::DATA_TYPEOF, ty).map_err(err)?
+        }
+        // A map declared with `typeof` records its verdict data as one too (nft cannot list
+        // the elements of one that does not).
+        (SetType::Typeof(_), Some(MapData::Verdict)) => crate::types::verdict_typeof_udata(&mut u),
+        _ => {}
     }
     if matches!(s.data, Some(MapData::Verdict | MapData::Value(_))) {
         u.put_u32(ud::DATA_INTERVAL, 0);

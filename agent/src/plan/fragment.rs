@@ -7,7 +7,7 @@ use super::diagnosis::{
 };
 use super::endpoints::Selection;
 use super::prepare::{Context, Prepared, PreparedPort, Stage};
-use super::service::{Cidr, TrafficPolicy};
+use super::service::{Cidr, ClientIpAffinity, TrafficPolicy};
 use super::table::{self, Action, Part, PortProgram};
 use crate::vocab::IpFamily;
 use crate::vocab::{ServiceKey, ServicePortId};
@@ -81,6 +81,7 @@ pub fn build<'k>(
     let Stage::Ports {
         policy,
         source_ranges,
+        affinity,
         families,
         ports,
         ..
@@ -110,6 +111,7 @@ pub fn build<'k>(
             addresses: &ctx.served[family],
             policy: *policy,
             source_ranges: source_ranges.as_deref(),
+            affinity: *affinity,
         };
         outcomes.push(program.outcome(ports, &winner, tables.then_some(&mut parts)));
     }
@@ -121,13 +123,14 @@ pub fn build<'k>(
 }
 
 /// What the Service's ports share in one family's table on this node: the Service, the
-/// addresses serving it there, its traffic policy and source ranges.
+/// addresses serving it there, its traffic policy, source ranges and session affinity.
 struct FamilyProgram<'a> {
     key: &'a ServiceKey,
     family: IpFamily,
     addresses: &'a [IpAddr],
     policy: TrafficPolicy,
     source_ranges: Option<&'a [Cidr]>,
+    affinity: Option<ClientIpAffinity>,
 }
 
 impl FamilyProgram<'_> {
@@ -189,6 +192,7 @@ impl FamilyProgram<'_> {
                 policy: self.policy,
                 addresses: self.addresses,
                 source_ranges: self.source_ranges,
+                affinity: self.affinity,
                 action,
             },
         );

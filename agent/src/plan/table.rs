@@ -13,6 +13,17 @@
 //!   Only the `endpoints-N` chains refer to the endpoint map: the kernel walks a whole map each
 //!   time a new chain binds to it, so a DNAT rule per Service port would make a commit's cost
 //!   grow with Services times endpoints, where a few shared chains bind it a few times.
+//! - `sessionAffinity: ClientIP` (as kube-proxy's nftables mode does it): each endpoint of
+//!   the Service port has a chain `ep-<namespace>/<name>-<proto>-<port>-<address>-<target
+//!   port>` that records the client in its own set `affinity-<same>` (`flags
+//!   dynamic,timeout`, `timeout` the Service's `timeoutSeconds`) and DNATs to the endpoint.
+//!   The Service port's chain first sends a client found in an endpoint's set to that
+//!   endpoint's chain, and picks for the others in the shared chain `affinity-endpoints-N`,
+//!   which goes (`numgen random mod N`) to an endpoint's chain through the global verdict map
+//!   `affinity-endpoints` (`l4proto . th dport . index : goto <endpoint chain>`). Only
+//!   affinity Services pay for chains and sets per endpoint; the map and its chains exist
+//!   while one does. Chains and sets are named for the endpoint, not its index, so an
+//!   endpoint that comes or goes leaves the others' clients where they are.
 //! - Services without any endpoint are in `set no-endpoints`, rejected in filter `input` and
 //!   `filter-output` (TCP reset, ICMP port unreachable): reject is not allowed in prerouting.
 //! - Masquerade in nat `postrouting`, decided from conntrack's original destination (no packet
@@ -36,7 +47,7 @@
 //! [`Part`] per Service; between two syncs only the Parts of changed Services are compared.
 
 use super::endpoints::Endpoint;
-use super::service::{Cidr, TrafficPolicy};
+use super::service::{Cidr, ClientIpAffinity, TrafficPolicy};
 use crate::vocab::IpFamily;
 use crate::vocab::{Protocol, ServiceKey, ServicePortId};
 use nodelb_netfilter::{
@@ -47,6 +58,7 @@ use nodelb_netfilter::{
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Priority of nodelb's dispatch (nat `prerouting` and `output`): `dstnat - 10`, before every
 /// other DNAT at `dstnat` (-100: kube-proxy, CNI hostPort/portmap, Docker), so for the addresses
@@ -66,6 +78,7 @@ pub const NO_ENDPOINTS_SET: &str = "no-endpoints";
 pub const LOCAL_ADDRESSES_SET: &str = "local-addresses";
 pub const HAIRPIN_SET: &str = "hairpin";
 pub const COUNTERS_MAP: &str = "svc-counters";
+pub const AFFINITY_MAP: &str = "affinity-endpoints";
 
 /// What one Service port does on this node and family.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,6 +100,8 @@ pub struct PortProgram<'a> {
     pub addresses: &'a [IpAddr],
     /// `None`: every source; `Some`: only these prefixes (of any family; others are ignored).
     pub source_ranges: Option<&'a [Cidr]>,
+    /// `sessionAffinity: ClientIP`: a client keeps its endpoint.
+    pub affinity: Option<ClientIpAffinity>,
     pub action: Action,
 }
 
@@ -96,31 +111,72 @@ pub struct Part {
     /// Elements of the shared sets and maps, by set name and key.
     pub elements: BTreeMap<(&'static str, Key), Element>,
     pub chains: SmallMap<Chain>,
-    /// The Service's own source-range set.
-    pub source_set: Option<Set>,
+    /// The Service's own sets: its source-range set, and with ClientIP affinity each
+    /// endpoint's set of clients.
+    pub sets: SmallMap<Set>,
     /// Endpoint addresses for the shared `hairpin` set, with this Service port's comment.
     pub hairpin: BTreeMap<IpAddr, Arc<str>>,
     /// The Service's counter objects, by name (equal by name and comment only).
     pub counters: SmallMap<Counter>,
     /// Endpoint counts whose shared `endpoints-N` chain this Service goes to.
     pub endpoint_chains: BTreeSet<usize>,
+    /// Endpoint counts whose shared `affinity-endpoints-N` chain this Service goes to.
+    pub affinity_chains: BTreeSet<usize>,
 }
 
-/// Name of the shared chain that picks one of `n` endpoints.
-fn endpoint_chain_name(n: usize) -> String {
-    format!("endpoints-{n}")
+impl Part {
+    /// The shared chains this Part goes to.
+    fn picks(&self) -> impl Iterator<Item = Pick> + '_ {
+        let dnat = self.endpoint_chains.iter().map(|n| Pick::Dnat(*n));
+        dnat.chain(self.affinity_chains.iter().map(|n| Pick::Affinity(*n)))
+    }
 }
 
-/// The shared chain that picks one of `n` endpoints of the Service port the packet is for.
-fn endpoint_chain(n: usize) -> Chain {
-    Chain::regular(endpoint_chain_name(n)).rule(
-        Rule::new(vec![Stmt::NatMap {
-            kind: NatKind::Dnat,
-            keys: vec![L4, TH_DPORT, Expr::Numgen { modulus: n as u32 }],
-            map: ENDPOINTS_MAP.into(),
-        }])
-        .with_comment(format!("one of {n} endpoints")),
+/// A chain several Service ports share that picks one of a port's `N` endpoints at random.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Pick {
+    /// `endpoints-N`: DNAT through the endpoint map.
+    Dnat(usize),
+    /// `affinity-endpoints-N`: on to the endpoint's chain, which remembers the client.
+    Affinity(usize),
+}
+
+impl Pick {
+    fn name(self) -> String {
+        match self {
+            Pick::Dnat(n) => format!("endpoints-{n}"),
+            Pick::Affinity(n) => format!("{AFFINITY_MAP}-{n}"),
+        }
+    }
+
+    /// The chain, which looks up the Service port the packet is for and a random index.
+    fn chain(self) -> Chain {
+        let (n, stmt, what) = match self {
+            Pick::Dnat(n) => {
+                let keys = vec![L4, TH_DPORT, Expr::Numgen { modulus: n as u32 }];
+                let map = ENDPOINTS_MAP.into();
+                let kind = NatKind::Dnat;
+                (n, Stmt::NatMap { kind, keys, map }, "endpoints")
+            }
+            Pick::Affinity(n) => {
+                let keys = vec![L4, TH_DPORT, Expr::Numgen { modulus: n as u32 }];
+                let map = AFFINITY_MAP.into();
+                (n, Stmt::Vmap { keys, map }, "endpoints, ClientIP affinity")
+            }
+        };
+        Chain::regular(self.name())
+            .rule(Rule::new(vec![stmt]).with_comment(format!("one of {n} {what}")))
+    }
+}
+
+/// The map that sends a new client of an affinity Service port to one endpoint's chain.
+fn affinity_map() -> Set {
+    Set::map(
+        AFFINITY_MAP,
+        SetType::Typeof(vec![L4, TH_DPORT, Expr::Numgen { modulus: 1 }]),
+        MapData::Verdict,
     )
+    .with_comment("protocol . port . random index: the endpoint's chain (ClientIP affinity)")
 }
 
 /// A few named items (a Service's chains or counters: one to three), sorted by name in a
@@ -166,14 +222,62 @@ pub fn comment(service: &ServiceKey, port: &ServicePortId) -> String {
     format!("{service}:{}", port.label())
 }
 
-/// The chain of one Service port.
-pub fn service_chain(service: &ServiceKey, port: &ServicePortId) -> String {
+/// `<namespace>/<name>-<proto>-<port>`: what names a Service port's chains and sets.
+fn port_ident(service: &ServiceKey, port: &ServicePortId) -> String {
     format!(
-        "svc-{}/{}-{}-{}",
+        "{}/{}-{}-{}",
         service.namespace,
         service.name,
         port.protocol.keyword(),
         port.port
+    )
+}
+
+/// The chain of one Service port.
+pub fn service_chain(service: &ServiceKey, port: &ServicePortId) -> String {
+    format!("svc-{}", port_ident(service, port))
+}
+
+/// An endpoint in a chain or set name: its address and port, IPv6 with `.` for `:` (names
+/// hold no `:`), written so that two addresses never read the same (no dotted IPv4 tail).
+fn endpoint_ident(e: &Endpoint) -> String {
+    let addr = match e.addr {
+        IpAddr::V4(a) => a.to_string(),
+        IpAddr::V6(a) => {
+            let seg = a.segments();
+            // The longest run of zero groups (two or more), the first of equals, as `..`.
+            let mut run = (0, 0);
+            let mut i = 0;
+            while i < 8 {
+                let len = seg[i..].iter().take_while(|g| **g == 0).count();
+                if len > run.1 {
+                    run = (i, len);
+                }
+                i += len.max(1);
+            }
+            let hex = |s: &[u16]| s.iter().map(|g| format!("{g:x}")).collect::<Vec<_>>();
+            if run.1 >= 2 {
+                let (head, tail) = (hex(&seg[..run.0]), hex(&seg[run.0 + run.1..]));
+                format!("{}..{}", head.join("."), tail.join("."))
+            } else {
+                hex(&seg).join(".")
+            }
+        }
+    };
+    format!("{addr}-{}", e.port)
+}
+
+/// The chain of one endpoint of a Service port with ClientIP affinity.
+pub fn affinity_endpoint_chain(service: &ServiceKey, port: &ServicePortId, e: &Endpoint) -> String {
+    format!("ep-{}-{}", port_ident(service, port), endpoint_ident(e))
+}
+
+/// The set of the clients one endpoint of a ClientIP affinity Service port keeps.
+pub fn affinity_set(service: &ServiceKey, port: &ServicePortId, e: &Endpoint) -> String {
+    format!(
+        "affinity-{}-{}",
+        port_ident(service, port),
+        endpoint_ident(e)
     )
 }
 
@@ -304,37 +408,30 @@ pub fn add_port(part: &mut Part, family: IpFamily, p: &PortProgram<'_>) {
         counter.clone(),
         Counter::new(counter).with_comment(note.to_string()),
     );
-    let target = match &p.action {
+    let (eps, local_only) = match &p.action {
         Action::Reject => {
-            for a in p.addresses {
-                part.elements.insert(
-                    (NO_ENDPOINTS_SET, service_key(*a, p.port)),
-                    element(None, &note),
-                );
-            }
-            // Clients outside the source ranges are dropped and counted, not told the
-            // Service exists: its chain drops them and lets the others on to the reject.
-            if p.source_ranges.is_some() {
-                let chain = service_port_chain(part, &ip, p, &note, Last::Nothing);
-                for a in p.addresses {
-                    part.elements.insert(
-                        (SERVICES_MAP, service_key(*a, p.port)),
-                        element(Some(ElemData::Verdict(Verdict::Jump(chain.clone()))), &note),
-                    );
-                }
-            }
+            add_rejecting_port(part, &ip, p, &note);
             return;
         }
-        Action::DropExceptNode(eps) => {
-            add_endpoints(part, p, &note, eps, false);
-            service_port_chain(part, &ip, p, &note, Last::DropExceptNode(eps.len()))
+        Action::DropExceptNode(eps) => (eps, true),
+        Action::Forward(eps) => (eps, false),
+    };
+    // Endpoints that serve only this node's own clients are not reached by hairpin traffic.
+    let hairpin = !local_only;
+    let last = match p.affinity {
+        Some(a) => {
+            let sticky = add_affinity_endpoints(part, &ip, p, &note, eps, a, hairpin);
+            Last::Affinity { sticky, local_only }
         }
-        Action::Forward(eps) => {
-            add_endpoints(part, p, &note, eps, true);
-            service_port_chain(part, &ip, p, &note, Last::Dnat(eps.len()))
+        None => {
+            add_endpoints(part, p, &note, eps, hairpin);
+            match local_only {
+                true => Last::DropExceptNode(eps.len()),
+                false => Last::Dnat(eps.len()),
+            }
         }
     };
-
+    let target = service_port_chain(part, &ip, p, &note, last);
     for a in p.addresses {
         let key = service_key(*a, p.port);
         part.elements.insert(
@@ -352,6 +449,39 @@ pub fn add_port(part: &mut Part, family: IpFamily, p: &PortProgram<'_>) {
     }
 }
 
+/// A port without endpoints: rejected in the filter hooks. Clients outside the source ranges
+/// are dropped and counted, not told the Service exists: its chain drops them and lets the
+/// others on to the reject.
+fn add_rejecting_port(part: &mut Part, ip: &IpHeader, p: &PortProgram<'_>, note: &Arc<str>) {
+    for a in p.addresses {
+        part.elements.insert(
+            (NO_ENDPOINTS_SET, service_key(*a, p.port)),
+            element(None, note),
+        );
+    }
+    if p.source_ranges.is_some() {
+        let chain = service_port_chain(part, ip, p, note, Last::Nothing);
+        for a in p.addresses {
+            part.elements.insert(
+                (SERVICES_MAP, service_key(*a, p.port)),
+                element(Some(ElemData::Verdict(Verdict::Jump(chain.clone()))), note),
+            );
+        }
+    }
+}
+
+/// The key of a Service port's `index`th endpoint in the endpoint maps.
+fn endpoint_key(port: &ServicePortId, index: usize) -> Key {
+    Key::Values(
+        vec![
+            Value::Proto(port.protocol.l4()),
+            Value::Port(port.port),
+            Value::U32(index as u32),
+        ]
+        .into(),
+    )
+}
+
 /// The endpoint map's elements of one Service port; `hairpin`: its endpoints may reach it
 /// through this node (not for endpoints that serve only this node's own clients).
 fn add_endpoints(
@@ -363,17 +493,7 @@ fn add_endpoints(
 ) {
     for (i, e) in eps.iter().enumerate() {
         part.elements.insert(
-            (
-                ENDPOINTS_MAP,
-                Key::Values(
-                    vec![
-                        Value::Proto(p.port.protocol.l4()),
-                        Value::Port(p.port.port),
-                        Value::U32(i as u32),
-                    ]
-                    .into(),
-                ),
-            ),
+            (ENDPOINTS_MAP, endpoint_key(p.port, i)),
             element(
                 Some(ElemData::Values(
                     vec![value(e.addr), Value::Port(e.port)].into(),
@@ -387,6 +507,57 @@ fn add_endpoints(
     }
 }
 
+/// With ClientIP affinity, each endpoint's set of clients and its chain, which records the
+/// client there and DNATs, and the affinity map's element that reaches it. Returns each
+/// endpoint's (set, chain), in endpoint order.
+fn add_affinity_endpoints(
+    part: &mut Part,
+    ip: &IpHeader,
+    p: &PortProgram<'_>,
+    note: &Arc<str>,
+    eps: &[Endpoint],
+    affinity: ClientIpAffinity,
+    hairpin: bool,
+) -> Vec<(String, String)> {
+    let timeout = Duration::from_secs(affinity.timeout_seconds.into());
+    let mut sticky = Vec::with_capacity(eps.len());
+    for (i, e) in eps.iter().enumerate() {
+        let set = affinity_set(p.service, p.port, e);
+        let chain = affinity_endpoint_chain(p.service, p.port, e);
+        part.sets.insert(
+            set.clone(),
+            Set::new(&set, SetType::Type(vec![ip.addr_type()]))
+                .dynamic(timeout)
+                .with_comment(note.to_string()),
+        );
+        // Two rules: a full set stops the update, never the DNAT.
+        let record = Stmt::SetUpdate {
+            keys: vec![ip.saddr()],
+            set: set.clone(),
+            timeout: Some(timeout),
+        };
+        let dnat = Stmt::Nat {
+            kind: NatKind::Dnat,
+            addr: e.addr,
+            port: Some(e.port),
+        };
+        let mut c = Chain::regular(&chain)
+            .rule(Rule::new(vec![record]).with_comment(note.to_string()))
+            .rule(Rule::new(vec![l4_is(p.port.protocol), dnat]).with_comment(note.to_string()));
+        c.rules.shrink_to_fit();
+        part.chains.insert(chain.clone(), c);
+        part.elements.insert(
+            (AFFINITY_MAP, endpoint_key(p.port, i)),
+            element(Some(ElemData::Verdict(Verdict::Goto(chain.clone()))), note),
+        );
+        if hairpin {
+            part.hairpin.entry(e.addr).or_insert_with(|| note.clone());
+        }
+        sticky.push((set, chain));
+    }
+    sticky
+}
+
 /// How a Service port's chain ends, after the source-range check.
 enum Last {
     /// DNAT to one of `n` endpoints.
@@ -394,6 +565,13 @@ enum Last {
     /// `Local` policy without a local endpoint: clients on this node DNAT to one of `n`
     /// endpoints elsewhere, everyone else is dropped.
     DropExceptNode(usize),
+    /// ClientIP affinity: a client in an endpoint's set goes to that endpoint's chain, the
+    /// others to one picked at random (`sticky`: each endpoint's set and chain); `local_only`:
+    /// as [`Last::DropExceptNode`], only this node's own clients get that far.
+    Affinity {
+        sticky: Vec<(String, String)>,
+        local_only: bool,
+    },
     /// Nothing: allowed clients go on (to the no-endpoints reject).
     Nothing,
 }
@@ -409,74 +587,108 @@ fn service_port_chain(
     let name = service_chain(p.service, p.port);
     let mut chain = Chain::regular(&name);
     if let Some(ranges) = p.source_ranges {
-        let set_name = source_set(p.service);
-        if part.source_set.is_none() {
-            let mut set = Set::new(&set_name, SetType::Type(vec![ip.addr_type()]))
-                .interval()
-                .with_comment(format!("{}: loadBalancerSourceRanges", p.service));
-            for c in ranges.iter().filter(|c| c.family() == ip.0) {
-                set.insert(
-                    Key::Prefix(c.addr, c.len),
-                    None,
-                    Some(p.service.to_string().into()),
-                );
-            }
-            part.source_set = Some(set);
-        }
-        let drops = counter_name(CounterKind::SourceRangeDrops, p.service, p.port);
-        part.counters.insert(
-            drops.clone(),
-            Counter::new(&drops).with_comment(format!("{note}: source-range drops")),
-        );
-        chain.push(
-            Rule::new(vec![
-                Stmt::Lookup {
-                    keys: vec![ip.saddr()],
-                    set: set_name,
-                    negate: true,
-                },
-                Stmt::CounterRef(drops),
-                Stmt::Verdict(Verdict::Drop),
-            ])
-            .with_comment(format!("{note}: source not in loadBalancerSourceRanges")),
-        );
+        chain.push(source_range_rule(part, ip, p, ranges, note));
     }
-    match last {
-        Last::Dnat(n) => {
-            part.endpoint_chains.insert(n);
-            chain.push(
-                Rule::new(vec![
-                    Stmt::counter(),
-                    Stmt::Verdict(Verdict::Goto(endpoint_chain_name(n))),
-                ])
-                .with_comment(note),
-            )
-        }
-        Last::DropExceptNode(n) => {
-            part.endpoint_chains.insert(n);
-            chain.push(
-                Rule::new(vec![
-                    Stmt::Lookup {
-                        keys: vec![ip.saddr()],
-                        set: LOCAL_ADDRESSES_SET.into(),
-                        negate: false,
-                    },
-                    Stmt::counter(),
-                    Stmt::Verdict(Verdict::Goto(endpoint_chain_name(n))),
-                ])
-                .with_comment(format!("{note}: Local policy, this node's own clients")),
-            );
-            chain.push(
-                Rule::new(vec![Stmt::counter(), Stmt::Verdict(Verdict::Drop)])
-                    .with_comment(format!("{note}: Local policy, no endpoint on this node")),
-            )
-        }
-        Last::Nothing => {}
-    }
+    chain.rules.extend(last_rules(part, ip, note, last));
     // The committed table keeps one such chain per Service port: no spare room.
     chain.rules.shrink_to_fit();
     part.chains.insert(name.clone(), chain);
     name
+}
+
+/// The rule that drops (and counts) clients outside the Service's source ranges, with the
+/// Service's source-range set and drop counter.
+fn source_range_rule(
+    part: &mut Part,
+    ip: &IpHeader,
+    p: &PortProgram<'_>,
+    ranges: &[Cidr],
+    note: &str,
+) -> Rule {
+    let set_name = source_set(p.service);
+    if !part.sets.contains_key(&set_name) {
+        let mut set = Set::new(&set_name, SetType::Type(vec![ip.addr_type()]))
+            .interval()
+            .with_comment(format!("{}: loadBalancerSourceRanges", p.service));
+        for c in ranges.iter().filter(|c| c.family() == ip.0) {
+            set.insert(
+                Key::Prefix(c.addr, c.len),
+                None,
+                Some(p.service.to_string().into()),
+            );
+        }
+        part.sets.insert(set_name.clone(), set);
+    }
+    let drops = counter_name(CounterKind::SourceRangeDrops, p.service, p.port);
+    part.counters.insert(
+        drops.clone(),
+        Counter::new(&drops).with_comment(format!("{note}: source-range drops")),
+    );
+    Rule::new(vec![
+        Stmt::Lookup {
+            keys: vec![ip.saddr()],
+            set: set_name,
+            negate: true,
+        },
+        Stmt::CounterRef(drops),
+        Stmt::Verdict(Verdict::Drop),
+    ])
+    .with_comment(format!("{note}: source not in loadBalancerSourceRanges"))
+}
+
+/// The rules that end a Service port's chain, and the shared chains they go to.
+fn last_rules(part: &mut Part, ip: &IpHeader, note: &str, last: Last) -> Vec<Rule> {
+    let from_node = || Stmt::Lookup {
+        keys: vec![ip.saddr()],
+        set: LOCAL_ADDRESSES_SET.into(),
+        negate: false,
+    };
+    let count_and = |v: Verdict| vec![Stmt::counter(), Stmt::Verdict(v)];
+    let drop_note = || format!("{note}: Local policy, no endpoint on this node");
+    let drop_rule = || Rule::new(count_and(Verdict::Drop)).with_comment(drop_note());
+    let node_note = || format!("{note}: Local policy, this node's own clients");
+    match last {
+        Last::Dnat(n) => {
+            part.endpoint_chains.insert(n);
+            let goto = Verdict::Goto(Pick::Dnat(n).name());
+            vec![Rule::new(count_and(goto)).with_comment(note)]
+        }
+        Last::DropExceptNode(n) => {
+            part.endpoint_chains.insert(n);
+            let mut stmts = vec![from_node()];
+            stmts.extend(count_and(Verdict::Goto(Pick::Dnat(n).name())));
+            vec![Rule::new(stmts).with_comment(node_note()), drop_rule()]
+        }
+        Last::Affinity { sticky, local_only } => {
+            part.affinity_chains.insert(sticky.len());
+            let mut rules = Vec::with_capacity(sticky.len() + 2);
+            if local_only {
+                let mut stmts = vec![Stmt::Lookup {
+                    keys: vec![ip.saddr()],
+                    set: LOCAL_ADDRESSES_SET.into(),
+                    negate: true,
+                }];
+                stmts.extend(count_and(Verdict::Drop));
+                rules.push(Rule::new(stmts).with_comment(drop_note()));
+            }
+            for (set, chain) in sticky.iter() {
+                let known = Stmt::Lookup {
+                    keys: vec![ip.saddr()],
+                    set: set.clone(),
+                    negate: false,
+                };
+                let mut stmts = vec![known];
+                stmts.extend(count_and(Verdict::Goto(chain.clone())));
+                rules.push(Rule::new(stmts).with_comment(note));
+            }
+            let pick = Rule::new(count_and(Verdict::Goto(
+                Pick::Affinity(sticky.len()).name(),
+            )));
+            rules.push(pick.with_comment(if local_only { node_note() } else { note.into() }));
+            rules
+        }
+        Last::Nothing => Vec::new(),
+    }
 }
 
 /// Who uses each hairpin address, by the comment of each user, sorted; the element's comment
@@ -542,20 +754,23 @@ pub fn skeleton(family: IpFamily, name: &str, local_addresses: &BTreeSet<IpAddr>
 /// then the shared chains and the hairpin elements.
 pub struct Assembly {
     table: Table,
-    endpoint_counts: BTreeSet<usize>,
+    picks: BTreeSet<Pick>,
 }
 
 impl Assembly {
     pub fn new(skeleton: Table) -> Assembly {
         Assembly {
             table: skeleton,
-            endpoint_counts: BTreeSet::new(),
+            picks: BTreeSet::new(),
         }
     }
 
     pub fn add(&mut self, part: Part) {
         let t = &mut self.table;
-        self.endpoint_counts.extend(part.endpoint_chains);
+        self.picks.extend(part.picks());
+        if !part.affinity_chains.is_empty() && !t.sets.contains_key(AFFINITY_MAP) {
+            t.add_set(affinity_map());
+        }
         for ((set, key), e) in part.elements {
             if let Some(s) = t.sets.get_mut(set) {
                 s.elements.insert(key, e);
@@ -564,8 +779,8 @@ impl Assembly {
         for (name, c) in part.chains.0 {
             t.chains.insert(name, c);
         }
-        if let Some(s) = part.source_set {
-            t.sets.insert(s.name.clone(), s);
+        for (name, s) in part.sets.0 {
+            t.sets.insert(name, s);
         }
         for (name, c) in part.counters.0 {
             t.counters.insert(name, c);
@@ -573,8 +788,8 @@ impl Assembly {
     }
 
     pub fn finish(mut self, hairpin: &HairpinUsers) -> Table {
-        for n in std::mem::take(&mut self.endpoint_counts) {
-            self.table.add_chain(endpoint_chain(n));
+        for pick in std::mem::take(&mut self.picks) {
+            self.table.add_chain(pick.chain());
         }
         if let Some(s) = self.table.sets.get_mut(HAIRPIN_SET) {
             for (addr, users) in hairpin {
@@ -607,8 +822,12 @@ pub fn edit_part(old: Option<&Part>, new: Option<&Part>, edit: &mut Edit) {
             _ => elem_edit(edit, set).add.push((key.clone(), e.clone())),
         }
     }
+    // A set declared anew (another timeout or comment) goes and comes back in the edit: every
+    // chain of the Service that may use it is replaced, so none holds the old one.
+    let redeclared = edit_sets(old, new, edit);
     for (name, c) in new.chains.iter() {
-        if old.chains.get(name) != Some(c) {
+        let existed = old.chains.get(name);
+        if existed != Some(c) || (redeclared && existed.is_some()) {
             edit.put_chains.push(c.clone());
         }
     }
@@ -629,26 +848,42 @@ pub fn edit_part(old: Option<&Part>, new: Option<&Part>, edit: &mut Edit) {
             edit.del_counters.push(name.clone());
         }
     }
-    match (&old.source_set, &new.source_set) {
-        (None, None) => {}
-        (None, Some(n)) => edit.add_sets.push(n.clone()),
-        (Some(o), None) => edit.del_sets.push(o.name.clone()),
-        (Some(o), Some(n)) if o == n => {}
-        (Some(o), Some(n)) => {
-            // Same name, so the same Service and declaration: only elements differ.
-            let e = elem_edit(edit, &n.name);
-            for k in o.elements.keys() {
-                if n.elements.get(k) != o.elements.get(k) {
-                    e.del.push(k.clone());
+}
+
+/// Record in `edit` how a Service's own sets change: added, removed, their elements, or
+/// declared anew under the same name (removed and added). Returns whether one was.
+fn edit_sets(old: &Part, new: &Part, edit: &mut Edit) -> bool {
+    let mut redeclared = false;
+    for (name, n) in new.sets.iter() {
+        match old.sets.get(name) {
+            None => edit.add_sets.push(n.clone()),
+            Some(o) if o == n => {}
+            Some(o) if o.same_decl(n) => {
+                let e = elem_edit(edit, name);
+                for k in o.elements.keys() {
+                    if n.elements.get(k) != o.elements.get(k) {
+                        e.del.push(k.clone());
+                    }
+                }
+                for (k, v) in &n.elements {
+                    if o.elements.get(k) != Some(v) {
+                        e.add.push((k.clone(), v.clone()));
+                    }
                 }
             }
-            for (k, v) in &n.elements {
-                if o.elements.get(k) != Some(v) {
-                    e.add.push((k.clone(), v.clone()));
-                }
+            Some(_) => {
+                redeclared = true;
+                edit.del_sets.push(name.clone());
+                edit.add_sets.push(n.clone());
             }
         }
     }
+    for name in old.sets.keys() {
+        if !new.sets.contains_key(name) {
+            edit.del_sets.push(name.clone());
+        }
+    }
+    redeclared
 }
 
 fn elem_edit<'e>(edit: &'e mut Edit, set: &str) -> &'e mut ElemEdit {
@@ -656,22 +891,29 @@ fn elem_edit<'e>(edit: &'e mut Edit, set: &str) -> &'e mut ElemEdit {
 }
 
 /// What several Services' Parts share in the tables, with who uses it, per family: the
-/// `endpoints-N` chains (how many Service ports go to each) and the `hairpin` set's elements
-/// (the users of each address). Moving a Part's uses is recorded in a [`SharedBefore`]; the
+/// `endpoints-N` and `affinity-endpoints-N` chains (how many Service ports go to each; the
+/// affinity map exists while one of the latter does) and the `hairpin` set's elements (the
+/// users of each address). Moving a Part's uses is recorded in a [`SharedBefore`]; the
 /// edits that follow are known once every Part of an update has moved ([`Shared::edits`]), so
 /// an object one Service drops and another takes is left alone.
 #[derive(Clone, Debug, Default)]
 pub struct Shared {
-    endpoint_chains: BTreeMap<IpFamily, BTreeMap<usize, usize>>,
+    picks: BTreeMap<IpFamily, BTreeMap<Pick, usize>>,
     hairpin: BTreeMap<IpFamily, HairpinUsers>,
 }
 
-/// What each shared object an update touched was before it, per family: whether an
-/// `endpoints-N` chain existed, and the first user of a hairpin address.
+/// What each shared object an update touched was before it, per family: whether a shared
+/// chain existed, whether the affinity map did, and the first user of a hairpin address.
 #[derive(Debug, Default)]
 pub struct SharedBefore {
-    chains: BTreeMap<IpFamily, BTreeMap<usize, bool>>,
+    chains: BTreeMap<IpFamily, BTreeMap<Pick, bool>>,
+    affinity_map: BTreeMap<IpFamily, bool>,
     hairpin: BTreeMap<IpFamily, BTreeMap<IpAddr, Option<Arc<str>>>>,
+}
+
+/// Whether the affinity map exists: while an `affinity-endpoints-N` chain does.
+fn has_affinity(uses: Option<&BTreeMap<Pick, usize>>) -> bool {
+    uses.is_some_and(|u| u.keys().any(|p| matches!(p, Pick::Affinity(_))))
 }
 
 impl Shared {
@@ -689,20 +931,24 @@ impl Shared {
         new: Option<&Part>,
         before: &mut SharedBefore,
     ) {
-        let uses = self.endpoint_chains.entry(family).or_default();
+        let uses = self.picks.entry(family).or_default();
+        before
+            .affinity_map
+            .entry(family)
+            .or_insert_with(|| has_affinity(Some(uses)));
         let existed = before.chains.entry(family).or_default();
-        for n in old.iter().flat_map(|p| &p.endpoint_chains) {
-            existed.entry(*n).or_insert_with(|| uses.contains_key(n));
-            if let Some(c) = uses.get_mut(n) {
+        for n in old.iter().flat_map(|p| p.picks()) {
+            existed.entry(n).or_insert_with(|| uses.contains_key(&n));
+            if let Some(c) = uses.get_mut(&n) {
                 *c -= 1;
                 if *c == 0 {
-                    uses.remove(n);
+                    uses.remove(&n);
                 }
             }
         }
-        for n in new.iter().flat_map(|p| &p.endpoint_chains) {
-            existed.entry(*n).or_insert_with(|| uses.contains_key(n));
-            *uses.entry(*n).or_default() += 1;
+        for n in new.iter().flat_map(|p| p.picks()) {
+            existed.entry(n).or_insert_with(|| uses.contains_key(&n));
+            *uses.entry(n).or_default() += 1;
         }
         let users = self.hairpin.entry(family).or_default();
         let first = before.hairpin.entry(family).or_default();
@@ -732,26 +978,49 @@ impl Shared {
     }
 
     /// The edits the moves since `before` was empty cause, added to each family's edit: the
-    /// `endpoints-N` chains that came or went, then the hairpin elements whose first user
-    /// changed.
+    /// shared chains that came or went, the affinity map, then the hairpin elements whose
+    /// first user changed.
     pub fn edits(&self, before: SharedBefore, edits: &mut BTreeMap<IpFamily, Edit>) {
         for (family, existed) in &before.chains {
-            let uses = self.endpoint_chains.get(family);
+            let uses = self.picks.get(family);
             let edit = edits.entry(*family).or_default();
             for (n, existed) in existed {
                 let exists = uses.is_some_and(|u| u.contains_key(n));
                 match (existed, exists) {
-                    (false, true) => edit.put_chains.push(endpoint_chain(*n)),
-                    (true, false) => edit.del_chains.push(endpoint_chain_name(*n)),
+                    (false, true) => edit.put_chains.push(n.chain()),
+                    (true, false) => edit.del_chains.push(n.name()),
                     _ => {}
                 }
             }
+        }
+        for (family, existed) in &before.affinity_map {
+            let exists = has_affinity(self.picks.get(family));
+            edit_affinity_map(*existed, exists, edits.entry(*family).or_default());
         }
         let none = HairpinUsers::new();
         for (family, first) in &before.hairpin {
             let users = self.hairpin.get(family).unwrap_or(&none);
             edit_hairpin(first, users, edits.entry(*family).or_default());
         }
+    }
+}
+
+/// The affinity map comes with its first user and goes with its last: created with the
+/// elements the Parts' edits add to it, or deleted with its elements.
+fn edit_affinity_map(existed: bool, exists: bool, edit: &mut Edit) {
+    match (existed, exists) {
+        (false, true) => {
+            let mut map = affinity_map();
+            if let Some(e) = edit.elements.remove(AFFINITY_MAP) {
+                map.elements.extend(e.add);
+            }
+            edit.add_sets.push(map);
+        }
+        (true, false) => {
+            edit.elements.remove(AFFINITY_MAP);
+            edit.del_sets.push(AFFINITY_MAP.into());
+        }
+        _ => {}
     }
 }
 
