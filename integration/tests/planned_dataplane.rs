@@ -1029,9 +1029,10 @@ fn one_backend(got: &[(usize, IpAddr)], what: &str) -> usize {
 
 const STICKY: [(Proto, u16); 2] = [(Proto::Tcp, 80), (Proto::Udp, 53)];
 const BRIEF: [(Proto, u16); 2] = [(Proto::Tcp, 81), (Proto::Udp, 54)];
-/// Rounds of "wait out the 2-second timeout, connect again". Each round's first pick is a
-/// fair one of 4 endpoints, so a working timeout shows a single endpoint in every round of a
-/// family and protocol with chance 4 * (1/4)^12 = 6e-8, about 2.4e-7 for the four of them.
+/// At most this many rounds of "wait out the 2-second timeout, connect again" (they stop once
+/// every family and protocol has seen two endpoints). Each round's first pick is a fair one of
+/// 4 endpoints, so a working timeout shows one endpoint in every round of a family and
+/// protocol with chance 4 * (1/4)^12 = 6e-8, about 2.4e-7 for the four of them.
 const TIMEOUT_ROUNDS: usize = 12;
 
 #[test]
@@ -1095,6 +1096,9 @@ fn client_ip_affinity_keeps_a_client_on_one_endpoint_until_its_timeout() {
     // Once a client has been away for the timeout, it is picked for anew (and kept again).
     let mut firsts: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); FAMILIES.len() * BRIEF.len()];
     for round in 0..TIMEOUT_ROUNDS {
+        if firsts.iter().all(|seen| seen.len() > 1) {
+            break;
+        }
         std::thread::sleep(Duration::from_millis(2_600));
         for (k, (f, (proto, port))) in FAMILIES
             .iter()
