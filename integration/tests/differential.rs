@@ -56,6 +56,7 @@ fn assert_dynamic_sets_listed(listing: &str) {
         "typeof meta l4proto . th dport . numgen random mod 1 : verdict".into(),
         "tcp . 80 . 1 comment \"default/web:http\" : goto sticky".into(),
         "meta l4proto . th dport . numgen random mod 2 vmap @pick".into(),
+        "numgen random mod 3 0 counter packets 0 bytes 0 goto svc-a\n".into(),
     ] {
         assert!(listing.contains(&want), "{want:?} missing from\n{listing}");
     }

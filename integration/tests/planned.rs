@@ -308,7 +308,7 @@ fn fixtures_cover_every_outcome_protocol_and_family() {
         "src-prod/frontend",
         "flags dynamic,timeout",
         "update @affinity-shop/cart-tcp-8443-2001.db8.2..31-8443 { ip6 saddr timeout 10m }",
-        "goto affinity-endpoints-2",
+        "numgen random mod 2 0 counter packets 0 bytes 0 goto ep-shop/cart-tcp-8443-198.51.100.31-8443",
         "goto endpoints-2",
         "2001:db8:c0::/48",
         "192.0.2.0/24",

@@ -18,12 +18,12 @@
 //!   port>` that records the client in its own set `affinity-<same>` (`flags
 //!   dynamic,timeout`, `timeout` the Service's `timeoutSeconds`) and DNATs to the endpoint.
 //!   The Service port's chain first sends a client found in an endpoint's set to that
-//!   endpoint's chain, and picks for the others in the shared chain `affinity-endpoints-N`,
-//!   which goes (`numgen random mod N`) to an endpoint's chain through the global verdict map
-//!   `affinity-endpoints` (`l4proto . th dport . index : goto <endpoint chain>`). Only
-//!   affinity Services pay for chains and sets per endpoint; the map and its chains exist
-//!   while one does. Chains and sets are named for the endpoint, not its index, so an
-//!   endpoint that comes or goes leaves the others' clients where they are.
+//!   endpoint's chain, then picks one for the others: endpoint `i` of `N` when `numgen random
+//!   mod (N - i)` is 0, the last one otherwise, each as likely. No map: a verdict map shared by
+//!   the Service ports would make the kernel's loop check walk all of it once per Service port
+//!   that reaches it, on every commit. Only affinity Services pay for chains and sets per
+//!   endpoint. Chains and sets are named for the endpoint, not its index, so an endpoint that
+//!   comes or goes leaves the others' clients where they are.
 //! - Services without any endpoint are in `set no-endpoints`, rejected in filter `input` and
 //!   `filter-output` (TCP reset, ICMP port unreachable): reject is not allowed in prerouting.
 //! - Masquerade in nat `postrouting`, decided from conntrack's original destination (no packet
@@ -78,7 +78,6 @@ pub const NO_ENDPOINTS_SET: &str = "no-endpoints";
 pub const LOCAL_ADDRESSES_SET: &str = "local-addresses";
 pub const HAIRPIN_SET: &str = "hairpin";
 pub const COUNTERS_MAP: &str = "svc-counters";
-pub const AFFINITY_MAP: &str = "affinity-endpoints";
 
 /// What one Service port does on this node and family.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -120,63 +119,23 @@ pub struct Part {
     pub counters: SmallMap<Counter>,
     /// Endpoint counts whose shared `endpoints-N` chain this Service goes to.
     pub endpoint_chains: BTreeSet<usize>,
-    /// Endpoint counts whose shared `affinity-endpoints-N` chain this Service goes to.
-    pub affinity_chains: BTreeSet<usize>,
 }
 
-impl Part {
-    /// The shared chains this Part goes to.
-    fn picks(&self) -> impl Iterator<Item = Pick> + '_ {
-        let dnat = self.endpoint_chains.iter().map(|n| Pick::Dnat(*n));
-        dnat.chain(self.affinity_chains.iter().map(|n| Pick::Affinity(*n)))
-    }
+/// Name of the shared chain that picks one of `n` endpoints.
+fn endpoint_chain_name(n: usize) -> String {
+    format!("endpoints-{n}")
 }
 
-/// A chain several Service ports share that picks one of a port's `N` endpoints at random.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Pick {
-    /// `endpoints-N`: DNAT through the endpoint map.
-    Dnat(usize),
-    /// `affinity-endpoints-N`: on to the endpoint's chain, which remembers the client.
-    Affinity(usize),
-}
-
-impl Pick {
-    fn name(self) -> String {
-        match self {
-            Pick::Dnat(n) => format!("endpoints-{n}"),
-            Pick::Affinity(n) => format!("{AFFINITY_MAP}-{n}"),
-        }
-    }
-
-    /// The chain, which looks up the Service port the packet is for and a random index.
-    fn chain(self) -> Chain {
-        let (n, stmt, what) = match self {
-            Pick::Dnat(n) => {
-                let keys = vec![L4, TH_DPORT, Expr::Numgen { modulus: n as u32 }];
-                let map = ENDPOINTS_MAP.into();
-                let kind = NatKind::Dnat;
-                (n, Stmt::NatMap { kind, keys, map }, "endpoints")
-            }
-            Pick::Affinity(n) => {
-                let keys = vec![L4, TH_DPORT, Expr::Numgen { modulus: n as u32 }];
-                let map = AFFINITY_MAP.into();
-                (n, Stmt::Vmap { keys, map }, "endpoints, ClientIP affinity")
-            }
-        };
-        Chain::regular(self.name())
-            .rule(Rule::new(vec![stmt]).with_comment(format!("one of {n} {what}")))
-    }
-}
-
-/// The map that sends a new client of an affinity Service port to one endpoint's chain.
-fn affinity_map() -> Set {
-    Set::map(
-        AFFINITY_MAP,
-        SetType::Typeof(vec![L4, TH_DPORT, Expr::Numgen { modulus: 1 }]),
-        MapData::Verdict,
+/// The shared chain that picks one of `n` endpoints of the Service port the packet is for.
+fn endpoint_chain(n: usize) -> Chain {
+    Chain::regular(endpoint_chain_name(n)).rule(
+        Rule::new(vec![Stmt::NatMap {
+            kind: NatKind::Dnat,
+            keys: vec![L4, TH_DPORT, Expr::Numgen { modulus: n as u32 }],
+            map: ENDPOINTS_MAP.into(),
+        }])
+        .with_comment(format!("one of {n} endpoints")),
     )
-    .with_comment("protocol . port . random index: the endpoint's chain (ClientIP affinity)")
 }
 
 /// A few named items (a Service's chains or counters: one to three), sorted by name in a
@@ -470,18 +429,6 @@ fn add_rejecting_port(part: &mut Part, ip: &IpHeader, p: &PortProgram<'_>, note:
     }
 }
 
-/// The key of a Service port's `index`th endpoint in the endpoint maps.
-fn endpoint_key(port: &ServicePortId, index: usize) -> Key {
-    Key::Values(
-        vec![
-            Value::Proto(port.protocol.l4()),
-            Value::Port(port.port),
-            Value::U32(index as u32),
-        ]
-        .into(),
-    )
-}
-
 /// The endpoint map's elements of one Service port; `hairpin`: its endpoints may reach it
 /// through this node (not for endpoints that serve only this node's own clients).
 fn add_endpoints(
@@ -493,7 +440,17 @@ fn add_endpoints(
 ) {
     for (i, e) in eps.iter().enumerate() {
         part.elements.insert(
-            (ENDPOINTS_MAP, endpoint_key(p.port, i)),
+            (
+                ENDPOINTS_MAP,
+                Key::Values(
+                    vec![
+                        Value::Proto(p.port.protocol.l4()),
+                        Value::Port(p.port.port),
+                        Value::U32(i as u32),
+                    ]
+                    .into(),
+                ),
+            ),
             element(
                 Some(ElemData::Values(
                     vec![value(e.addr), Value::Port(e.port)].into(),
@@ -508,8 +465,7 @@ fn add_endpoints(
 }
 
 /// With ClientIP affinity, each endpoint's set of clients and its chain, which records the
-/// client there and DNATs, and the affinity map's element that reaches it. Returns each
-/// endpoint's (set, chain), in endpoint order.
+/// client there and DNATs. Returns each endpoint's (set, chain), in endpoint order.
 fn add_affinity_endpoints(
     part: &mut Part,
     ip: &IpHeader,
@@ -521,7 +477,7 @@ fn add_affinity_endpoints(
 ) -> Vec<(String, String)> {
     let timeout = Duration::from_secs(affinity.timeout_seconds.into());
     let mut sticky = Vec::with_capacity(eps.len());
-    for (i, e) in eps.iter().enumerate() {
+    for e in eps {
         let set = affinity_set(p.service, p.port, e);
         let chain = affinity_endpoint_chain(p.service, p.port, e);
         part.sets.insert(
@@ -546,10 +502,6 @@ fn add_affinity_endpoints(
             .rule(Rule::new(vec![l4_is(p.port.protocol), dnat]).with_comment(note.to_string()));
         c.rules.shrink_to_fit();
         part.chains.insert(chain.clone(), c);
-        part.elements.insert(
-            (AFFINITY_MAP, endpoint_key(p.port, i)),
-            element(Some(ElemData::Verdict(Verdict::Goto(chain.clone()))), note),
-        );
         if hairpin {
             part.hairpin.entry(e.addr).or_insert_with(|| note.clone());
         }
@@ -566,8 +518,9 @@ enum Last {
     /// endpoints elsewhere, everyone else is dropped.
     DropExceptNode(usize),
     /// ClientIP affinity: a client in an endpoint's set goes to that endpoint's chain, the
-    /// others to one picked at random (`sticky`: each endpoint's set and chain); `local_only`:
-    /// as [`Last::DropExceptNode`], only this node's own clients get that far.
+    /// others to one picked at random (`sticky`: each endpoint's set and chain, in endpoint
+    /// order); `local_only`: as [`Last::DropExceptNode`], only this node's own clients get
+    /// that far.
     Affinity {
         sticky: Vec<(String, String)>,
         local_only: bool,
@@ -636,7 +589,7 @@ fn source_range_rule(
     .with_comment(format!("{note}: source not in loadBalancerSourceRanges"))
 }
 
-/// The rules that end a Service port's chain, and the shared chains they go to.
+/// The rules that end a Service port's chain (noting the shared chains they go to).
 fn last_rules(part: &mut Part, ip: &IpHeader, note: &str, last: Last) -> Vec<Rule> {
     let from_node = || Stmt::Lookup {
         keys: vec![ip.saddr()],
@@ -650,18 +603,17 @@ fn last_rules(part: &mut Part, ip: &IpHeader, note: &str, last: Last) -> Vec<Rul
     match last {
         Last::Dnat(n) => {
             part.endpoint_chains.insert(n);
-            let goto = Verdict::Goto(Pick::Dnat(n).name());
+            let goto = Verdict::Goto(endpoint_chain_name(n));
             vec![Rule::new(count_and(goto)).with_comment(note)]
         }
         Last::DropExceptNode(n) => {
             part.endpoint_chains.insert(n);
             let mut stmts = vec![from_node()];
-            stmts.extend(count_and(Verdict::Goto(Pick::Dnat(n).name())));
+            stmts.extend(count_and(Verdict::Goto(endpoint_chain_name(n))));
             vec![Rule::new(stmts).with_comment(node_note()), drop_rule()]
         }
         Last::Affinity { sticky, local_only } => {
-            part.affinity_chains.insert(sticky.len());
-            let mut rules = Vec::with_capacity(sticky.len() + 2);
+            let mut rules = Vec::with_capacity(2 * sticky.len() + 1);
             if local_only {
                 let mut stmts = vec![Stmt::Lookup {
                     keys: vec![ip.saddr()],
@@ -681,10 +633,21 @@ fn last_rules(part: &mut Part, ip: &IpHeader, note: &str, last: Last) -> Vec<Rul
                 stmts.extend(count_and(Verdict::Goto(chain.clone())));
                 rules.push(Rule::new(stmts).with_comment(note));
             }
-            let pick = Rule::new(count_and(Verdict::Goto(
-                Pick::Affinity(sticky.len()).name(),
-            )));
-            rules.push(pick.with_comment(if local_only { node_note() } else { note.into() }));
+            // Endpoint i of n when a draw of n - i comes up 0: each is picked with chance
+            // 1/n (the first 1/n, the next (n-1)/n * 1/(n-1), ...).
+            let pick_note = if local_only { node_note() } else { note.into() };
+            let n = sticky.len();
+            for (i, (_, chain)) in sticky.iter().enumerate() {
+                let mut stmts = Vec::with_capacity(3);
+                if n - i > 1 {
+                    let draw = Expr::Numgen {
+                        modulus: (n - i) as u32,
+                    };
+                    stmts.push(Stmt::cmp(draw, Value::U32(0)));
+                }
+                stmts.extend(count_and(Verdict::Goto(chain.clone())));
+                rules.push(Rule::new(stmts).with_comment(pick_note.clone()));
+            }
             rules
         }
         Last::Nothing => Vec::new(),
@@ -754,23 +717,20 @@ pub fn skeleton(family: IpFamily, name: &str, local_addresses: &BTreeSet<IpAddr>
 /// then the shared chains and the hairpin elements.
 pub struct Assembly {
     table: Table,
-    picks: BTreeSet<Pick>,
+    endpoint_counts: BTreeSet<usize>,
 }
 
 impl Assembly {
     pub fn new(skeleton: Table) -> Assembly {
         Assembly {
             table: skeleton,
-            picks: BTreeSet::new(),
+            endpoint_counts: BTreeSet::new(),
         }
     }
 
     pub fn add(&mut self, part: Part) {
         let t = &mut self.table;
-        self.picks.extend(part.picks());
-        if !part.affinity_chains.is_empty() && !t.sets.contains_key(AFFINITY_MAP) {
-            t.add_set(affinity_map());
-        }
+        self.endpoint_counts.extend(part.endpoint_chains);
         for ((set, key), e) in part.elements {
             if let Some(s) = t.sets.get_mut(set) {
                 s.elements.insert(key, e);
@@ -788,8 +748,8 @@ impl Assembly {
     }
 
     pub fn finish(mut self, hairpin: &HairpinUsers) -> Table {
-        for pick in std::mem::take(&mut self.picks) {
-            self.table.add_chain(pick.chain());
+        for n in std::mem::take(&mut self.endpoint_counts) {
+            self.table.add_chain(endpoint_chain(n));
         }
         if let Some(s) = self.table.sets.get_mut(HAIRPIN_SET) {
             for (addr, users) in hairpin {
@@ -891,29 +851,22 @@ fn elem_edit<'e>(edit: &'e mut Edit, set: &str) -> &'e mut ElemEdit {
 }
 
 /// What several Services' Parts share in the tables, with who uses it, per family: the
-/// `endpoints-N` and `affinity-endpoints-N` chains (how many Service ports go to each; the
-/// affinity map exists while one of the latter does) and the `hairpin` set's elements (the
-/// users of each address). Moving a Part's uses is recorded in a [`SharedBefore`]; the
+/// `endpoints-N` chains (how many Service ports go to each) and the `hairpin` set's elements
+/// (the users of each address). Moving a Part's uses is recorded in a [`SharedBefore`]; the
 /// edits that follow are known once every Part of an update has moved ([`Shared::edits`]), so
 /// an object one Service drops and another takes is left alone.
 #[derive(Clone, Debug, Default)]
 pub struct Shared {
-    picks: BTreeMap<IpFamily, BTreeMap<Pick, usize>>,
+    endpoint_chains: BTreeMap<IpFamily, BTreeMap<usize, usize>>,
     hairpin: BTreeMap<IpFamily, HairpinUsers>,
 }
 
-/// What each shared object an update touched was before it, per family: whether a shared
-/// chain existed, whether the affinity map did, and the first user of a hairpin address.
+/// What each shared object an update touched was before it, per family: whether an
+/// `endpoints-N` chain existed, and the first user of a hairpin address.
 #[derive(Debug, Default)]
 pub struct SharedBefore {
-    chains: BTreeMap<IpFamily, BTreeMap<Pick, bool>>,
-    affinity_map: BTreeMap<IpFamily, bool>,
+    chains: BTreeMap<IpFamily, BTreeMap<usize, bool>>,
     hairpin: BTreeMap<IpFamily, BTreeMap<IpAddr, Option<Arc<str>>>>,
-}
-
-/// Whether the affinity map exists: while an `affinity-endpoints-N` chain does.
-fn has_affinity(uses: Option<&BTreeMap<Pick, usize>>) -> bool {
-    uses.is_some_and(|u| u.keys().any(|p| matches!(p, Pick::Affinity(_))))
 }
 
 impl Shared {
@@ -931,24 +884,20 @@ impl Shared {
         new: Option<&Part>,
         before: &mut SharedBefore,
     ) {
-        let uses = self.picks.entry(family).or_default();
-        before
-            .affinity_map
-            .entry(family)
-            .or_insert_with(|| has_affinity(Some(uses)));
+        let uses = self.endpoint_chains.entry(family).or_default();
         let existed = before.chains.entry(family).or_default();
-        for n in old.iter().flat_map(|p| p.picks()) {
-            existed.entry(n).or_insert_with(|| uses.contains_key(&n));
-            if let Some(c) = uses.get_mut(&n) {
+        for n in old.iter().flat_map(|p| &p.endpoint_chains) {
+            existed.entry(*n).or_insert_with(|| uses.contains_key(n));
+            if let Some(c) = uses.get_mut(n) {
                 *c -= 1;
                 if *c == 0 {
-                    uses.remove(&n);
+                    uses.remove(n);
                 }
             }
         }
-        for n in new.iter().flat_map(|p| p.picks()) {
-            existed.entry(n).or_insert_with(|| uses.contains_key(&n));
-            *uses.entry(n).or_default() += 1;
+        for n in new.iter().flat_map(|p| &p.endpoint_chains) {
+            existed.entry(*n).or_insert_with(|| uses.contains_key(n));
+            *uses.entry(*n).or_default() += 1;
         }
         let users = self.hairpin.entry(family).or_default();
         let first = before.hairpin.entry(family).or_default();
@@ -978,49 +927,26 @@ impl Shared {
     }
 
     /// The edits the moves since `before` was empty cause, added to each family's edit: the
-    /// shared chains that came or went, the affinity map, then the hairpin elements whose
-    /// first user changed.
+    /// `endpoints-N` chains that came or went, then the hairpin elements whose first user
+    /// changed.
     pub fn edits(&self, before: SharedBefore, edits: &mut BTreeMap<IpFamily, Edit>) {
         for (family, existed) in &before.chains {
-            let uses = self.picks.get(family);
+            let uses = self.endpoint_chains.get(family);
             let edit = edits.entry(*family).or_default();
             for (n, existed) in existed {
                 let exists = uses.is_some_and(|u| u.contains_key(n));
                 match (existed, exists) {
-                    (false, true) => edit.put_chains.push(n.chain()),
-                    (true, false) => edit.del_chains.push(n.name()),
+                    (false, true) => edit.put_chains.push(endpoint_chain(*n)),
+                    (true, false) => edit.del_chains.push(endpoint_chain_name(*n)),
                     _ => {}
                 }
             }
-        }
-        for (family, existed) in &before.affinity_map {
-            let exists = has_affinity(self.picks.get(family));
-            edit_affinity_map(*existed, exists, edits.entry(*family).or_default());
         }
         let none = HairpinUsers::new();
         for (family, first) in &before.hairpin {
             let users = self.hairpin.get(family).unwrap_or(&none);
             edit_hairpin(first, users, edits.entry(*family).or_default());
         }
-    }
-}
-
-/// The affinity map comes with its first user and goes with its last: created with the
-/// elements the Parts' edits add to it, or deleted with its elements.
-fn edit_affinity_map(existed: bool, exists: bool, edit: &mut Edit) {
-    match (existed, exists) {
-        (false, true) => {
-            let mut map = affinity_map();
-            if let Some(e) = edit.elements.remove(AFFINITY_MAP) {
-                map.elements.extend(e.add);
-            }
-            edit.add_sets.push(map);
-        }
-        (true, false) => {
-            edit.elements.remove(AFFINITY_MAP);
-            edit.del_sets.push(AFFINITY_MAP.into());
-        }
-        _ => {}
     }
 }
 

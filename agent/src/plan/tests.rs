@@ -655,28 +655,22 @@ fn client_ip_affinity_keeps_a_client_on_its_endpoint() {
         );
     }
     // The Service port's chain sends a client an endpoint remembers to that endpoint, before
-    // it picks one at random for the others.
+    // it picks one at random for the others: the first with chance 1/2, else the second.
     let svc = chain_block(&t, "svc-default/web-tcp-80");
-    let first = svc
-        .find("ip saddr @affinity-default/web-tcp-80-198.51.100.10-8080 counter packets 0 bytes 0 goto ep-default/web-tcp-80-198.51.100.10-8080 comment \"default/web:http\"")
-        .expect(&svc);
-    let second = svc
-        .find("ip saddr @affinity-default/web-tcp-80-198.51.100.11-8080 counter packets 0 bytes 0 goto ep-default/web-tcp-80-198.51.100.11-8080")
-        .expect(&svc);
-    let pick = svc
-        .find("counter packets 0 bytes 0 goto affinity-endpoints-2 comment \"default/web:http\"")
-        .expect(&svc);
-    assert!(first < second && second < pick, "{svc}");
-    let pick = chain_block(&t, "affinity-endpoints-2");
-    assert!(
-        pick.contains("meta l4proto . th dport . numgen random mod 2 vmap @affinity-endpoints"),
-        "{pick}"
-    );
-    let map = set_block(&t, "affinity-endpoints");
-    assert!(
-        map.contains("tcp . 80 . 0 comment \"default/web:http\" : goto ep-default/web-tcp-80-198.51.100.10-8080")
-            && map.contains("tcp . 80 . 1 comment \"default/web:http\" : goto ep-default/web-tcp-80-198.51.100.11-8080"),
-        "{map}"
+    let rules: Vec<&str> = svc.lines().map(str::trim).collect();
+    let ep = |h: u8| format!("ep-default/web-tcp-80-198.51.100.{h}-8080");
+    let set = |h: u8| format!("affinity-default/web-tcp-80-198.51.100.{h}-8080");
+    let note = "comment \"default/web:http\"";
+    let counted = "counter packets 0 bytes 0";
+    assert_eq!(
+        rules[1..5],
+        [
+            format!("ip saddr @{} {counted} goto {} {note}", set(10), ep(10)),
+            format!("ip saddr @{} {counted} goto {} {note}", set(11), ep(11)),
+            format!("numgen random mod 2 0 {counted} goto {} {note}", ep(10)),
+            format!("{counted} goto {} {note}", ep(11)),
+        ],
+        "{svc}"
     );
     // Not the shared DNAT of Services without affinity.
     assert!(!t.contains("chain endpoints-2"), "{t}");
@@ -738,7 +732,8 @@ fn services_without_affinity_keep_the_shared_endpoint_chains() {
         chain_block(&t, "endpoints-2")
     );
     assert!(
-        chain_block(&mixed, "svc-default/sticky-tcp-81").contains("goto affinity-endpoints-2"),
+        chain_block(&mixed, "svc-default/sticky-tcp-81")
+            .contains("numgen random mod 2 0 counter packets 0 bytes 0 goto ep-default/sticky-tcp-81-198.51.100.20-8080"),
         "{mixed}"
     );
 }
@@ -814,7 +809,14 @@ fn client_ip_affinity_in_both_families() {
             .contains("meta l4proto tcp dnat to [2001:db8:b::10]:8080"),
         "{t6}"
     );
-    assert!(chain_block(&p.v4(), "svc-default/web-tcp-80").contains("goto affinity-endpoints-1"));
+    // One endpoint: nothing to draw.
+    let v4 = chain_block(&p.v4(), "svc-default/web-tcp-80");
+    assert!(!v4.contains("numgen"), "{v4}");
+    let svc6 = chain_block(&t6, "svc-default/web-tcp-80");
+    assert!(
+        svc6.contains("numgen random mod 2 0 counter packets 0 bytes 0 goto ep-default/web-tcp-80-2001.db8.0.1..a-8080"),
+        "{svc6}"
+    );
 }
 
 #[test]
@@ -888,7 +890,7 @@ fn local_policy_affinity_without_local_endpoint_serves_only_the_nodes_own_client
         .find("ip saddr @affinity-default/web-tcp-80-198.51.100.11-8080")
         .expect(&chain);
     let pick = chain
-        .find("counter packets 0 bytes 0 goto affinity-endpoints-1 comment \"default/web:http: Local policy, this node's own clients\"")
+        .find("\t\tcounter packets 0 bytes 0 goto ep-default/web-tcp-80-198.51.100.11-8080 comment \"default/web:http: Local policy, this node's own clients\"")
         .expect(&chain);
     assert!(drop < known && known < pick, "{chain}");
     assert!(!set_block(&t, "hairpin").contains("198.51.100.11"), "{t}");

@@ -409,8 +409,9 @@ fn an_endpoint_added_to_or_removed_from_an_affinity_service_changes_only_its_own
     let ep = |h: u8| format!("ep-ns/s-tcp-80-198.51.100.{h}-8080");
     let set = |h: u8| format!("affinity-ns/s-tcp-80-198.51.100.{h}-8080");
 
-    // A third endpoint: its set and chain come, the pick goes through three; the sets of the
-    // two others (what their clients are remembered in) and their chains are not touched.
+    // A third endpoint: its set and chain come, the Service port's chain picks among three;
+    // the sets of the two others (what their clients are remembered in) and their chains are
+    // not touched.
     let e = step(&[10, 11, 12]);
     assert_eq!(
         names(e.add_sets.iter().map(|s| &s.name).collect()),
@@ -419,24 +420,15 @@ fn an_endpoint_added_to_or_removed_from_an_affinity_service_changes_only_its_own
     assert!(e.del_sets.is_empty(), "{:?}", e.del_sets);
     assert_eq!(
         names(e.put_chains.iter().map(|c| &c.name).collect()),
-        [
-            "affinity-endpoints-3".to_string(),
-            ep(12),
-            "svc-ns/s-tcp-80".into()
-        ]
+        [ep(12), "svc-ns/s-tcp-80".into()]
     );
-    assert_eq!(e.del_chains, ["affinity-endpoints-2"]);
-    let picks = &e.elements["affinity-endpoints"];
-    assert!(picks.del.is_empty() && picks.add.len() == 1, "{picks:?}");
+    assert!(e.del_chains.is_empty(), "{:?}", e.del_chains);
 
     // The first one goes: only its set and chain go with it.
     let e = step(&[11, 12]);
     assert!(e.add_sets.is_empty(), "{:?}", e.add_sets);
     assert_eq!(e.del_sets, [set(10)]);
-    assert_eq!(
-        names(e.del_chains.iter().collect()),
-        ["affinity-endpoints-3".to_string(), ep(10)]
-    );
+    assert_eq!(e.del_chains, [ep(10)]);
     for kept in [11, 12] {
         assert!(!e.put_chains.iter().any(|c| c.name == ep(kept)), "{e:?}");
     }
