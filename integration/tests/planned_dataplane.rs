@@ -166,17 +166,8 @@ fn slices(
 /// InternalIPs; the host's addresses are whatever the node namespace holds right now.
 /// The test's YAML must be clean: any skipped document or planner warning fails the test.
 fn plan_tables(topo: &Topology, yaml: &str) -> Vec<Table> {
-    let objects = ObjectFiles::from_text(std::path::Path::new("test.yaml"), yaml)
-        .expect("the test's YAML reads");
-    assert!(objects.skipped.is_empty(), "{:?}", objects.skipped);
-    let node = NodeInfo {
-        name: NODE.into(),
-        labels: [("kubernetes.io/hostname".to_string(), NODE.to_string())].into(),
-        addresses: FAMILIES
-            .iter()
-            .map(|f| (AddressKind::InternalIP, node_addr(topo, *f)))
-            .collect(),
-    };
+    let objects = read_objects(yaml);
+    let node = node_info(topo);
     let local = topo.node.addresses();
     let config = Config::default();
     let p = plan(&Input {
@@ -190,6 +181,26 @@ fn plan_tables(topo: &Topology, yaml: &str) -> Vec<Table> {
     assert!(p.warnings.is_empty(), "planner warnings: {:?}", p.warnings);
     assert_eq!(p.tables.len(), 2, "one table per family");
     p.tables
+}
+
+/// The test's YAML, which must be clean: any skipped document fails the test.
+fn read_objects(yaml: &str) -> ObjectFiles {
+    let objects = ObjectFiles::from_text(std::path::Path::new("test.yaml"), yaml)
+        .expect("the test's YAML reads");
+    assert!(objects.skipped.is_empty(), "{:?}", objects.skipped);
+    objects
+}
+
+/// The topology's node as its Node object says: its client-facing addresses as InternalIPs.
+fn node_info(topo: &Topology) -> NodeInfo {
+    NodeInfo {
+        name: NODE.into(),
+        labels: [("kubernetes.io/hostname".to_string(), NODE.to_string())].into(),
+        addresses: FAMILIES
+            .iter()
+            .map(|f| (AddressKind::InternalIP, node_addr(topo, *f)))
+            .collect(),
+    }
 }
 
 /// Replaces the node's nodelb tables through nodelb's netlink batch.
@@ -1133,18 +1144,9 @@ struct Agent {
 
 impl Agent {
     fn start(topo: &Topology, yaml: &str) -> Agent {
-        let files = ObjectFiles::from_text(std::path::Path::new("test.yaml"), yaml)
-            .expect("the test's YAML reads");
-        let node = NodeInfo {
-            name: NODE.into(),
-            labels: Default::default(),
-            addresses: FAMILIES
-                .iter()
-                .map(|f| (AddressKind::InternalIP, node_addr(topo, *f)))
-                .collect(),
-        };
+        let files = read_objects(yaml);
         let ctx = Context::new(
-            node,
+            node_info(topo),
             topo.node.addresses(),
             Families { v4: true, v6: true },
             Config::default(),
@@ -1175,8 +1177,7 @@ impl Agent {
 
     /// The slices in `yaml` changed: the planner's edit, committed.
     fn slices_changed(&mut self, yaml: &str) -> Vec<(TableRef, Edit)> {
-        let files = ObjectFiles::from_text(std::path::Path::new("test.yaml"), yaml)
-            .expect("the test's YAML reads");
+        let files = read_objects(yaml);
         let mut dirty = BTreeSet::new();
         for s in files.slices {
             dirty.extend(self.objects.put_slice(std::sync::Arc::new(s)));

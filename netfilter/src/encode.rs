@@ -422,32 +422,15 @@ impl Batch {
             _ => None,
         };
         let what = |n: usize| format!("{n} elements of set {t} {}", set.name);
-        let ty = if add {
-            NFT_MSG_NEWSETELEM
-        } else {
-            NFT_MSG_DELSETELEM
-        };
-        let flags = if add { F_CREATE } else { 0 };
         let action = if add { "add" } else { "delete" };
         // Elements are encoded a message at a time (each message stays under the attribute
         // size limit), so a large set is never staged whole.
         let mut chunk: Vec<EncodedElem> = Vec::new();
         let mut size = 0;
         let flush = |b: &mut Batch, chunk: &mut Vec<EncodedElem>, size: &mut usize| {
-            if chunk.is_empty() {
-                return;
+            if !chunk.is_empty() {
+                b.push_elems_msg(t, &set.name, chunk, action);
             }
-            let ns = NlSet::with(t.family.nfproto(), &t.name, &set.name);
-            for el in chunk.iter() {
-                ns.add(el.to_nl());
-            }
-            b.msg(
-                ty,
-                t.family,
-                flags,
-                sys::Payload::SetElems(&ns),
-                obj(action, what(chunk.len())),
-            );
             chunk.clear();
             *size = 0;
         };
@@ -505,21 +488,34 @@ impl Batch {
             })
             .collect();
         for chunk in chunks(&elems) {
-            let ns = NlSet::with(t.family.nfproto(), &t.name, &set.name);
-            for el in chunk {
-                ns.add(el.to_nl());
-            }
-            self.msg(
-                NFT_MSG_NEWSETELEM,
-                t.family,
-                F_CREATE,
-                sys::Payload::SetElems(&ns),
-                obj(
-                    "restore",
-                    format!("{} elements of set {t} {}", chunk.len(), set.name),
-                ),
-            );
+            self.push_elems_msg(t, &set.name, chunk, "restore");
         }
+    }
+
+    /// One message of elements of `set`: added (`add`, `restore`) or deleted (`delete`).
+    fn push_elems_msg(
+        &mut self,
+        t: &TableRef,
+        set: &str,
+        elems: &[EncodedElem],
+        action: &'static str,
+    ) {
+        let (ty, flags) = match action {
+            "delete" => (NFT_MSG_DELSETELEM, 0),
+            _ => (NFT_MSG_NEWSETELEM, F_CREATE),
+        };
+        let ns = NlSet::with(t.family.nfproto(), &t.name, set);
+        for el in elems {
+            ns.add(el.to_nl());
+        }
+        let what = format!("{} elements of set {t} {set}", elems.len());
+        self.msg(
+            ty,
+            t.family,
+            flags,
+            sys::Payload::SetElems(&ns),
+            obj(action, what),
+        );
     }
 
     fn push_rule(

@@ -280,23 +280,24 @@ fn incremental_updates_equal_planning_from_scratch() {
     );
 }
 
-#[test]
-fn one_endpoint_change_replans_one_service() {
+/// `node-a` with 203.0.113.1, IPv4 only.
+fn ipv4_node() -> Context {
     let node = NodeInfo {
         name: "node-a".into(),
         labels: Default::default(),
         addresses: vec![(AddressKind::InternalIP, "203.0.113.1".parse().unwrap())],
     };
     let local: BTreeSet<IpAddr> = node.addresses.iter().map(|a| a.1).collect();
-    let ctx = Context::new(
-        node,
-        local,
-        Families {
-            v4: true,
-            v6: false,
-        },
-        Config::default(),
-    );
+    let families = Families {
+        v4: true,
+        v6: false,
+    };
+    Context::new(node, local, families, Config::default())
+}
+
+#[test]
+fn one_endpoint_change_replans_one_service() {
+    let ctx = ipv4_node();
     let mut objects = Objects::default();
     for i in 0..200u16 {
         let s: Service = serde_json::from_value(serde_json::json!({
@@ -348,21 +349,7 @@ fn one_endpoint_change_replans_one_service() {
 
 #[test]
 fn an_endpoint_added_to_or_removed_from_an_affinity_service_changes_only_its_own_chain_and_set() {
-    let node = NodeInfo {
-        name: "node-a".into(),
-        labels: Default::default(),
-        addresses: vec![(AddressKind::InternalIP, "203.0.113.1".parse().unwrap())],
-    };
-    let local: BTreeSet<IpAddr> = node.addresses.iter().map(|a| a.1).collect();
-    let ctx = Context::new(
-        node,
-        local,
-        Families {
-            v4: true,
-            v6: false,
-        },
-        Config::default(),
-    );
+    let ctx = ipv4_node();
     let service: Service = serde_json::from_value(serde_json::json!({
         "metadata": {"namespace": "ns", "name": "s", "creationTimestamp": "2024-01-01T00:00:00Z"},
         "spec": {"type": "LoadBalancer", "ports": [{"port": 80}], "sessionAffinity": "ClientIP"},
