@@ -171,8 +171,8 @@ fn main() {
     // The agent's whole syncs: the tables consumed while encoded (what they and the batch
     // hold at once is the agent's peak above its steady state).
     let before_consuming = peak_from_now();
-    let batch =
-        nodelb_netfilter::Batch::encode_replace(1, tables, &mut || {}).expect("they encode");
+    let batch = nodelb_netfilter::Batch::encode_replace(1, tables, &Default::default(), &mut || {})
+        .expect("they encode");
     let consuming_peak = heap::peak_above(before_consuming);
     drop(batch);
     println!(

@@ -148,6 +148,33 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
     }
     t.add_set(endpoints);
 
+    // A verdict map declared with typeof, with elements (ClientIP affinity's random pick).
+    let mut pick = Set::map(
+        "pick",
+        SetType::Typeof(vec![l4, th_dport, Expr::Numgen { modulus: 1 }]),
+        MapData::Verdict,
+    )
+    .with_comment("protocol . port . random index: the endpoint's chain");
+    for i in 0..2u32 {
+        pick.insert(
+            Key::Values(vec![Value::Proto(L4Proto::Tcp), Value::Port(80), Value::U32(i)].into()),
+            Some(ElemData::Verdict(Verdict::Goto("sticky".into()))),
+            Some("default/web:http".into()),
+        );
+    }
+    t.add_set(pick);
+
+    // Filled by packets: ClientIP session affinity's per-endpoint client sets.
+    t.add_set(
+        Set::new("clients", SetType::Type(vec![f.addr_type()]))
+            .dynamic(std::time::Duration::from_secs(10_800))
+            .with_comment("default/web:http"),
+    );
+    t.add_set(
+        Set::new("clients-brief", SetType::Typeof(vec![f.saddr()]))
+            .dynamic(std::time::Duration::from_millis(2_500)),
+    );
+
     let mut marks = Set::new("marks", SetType::Type(vec![DataType::Mark]));
     marks.insert(Key::Values(vec![Value::U32(1)].into()), None, None);
     t.add_set(marks);
@@ -257,6 +284,46 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
             .with_comment("default/web:http"),
         ),
     );
+    // A client that was here before keeps its endpoint; one that is new is remembered.
+    t.add_chain(
+        Chain::regular("sticky")
+            .rule(
+                rule(vec![
+                    Stmt::Lookup {
+                        keys: vec![f.saddr()],
+                        set: "clients".into(),
+                        negate: false,
+                    },
+                    Stmt::counter(),
+                    verdict(Verdict::Goto("svc-b".into())),
+                ])
+                .with_comment("default/web:http"),
+            )
+            .rule(
+                rule(vec![Stmt::SetUpdate {
+                    keys: vec![f.saddr()],
+                    set: "clients".into(),
+                    timeout: Some(std::time::Duration::from_secs(10_800)),
+                }])
+                .with_comment("default/web:http"),
+            )
+            .rule(rule(vec![Stmt::SetUpdate {
+                keys: vec![f.saddr()],
+                set: "clients-brief".into(),
+                timeout: None,
+            }]))
+            // A pick among endpoints by independent draws.
+            .rule(rule(vec![
+                Stmt::cmp(Expr::Numgen { modulus: 3 }, Value::U32(0)),
+                Stmt::counter(),
+                verdict(Verdict::Goto("svc-a".into())),
+            ]))
+            .rule(rule(vec![verdict(Verdict::Goto("svc-b".into()))])),
+    );
+    t.add_chain(Chain::regular("pick-2").rule(rule(vec![Stmt::Vmap {
+        keys: vec![l4, th_dport, Expr::Numgen { modulus: 2 }],
+        map: "pick".into(),
+    }])));
     t.add_chain(Chain::regular("svc-b").rule(rule(vec![
         Stmt::cmp(l4, Value::Proto(L4Proto::Udp)),
         Stmt::Nat {
@@ -785,6 +852,26 @@ pub const BENCH_NODE_ADDRESS: IpAddr = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1))
 /// port `1024 + i` named `http`) and its one EndpointSlice `bench/svc-<i>-1` (target port 8080,
 /// `eps` endpoints), as JSON the API would accept.
 pub fn bench_objects(n: usize, eps: usize) -> Vec<(serde_json::Value, serde_json::Value)> {
+    bench_objects_with(n, eps, false)
+}
+
+/// [`bench_objects`], every Service with `sessionAffinity: ClientIP` (the default timeout)
+/// when `affinity`.
+pub fn bench_objects_with(
+    n: usize,
+    eps: usize,
+    affinity: bool,
+) -> Vec<(serde_json::Value, serde_json::Value)> {
+    let mut objects = bench_objects_plain(n, eps);
+    if affinity {
+        for (service, _) in &mut objects {
+            service["spec"]["sessionAffinity"] = serde_json::json!("ClientIP");
+        }
+    }
+    objects
+}
+
+fn bench_objects_plain(n: usize, eps: usize) -> Vec<(serde_json::Value, serde_json::Value)> {
     bench_services(n, eps)
         .into_iter()
         .map(|s| {
@@ -823,15 +910,28 @@ pub fn bench_objects(n: usize, eps: usize) -> Vec<(serde_json::Value, serde_json
 /// whose address is 203.0.113.1 — the shape nodelb really programs (dispatch map, endpoint
 /// map, per-Service chains and counters). Reserved ports are switched off so every port counts.
 pub fn bench_table(n: usize, eps: usize) -> Table {
-    use nodelb_agent::kube::wire;
+    let (planner, _, _) = bench_planner(n, eps, false);
+    planner.tables().into_iter().next().expect("the ip table")
+}
+
+/// The agent's planner after planning [`bench_objects_with`] from nothing, with the objects
+/// and the context it planned them in (the node of [`bench_table`]), for benchmarks that
+/// change the objects and commit the planner's edits as the agent does.
+pub fn bench_planner(
+    n: usize,
+    eps: usize,
+    affinity: bool,
+) -> (
+    nodelb_agent::plan::Planner,
+    nodelb_agent::plan::Objects,
+    nodelb_agent::plan::Context,
+) {
     use nodelb_agent::plan;
-    let mut services: Vec<plan::index::Service> = Vec::with_capacity(n);
-    let mut slices: Vec<plan::index::EndpointSlice> = Vec::with_capacity(n);
-    for (service, slice) in bench_objects(n, eps) {
-        let s: wire::Service = serde_json::from_value(service).expect("bench Service");
-        services.push(s.into());
-        let s: wire::EndpointSlice = serde_json::from_value(slice).expect("bench EndpointSlice");
-        slices.push(s.into());
+    let mut services = Vec::with_capacity(n);
+    let mut slices = Vec::with_capacity(n);
+    for (service, slice) in bench_objects_with(n, eps, affinity) {
+        services.push(bench_service(service));
+        slices.push(bench_slice(slice));
     }
     let node_addr = BENCH_NODE_ADDRESS;
     let node = plan::node::NodeInfo {
@@ -843,20 +943,28 @@ pub fn bench_table(n: usize, eps: usize) -> Table {
         reserved_ports: plan::reserved::ReservedPorts::default(),
         ..plan::config::Config::default()
     };
-    let local = [node_addr].into();
-    let p = plan::plan(&plan::Input {
-        services: services.iter().collect(),
-        slices: slices.iter().collect(),
-        node: &node,
-        local_addresses: &local,
-        families: nodelb_agent::vocab::Families {
-            v4: true,
-            v6: false,
-        },
-        config: &config,
-        listeners: &Default::default(),
-    });
-    p.tables.into_iter().next().expect("the ip table")
+    let families = nodelb_agent::vocab::Families {
+        v4: true,
+        v6: false,
+    };
+    let ctx = plan::Context::new(node, [node_addr].into(), families, config);
+    let objects = plan::Objects::from_lists(services, slices);
+    let mut planner = plan::Planner::new();
+    planner.update(&objects, &ctx, None);
+    (planner, objects, ctx)
+}
+
+/// A benchmark Service, from its JSON, as the planner keeps it.
+pub fn bench_service(json: serde_json::Value) -> nodelb_agent::plan::index::Service {
+    let s: nodelb_agent::kube::wire::Service = serde_json::from_value(json).expect("bench Service");
+    s.into()
+}
+
+/// A benchmark EndpointSlice, from its JSON, as the planner keeps it.
+pub fn bench_slice(json: serde_json::Value) -> nodelb_agent::plan::index::EndpointSlice {
+    let s: nodelb_agent::kube::wire::EndpointSlice =
+        serde_json::from_value(json).expect("bench EndpointSlice");
+    s.into()
 }
 
 /// In a `bench_table`, move endpoint 0 of Service `i` to another target port: the smallest

@@ -35,6 +35,33 @@ fn assert_same_listing(t: &Table) -> String {
     a
 }
 
+/// The kitchen sinks' dynamic sets and the rules that fill and read them are in the listing.
+fn assert_dynamic_sets_listed(listing: &str) {
+    let ip = if listing.contains("table ip6") {
+        "ip6"
+    } else {
+        "ip"
+    };
+    let addr = if ip == "ip6" {
+        "ipv6_addr"
+    } else {
+        "ipv4_addr"
+    };
+    for want in [
+        format!("set clients {{\n\t\ttype {addr}\n\t\tsize 65535\n\t\tflags dynamic,timeout\n\t\ttimeout 3h\n\t\tcomment \"default/web:http\""),
+        format!("set clients-brief {{\n\t\ttypeof {ip} saddr\n\t\tsize 65535\n\t\tflags dynamic,timeout\n\t\ttimeout 2s500ms\n"),
+        format!("{ip} saddr @clients counter packets 0 bytes 0 goto svc-b comment \"default/web:http\""),
+        format!("update @clients {{ {ip} saddr timeout 3h }} comment \"default/web:http\""),
+        format!("update @clients-brief {{ {ip} saddr }}\n"),
+        "typeof meta l4proto . th dport . numgen random mod 1 : verdict".into(),
+        "tcp . 80 . 1 comment \"default/web:http\" : goto sticky".into(),
+        "meta l4proto . th dport . numgen random mod 2 vmap @pick".into(),
+        "numgen random mod 3 0 counter packets 0 bytes 0 goto svc-a\n".into(),
+    ] {
+        assert!(listing.contains(&want), "{want:?} missing from\n{listing}");
+    }
+}
+
 /// The kitchen sinks' named counters, their seeded values and their counter map are in the
 /// listing (not just equal by being absent from both).
 fn assert_counters_listed(listing: &str) {
@@ -61,7 +88,9 @@ fn ipv4_kitchen_sink_lists_identically() {
     if !require_root("ipv4_kitchen_sink_lists_identically") {
         return;
     }
-    assert_counters_listed(&assert_same_listing(&kitchen_sink(Fam::V4, "nodelb")));
+    let listing = assert_same_listing(&kitchen_sink(Fam::V4, "nodelb"));
+    assert_counters_listed(&listing);
+    assert_dynamic_sets_listed(&listing);
 }
 
 #[test]
@@ -69,7 +98,9 @@ fn ipv6_kitchen_sink_lists_identically() {
     if !require_root("ipv6_kitchen_sink_lists_identically") {
         return;
     }
-    assert_counters_listed(&assert_same_listing(&kitchen_sink(Fam::V6, "nodelb")));
+    let listing = assert_same_listing(&kitchen_sink(Fam::V6, "nodelb"));
+    assert_counters_listed(&listing);
+    assert_dynamic_sets_listed(&listing);
 }
 
 #[test]

@@ -659,6 +659,79 @@ fn ipv6_with_the_flag() {
     c.assert_agents_authorized();
 }
 
+/// `sessionAffinity: ClientIP` through the real agent and API server, both families: a
+/// Service's connections from one client spread until the Service asks for affinity; then 20
+/// connections from one client land on one endpoint, and once the client has been away for the
+/// (2-second) timeout it is picked for anew.
+#[test]
+fn client_ip_affinity_keeps_a_client_on_its_endpoint() {
+    if !require_root("client_ip_affinity_keeps_a_client_on_its_endpoint") {
+        return;
+    }
+    let c = start(ClusterOptions {
+        ipv6: true,
+        ..ClusterOptions::default()
+    });
+    let _servers = start_backends(&c, true);
+    let dual = "  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n";
+    c.apply(&service("sticky", 8041, dual));
+    c.apply(&slice(&c, "sticky", "v4", &[0, 1, 2]));
+    c.apply(&slice6(&c, "sticky", "v6", &[0, 1, 2]));
+    let backends = |dst: SocketAddr, n: usize| -> Result<Vec<String>, String> {
+        (0..n)
+            .map(|_| answer(&tcp_request(c.client(), dst, ANSWER)).map(|a| a.0))
+            .collect()
+    };
+    for dst in [v4(&c, 8041), v6(&c, 8041)] {
+        // 30 connections all on one of three endpoints without affinity: 3 * (1/3)^30.
+        wait_with_ruleset(&c, &format!("{dst} spreads"), || {
+            let seen: BTreeSet<String> = backends(dst, 30)?.into_iter().collect();
+            match seen.len() {
+                1 => Err(format!("only {seen:?}")),
+                _ => Ok(()),
+            }
+        });
+    }
+
+    c.apply(&service(
+        "sticky",
+        8041,
+        &format!(
+            "{dual}  sessionAffinity: ClientIP\n  sessionAffinityConfig: {{clientIP: {{timeoutSeconds: 2}}}}\n"
+        ),
+    ));
+    for family in ["ip", "ip6"] {
+        wait_table(&c, family, "update @affinity-", true);
+    }
+    for dst in [v4(&c, 8041), v6(&c, 8041)] {
+        let seen = backends(dst, 20).unwrap_or_else(|e| panic!("{dst}: {e}"));
+        let distinct: BTreeSet<&String> = seen.iter().collect();
+        assert_eq!(
+            distinct.len(),
+            1,
+            "{dst}: 20 connections of one client went to {seen:?}"
+        );
+    }
+    // Away for the timeout, the client is picked for anew: within 16 waits, at least one
+    // other endpoint (all 16 picks the first one, with chance (1/3)^16 = 2e-8 per family).
+    for dst in [v4(&c, 8041), v6(&c, 8041)] {
+        let first = backends(dst, 1).unwrap_or_else(|e| panic!("{dst}: {e}"));
+        let mut picks = BTreeSet::from([first[0].clone()]);
+        for _ in 0..16 {
+            if picks.len() > 1 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2_600));
+            picks.extend(backends(dst, 1).unwrap_or_else(|e| panic!("{dst}: {e}")));
+        }
+        assert!(
+            picks.len() > 1,
+            "{dst}: after every timeout still {picks:?}"
+        );
+    }
+    c.assert_agents_authorized();
+}
+
 /// SIGKILL under steady load: a client connecting every ~20 ms (50 connections before the kill,
 /// 25 while the agent is down, 100 after the new one is ready) while the agent is killed and
 /// restarted sees no failed connection (the rules stay in the kernel; the new

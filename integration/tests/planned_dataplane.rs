@@ -23,15 +23,17 @@ use nodelb_agent::object_files::ObjectFiles;
 use nodelb_agent::plan::config::Config;
 use nodelb_agent::plan::node::{AddressKind, NodeInfo};
 use nodelb_agent::plan::table::{HAIRPIN_SET, LOCAL_ADDRESSES_SET};
-use nodelb_agent::plan::{plan, Input};
+use nodelb_agent::plan::{plan, Context, Input, Objects, Planner, TableChange};
 use nodelb_agent::vocab::{Families, IpFamily};
 use nodelb_integration::commit::{replace, sync};
 use nodelb_integration::netns::{require_root, route, Netns, Topology};
 use nodelb_integration::nft::{list_ruleset, nft_f, nodelb_replace};
 use nodelb_integration::traffic::{
-    tcp_request, tcp_server, udp_request, udp_server, IcmpError, Outcome, Server,
+    tcp_request, tcp_request_from, tcp_server, udp_request, udp_server, IcmpError, Outcome, Server,
 };
-use nodelb_netfilter::{Committer, Nft, Table};
+use nodelb_netfilter::{
+    render_replace, Commit, Committed, Committer, Drift, Edit, Nft, Table, TableRef,
+};
 
 /// Deadline for a request that is expected to be answered (or refused).
 const ANSWER: Duration = Duration::from_secs(2);
@@ -164,17 +166,8 @@ fn slices(
 /// InternalIPs; the host's addresses are whatever the node namespace holds right now.
 /// The test's YAML must be clean: any skipped document or planner warning fails the test.
 fn plan_tables(topo: &Topology, yaml: &str) -> Vec<Table> {
-    let objects = ObjectFiles::from_text(std::path::Path::new("test.yaml"), yaml)
-        .expect("the test's YAML reads");
-    assert!(objects.skipped.is_empty(), "{:?}", objects.skipped);
-    let node = NodeInfo {
-        name: NODE.into(),
-        labels: [("kubernetes.io/hostname".to_string(), NODE.to_string())].into(),
-        addresses: FAMILIES
-            .iter()
-            .map(|f| (AddressKind::InternalIP, node_addr(topo, *f)))
-            .collect(),
-    };
+    let objects = read_objects(yaml);
+    let node = node_info(topo);
     let local = topo.node.addresses();
     let config = Config::default();
     let p = plan(&Input {
@@ -189,6 +182,26 @@ fn plan_tables(topo: &Topology, yaml: &str) -> Vec<Table> {
     assert!(p.warnings.is_empty(), "planner warnings: {:?}", p.warnings);
     assert_eq!(p.tables.len(), 2, "one table per family");
     p.tables
+}
+
+/// The test's YAML, which must be clean: any skipped document fails the test.
+fn read_objects(yaml: &str) -> ObjectFiles {
+    let objects = ObjectFiles::from_text(std::path::Path::new("test.yaml"), yaml)
+        .expect("the test's YAML reads");
+    assert!(objects.skipped.is_empty(), "{:?}", objects.skipped);
+    objects
+}
+
+/// The topology's node as its Node object says: its client-facing addresses as InternalIPs.
+fn node_info(topo: &Topology) -> NodeInfo {
+    NodeInfo {
+        name: NODE.into(),
+        labels: [("kubernetes.io/hostname".to_string(), NODE.to_string())].into(),
+        addresses: FAMILIES
+            .iter()
+            .map(|f| (AddressKind::InternalIP, node_addr(topo, *f)))
+            .collect(),
+    }
 }
 
 /// Replaces the node's nodelb tables through nodelb's netlink batch.
@@ -955,4 +968,322 @@ fn a_foreign_dstnat_chain_for_the_same_address_and_port_never_wins() {
     program(&topo.node, &tables);
     assert_answered_by(&topo, 0, "after nodelb's full replace");
     delete_foreign_dnat(&topo);
+}
+
+// ---- session affinity ----------------------------------------------------------------------
+
+/// Spec lines of `sessionAffinity: ClientIP` with `timeoutSeconds`, for [`service`].
+fn client_ip_affinity(timeout: u32) -> String {
+    format!(
+        "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {{clientIP: {{timeoutSeconds: {timeout}}}}}\n"
+    )
+}
+
+/// `n` more addresses for the client namespace in family `f` (203.0.113.100 + k,
+/// 2001:db8:c::100 + k), each a client of its own for ClientIP affinity.
+fn more_client_addresses(topo: &Topology, f: IpFamily, first: u8, n: u8) -> Vec<IpAddr> {
+    (first..first + n)
+        .map(|k| {
+            let (addr, cidr): (IpAddr, String) = match f {
+                IpFamily::V4 => {
+                    let a = std::net::Ipv4Addr::new(203, 0, 113, 100 + k);
+                    (a.into(), format!("{a}/24"))
+                }
+                IpFamily::V6 => {
+                    let a =
+                        std::net::Ipv6Addr::new(0x2001, 0xdb8, 0xc, 0, 0, 0, 0, 0x100 + k as u16);
+                    (a.into(), format!("{a}/64"))
+                }
+            };
+            let mut args = vec!["addr", "add", &cidr, "dev", "eth-node"];
+            if f == IpFamily::V6 {
+                // No duplicate address detection: the address is usable at once.
+                args.push("nodad");
+            }
+            topo.client.ip(&args);
+            addr
+        })
+        .collect()
+}
+
+/// Every element the dynamic sets of `tables` hold in the node now.
+fn learned(node: &Netns, tables: &[Table]) -> Vec<nodelb_netfilter::Learned> {
+    node.run(|| {
+        let mut nft = Nft::open().expect("netlink socket");
+        let mut out = Vec::new();
+        for t in tables {
+            let names = t.sets.values().filter(|s| s.is_dynamic());
+            let read = nft.read_learned(&TableRef::of(t), names.map(|s| s.name.as_str()));
+            out.extend(read.expect("read the dynamic sets").into_values().flatten());
+        }
+        out
+    })
+}
+
+/// The backend that answers one TCP connection from `src` to `dst`.
+fn tcp_answer_from(topo: &Topology, src: IpAddr, dst: SocketAddr, what: &str) -> usize {
+    let out = tcp_request_from(&topo.client, src, dst, ANSWER);
+    let (name, _) = answer(&topo.node, &out, what);
+    backend_index(&name, topo.backends.len(), what)
+}
+
+/// The one backend every answer came from, or a panic naming them all.
+fn one_backend(got: &[(usize, IpAddr)], what: &str) -> usize {
+    let backends: BTreeSet<usize> = got.iter().map(|(i, _)| *i).collect();
+    assert_eq!(
+        backends.len(),
+        1,
+        "{what}: {} connections from one client reached {backends:?}",
+        got.len()
+    );
+    got[0].0
+}
+
+const STICKY: [(Proto, u16); 2] = [(Proto::Tcp, 80), (Proto::Udp, 53)];
+const BRIEF: [(Proto, u16); 2] = [(Proto::Tcp, 81), (Proto::Udp, 54)];
+/// At most this many rounds of "wait out the 2-second timeout, connect again" (they stop once
+/// every family and protocol has seen two endpoints). Each round's first pick is a fair one of
+/// 4 endpoints, so a working timeout shows one endpoint in every round of a family and
+/// protocol with chance 4 * (1/4)^12 = 6e-8, about 2.4e-7 for the four of them.
+const TIMEOUT_ROUNDS: usize = 12;
+
+#[test]
+fn client_ip_affinity_keeps_a_client_on_one_endpoint_until_its_timeout() {
+    if !require_root("client_ip_affinity_keeps_a_client_on_one_endpoint_until_its_timeout") {
+        return;
+    }
+    let topo = Topology::new(4);
+    let _servers = start_backends(&topo);
+    assert_only_dnat_reaches_backends(&topo, 80);
+    let eps = [(0, NODE), (1, "node-b"), (2, "node-c"), (3, "node-d")];
+    let all: BTreeSet<usize> = [0, 1, 2, 3].into();
+    let objects = |extra: &str, brief: &str| {
+        service("sticky", "Cluster", &STICKY, extra)
+            + &slices(&topo, "sticky", &STICKY, &eps)
+            + &service("brief", "Cluster", &BRIEF, brief)
+            + &slices(&topo, "brief", &BRIEF, &eps)
+    };
+    // Without affinity, one client's connections spread over every endpoint.
+    program(&topo.node, &plan_tables(&topo, &objects("", "")));
+    let t = &topo;
+    for f in FAMILIES {
+        let dst = SocketAddr::new(node_addr(t, f), 80);
+        let masq = |i| node_toward_backend(t, f, i);
+        assert_spread(t, Proto::Tcp, dst, &all, masq, &format!("{f} no affinity"));
+    }
+
+    let yaml = objects(&client_ip_affinity(60), &client_ip_affinity(2));
+    program(&topo.node, &plan_tables(&topo, &yaml));
+    let tables = [IpFamily::V4, IpFamily::V6].map(|f| Config::default().table_ref(f));
+    let mut watcher = topo
+        .node
+        .run(|| nodelb_netfilter::Watcher::open(tables.to_vec()))
+        .expect("watch nodelb's tables");
+    for f in FAMILIES {
+        // 20 connections (20 UDP sockets) from one client land on one endpoint.
+        for (proto, port) in STICKY {
+            let dst = SocketAddr::new(node_addr(t, f), port);
+            let what = format!("{f} {proto:?} {dst} ClientIP");
+            let got = answers(t, &topo.client, proto, dst, 20, &what);
+            let i = one_backend(&got, &what);
+            assert!(got
+                .iter()
+                .all(|(_, peer)| *peer == node_toward_backend(t, f, i)));
+        }
+        // Other clients get picks of their own, each kept: 16 more addresses all landing on
+        // the first client's endpoint has chance (1/4)^16 if affinity is per client.
+        let dst = SocketAddr::new(node_addr(t, f), 80);
+        let mut picked = BTreeSet::new();
+        for src in more_client_addresses(t, f, 0, 16) {
+            let what = format!("{f} TCP {dst} from {src}");
+            let first = tcp_answer_from(t, src, dst, &what);
+            for _ in 0..3 {
+                assert_eq!(tcp_answer_from(t, src, dst, &what), first, "{what}: moved");
+            }
+            picked.insert(first);
+        }
+        assert!(picked.len() > 1, "{f}: every client on b{picked:?}");
+    }
+
+    // Once a client has been away for the timeout, it is picked for anew (and kept again).
+    let mut firsts: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); FAMILIES.len() * BRIEF.len()];
+    for round in 0..TIMEOUT_ROUNDS {
+        if firsts.iter().all(|seen| seen.len() > 1) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2_600));
+        for (k, (f, (proto, port))) in FAMILIES
+            .iter()
+            .flat_map(|f| BRIEF.iter().map(move |p| (*f, *p)))
+            .enumerate()
+        {
+            let dst = SocketAddr::new(node_addr(t, f), port);
+            let what = format!("{f} {proto:?} {dst} timeout 2s, round {round}");
+            let got = answers(t, &topo.client, proto, dst, 2, &what);
+            firsts[k].insert(one_backend(&got, &what));
+        }
+    }
+    for (k, seen) in firsts.iter().enumerate() {
+        assert!(
+            seen.len() > 1,
+            "combination {k}: after every timeout the client went back to {seen:?}"
+        );
+    }
+    // Clients written into the sets by packets, and expired by the kernel, are no change to
+    // nodelb's tables: nothing to repair.
+    let heard = watcher.next(Duration::from_millis(500)).expect("watch");
+    assert_eq!(heard, None, "the watch heard traffic as a change");
+}
+
+/// A planner and a committer kept between syncs, as the agent keeps them.
+struct Agent {
+    planner: Planner,
+    objects: Objects,
+    ctx: Context,
+    committer: Committer,
+}
+
+impl Agent {
+    fn start(topo: &Topology, yaml: &str) -> Agent {
+        let files = read_objects(yaml);
+        let ctx = Context::new(
+            node_info(topo),
+            topo.node.addresses(),
+            Families { v4: true, v6: true },
+            Config::default(),
+        );
+        let mut agent = Agent {
+            planner: Planner::new(),
+            objects: Objects::from_lists(files.services, files.slices),
+            ctx,
+            committer: topo
+                .node
+                .run(|| Nft::open().map(Committer::new))
+                .expect("netlink socket in the node namespace"),
+        };
+        let u = agent.planner.update(&agent.objects, &agent.ctx, None);
+        assert!(matches!(u.change, TableChange::Rebuild));
+        agent.replace();
+        agent
+    }
+
+    /// A whole replace of what is planned, as at start and to repair drift.
+    fn replace(&mut self) -> Committed {
+        let planner = &self.planner;
+        let mut build = || planner.tables();
+        self.committer
+            .commit(Commit::replace(&mut build))
+            .expect("whole replace")
+    }
+
+    /// The slices in `yaml` changed: the planner's edit, committed.
+    fn slices_changed(&mut self, yaml: &str) -> Vec<(TableRef, Edit)> {
+        let files = read_objects(yaml);
+        let mut dirty = BTreeSet::new();
+        for s in files.slices {
+            dirty.extend(self.objects.put_slice(std::sync::Arc::new(s)));
+        }
+        let u = self.planner.update(&self.objects, &self.ctx, Some(&dirty));
+        let TableChange::Edit(edits) = u.change else {
+            panic!("a slice change is an edit")
+        };
+        self.committer
+            .commit(Commit::edit(edits.clone()))
+            .expect("incremental sync");
+        edits
+    }
+}
+
+#[test]
+fn client_ip_affinity_survives_an_incremental_sync_and_a_full_replace() {
+    if !require_root("client_ip_affinity_survives_an_incremental_sync_and_a_full_replace") {
+        return;
+    }
+    let topo = Topology::new(3);
+    let _servers = start_backends(&topo);
+    let t = &topo;
+    let sticky = |eps: &[(usize, &str)]| slices(t, "sticky", &STICKY, eps);
+    let yaml = service("sticky", "Cluster", &STICKY, &client_ip_affinity(60))
+        + &sticky(&[(0, NODE), (1, "node-b")]);
+    let mut agent = Agent::start(&topo, &yaml);
+
+    // Twelve clients per family, each on the endpoint it was first sent to.
+    let clients: Vec<(IpAddr, SocketAddr)> = FAMILIES
+        .iter()
+        .flat_map(|f| {
+            let dst = SocketAddr::new(node_addr(t, *f), 80);
+            more_client_addresses(t, *f, 0, 12)
+                .into_iter()
+                .map(move |c| (c, dst))
+        })
+        .collect();
+    let kept: Vec<usize> = clients
+        .iter()
+        .map(|(c, dst)| tcp_answer_from(t, *c, *dst, &format!("{c} first")))
+        .collect();
+    let still_there = |what: &str| {
+        for ((c, dst), b) in clients.iter().zip(&kept) {
+            let what = format!("{c} {what}");
+            assert_eq!(tcp_answer_from(t, *c, *dst, &what), *b, "{what}: moved");
+        }
+    };
+    // What packets wrote is not drift.
+    for tr in agent.committer.committed_tables() {
+        assert_eq!(
+            agent.committer.drift(&tr).unwrap(),
+            Some(Drift::None),
+            "{tr}"
+        );
+    }
+
+    // A third endpoint, through the planner's edit: the others' sets stay, so every client
+    // stays (were they emptied, 24 clients re-picking among three would all stay with chance
+    // (1/3)^24); new clients reach the new endpoint (40 per family all missing it: (2/3)^40,
+    // 9e-8).
+    let edits = agent.slices_changed(&sticky(&[(0, NODE), (1, "node-b"), (2, "node-c")]));
+    assert!(
+        edits.iter().all(|(_, e)| e.del_sets.is_empty()),
+        "{edits:?}"
+    );
+    still_there("after the endpoint was added");
+    for f in FAMILIES {
+        let dst = SocketAddr::new(node_addr(t, f), 80);
+        let fresh: BTreeSet<usize> = more_client_addresses(t, f, 12, 40)
+            .into_iter()
+            .map(|c| tcp_answer_from(t, c, dst, &format!("new client {c}")))
+            .collect();
+        assert!(
+            fresh.contains(&2),
+            "{f}: no new client reached b2: {fresh:?}"
+        );
+    }
+
+    // A whole replace (start, drift repair) carries what the sets learned, each client with
+    // the time it had left, not a new timeout.
+    std::thread::sleep(Duration::from_secs(2));
+    let done = agent.replace();
+    assert!(done.restored >= clients.len(), "restored {}", done.restored);
+    let expires: Vec<Duration> = learned(&topo.node, &agent.planner.tables())
+        .iter()
+        .map(|l| l.expires)
+        .collect();
+    assert!(expires.len() >= clients.len(), "{expires:?}");
+    assert!(
+        expires.iter().all(|e| *e <= Duration::from_millis(58_500)),
+        "restored with a new timeout: {expires:?}"
+    );
+    still_there("after a whole replace");
+    for tr in agent.committer.committed_tables() {
+        assert_eq!(
+            agent.committer.drift(&tr).unwrap(),
+            Some(Drift::None),
+            "{tr}"
+        );
+    }
+
+    // Without the carrying, a replace forgets every client: nft -f of the same tables.
+    let script: String = agent.planner.tables().iter().map(render_replace).collect();
+    nft_f(&topo.node, &script).expect("nft -f of the planned tables");
+    let forgotten = learned(&topo.node, &agent.planner.tables());
+    assert!(forgotten.is_empty(), "{forgotten:?}");
 }

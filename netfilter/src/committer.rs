@@ -1,6 +1,6 @@
 //! The commit as one call: [`Committer::commit`] takes a whole replace (a way to build the
 //! tables) or the edits of an incremental sync, and the tables that must not exist; it carries
-//! counters over a replace, validates, encodes, commits, deletes what must not exist, and keeps
+//! counters and what dynamic sets learned over a replace, validates, encodes, commits, deletes what must not exist, and keeps
 //! what the kernel then holds as the model the next edit starts from. The caller holds no
 //! nftables state of its own: after a failed commit it starts again with a whole replace.
 
@@ -94,6 +94,8 @@ pub struct Committed {
     pub stats: CommitStats,
     /// Counters whose values were carried over a replace.
     pub carried: usize,
+    /// Elements of dynamic sets carried over a replace (clients' session affinity).
+    pub restored: usize,
     /// Tables deleted because they had to be absent.
     pub deleted: Vec<TableRef>,
 }
@@ -195,6 +197,18 @@ impl Committer {
             done.carried = self.carry_counters(&mut tables)?;
             debug!(counters = done.carried, "carried counters over the replace");
         }
+        let learned = self.read_learned(&tables)?;
+        done.restored = learned
+            .values()
+            .flat_map(|sets| sets.values())
+            .map(Vec::len)
+            .sum();
+        if done.restored > 0 {
+            debug!(
+                elements = done.restored,
+                "carrying what dynamic sets learned over the replace"
+            );
+        }
         for t in &tables {
             crate::validate::validate(t)?;
         }
@@ -206,7 +220,8 @@ impl Committer {
                 .ok()
         });
         let t0 = Instant::now();
-        let batch = Batch::encode_replace(self.nft.next_batch_seq(), tables, freed)?;
+        let batch = Batch::encode_replace(self.nft.next_batch_seq(), tables, &learned, freed)?;
+        drop(learned);
         let encode = t0.elapsed();
         done.stats = self.nft.commit(&batch)?;
         done.stats.encode = encode;
@@ -235,6 +250,32 @@ impl Committer {
             t.seed_counters(&values);
         }
         Ok(carried)
+    }
+
+    /// Read what each dynamic set of the new tables holds now under the same name, with the
+    /// time each element has left, so the replace can give it back (a client keeps its
+    /// endpoint). Elements learned between this read and the commit are lost.
+    fn read_learned(
+        &mut self,
+        tables: &[Table],
+    ) -> Result<BTreeMap<TableRef, crate::readback::LearnedElements>, Error> {
+        let mut out = BTreeMap::new();
+        for t in tables {
+            let dynamic = t.sets.values().filter(|s| s.is_dynamic());
+            let names: Vec<&str> = dynamic.map(|s| s.name.as_str()).collect();
+            if names.is_empty() {
+                continue;
+            }
+            let tr = TableRef::of(t);
+            if !self.nft.list_tables(Some(tr.family))?.contains(&tr) {
+                continue;
+            }
+            let learned = self.nft.read_learned(&tr, names)?;
+            if !learned.is_empty() {
+                out.insert(tr, learned);
+            }
+        }
+        Ok(out)
     }
 
     /// Commit edits to tables committed before, in one batch. On success the edits become

@@ -94,6 +94,7 @@ impl Edit {
         {
             ops.push(Op::AddChain(tr.clone(), c));
         }
+        let flushed = self.redeclare_ops(&tr, base, &mut ops);
         for s in &self.add_sets {
             ops.push(Op::AddSet(tr.clone(), s));
             if !s.elements.is_empty() {
@@ -104,6 +105,83 @@ impl Edit {
                 });
             }
         }
+        self.element_ops(&tr, base, &mut ops);
+        for c in &self.put_chains {
+            if base.chains.contains_key(&c.name) && !flushed.contains(c.name.as_str()) {
+                ops.push(Op::FlushChain(tr.clone(), c.name.clone()));
+            }
+            for (i, r) in c.rules.iter().enumerate() {
+                ops.push(Op::AddRule {
+                    table: tr.clone(),
+                    chain: &c.name,
+                    index: i,
+                    rule: r,
+                });
+            }
+        }
+        for c in self
+            .del_chains
+            .iter()
+            .filter(|c| !flushed.contains(c.as_str()))
+        {
+            ops.push(Op::FlushChain(tr.clone(), c.clone()));
+        }
+        let redeclared = self.redeclared();
+        for s in self
+            .del_sets
+            .iter()
+            .filter(|s| !redeclared.contains(s.as_str()))
+        {
+            ops.push(Op::DelSet(tr.clone(), s.clone()));
+        }
+        for c in &self.del_counters {
+            ops.push(Op::DelCounter(tr.clone(), c.clone()));
+        }
+        Ok((ops, self.del_chains.clone()))
+    }
+
+    /// Sets removed and added again under the same name (a new declaration: another timeout
+    /// or comment).
+    fn redeclared(&self) -> BTreeSet<&str> {
+        self.add_sets
+            .iter()
+            .map(|s| s.name.as_str())
+            .filter(|n| self.del_sets.iter().any(|d| d == n))
+            .collect()
+    }
+
+    /// Delete the old declaration of each redeclared set, before the new one is added: first
+    /// every chain that is replaced or removed is flushed (the only rules that may use the old
+    /// set, as `check` makes sure), then the set goes. Returns the chains flushed here.
+    fn redeclare_ops<'a>(
+        &'a self,
+        tr: &TableRef,
+        base: &Table,
+        ops: &mut Vec<Op<'a>>,
+    ) -> BTreeSet<&'a str> {
+        let redeclared = self.redeclared();
+        let mut flushed = BTreeSet::new();
+        if redeclared.is_empty() {
+            return flushed;
+        }
+        let replaced = self
+            .put_chains
+            .iter()
+            .map(|c| c.name.as_str())
+            .filter(|c| base.chains.contains_key(*c));
+        for c in replaced.chain(self.del_chains.iter().map(String::as_str)) {
+            if flushed.insert(c) {
+                ops.push(Op::FlushChain(tr.clone(), c.to_string()));
+            }
+        }
+        for s in redeclared {
+            ops.push(Op::DelSet(tr.clone(), s.to_string()));
+        }
+        flushed
+    }
+
+    /// Element changes in sets that exist before the edit: deletions, then additions.
+    fn element_ops<'a>(&'a self, tr: &TableRef, base: &'a Table, ops: &mut Vec<Op<'a>>) {
         for (name, e) in &self.elements {
             let set = &base.sets[name];
             if !e.del.is_empty() {
@@ -121,29 +199,6 @@ impl Edit {
                 });
             }
         }
-        for c in &self.put_chains {
-            if base.chains.contains_key(&c.name) {
-                ops.push(Op::FlushChain(tr.clone(), c.name.clone()));
-            }
-            for (i, r) in c.rules.iter().enumerate() {
-                ops.push(Op::AddRule {
-                    table: tr.clone(),
-                    chain: &c.name,
-                    index: i,
-                    rule: r,
-                });
-            }
-        }
-        for c in &self.del_chains {
-            ops.push(Op::FlushChain(tr.clone(), c.clone()));
-        }
-        for s in &self.del_sets {
-            ops.push(Op::DelSet(tr.clone(), s.clone()));
-        }
-        for c in &self.del_counters {
-            ops.push(Op::DelCounter(tr.clone(), c.clone()));
-        }
-        Ok((ops, self.del_chains.clone()))
     }
 
     /// Apply to a model: afterwards `t` is what the kernel holds once `ops` committed.
@@ -364,8 +419,11 @@ impl Edit {
         Ok(())
     }
 
-    /// A removed set must not be used by any rule that stays.
+    /// A removed set must not be used by any rule that stays; one declared anew may be used by
+    /// the rules of replaced chains, which are flushed before it goes and added after it is
+    /// back.
     fn check_removed_sets_unused(&self, base: &Table, x: &Exists<'_>) -> Result<(), Invalid> {
+        let redeclared = self.redeclared();
         for s in &self.del_sets {
             let uses = |c: &Chain| {
                 c.rules
@@ -375,7 +433,12 @@ impl Edit {
             let user = self
                 .untouched_chains(base, x)
                 .find(|c| uses(c))
-                .or_else(|| self.put_chains.iter().find(|c| uses(c)));
+                .or_else(|| {
+                    self.put_chains
+                        .iter()
+                        .filter(|_| !redeclared.contains(s.as_str()))
+                        .find(|c| uses(c))
+                });
             if let Some(c) = user {
                 return Err(Invalid::SetStillUsedByChain {
                     family: base.family,
@@ -393,7 +456,7 @@ struct Exists<'a> {
     base: &'a Table,
     put: BTreeSet<&'a str>,
     gone_chains: BTreeSet<&'a str>,
-    new_sets: BTreeSet<&'a str>,
+    new_sets: BTreeMap<&'a str, &'a Set>,
     gone_sets: BTreeSet<&'a str>,
     new_counters: BTreeSet<&'a str>,
     gone_counters: BTreeSet<&'a str>,
@@ -405,7 +468,7 @@ impl<'a> Exists<'a> {
             base,
             put: e.put_chains.iter().map(|c| c.name.as_str()).collect(),
             gone_chains: e.del_chains.iter().map(String::as_str).collect(),
-            new_sets: e.add_sets.iter().map(|s| s.name.as_str()).collect(),
+            new_sets: e.add_sets.iter().map(|s| (s.name.as_str(), s)).collect(),
             gone_sets: e.del_sets.iter().map(String::as_str).collect(),
             new_counters: e.add_counters.iter().map(|c| c.name.as_str()).collect(),
             gone_counters: e.del_counters.iter().map(String::as_str).collect(),
@@ -416,8 +479,13 @@ impl<'a> Exists<'a> {
         self.put.contains(c) || (self.base.chains.contains_key(c) && !self.gone_chains.contains(c))
     }
 
-    fn set(&self, s: &str) -> bool {
-        self.new_sets.contains(s) || (self.base.sets.contains_key(s) && !self.gone_sets.contains(s))
+    /// `Some(dynamic)` when the set exists once the edit is applied.
+    fn set(&self, s: &str) -> Option<bool> {
+        match self.new_sets.get(s) {
+            Some(new) => Some(new.is_dynamic()),
+            None if self.gone_sets.contains(s) => None,
+            None => self.base.sets.get(s).map(Set::is_dynamic),
+        }
     }
 
     fn counter(&self, c: &str) -> bool {
@@ -503,6 +571,87 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("missing counter nope"));
+    }
+
+    /// `base()` with a dynamic set `clients` that chain `a` looks clients up in and chain
+    /// `b` updates.
+    fn with_dynamic_set(timeout_secs: u64) -> (Table, Set, Chain, Chain) {
+        let mut t = base();
+        let set = Set::new("clients", SetType::Type(vec![DataType::Ipv4Addr]))
+            .dynamic(std::time::Duration::from_secs(timeout_secs));
+        let saddr = || vec![Expr::Payload(Payload::IpSaddr)];
+        let a = Chain::regular("a").rule(Rule::new(vec![
+            Stmt::Lookup {
+                keys: saddr(),
+                set: "clients".into(),
+                negate: false,
+            },
+            Stmt::Verdict(Verdict::Goto("b".into())),
+        ]));
+        let b = Chain::regular("b").rule(Rule::new(vec![Stmt::SetUpdate {
+            keys: saddr(),
+            set: "clients".into(),
+            timeout: set.timeout,
+        }]));
+        t.add_set(set.clone());
+        t.add_chain(a.clone());
+        t.add_chain(b.clone());
+        (t, set, a, b)
+    }
+
+    #[test]
+    fn a_set_declared_anew_goes_after_its_users_are_flushed_and_comes_back_before_their_rules() {
+        let (old, _, a, b) = with_dynamic_set(60);
+        let (_, new_set, _, _) = with_dynamic_set(5);
+        let mut e = Edit::default();
+        e.del_sets.push("clients".into());
+        e.add_sets.push(new_set);
+        e.put_chains.push(a);
+        e.put_chains.push(b.clone());
+        let (ops, _) = e.ops(&old).unwrap();
+        assert_eq!(
+            crate::fixtures::kinds(&ops),
+            [
+                "flush chain",
+                "flush chain",
+                "delete set",
+                "add set",
+                "add rule",
+                "add rule"
+            ]
+        );
+        drop(ops);
+        let mut t = old.clone();
+        e.apply(&mut t);
+        assert_eq!(
+            t.sets["clients"].timeout,
+            Some(std::time::Duration::from_secs(5))
+        );
+
+        // A chain left as it is would still use the old set: refused, naming it.
+        let mut e = Edit::default();
+        e.del_sets.push("clients".into());
+        e.add_sets.push(with_dynamic_set(5).1);
+        e.put_chains.push(b);
+        assert_eq!(
+            e.ops(&old).unwrap_err().to_string(),
+            "set ip clients is removed but chain a still uses it"
+        );
+    }
+
+    #[test]
+    fn only_a_dynamic_set_can_be_updated_by_a_rule() {
+        let (old, _, _, b) = with_dynamic_set(60);
+        let mut e = Edit::default();
+        e.del_sets.push("clients".into());
+        e.add_sets
+            .push(Set::new("clients", SetType::Type(vec![DataType::Ipv4Addr])));
+        e.put_chains.push(b);
+        e.put_chains.push(Chain::regular("a"));
+        assert_eq!(
+            e.ops(&old).unwrap_err().to_string(),
+            "rule 0 of chain ip b updates set clients, which packets cannot fill (it has no timeout)"
+        );
     }
 
     #[test]

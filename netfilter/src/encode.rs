@@ -33,7 +33,11 @@ const NFT_SET_ANONYMOUS: u32 = 0x1;
 const NFT_SET_CONSTANT: u32 = 0x2;
 const NFT_SET_INTERVAL: u32 = 0x4;
 const NFT_SET_MAP: u32 = 0x8;
+const NFT_SET_TIMEOUT: u32 = 0x10;
+const NFT_SET_EVAL: u32 = 0x20;
 const NFT_SET_OBJECT: u32 = 0x40;
+/// `NFT_DYNSET_OP_UPDATE`: add the key, or restart its timeout.
+const NFT_DYNSET_OP_UPDATE: u32 = 1;
 const NFT_SET_ELEM_INTERVAL_END: u32 = 0x1;
 
 const NFT_REG_VERDICT: u32 = 0;
@@ -114,9 +118,13 @@ impl Batch {
     /// valid: what they refer to is created before them in the same batch. `freed` is called
     /// as parts are dropped (an allocator may return the pages they held before the batch
     /// grows further).
+    ///
+    /// `learned`: what dynamic sets held before, per table, given back to the sets of the same
+    /// name after their elements (a replace would otherwise empty them).
     pub fn encode_replace(
         first_seq: u32,
         mut tables: Vec<Table>,
+        learned: &BTreeMap<TableRef, crate::readback::LearnedElements>,
         freed: &mut dyn FnMut(),
     ) -> Result<Batch, EncodeError> {
         let mut elements: Vec<(usize, String, BTreeMap<Key, Element>)> = Vec::new();
@@ -169,6 +177,20 @@ impl Batch {
             })?;
             drop(elems);
             freed();
+        }
+        for t in &tables {
+            let Some(sets) = learned.get(&TableRef::of(t)) else {
+                continue;
+            };
+            for (name, elems) in sets {
+                if let Some(set) = t.sets.get(name).filter(|s| s.is_dynamic()) {
+                    b.push_op(&Op::RestoreElems {
+                        table: TableRef::of(t),
+                        set,
+                        learned: elems,
+                    })?;
+                }
+            }
         }
         drop(tables);
         freed();
@@ -298,6 +320,11 @@ impl Batch {
                     keys.iter().map(|k| (*k, None)).collect();
                 self.push_elems(table, set, &items, false)?;
             }
+            Op::RestoreElems {
+                table,
+                set,
+                learned,
+            } => self.push_learned(table, set, learned),
             Op::AddCounter(t, c) => self.push_add_counter(t, c),
             Op::DelCounter(t, name) => {
                 let o = NlObj::counter(t.family.nfproto(), &t.name, name);
@@ -395,32 +422,15 @@ impl Batch {
             _ => None,
         };
         let what = |n: usize| format!("{n} elements of set {t} {}", set.name);
-        let ty = if add {
-            NFT_MSG_NEWSETELEM
-        } else {
-            NFT_MSG_DELSETELEM
-        };
-        let flags = if add { F_CREATE } else { 0 };
         let action = if add { "add" } else { "delete" };
         // Elements are encoded a message at a time (each message stays under the attribute
         // size limit), so a large set is never staged whole.
         let mut chunk: Vec<EncodedElem> = Vec::new();
         let mut size = 0;
         let flush = |b: &mut Batch, chunk: &mut Vec<EncodedElem>, size: &mut usize| {
-            if chunk.is_empty() {
-                return;
+            if !chunk.is_empty() {
+                b.push_elems_msg(t, &set.name, chunk, action);
             }
-            let ns = NlSet::with(t.family.nfproto(), &t.name, &set.name);
-            for el in chunk.iter() {
-                ns.add(el.to_nl());
-            }
-            b.msg(
-                ty,
-                t.family,
-                flags,
-                sys::Payload::SetElems(&ns),
-                obj(action, what(chunk.len())),
-            );
             chunk.clear();
             *size = 0;
         };
@@ -458,6 +468,54 @@ impl Batch {
         }
         flush(self, &mut chunk, &mut size);
         Ok(())
+    }
+
+    /// Elements a dynamic set learned, each expiring when it would have (never later than the
+    /// set's timeout from now: the kernel refuses that). Keys that do not fit the set (it was
+    /// declared anew) are left out.
+    fn push_learned(&mut self, t: &TableRef, set: &Set, learned: &[crate::readback::Learned]) {
+        let Some(timeout) = set.timeout else {
+            return;
+        };
+        let len = Layout::of(&set.key, t.family).len();
+        let elems: Vec<EncodedElem> = learned
+            .iter()
+            .filter(|l| l.key.len() == len)
+            .map(|l| EncodedElem {
+                key: l.key.clone(),
+                expiration: Some(l.expires.min(timeout).as_millis() as u64),
+                ..Default::default()
+            })
+            .collect();
+        for chunk in chunks(&elems) {
+            self.push_elems_msg(t, &set.name, chunk, "restore");
+        }
+    }
+
+    /// One message of elements of `set`: added (`add`, `restore`) or deleted (`delete`).
+    fn push_elems_msg(
+        &mut self,
+        t: &TableRef,
+        set: &str,
+        elems: &[EncodedElem],
+        action: &'static str,
+    ) {
+        let (ty, flags) = match action {
+            "delete" => (NFT_MSG_DELSETELEM, 0),
+            _ => (NFT_MSG_NEWSETELEM, F_CREATE),
+        };
+        let ns = NlSet::with(t.family.nfproto(), &t.name, set);
+        for el in elems {
+            ns.add(el.to_nl());
+        }
+        let what = format!("{} elements of set {t} {set}", elems.len());
+        self.msg(
+            ty,
+            t.family,
+            flags,
+            sys::Payload::SetElems(&ns),
+            obj(action, what),
+        );
     }
 
     fn push_rule(
@@ -501,6 +559,23 @@ fn obj(action: &'static str, what: String) -> ObjectRef {
     ObjectRef { action, what }
 }
 
+/// Encoded elements cut into runs that each fit one message.
+fn chunks(elems: &[EncodedElem]) -> Vec<&[EncodedElem]> {
+    let mut out = Vec::new();
+    let (mut start, mut size) = (0, 0);
+    for (i, e) in elems.iter().enumerate() {
+        if i > start && size + e.size() > ELEM_MSG_BUDGET {
+            out.push(&elems[start..i]);
+            (start, size) = (i, 0);
+        }
+        size += e.size();
+    }
+    if start < elems.len() {
+        out.push(&elems[start..]);
+    }
+    out
+}
+
 #[derive(Default)]
 struct EncodedElem {
     key: Vec<u8>,
@@ -510,6 +585,8 @@ struct EncodedElem {
     /// The counter object a `: counter` map element names.
     counter: Option<String>,
     comment: Option<std::sync::Arc<str>>,
+    /// Milliseconds left before the element expires (a learned element carried over).
+    expiration: Option<u64>,
 }
 
 impl EncodedElem {
@@ -544,6 +621,9 @@ impl EncodedElem {
         }
         if let Some(c) = &self.counter {
             e = e.str(nsys::NFTNL_SET_ELEM_OBJREF, c);
+        }
+        if let Some(ms) = self.expiration {
+            e = e.u64(nsys::NFTNL_SET_ELEM_EXPIRATION, ms);
         }
         e
     }
@@ -642,6 +722,14 @@ fn encode_set_decl(t: &TableRef, s: &Set, id: u32) -> Result<NlSet, EncodeError>
     if s.interval {
         flags |= NFT_SET_INTERVAL;
     }
+    // `flags dynamic,timeout` and the default timeout. No size: nft gives a set an `update`
+    // names a size of 65535, which makes the kernel allocate its hash table for that many
+    // elements up front (about 1.5 MiB a set); without one the table starts small and grows,
+    // and the kernel caps the set at the same 65535 once a rule updates it.
+    if let Some(timeout) = s.timeout {
+        flags |= NFT_SET_TIMEOUT | NFT_SET_EVAL;
+        ns.u64(nsys::NFTNL_SET_TIMEOUT, timeout.as_millis() as u64);
+    }
     match s.data {
         Some(MapData::Counter) => flags |= NFT_SET_OBJECT,
         Some(_) => flags |= NFT_SET_MAP,
@@ -668,8 +756,14 @@ fn encode_set_decl(t: &TableRef, s: &Set, id: u32) -> Result<NlSet, EncodeError>
         Some(MapData::Counter) => ns.u32(nsys::NFTNL_SET_OBJ_TYPE, sys::OBJECT_COUNTER),
     }
     crate::types::typeof_udata(&mut u, ud::KEY_TYPEOF, &s.key).map_err(err)?;
-    if let Some(MapData::Value(ty)) = &s.data {
-        crate::types::typeof_udata(&mut u, ud::DATA_TYPEOF, ty).map_err(err)?;
+    match (&s.key, &s.data) {
+        (_, Some(MapData::Value(ty))) => {
+            crate::types::typeof_udata(&mut u, ud::DATA_TYPEOF, ty).map_err(err)?
+        }
+        // A map declared with `typeof` records its verdict data as one too (nft cannot list
+        // the elements of one that does not).
+        (SetType::Typeof(_), Some(MapData::Verdict)) => crate::types::verdict_typeof_udata(&mut u),
+        _ => {}
     }
     if matches!(s.data, Some(MapData::Verdict | MapData::Value(_))) {
         u.put_u32(ud::DATA_INTERVAL, 0);
@@ -946,6 +1040,17 @@ impl RuleCtx {
                         .u32(nsys::NFTNL_EXPR_OBJREF_SET_SREG, NFT_REG_1)
                         .str(nsys::NFTNL_EXPR_OBJREF_SET_NAME, map),
                 );
+            }
+            Stmt::SetUpdate { keys, set, timeout } => {
+                self.load_keys(nr, keys);
+                let mut x = NlExpr::new("dynset")
+                    .u32(nsys::NFTNL_EXPR_DYNSET_SREG_KEY, NFT_REG_1)
+                    .u32(nsys::NFTNL_EXPR_DYNSET_OP, NFT_DYNSET_OP_UPDATE)
+                    .str(nsys::NFTNL_EXPR_DYNSET_SET_NAME, set);
+                if let Some(t) = timeout {
+                    x = x.u64(nsys::NFTNL_EXPR_DYNSET_TIMEOUT, t.as_millis() as u64);
+                }
+                nr.add(x);
             }
             Stmt::Nat { kind, addr, port } => nat_stmt(nr, kind, addr, port),
             Stmt::NatMap { kind, keys, map } => self.nat_map(nr, kind, keys, map),

@@ -45,6 +45,7 @@ pub fn kinds(ops: &[Op]) -> Vec<&'static str> {
             Op::DelSet(..) => "delete set",
             Op::AddElems { .. } => "add elements",
             Op::DelElems { .. } => "delete elements",
+            Op::RestoreElems { .. } => "restore elements",
             Op::AddCounter(..) => "add counter",
             Op::DelCounter(..) => "delete counter",
         })

@@ -27,7 +27,7 @@ pub use edit::{Edit, ElemEdit};
 pub use encode::{Batch, EncodeError, ObjectRef};
 pub use model::*;
 pub use ops::{full_replace, Op};
-pub use readback::{BaseChainInfo, CounterValues, Drift, TableSummary};
+pub use readback::{BaseChainInfo, CounterValues, Drift, Learned, LearnedElements, TableSummary};
 pub use render::{render_replace, render_table};
 pub use transact::{CommitStats, Error, Nft};
 pub use validate::Invalid;

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 pub use crate::scalar::{Family, L4Proto, Value};
 pub use crate::values::Values;
@@ -449,6 +450,14 @@ pub enum Stmt {
         keys: Vec<Expr>,
         map: String,
     },
+    /// `update @set { keys timeout T }`: add the packet's keys to a dynamic set, or restart
+    /// their timeout when they are there (a full set: the rule stops here).
+    SetUpdate {
+        keys: Vec<Expr>,
+        set: String,
+        /// The timeout of the element added or refreshed; `None`: the set's own.
+        timeout: Option<Duration>,
+    },
     /// `dnat to addr[:port]` / `snat to addr[:port]`.
     Nat {
         kind: NatKind,
@@ -500,7 +509,7 @@ impl Stmt {
     /// Named sets this statement refers to.
     pub fn set_refs(&self) -> Option<&str> {
         match self {
-            Stmt::Lookup { set, .. } => Some(set),
+            Stmt::Lookup { set, .. } | Stmt::SetUpdate { set, .. } => Some(set),
             Stmt::Vmap { map, .. } | Stmt::NatMap { map, .. } | Stmt::CounterMap { map, .. } => {
                 Some(map)
             }
@@ -576,6 +585,10 @@ pub struct Set {
     pub key: SetType,
     pub data: Option<MapData>,
     pub interval: bool,
+    /// Filled by packets (`flags dynamic,timeout`, with this default timeout): rules add and
+    /// refresh elements ([`Stmt::SetUpdate`]) and the kernel expires them. The model holds
+    /// none of them; they are what the kernel learned (see `Table::dynamic_sets`).
+    pub timeout: Option<Duration>,
     pub comment: Option<String>,
     pub elements: BTreeMap<Key, Element>,
 }
@@ -587,6 +600,7 @@ impl Set {
             key,
             data: None,
             interval: false,
+            timeout: None,
             comment: None,
             elements: BTreeMap::new(),
         }
@@ -604,6 +618,18 @@ impl Set {
         self
     }
 
+    /// A set filled by packets, whose elements expire `timeout` after they were last added or
+    /// refreshed.
+    pub fn dynamic(mut self, timeout: Duration) -> Set {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Whether packets fill this set (its elements are the kernel's, not the model's).
+    pub fn is_dynamic(&self) -> bool {
+        self.timeout.is_some()
+    }
+
     pub fn with_comment(mut self, comment: impl Into<String>) -> Set {
         self.comment = Some(comment.into());
         self
@@ -619,6 +645,7 @@ impl Set {
             && self.key == other.key
             && self.data == other.data
             && self.interval == other.interval
+            && self.timeout == other.timeout
             && self.comment == other.comment
     }
 }

@@ -33,6 +33,13 @@ pub enum Op<'a> {
         set: &'a Set,
         keys: Vec<&'a Key>,
     },
+    /// Gives a dynamic set back elements it learned before a full replace, each expiring when
+    /// it would have (at most the set's timeout from now).
+    RestoreElems {
+        table: TableRef,
+        set: &'a Set,
+        learned: &'a [crate::readback::Learned],
+    },
     /// Creates a counter object, starting from the values it carries.
     AddCounter(TableRef, &'a Counter),
     DelCounter(TableRef, String),

@@ -8,6 +8,7 @@ use crate::model::{Family, Hook, Policy, Table};
 use crate::netlink::{messages, Attrs, Msg, Request};
 use crate::transact::{Error, Nft};
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 const NFT_MSG_GETTABLE: u16 = 1;
 const NFT_MSG_GETCHAIN: u16 = 4;
@@ -26,6 +27,18 @@ const NFTA_COUNTER_BYTES: u16 = 1;
 const NFTA_COUNTER_PACKETS: u16 = 2;
 /// `NFT_OBJECT_COUNTER`.
 const OBJECT_COUNTER: u32 = 1;
+
+/// `NFTA_SET_*`, and the set flag of a set packets fill (`NFT_SET_EVAL`, `flags dynamic`).
+const NFTA_SET_TABLE: u16 = 1;
+const NFTA_SET_NAME: u16 = 2;
+const NFTA_SET_FLAGS: u16 = 3;
+const NFT_SET_ANONYMOUS: u32 = 0x1;
+const NFT_SET_EVAL: u32 = 0x20;
+/// `NFTA_SET_ELEM_LIST_ELEMENTS`, each element an `NFTA_LIST_ELEM` of `NFTA_SET_ELEM_*`.
+const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+const NFTA_SET_ELEM_KEY: u16 = 1;
+const NFTA_SET_ELEM_EXPIRATION: u16 = 5;
+const NFTA_DATA_VALUE: u16 = 1;
 
 /// `NFTA_CHAIN_*` and, nested in `NFTA_CHAIN_HOOK`, `NFTA_HOOK_*`.
 const NFTA_CHAIN_TABLE: u16 = 1;
@@ -76,6 +89,17 @@ impl BaseChainInfo {
 /// Counter name → (packets, bytes), as [`Nft::read_counters`] returns them.
 pub type CounterValues = BTreeMap<String, (u64, u64)>;
 
+/// One element a dynamic set learned from packets: its key as the kernel holds it, and how
+/// long it has left before it expires.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Learned {
+    pub key: Vec<u8>,
+    pub expires: Duration,
+}
+
+/// Dynamic set name → its elements, as [`Nft::read_learned`] returns them.
+pub type LearnedElements = BTreeMap<String, Vec<Learned>>;
+
 /// What the kernel holds for one table, in counts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TableSummary {
@@ -83,6 +107,9 @@ pub struct TableSummary {
     pub chains: BTreeMap<String, usize>,
     /// Named set → number of kernel elements (an interval counts its start and its end).
     pub sets: BTreeMap<String, usize>,
+    /// Named sets packets fill (`flags dynamic`): their elements come and go with traffic, so
+    /// only that they exist is compared, never what they hold.
+    pub dynamic_sets: BTreeSet<String>,
     /// Named counter objects.
     pub counters: BTreeSet<String>,
 }
@@ -99,7 +126,14 @@ impl TableSummary {
             sets: t
                 .sets
                 .values()
+                .filter(|s| !s.is_dynamic())
                 .map(|s| (s.name.clone(), expected_element_count(s)))
+                .collect(),
+            dynamic_sets: t
+                .sets
+                .values()
+                .filter(|s| s.is_dynamic())
+                .map(|s| s.name.clone())
                 .collect(),
             counters: t.counters.keys().cloned().collect(),
         }
@@ -149,6 +183,12 @@ pub fn compare(
         if !expected.sets.contains_key(name) {
             diffs.push(format!("set {name} is not nodelb's"));
         }
+    }
+    for name in expected.dynamic_sets.difference(&actual.dynamic_sets) {
+        diffs.push(format!("dynamic set {name} is missing"));
+    }
+    for name in actual.dynamic_sets.difference(&expected.dynamic_sets) {
+        diffs.push(format!("dynamic set {name} is not nodelb's"));
     }
     for name in expected.counters.difference(&actual.counters) {
         diffs.push(format!("counter {name} is missing"));
@@ -266,16 +306,24 @@ impl Nft {
         for r in self.request(&req, &format!("sets of {t}"), true)? {
             for m in messages(&r) {
                 let a = m.attrs();
-                let anonymous = a.get_be32(3).is_some_and(|f| f & 1 != 0);
-                if a.get_str(1).as_deref() == Some(&t.name) && !anonymous {
-                    if let Some(name) = a.get_str(2) {
+                let flags = a.get_be32(NFTA_SET_FLAGS).unwrap_or(0);
+                if a.get_str(NFTA_SET_TABLE).as_deref() != Some(&t.name)
+                    || flags & NFT_SET_ANONYMOUS != 0
+                {
+                    continue;
+                }
+                if let Some(name) = a.get_str(NFTA_SET_NAME) {
+                    if flags & NFT_SET_EVAL != 0 {
+                        summary.dynamic_sets.insert(name);
+                    } else {
                         names.push(name);
                     }
                 }
             }
         }
         for set in names {
-            let n = self.count_elements(t, &set)?;
+            let mut n = 0;
+            self.dump_elements(t, &set, |_| n += 1)?;
             summary.sets.insert(set, n);
         }
         summary.counters = self.read_counters(t)?.into_keys().collect();
@@ -328,7 +376,47 @@ impl Nft {
         Ok(out)
     }
 
-    fn count_elements(&mut self, t: &TableRef, set: &str) -> Result<usize, Error> {
+    /// The elements each of the dynamic `sets` of a table holds now, with the time each has
+    /// left (a set or table that is gone holds none), for carrying them over a full replace.
+    pub fn read_learned<'a>(
+        &mut self,
+        t: &TableRef,
+        sets: impl IntoIterator<Item = &'a str>,
+    ) -> Result<LearnedElements, Error> {
+        let mut out = LearnedElements::new();
+        for set in sets {
+            let mut learned = Vec::new();
+            let read = self.dump_elements(t, set, |e| {
+                let key = e
+                    .get(NFTA_SET_ELEM_KEY)
+                    .and_then(|k| Attrs(k).get(NFTA_DATA_VALUE));
+                let expires = e.get_be64(NFTA_SET_ELEM_EXPIRATION);
+                if let (Some(key), Some(ms)) = (key, expires.filter(|ms| *ms > 0)) {
+                    learned.push(Learned {
+                        key: key.to_vec(),
+                        expires: Duration::from_millis(ms),
+                    });
+                }
+            });
+            match read {
+                Ok(()) => {}
+                Err(Error::Dump { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(e),
+            }
+            if !learned.is_empty() {
+                out.insert(set.to_string(), learned);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Call `each` with the attributes of every element of a set, in one dump.
+    fn dump_elements(
+        &mut self,
+        t: &TableRef,
+        set: &str,
+        mut each: impl FnMut(Attrs<'_>),
+    ) -> Result<(), Error> {
         let seq = self.next_seq();
         let req = Request::new(
             NFT_MSG_GETSETELEM,
@@ -339,16 +427,17 @@ impl Nft {
         .attr_str(1, &t.name)
         .attr_str(2, set)
         .finish();
-        let mut n = 0;
         for r in self.request(&req, &format!("elements of set {t} {set}"), true)? {
             for m in messages(&r) {
                 // NFTA_SET_ELEM_LIST_ELEMENTS holds one NFTA_LIST_ELEM per element.
-                if let Some(list) = m.attrs().get(3) {
-                    n += crate::netlink::Attrs(list).count();
+                if let Some(list) = m.attrs().get(NFTA_SET_ELEM_LIST_ELEMENTS) {
+                    for (_, elem) in Attrs(list) {
+                        each(Attrs(elem));
+                    }
                 }
             }
         }
-        Ok(n)
+        Ok(())
     }
 
     /// Compare the kernel's table with a model.
@@ -370,6 +459,7 @@ mod tests {
         TableSummary {
             chains: chains.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
             sets: sets.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
+            dynamic_sets: BTreeSet::new(),
             counters: BTreeSet::new(),
         }
     }
@@ -386,6 +476,33 @@ mod tests {
         assert_eq!(
             compare(&want, Some(&got), &[]),
             Drift::Changed(vec!["chain pre has 3 rules, expected 2".into()])
+        );
+    }
+
+    #[test]
+    fn a_dynamic_set_is_compared_by_its_existence_not_its_elements() {
+        let mut t = Table::new(Family::Ip, "nodelb");
+        t.add_set(
+            crate::model::Set::new(
+                "affinity-a",
+                crate::model::SetType::Type(vec![crate::model::DataType::Ipv4Addr]),
+            )
+            .dynamic(Duration::from_secs(10)),
+        );
+        let want = TableSummary::expected(&t);
+        assert!(want.sets.is_empty());
+        assert_eq!(want.dynamic_sets, ["affinity-a".to_string()].into());
+        // What packets wrote is never counted, so the kernel's table is as committed...
+        assert_eq!(compare(&want, Some(&want), &[]), Drift::None);
+        // ...but a dynamic set that is gone, or one nodelb does not know, is drift.
+        let mut got = want.clone();
+        got.dynamic_sets = ["affinity-b".to_string()].into();
+        assert_eq!(
+            compare(&want, Some(&got), &[]),
+            Drift::Changed(vec![
+                "dynamic set affinity-a is missing".into(),
+                "dynamic set affinity-b is not nodelb's".into()
+            ])
         );
     }
 

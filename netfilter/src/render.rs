@@ -84,8 +84,15 @@ fn render_set(out: &mut String, family: Family, s: &Set) {
         ),
     };
     let _ = writeln!(out, "\t\t{}{}", set_type_text(&s.key, family), data_text);
-    if s.interval {
-        out.push_str("\t\tflags interval\n");
+    // nft lists a set's flags in this order, and its timeout after them.
+    match (s.interval, s.timeout) {
+        (_, Some(timeout)) => {
+            let interval = if s.interval { "interval," } else { "" };
+            let _ = writeln!(out, "\t\tflags dynamic,{interval}timeout");
+            let _ = writeln!(out, "\t\ttimeout {}", duration_text(timeout));
+        }
+        (true, None) => out.push_str("\t\tflags interval\n"),
+        (false, None) => {}
     }
     if let Some(c) = &s.comment {
         let _ = writeln!(out, "\t\tcomment {}", quote(c));
@@ -123,6 +130,28 @@ fn render_set(out: &mut String, family: Family, s: &Set) {
         out.push_str(" }\n");
     }
     out.push_str("\t}\n");
+}
+
+/// A duration as nft prints one: days, hours, minutes, seconds and milliseconds, each only
+/// when not zero (`3h`, `1m30s`, `2s500ms`).
+pub fn duration_text(d: std::time::Duration) -> String {
+    let mut ms = d.as_millis();
+    let mut out = String::new();
+    for (unit, len) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1000),
+    ] {
+        if ms >= len {
+            let _ = write!(out, "{}{unit}", ms / len);
+            ms %= len;
+        }
+    }
+    if ms > 0 {
+        let _ = write!(out, "{ms}ms");
+    }
+    out
 }
 
 fn values_text(l: &Layout, vals: impl IntoIterator<Item = Value>) -> String {
@@ -247,6 +276,12 @@ fn stmt_text(family: Family, s: &Stmt) -> String {
         Stmt::CounterMap { keys, map } => {
             format!("counter name {} map @{map}", keys_text(family, keys))
         }
+        Stmt::SetUpdate { keys, set, timeout } => {
+            let timeout = timeout
+                .map(|t| format!(" timeout {}", duration_text(t)))
+                .unwrap_or_default();
+            format!("update @{set} {{ {}{timeout} }}", keys_text(family, keys))
+        }
         Stmt::Nat { kind, addr, port } => {
             let k = nat_kind(*kind);
             let fam = if family == Family::Inet {
@@ -284,6 +319,47 @@ fn nat_kind(k: NatKind) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_read_as_nft_prints_them() {
+        for (ms, text) in [
+            (10_800_000, "3h"),
+            (2_000, "2s"),
+            (90_000, "1m30s"),
+            (86_400_000, "1d"),
+            (93_784_005, "1d2h3m4s5ms"),
+            (250, "250ms"),
+        ] {
+            assert_eq!(duration_text(Duration::from_millis(ms)), text);
+        }
+    }
+
+    #[test]
+    fn a_dynamic_set_and_its_update_render_as_nft_lists_them() {
+        let mut t = Table::new(Family::Ip6, "nodelb");
+        t.add_set(
+            Set::new("affinity-a", SetType::Type(vec![DataType::Ipv6Addr]))
+                .dynamic(Duration::from_secs(10_800))
+                .with_comment("default/web:http"),
+        );
+        t.add_chain(Chain::regular("ep").rule(Rule::new(vec![Stmt::SetUpdate {
+            keys: vec![Expr::Payload(Payload::Ip6Saddr)],
+            set: "affinity-a".into(),
+            timeout: Some(Duration::from_secs(10_800)),
+        }])));
+        let text = render_table(&t);
+        assert!(
+            text.contains(
+                "\tset affinity-a {\n\t\ttype ipv6_addr\n\t\tflags dynamic,timeout\n\t\ttimeout 3h\n\t\tcomment \"default/web:http\"\n\t}"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("\t\tupdate @affinity-a { ip6 saddr timeout 3h }\n"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn renders_a_small_table_as_nft_text() {

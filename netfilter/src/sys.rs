@@ -219,6 +219,10 @@ impl NlSet {
         unsafe { sys::nftnl_set_set_u32(self.as_ptr(), attr as u16, v) }
     }
 
+    pub fn u64(&self, attr: u32, v: u64) {
+        unsafe { sys::nftnl_set_set_u64(self.as_ptr(), attr as u16, v) }
+    }
+
     pub fn userdata(&self, data: &[u8]) {
         unsafe {
             sys::nftnl_set_set_data(
@@ -258,6 +262,11 @@ impl NlElem {
 
     pub fn u32(self, attr: u32, v: u32) -> NlElem {
         unsafe { sys::nftnl_set_elem_set_u32(self.0.as_ptr(), attr as u16, v) };
+        self
+    }
+
+    pub fn u64(self, attr: u32, v: u64) -> NlElem {
+        unsafe { sys::nftnl_set_elem_set_u64(self.0.as_ptr(), attr as u16, v) };
         self
     }
 

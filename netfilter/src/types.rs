@@ -84,6 +84,7 @@ mod proto_desc {
 
 /// nft expression type ids (`enum expr_types`), used in `typeof` userdata.
 mod expr_type {
+    pub const VERDICT: u32 = 1;
     pub const PAYLOAD: u32 = 7;
     pub const META: u32 = 9;
     pub const CONCAT: u32 = 13;
@@ -444,6 +445,15 @@ pub fn typeof_udata(u: &mut Udata, attr: u8, ty: &SetType) -> Result<(), String>
     Ok(())
 }
 
+/// The data `typeof` userdata nft writes for `: verdict` in a map declared with `typeof`: a
+/// verdict expression, with no data of its own.
+pub fn verdict_typeof_udata(u: &mut Udata) {
+    u.nest(ud::DATA_TYPEOF, |n| {
+        n.put_u32(ud::TYPEOF_EXPR, expr_type::VERDICT);
+        n.put(ud::TYPEOF_DATA, &[]);
+    });
+}
+
 /// Names of the bits set in a `ct state` / `ct status` value.
 pub fn ct_bits_text(key: CtKey, bits: u32) -> String {
     let names: &[(u32, &str)] = match key {
@@ -523,6 +533,15 @@ mod tests {
             typeof_bytes(&ty),
             hex("0314000407000000010c00040c00000001040b000000")
         );
+    }
+
+    // From `nft --debug=mnl` 1.0.6 for `typeof meta l4proto . th dport . numgen random mod 1
+    // : verdict`: the data's attribute after the key's.
+    #[test]
+    fn typeof_verdict_data_matches_nft() {
+        let mut u = Udata::new();
+        verdict_typeof_udata(&mut u);
+        assert_eq!(u.as_bytes(), hex("04080004010000000100"));
     }
 
     #[test]

@@ -22,6 +22,13 @@ pub enum Invalid {
         index: usize,
         set: String,
     },
+    #[error("rule {index} of chain {family} {chain} updates set {set}, which packets cannot fill (it has no timeout)")]
+    RuleUpdatesStaticSet {
+        family: Family,
+        chain: String,
+        index: usize,
+        set: String,
+    },
     #[error("rule {index} of chain {family} {chain} counts into missing counter {counter}")]
     RuleCountsIntoMissingCounter {
         family: Family,
@@ -100,7 +107,8 @@ pub enum Invalid {
 pub(crate) struct Names<'a> {
     pub family: Family,
     pub chain: &'a dyn Fn(&str) -> bool,
-    pub set: &'a dyn Fn(&str) -> bool,
+    /// `Some(dynamic)` when the set exists.
+    pub set: &'a dyn Fn(&str) -> Option<bool>,
     pub counter: &'a dyn Fn(&str) -> bool,
 }
 
@@ -121,13 +129,24 @@ impl Names<'_> {
                 }
             }
             if let Some(set) = s.set_refs() {
-                if !(self.set)(set) {
-                    return Err(Invalid::RuleRefersToMissingSet {
-                        family,
-                        chain: chain(),
-                        index,
-                        set: set.to_string(),
-                    });
+                match (self.set)(set) {
+                    None => {
+                        return Err(Invalid::RuleRefersToMissingSet {
+                            family,
+                            chain: chain(),
+                            index,
+                            set: set.to_string(),
+                        })
+                    }
+                    Some(false) if matches!(s, Stmt::SetUpdate { .. }) => {
+                        return Err(Invalid::RuleUpdatesStaticSet {
+                            family,
+                            chain: chain(),
+                            index,
+                            set: set.to_string(),
+                        })
+                    }
+                    Some(_) => {}
                 }
             }
             if let Some(counter) = s.counter_ref() {
@@ -176,7 +195,7 @@ fn names_of(
     check(&Names {
         family: t.family,
         chain: &|n| t.chains.contains_key(n),
-        set: &|n| t.sets.contains_key(n),
+        set: &|n| t.sets.get(n).map(Set::is_dynamic),
         counter: &|n| t.counters.contains_key(n),
     })
 }

@@ -476,7 +476,7 @@ impl From<Endpoint> for index::Endpoint {
 mod tests {
     use super::*;
     use crate::plan::index::{LoadBalancerStatus, ServicePort};
-    use k8s_openapi::api::core::v1::LoadBalancerIngress;
+    use k8s_openapi::api::core::v1::{ClientIPConfig, LoadBalancerIngress, SessionAffinityConfig};
     use kube::core::DeserializeGuard;
     use serde_json::json;
 
@@ -546,7 +546,8 @@ mod tests {
                 "internalTrafficPolicy": "Cluster",
                 "loadBalancerSourceRanges": ["192.0.2.0/24", "not-a-cidr"],
                 "allocateLoadBalancerNodePorts": true,
-                "sessionAffinity": "None",
+                "sessionAffinity": "ClientIP",
+                "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}},
                 "selector": {"app": "web"},
                 "ports": [
                     {"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080,
@@ -656,6 +657,12 @@ mod tests {
                 // Raw: the planner warns about the bad range and the bad protocol.
                 load_balancer_source_ranges: strings(&["192.0.2.0/24", "not-a-cidr"]),
                 ports: Some(vec![port("http", 80, "TCP"), port("odd", 81, "ICMP")]),
+                session_affinity: Some("ClientIP".into()),
+                session_affinity_config: Some(SessionAffinityConfig {
+                    client_ip: Some(ClientIPConfig {
+                        timeout_seconds: Some(600)
+                    })
+                }),
                 type_: Some("LoadBalancer".into()),
             })
         );

@@ -7,7 +7,7 @@ use super::diagnosis::{
 };
 use super::endpoints::Selection;
 use super::prepare::{Context, Prepared, PreparedPort, Stage};
-use super::service::{Cidr, TrafficPolicy};
+use super::service::{Cidr, ClientIpAffinity, TrafficPolicy};
 use super::table::{self, Action, Part, PortProgram};
 use crate::vocab::IpFamily;
 use crate::vocab::{ServiceKey, ServicePortId};
@@ -83,6 +83,7 @@ pub fn build(
     let Stage::Ports {
         policy,
         source_ranges,
+        affinity,
         families,
         ports,
         ..
@@ -112,6 +113,7 @@ pub fn build(
             addresses: &ctx.served[family],
             policy: *policy,
             source_ranges: source_ranges.as_deref(),
+            affinity: *affinity,
         };
         outcomes.push(program.outcome(ports, &holder, tables.then_some(&mut parts)));
     }
@@ -123,13 +125,14 @@ pub fn build(
 }
 
 /// What the Service's ports share in one family's table on this node: the Service, the
-/// addresses serving it there, its traffic policy and source ranges.
+/// addresses serving it there, its traffic policy, source ranges and session affinity.
 struct FamilyProgram<'a> {
     key: &'a ServiceKey,
     family: IpFamily,
     addresses: &'a [IpAddr],
     policy: TrafficPolicy,
     source_ranges: Option<&'a [Cidr]>,
+    affinity: Option<ClientIpAffinity>,
 }
 
 impl FamilyProgram<'_> {
@@ -191,6 +194,7 @@ impl FamilyProgram<'_> {
                 policy: self.policy,
                 addresses: self.addresses,
                 source_ranges: self.source_ranges,
+                affinity: self.affinity,
                 action,
             },
         );

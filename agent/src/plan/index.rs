@@ -13,7 +13,7 @@
 
 use crate::vocab::{ServiceKey, Str};
 use imbl::OrdMap;
-use k8s_openapi::api::core::v1::LoadBalancerIngress;
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, SessionAffinityConfig};
 use k8s_openapi::api::discovery::v1::EndpointConditions;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Deserialize, Deserializer};
@@ -90,6 +90,10 @@ pub struct ServiceSpec {
     pub load_balancer_class: Option<Str>,
     pub load_balancer_source_ranges: Option<Vec<Str>>,
     pub ports: Option<Vec<ServicePort>>,
+    /// `None` or `ClientIP`, raw: the planner warns about anything else.
+    pub session_affinity: Option<Str>,
+    /// `clientIP.timeoutSeconds` of `ClientIP` affinity.
+    pub session_affinity_config: Option<SessionAffinityConfig>,
     #[serde(rename = "type")]
     pub type_: Option<Str>,
 }

@@ -9,7 +9,7 @@ use super::endpoints::{self, Selection};
 use super::index::{EndpointSlice, Service};
 use super::listeners::{HostListeners, Taken};
 use super::node::NodeInfo;
-use super::service::{self, Cidr, LbService, TrafficPolicy};
+use super::service::{self, Cidr, ClientIpAffinity, LbService, TrafficPolicy};
 use crate::vocab::{Families, IpFamily};
 use crate::vocab::{ServiceKey, ServicePortId};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -108,6 +108,7 @@ pub enum Stage {
         created: Option<Time>,
         policy: TrafficPolicy,
         source_ranges: Option<Vec<Cidr>>,
+        affinity: Option<ClientIpAffinity>,
         /// The Service's families in `ipFamilies` order, with why a family is skipped here.
         families: Vec<(IpFamily, Option<FamilySkip>)>,
         /// Ports of the families not skipped, family by family in the order above.
@@ -227,6 +228,7 @@ fn ports_stage(
         created: lb.created.cloned(),
         policy: lb.policy,
         source_ranges: lb.source_ranges,
+        affinity: lb.affinity,
         families,
         ports,
     }

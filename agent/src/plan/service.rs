@@ -3,7 +3,7 @@
 
 use super::config::Config;
 use super::diagnosis::{NotServed, ObjectRef, Warning};
-use super::index::Service;
+use super::index::{Service, ServiceSpec};
 use super::node::NodeInfo;
 use super::selector::Selector;
 use crate::vocab::{IpFamily, Protocol, ServiceKey, ServicePortId, Str};
@@ -83,6 +83,18 @@ impl fmt::Display for Cidr {
     }
 }
 
+/// `sessionAffinity: ClientIP` without a timeout: kube-proxy's default, three hours.
+pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10_800;
+/// The longest `sessionAffinityConfig.clientIP.timeoutSeconds` the API accepts (a day).
+pub const MAX_AFFINITY_TIMEOUT_SECONDS: u32 = 86_400;
+
+/// `sessionAffinity: ClientIP`: a client keeps the endpoint it was sent to for this many
+/// seconds after its last new connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClientIpAffinity {
+    pub timeout_seconds: u32,
+}
+
 /// A handled Service's spec, read and checked. Bad parts were dropped with a warning.
 #[derive(Clone, Debug)]
 pub struct LbService<'a> {
@@ -95,6 +107,8 @@ pub struct LbService<'a> {
     pub policy: TrafficPolicy,
     /// `None` when unrestricted; else the valid ranges, nested ones folded into the outer one.
     pub source_ranges: Option<Vec<Cidr>>,
+    /// `sessionAffinity: ClientIP`, with its timeout.
+    pub affinity: Option<ClientIpAffinity>,
     /// The `nodelb.io/node-selector` annotation, if set.
     pub node_selector: Option<&'a str>,
 }
@@ -152,6 +166,7 @@ pub fn read<'a>(svc: &'a Service, key: ServiceKey, warnings: &mut Vec<Warning>) 
         .as_deref()
         .filter(|r| !r.is_empty())
         .map(|r| read_source_ranges(r, &mut warn));
+    let affinity = read_affinity(spec, &mut warn);
     let node_selector = svc
         .metadata
         .annotations
@@ -166,8 +181,41 @@ pub fn read<'a>(svc: &'a Service, key: ServiceKey, warnings: &mut Vec<Warning>) 
         families,
         policy,
         source_ranges,
+        affinity,
         node_selector,
     }
+}
+
+/// `spec.sessionAffinity` and its timeout. Anything but `ClientIP` is no affinity (a value
+/// that is not `None` is warned about); a timeout outside 1..=86400 seconds, which the API
+/// refuses, is warned about and the default used, as kube-proxy does.
+fn read_affinity(spec: &ServiceSpec, warn: &mut impl FnMut(String)) -> Option<ClientIpAffinity> {
+    match spec.session_affinity.as_deref() {
+        Some("ClientIP") => {}
+        None | Some("") | Some("None") => return None,
+        Some(other) => {
+            warn(format!(
+                "sessionAffinity {other:?} is not None or ClientIP; no affinity"
+            ));
+            return None;
+        }
+    }
+    let timeout = spec
+        .session_affinity_config
+        .as_ref()
+        .and_then(|c| c.client_ip.as_ref())
+        .and_then(|c| c.timeout_seconds);
+    let timeout_seconds = match timeout {
+        None => DEFAULT_AFFINITY_TIMEOUT_SECONDS,
+        Some(t) if t > 0 && t as u32 <= MAX_AFFINITY_TIMEOUT_SECONDS => t as u32,
+        Some(t) => {
+            warn(format!(
+                "sessionAffinityConfig.clientIP.timeoutSeconds {t} is not 1-{MAX_AFFINITY_TIMEOUT_SECONDS}; using {DEFAULT_AFFINITY_TIMEOUT_SECONDS}"
+            ));
+            DEFAULT_AFFINITY_TIMEOUT_SECONDS
+        }
+    };
+    Some(ClientIpAffinity { timeout_seconds })
 }
 
 /// One entry of `spec.ports`, given the valid ports before it; `Err`: the warning that skips it.

@@ -13,6 +13,17 @@
 //!   Only the `endpoints-N` chains refer to the endpoint map: the kernel walks a whole map each
 //!   time a new chain binds to it, so a DNAT rule per Service port would make a commit's cost
 //!   grow with Services times endpoints, where a few shared chains bind it a few times.
+//! - `sessionAffinity: ClientIP` (as kube-proxy's nftables mode does it): each endpoint of
+//!   the Service port has a chain `ep-<namespace>/<name>-<proto>-<port>-<address>-<target
+//!   port>` that records the client in its own set `affinity-<same>` (`flags
+//!   dynamic,timeout`, `timeout` the Service's `timeoutSeconds`) and DNATs to the endpoint.
+//!   The Service port's chain first sends a client found in an endpoint's set to that
+//!   endpoint's chain, then picks one for the others: endpoint `i` of `N` when `numgen random
+//!   mod (N - i)` is 0, the last one otherwise, each as likely. No map: a verdict map shared by
+//!   the Service ports would make the kernel's loop check walk all of it once per Service port
+//!   that reaches it, on every commit. Only affinity Services pay for chains and sets per
+//!   endpoint. Chains and sets are named for the endpoint, not its index, so an endpoint that
+//!   comes or goes leaves the others' clients where they are.
 //! - Services without any endpoint are in `set no-endpoints`, rejected in filter `input` and
 //!   `filter-output` (TCP reset, ICMP port unreachable): reject is not allowed in prerouting.
 //! - Masquerade in nat `postrouting`, decided from conntrack's original destination (no packet
@@ -36,7 +47,7 @@
 //! [`Part`] per Service; between two syncs only the Parts of changed Services are compared.
 
 use super::endpoints::Endpoint;
-use super::service::{Cidr, TrafficPolicy};
+use super::service::{Cidr, ClientIpAffinity, TrafficPolicy};
 use crate::vocab::IpFamily;
 use crate::vocab::{Protocol, ServiceKey, ServicePortId};
 use nodelb_netfilter::{
@@ -47,6 +58,7 @@ use nodelb_netfilter::{
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Priority of nodelb's dispatch (nat `prerouting` and `output`): `dstnat - 10`, before every
 /// other DNAT at `dstnat` (-100: kube-proxy, CNI hostPort/portmap, Docker), so for the addresses
@@ -87,6 +99,8 @@ pub struct PortProgram<'a> {
     pub addresses: &'a [IpAddr],
     /// `None`: every source; `Some`: only these prefixes (of any family; others are ignored).
     pub source_ranges: Option<&'a [Cidr]>,
+    /// `sessionAffinity: ClientIP`: a client keeps its endpoint.
+    pub affinity: Option<ClientIpAffinity>,
     pub action: Action,
 }
 
@@ -96,8 +110,9 @@ pub struct Part {
     /// Elements of the shared sets and maps, by set name and key.
     pub elements: BTreeMap<(&'static str, Key), Element>,
     pub chains: SmallMap<Chain>,
-    /// The Service's own source-range set.
-    pub source_set: Option<Set>,
+    /// The Service's own sets: its source-range set, and with ClientIP affinity each
+    /// endpoint's set of clients.
+    pub sets: SmallMap<Set>,
     /// Endpoint addresses for the shared `hairpin` set, with this Service port's comment.
     pub hairpin: BTreeMap<IpAddr, Arc<str>>,
     /// The Service's counter objects, by name (equal by name and comment only).
@@ -166,14 +181,62 @@ pub fn comment(service: &ServiceKey, port: &ServicePortId) -> String {
     format!("{service}:{}", port.label())
 }
 
-/// The chain of one Service port.
-pub fn service_chain(service: &ServiceKey, port: &ServicePortId) -> String {
+/// `<namespace>/<name>-<proto>-<port>`: what names a Service port's chains and sets.
+fn port_ident(service: &ServiceKey, port: &ServicePortId) -> String {
     format!(
-        "svc-{}/{}-{}-{}",
+        "{}/{}-{}-{}",
         service.namespace,
         service.name,
         port.protocol.keyword(),
         port.port
+    )
+}
+
+/// The chain of one Service port.
+pub fn service_chain(service: &ServiceKey, port: &ServicePortId) -> String {
+    format!("svc-{}", port_ident(service, port))
+}
+
+/// An endpoint in a chain or set name: its address and port, IPv6 with `.` for `:` (names
+/// hold no `:`), written so that two addresses never read the same (no dotted IPv4 tail).
+fn endpoint_ident(e: &Endpoint) -> String {
+    let addr = match e.addr {
+        IpAddr::V4(a) => a.to_string(),
+        IpAddr::V6(a) => {
+            let seg = a.segments();
+            // The longest run of zero groups (two or more), the first of equals, as `..`.
+            let mut run = (0, 0);
+            let mut i = 0;
+            while i < 8 {
+                let len = seg[i..].iter().take_while(|g| **g == 0).count();
+                if len > run.1 {
+                    run = (i, len);
+                }
+                i += len.max(1);
+            }
+            let hex = |s: &[u16]| s.iter().map(|g| format!("{g:x}")).collect::<Vec<_>>();
+            if run.1 >= 2 {
+                let (head, tail) = (hex(&seg[..run.0]), hex(&seg[run.0 + run.1..]));
+                format!("{}..{}", head.join("."), tail.join("."))
+            } else {
+                hex(&seg).join(".")
+            }
+        }
+    };
+    format!("{addr}-{}", e.port)
+}
+
+/// The chain of one endpoint of a Service port with ClientIP affinity.
+pub fn affinity_endpoint_chain(service: &ServiceKey, port: &ServicePortId, e: &Endpoint) -> String {
+    format!("ep-{}-{}", port_ident(service, port), endpoint_ident(e))
+}
+
+/// The set of the clients one endpoint of a ClientIP affinity Service port keeps.
+pub fn affinity_set(service: &ServiceKey, port: &ServicePortId, e: &Endpoint) -> String {
+    format!(
+        "affinity-{}-{}",
+        port_ident(service, port),
+        endpoint_ident(e)
     )
 }
 
@@ -304,37 +367,30 @@ pub fn add_port(part: &mut Part, family: IpFamily, p: &PortProgram<'_>) {
         counter.clone(),
         Counter::new(counter).with_comment(note.to_string()),
     );
-    let target = match &p.action {
+    let (eps, local_only) = match &p.action {
         Action::Reject => {
-            for a in p.addresses {
-                part.elements.insert(
-                    (NO_ENDPOINTS_SET, service_key(*a, p.port)),
-                    element(None, &note),
-                );
-            }
-            // Clients outside the source ranges are dropped and counted, not told the
-            // Service exists: its chain drops them and lets the others on to the reject.
-            if p.source_ranges.is_some() {
-                let chain = service_port_chain(part, &ip, p, &note, Last::Nothing);
-                for a in p.addresses {
-                    part.elements.insert(
-                        (SERVICES_MAP, service_key(*a, p.port)),
-                        element(Some(ElemData::Verdict(Verdict::Jump(chain.clone()))), &note),
-                    );
-                }
-            }
+            add_rejecting_port(part, &ip, p, &note);
             return;
         }
-        Action::DropExceptNode(eps) => {
-            add_endpoints(part, p, &note, eps, false);
-            service_port_chain(part, &ip, p, &note, Last::DropExceptNode(eps.len()))
+        Action::DropExceptNode(eps) => (eps, true),
+        Action::Forward(eps) => (eps, false),
+    };
+    // Endpoints that serve only this node's own clients are not reached by hairpin traffic.
+    let hairpin = !local_only;
+    let last = match p.affinity {
+        Some(a) => {
+            let sticky = add_affinity_endpoints(part, &ip, p, &note, eps, a, hairpin);
+            Last::Affinity { sticky, local_only }
         }
-        Action::Forward(eps) => {
-            add_endpoints(part, p, &note, eps, true);
-            service_port_chain(part, &ip, p, &note, Last::Dnat(eps.len()))
+        None => {
+            add_endpoints(part, p, &note, eps, hairpin);
+            match local_only {
+                true => Last::DropExceptNode(eps.len()),
+                false => Last::Dnat(eps.len()),
+            }
         }
     };
-
+    let target = service_port_chain(part, &ip, p, &note, last);
     for a in p.addresses {
         let key = service_key(*a, p.port);
         part.elements.insert(
@@ -348,6 +404,27 @@ pub fn add_port(part: &mut Part, family: IpFamily, p: &PortProgram<'_>) {
             .insert((LB_SET, key.clone()), element(None, &note));
         if p.policy == TrafficPolicy::Cluster {
             part.elements.insert((MASQ_SET, key), element(None, &note));
+        }
+    }
+}
+
+/// A port without endpoints: rejected in the filter hooks. Clients outside the source ranges
+/// are dropped and counted, not told the Service exists: its chain drops them and lets the
+/// others on to the reject.
+fn add_rejecting_port(part: &mut Part, ip: &IpHeader, p: &PortProgram<'_>, note: &Arc<str>) {
+    for a in p.addresses {
+        part.elements.insert(
+            (NO_ENDPOINTS_SET, service_key(*a, p.port)),
+            element(None, note),
+        );
+    }
+    if p.source_ranges.is_some() {
+        let chain = service_port_chain(part, ip, p, note, Last::Nothing);
+        for a in p.addresses {
+            part.elements.insert(
+                (SERVICES_MAP, service_key(*a, p.port)),
+                element(Some(ElemData::Verdict(Verdict::Jump(chain.clone()))), note),
+            );
         }
     }
 }
@@ -387,6 +464,52 @@ fn add_endpoints(
     }
 }
 
+/// With ClientIP affinity, each endpoint's set of clients and its chain, which records the
+/// client there and DNATs. Returns each endpoint's (set, chain), in endpoint order.
+fn add_affinity_endpoints(
+    part: &mut Part,
+    ip: &IpHeader,
+    p: &PortProgram<'_>,
+    note: &Arc<str>,
+    eps: &[Endpoint],
+    affinity: ClientIpAffinity,
+    hairpin: bool,
+) -> Vec<(String, String)> {
+    let timeout = Duration::from_secs(affinity.timeout_seconds.into());
+    let mut sticky = Vec::with_capacity(eps.len());
+    for e in eps {
+        let set = affinity_set(p.service, p.port, e);
+        let chain = affinity_endpoint_chain(p.service, p.port, e);
+        part.sets.insert(
+            set.clone(),
+            Set::new(&set, SetType::Type(vec![ip.addr_type()]))
+                .dynamic(timeout)
+                .with_comment(note.to_string()),
+        );
+        // Two rules: a full set stops the update, never the DNAT.
+        let record = Stmt::SetUpdate {
+            keys: vec![ip.saddr()],
+            set: set.clone(),
+            timeout: Some(timeout),
+        };
+        let dnat = Stmt::Nat {
+            kind: NatKind::Dnat,
+            addr: e.addr,
+            port: Some(e.port),
+        };
+        let mut c = Chain::regular(&chain)
+            .rule(Rule::new(vec![record]).with_comment(note.to_string()))
+            .rule(Rule::new(vec![l4_is(p.port.protocol), dnat]).with_comment(note.to_string()));
+        c.rules.shrink_to_fit();
+        part.chains.insert(chain.clone(), c);
+        if hairpin {
+            part.hairpin.entry(e.addr).or_insert_with(|| note.clone());
+        }
+        sticky.push((set, chain));
+    }
+    sticky
+}
+
 /// How a Service port's chain ends, after the source-range check.
 enum Last {
     /// DNAT to one of `n` endpoints.
@@ -394,6 +517,14 @@ enum Last {
     /// `Local` policy without a local endpoint: clients on this node DNAT to one of `n`
     /// endpoints elsewhere, everyone else is dropped.
     DropExceptNode(usize),
+    /// ClientIP affinity: a client in an endpoint's set goes to that endpoint's chain, the
+    /// others to one picked at random (`sticky`: each endpoint's set and chain, in endpoint
+    /// order); `local_only`: as [`Last::DropExceptNode`], only this node's own clients get
+    /// that far.
+    Affinity {
+        sticky: Vec<(String, String)>,
+        local_only: bool,
+    },
     /// Nothing: allowed clients go on (to the no-endpoints reject).
     Nothing,
 }
@@ -409,74 +540,118 @@ fn service_port_chain(
     let name = service_chain(p.service, p.port);
     let mut chain = Chain::regular(&name);
     if let Some(ranges) = p.source_ranges {
-        let set_name = source_set(p.service);
-        if part.source_set.is_none() {
-            let mut set = Set::new(&set_name, SetType::Type(vec![ip.addr_type()]))
-                .interval()
-                .with_comment(format!("{}: loadBalancerSourceRanges", p.service));
-            for c in ranges.iter().filter(|c| c.family() == ip.0) {
-                set.insert(
-                    Key::Prefix(c.addr, c.len),
-                    None,
-                    Some(p.service.to_string().into()),
-                );
-            }
-            part.source_set = Some(set);
-        }
-        let drops = counter_name(CounterKind::SourceRangeDrops, p.service, p.port);
-        part.counters.insert(
-            drops.clone(),
-            Counter::new(&drops).with_comment(format!("{note}: source-range drops")),
-        );
-        chain.push(
-            Rule::new(vec![
-                Stmt::Lookup {
-                    keys: vec![ip.saddr()],
-                    set: set_name,
-                    negate: true,
-                },
-                Stmt::CounterRef(drops),
-                Stmt::Verdict(Verdict::Drop),
-            ])
-            .with_comment(format!("{note}: source not in loadBalancerSourceRanges")),
-        );
+        chain.push(source_range_rule(part, ip, p, ranges, note));
     }
-    match last {
-        Last::Dnat(n) => {
-            part.endpoint_chains.insert(n);
-            chain.push(
-                Rule::new(vec![
-                    Stmt::counter(),
-                    Stmt::Verdict(Verdict::Goto(endpoint_chain_name(n))),
-                ])
-                .with_comment(note),
-            )
-        }
-        Last::DropExceptNode(n) => {
-            part.endpoint_chains.insert(n);
-            chain.push(
-                Rule::new(vec![
-                    Stmt::Lookup {
-                        keys: vec![ip.saddr()],
-                        set: LOCAL_ADDRESSES_SET.into(),
-                        negate: false,
-                    },
-                    Stmt::counter(),
-                    Stmt::Verdict(Verdict::Goto(endpoint_chain_name(n))),
-                ])
-                .with_comment(format!("{note}: Local policy, this node's own clients")),
-            );
-            chain.push(
-                Rule::new(vec![Stmt::counter(), Stmt::Verdict(Verdict::Drop)])
-                    .with_comment(format!("{note}: Local policy, no endpoint on this node")),
-            )
-        }
-        Last::Nothing => {}
-    }
+    chain.rules.extend(last_rules(part, ip, note, last));
     // The committed table keeps one such chain per Service port: no spare room.
     chain.rules.shrink_to_fit();
     part.chains.insert(name.clone(), chain);
     name
+}
+
+/// The rule that drops (and counts) clients outside the Service's source ranges, with the
+/// Service's source-range set and drop counter.
+fn source_range_rule(
+    part: &mut Part,
+    ip: &IpHeader,
+    p: &PortProgram<'_>,
+    ranges: &[Cidr],
+    note: &str,
+) -> Rule {
+    let set_name = source_set(p.service);
+    if !part.sets.contains_key(&set_name) {
+        let mut set = Set::new(&set_name, SetType::Type(vec![ip.addr_type()]))
+            .interval()
+            .with_comment(format!("{}: loadBalancerSourceRanges", p.service));
+        for c in ranges.iter().filter(|c| c.family() == ip.0) {
+            set.insert(
+                Key::Prefix(c.addr, c.len),
+                None,
+                Some(p.service.to_string().into()),
+            );
+        }
+        part.sets.insert(set_name.clone(), set);
+    }
+    let drops = counter_name(CounterKind::SourceRangeDrops, p.service, p.port);
+    part.counters.insert(
+        drops.clone(),
+        Counter::new(&drops).with_comment(format!("{note}: source-range drops")),
+    );
+    Rule::new(vec![
+        Stmt::Lookup {
+            keys: vec![ip.saddr()],
+            set: set_name,
+            negate: true,
+        },
+        Stmt::CounterRef(drops),
+        Stmt::Verdict(Verdict::Drop),
+    ])
+    .with_comment(format!("{note}: source not in loadBalancerSourceRanges"))
+}
+
+/// The rules that end a Service port's chain (noting the shared chains they go to).
+fn last_rules(part: &mut Part, ip: &IpHeader, note: &str, last: Last) -> Vec<Rule> {
+    let from_node = || Stmt::Lookup {
+        keys: vec![ip.saddr()],
+        set: LOCAL_ADDRESSES_SET.into(),
+        negate: false,
+    };
+    let count_and = |v: Verdict| vec![Stmt::counter(), Stmt::Verdict(v)];
+    let drop_note = || format!("{note}: Local policy, no endpoint on this node");
+    let drop_rule = || Rule::new(count_and(Verdict::Drop)).with_comment(drop_note());
+    let node_note = || format!("{note}: Local policy, this node's own clients");
+    match last {
+        Last::Dnat(n) => {
+            part.endpoint_chains.insert(n);
+            let goto = Verdict::Goto(endpoint_chain_name(n));
+            vec![Rule::new(count_and(goto)).with_comment(note)]
+        }
+        Last::DropExceptNode(n) => {
+            part.endpoint_chains.insert(n);
+            let mut stmts = vec![from_node()];
+            stmts.extend(count_and(Verdict::Goto(endpoint_chain_name(n))));
+            vec![Rule::new(stmts).with_comment(node_note()), drop_rule()]
+        }
+        Last::Affinity { sticky, local_only } => {
+            let mut rules = Vec::with_capacity(2 * sticky.len() + 1);
+            if local_only {
+                let mut stmts = vec![Stmt::Lookup {
+                    keys: vec![ip.saddr()],
+                    set: LOCAL_ADDRESSES_SET.into(),
+                    negate: true,
+                }];
+                stmts.extend(count_and(Verdict::Drop));
+                rules.push(Rule::new(stmts).with_comment(drop_note()));
+            }
+            for (set, chain) in sticky.iter() {
+                let known = Stmt::Lookup {
+                    keys: vec![ip.saddr()],
+                    set: set.clone(),
+                    negate: false,
+                };
+                let mut stmts = vec![known];
+                stmts.extend(count_and(Verdict::Goto(chain.clone())));
+                rules.push(Rule::new(stmts).with_comment(note));
+            }
+            // Endpoint i of n when a draw of n - i comes up 0: each is picked with chance
+            // 1/n (the first 1/n, the next (n-1)/n * 1/(n-1), ...).
+            let pick_note = if local_only { node_note() } else { note.into() };
+            let n = sticky.len();
+            for (i, (_, chain)) in sticky.iter().enumerate() {
+                let mut stmts = Vec::with_capacity(3);
+                if n - i > 1 {
+                    let draw = Expr::Numgen {
+                        modulus: (n - i) as u32,
+                    };
+                    stmts.push(Stmt::cmp(draw, Value::U32(0)));
+                }
+                stmts.extend(count_and(Verdict::Goto(chain.clone())));
+                rules.push(Rule::new(stmts).with_comment(pick_note.clone()));
+            }
+            rules
+        }
+        Last::Nothing => Vec::new(),
+    }
 }
 
 /// Who uses each hairpin address, by the comment of each user, sorted; the element's comment
@@ -564,8 +739,8 @@ impl Assembly {
         for (name, c) in part.chains.0 {
             t.chains.insert(name, c);
         }
-        if let Some(s) = part.source_set {
-            t.sets.insert(s.name.clone(), s);
+        for (name, s) in part.sets.0 {
+            t.sets.insert(name, s);
         }
         for (name, c) in part.counters.0 {
             t.counters.insert(name, c);
@@ -607,8 +782,12 @@ pub fn edit_part(old: Option<&Part>, new: Option<&Part>, edit: &mut Edit) {
             _ => elem_edit(edit, set).add.push((key.clone(), e.clone())),
         }
     }
+    // A set declared anew (another timeout or comment) goes and comes back in the edit: every
+    // chain of the Service that may use it is replaced, so none holds the old one.
+    let redeclared = edit_sets(old, new, edit);
     for (name, c) in new.chains.iter() {
-        if old.chains.get(name) != Some(c) {
+        let existed = old.chains.get(name);
+        if existed != Some(c) || (redeclared && existed.is_some()) {
             edit.put_chains.push(c.clone());
         }
     }
@@ -629,26 +808,42 @@ pub fn edit_part(old: Option<&Part>, new: Option<&Part>, edit: &mut Edit) {
             edit.del_counters.push(name.clone());
         }
     }
-    match (&old.source_set, &new.source_set) {
-        (None, None) => {}
-        (None, Some(n)) => edit.add_sets.push(n.clone()),
-        (Some(o), None) => edit.del_sets.push(o.name.clone()),
-        (Some(o), Some(n)) if o == n => {}
-        (Some(o), Some(n)) => {
-            // Same name, so the same Service and declaration: only elements differ.
-            let e = elem_edit(edit, &n.name);
-            for k in o.elements.keys() {
-                if n.elements.get(k) != o.elements.get(k) {
-                    e.del.push(k.clone());
+}
+
+/// Record in `edit` how a Service's own sets change: added, removed, their elements, or
+/// declared anew under the same name (removed and added). Returns whether one was.
+fn edit_sets(old: &Part, new: &Part, edit: &mut Edit) -> bool {
+    let mut redeclared = false;
+    for (name, n) in new.sets.iter() {
+        match old.sets.get(name) {
+            None => edit.add_sets.push(n.clone()),
+            Some(o) if o == n => {}
+            Some(o) if o.same_decl(n) => {
+                let e = elem_edit(edit, name);
+                for k in o.elements.keys() {
+                    if n.elements.get(k) != o.elements.get(k) {
+                        e.del.push(k.clone());
+                    }
+                }
+                for (k, v) in &n.elements {
+                    if o.elements.get(k) != Some(v) {
+                        e.add.push((k.clone(), v.clone()));
+                    }
                 }
             }
-            for (k, v) in &n.elements {
-                if o.elements.get(k) != Some(v) {
-                    e.add.push((k.clone(), v.clone()));
-                }
+            Some(_) => {
+                redeclared = true;
+                edit.del_sets.push(name.clone());
+                edit.add_sets.push(n.clone());
             }
         }
     }
+    for name in old.sets.keys() {
+        if !new.sets.contains_key(name) {
+            edit.del_sets.push(name.clone());
+        }
+    }
+    redeclared
 }
 
 fn elem_edit<'e>(edit: &'e mut Edit, set: &str) -> &'e mut ElemEdit {

@@ -41,6 +41,13 @@ fn service(i: u64, rng: &mut Lcg) -> Service {
     if rng.next(10) == 0 {
         spec["ports"][0]["port"] = serde_json::json!(22); // reserved
     }
+    if rng.next(3) == 0 {
+        // ClientIP affinity, its timeout changing now and then (the sets are declared anew).
+        spec["sessionAffinity"] = serde_json::json!("ClientIP");
+        let timeout = [10, 60][rng.next(2) as usize];
+        spec["sessionAffinityConfig"] =
+            serde_json::json!({"clientIP": {"timeoutSeconds": timeout}});
+    }
     serde_json::from_value(serde_json::json!({
         "metadata": {"namespace": "ns", "name": format!("s{i}"),
                       "creationTimestamp": format!("2024-01-{:02}T00:00:00Z", 1 + rng.next(3))},
@@ -123,12 +130,14 @@ fn incremental_updates_equal_planning_from_scratch() {
     let mut listener_changes = 0;
     // Endpoints that left, ports that opened.
     let mut stale_seen = (0, 0);
+    // Affinity sets created, deleted, and declared anew (both in one edit).
+    let (mut sets_added, mut sets_deleted, mut sets_redeclared) = (0, 0, 0);
     for step in 0..1200 {
         let mut dirty = BTreeSet::new();
         for _ in 0..1 + rng.next(3) {
             let i = rng.next(services.len() as u64);
-            match rng.next(6) {
-                5 => {
+            match rng.next(7) {
+                6 => {
                     // A host listener starts or stops (on the wildcard, a node address, or
                     // loopback, which takes nothing).
                     let address = ["0.0.0.0", "::", "203.0.113.1", "2001:db8::1", "127.0.0.1"]
@@ -169,6 +178,22 @@ fn incremental_updates_equal_planning_from_scratch() {
                         }
                     }
                     services[i as usize] = s;
+                }
+                5 => {
+                    // Only the session affinity changes: its timeout, or affinity on or off.
+                    let Some(mut s) = services[i as usize].clone() else {
+                        continue;
+                    };
+                    let spec = s.spec.as_mut().unwrap();
+                    let off = rng.next(4) == 0;
+                    spec.session_affinity = Some(if off { "None" } else { "ClientIP" }.into());
+                    let timeout = [10, 60][rng.next(2) as usize];
+                    spec.session_affinity_config = serde_json::from_value(
+                        serde_json::json!({"clientIP": {"timeoutSeconds": timeout}}),
+                    )
+                    .unwrap();
+                    dirty.extend(objects.put_service(Arc::new(s.clone().into())));
+                    services[i as usize] = Some(s);
                 }
                 1 => {
                     // A slice is deleted.
@@ -241,6 +266,14 @@ fn incremental_updates_equal_planning_from_scratch() {
                 );
             }
             counter_edits += edit.add_counters.len() + edit.del_counters.len();
+            let affinity = |n: &str| n.starts_with("affinity-") && n.contains('/');
+            sets_added += edit.add_sets.iter().filter(|s| affinity(&s.name)).count();
+            sets_deleted += edit.del_sets.iter().filter(|s| affinity(s)).count();
+            sets_redeclared += edit
+                .add_sets
+                .iter()
+                .filter(|s| affinity(&s.name) && edit.del_sets.contains(&s.name))
+                .count();
             edit.apply(t);
         }
 
@@ -293,25 +326,31 @@ fn incremental_updates_equal_planning_from_scratch() {
         stale_seen.0 > 50 && stale_seen.1 > 50,
         "the sequence made {stale_seen:?} flows stale (left, opened)"
     );
+    assert!(
+        sets_added > 100 && sets_deleted > 100 && sets_redeclared > 10,
+        "the sequence added {sets_added}, deleted {sets_deleted} and declared anew \
+         {sets_redeclared} affinity sets"
+    );
 }
 
-#[test]
-fn one_endpoint_change_replans_one_service() {
+/// `node-a` with 203.0.113.1, IPv4 only.
+fn ipv4_node() -> Context {
     let node = NodeInfo {
         name: "node-a".into(),
         labels: Default::default(),
         addresses: vec![(AddressKind::InternalIP, "203.0.113.1".parse().unwrap())],
     };
     let local: BTreeSet<IpAddr> = node.addresses.iter().map(|a| a.1).collect();
-    let ctx = Context::new(
-        node,
-        local,
-        Families {
-            v4: true,
-            v6: false,
-        },
-        Config::default(),
-    );
+    let families = Families {
+        v4: true,
+        v6: false,
+    };
+    Context::new(node, local, families, Config::default())
+}
+
+#[test]
+fn one_endpoint_change_replans_one_service() {
+    let ctx = ipv4_node();
     let mut objects = Objects::default();
     for i in 0..200u16 {
         let s: Service = serde_json::from_value(serde_json::json!({
@@ -359,4 +398,79 @@ fn one_endpoint_change_replans_one_service() {
     ] {
         assert_eq!(e.elements[set].add.len(), 1, "{set}");
     }
+}
+
+#[test]
+fn an_endpoint_added_to_or_removed_from_an_affinity_service_changes_only_its_own_chain_and_set() {
+    let ctx = ipv4_node();
+    let service: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"namespace": "ns", "name": "s", "creationTimestamp": "2024-01-01T00:00:00Z"},
+        "spec": {"type": "LoadBalancer", "ports": [{"port": 80}], "sessionAffinity": "ClientIP"},
+    }))
+    .unwrap();
+    let slice = |hosts: &[u8]| -> EndpointSlice {
+        let eps: Vec<_> = hosts
+            .iter()
+            .map(|h| serde_json::json!({"addresses": [format!("198.51.100.{h}")]}))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "ns", "name": "s-1", "labels": {"kubernetes.io/service-name": "s"}},
+            "addressType": "IPv4",
+            "ports": [{"port": 8080, "protocol": "TCP"}],
+            "endpoints": eps,
+        }))
+        .unwrap()
+    };
+    let mut objects = Objects::default();
+    objects.put_service(Arc::new(service.into()));
+    objects.put_slice(Arc::new(slice(&[10, 11]).into()));
+    let mut planner = Planner::new();
+    planner.update(&objects, &ctx, None);
+    let mut table = planner.tables().remove(0);
+    let mut step = |hosts: &[u8]| -> nodelb_netfilter::Edit {
+        let dirty: BTreeSet<ServiceKey> = objects
+            .put_slice(Arc::new(slice(hosts).into()))
+            .into_iter()
+            .collect();
+        let TableChange::Edit(mut edits) = planner.update(&objects, &ctx, Some(&dirty)).change
+        else {
+            panic!("expected an edit")
+        };
+        let (_, edit) = edits.remove(0);
+        edit.ops(&table).expect("the edit fits the table");
+        edit.clone().apply(&mut table);
+        edit
+    };
+    let names = |v: Vec<&String>| {
+        let mut v: Vec<String> = v.into_iter().cloned().collect();
+        v.sort();
+        v
+    };
+    let ep = |h: u8| format!("ep-ns/s-tcp-80-198.51.100.{h}-8080");
+    let set = |h: u8| format!("affinity-ns/s-tcp-80-198.51.100.{h}-8080");
+
+    // A third endpoint: its set and chain come, the Service port's chain picks among three;
+    // the sets of the two others (what their clients are remembered in) and their chains are
+    // not touched.
+    let e = step(&[10, 11, 12]);
+    assert_eq!(
+        names(e.add_sets.iter().map(|s| &s.name).collect()),
+        [set(12)]
+    );
+    assert!(e.del_sets.is_empty(), "{:?}", e.del_sets);
+    assert_eq!(
+        names(e.put_chains.iter().map(|c| &c.name).collect()),
+        [ep(12), "svc-ns/s-tcp-80".into()]
+    );
+    assert!(e.del_chains.is_empty(), "{:?}", e.del_chains);
+
+    // The first one goes: only its set and chain go with it.
+    let e = step(&[11, 12]);
+    assert!(e.add_sets.is_empty(), "{:?}", e.add_sets);
+    assert_eq!(e.del_sets, [set(10)]);
+    assert_eq!(e.del_chains, [ep(10)]);
+    for kept in [11, 12] {
+        assert!(!e.put_chains.iter().any(|c| c.name == ep(kept)), "{e:?}");
+    }
+    assert!(table.sets.contains_key(&set(11)) && table.sets.contains_key(&set(12)));
 }
