@@ -52,6 +52,16 @@
 //!    incremental script in a scratch namespace holding a copy of the agent's table (process
 //!    spawn, parse and kernel commit: the raw cost the agent's end-to-end figure stands on).
 //!
+//! 6. First round (`NODELB_BENCH_LATENCY_FIRST_ROUND`: `1` by default, at the largest size;
+//!    `0` skips it, `only` runs nothing else): a new leader's first status round must not
+//!    stall the dataplane. On a fresh cluster two serving nodes' agents start as followers (the
+//!    Lease held by another identity) on N Services whose statuses nobody wrote yet, with
+//!    `--resync-interval=30s` and an nftables listener in each node namespace; then the Lease
+//!    is released and one agent writes N statuses and N Events. EndpointSlice changes, spaced
+//!    as in phase 2, are timed to each node's kernel until that round ends (see
+//!    `latency/first_round.rs`). Printed: the new leader's and the follower's p50/p99/max,
+//!    the round's length, and its status writes and Events per second.
+//!
 //! The single agent is the leader (it writes every Service's status). With
 //! `NODELB_BENCH_LATENCY_FOLLOWER=1` every size runs again with the `nodelb-status` Lease held by
 //! another identity (renewed by the bench), so the agent is a follower, as most agents of a
@@ -59,7 +69,8 @@
 //!
 //! Goals, printed PASS/MISS and never asserted: p99 < 100 ms at 10,000 Services, peak RSS
 //! < 100 MiB at 10,000 Services x 5 endpoints, no per-Service Event from a new leader taking
-//! over converged Services. Errors (an agent that never programs, a kernel state that does not
+//! over converged Services, and during a new leader's first round at 10,000 Services
+//! event-to-kernel under 100 ms on the leader and on a follower (p99, and max). Errors (an agent that never programs, a kernel state that does not
 //! match, a status that does not converge) fail the run. Every phase's wall time is printed.
 //!
 //! The agent is `NODELB_AGENT_BIN`, else `target/release/nodelb-agent` of this workspace (build
@@ -95,6 +106,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+#[path = "latency/first_round.rs"]
+mod first_round;
 
 const ENDPOINTS: usize = 5;
 const TARGET_PORT: u16 = 8080;
@@ -147,6 +161,8 @@ struct Config {
     concurrency: usize,
     /// The size whose leader run ends with a takeover, and how, if any.
     takeover: Option<(usize, Takeover)>,
+    /// The size of the first-round phase, if it runs.
+    first_round: Option<usize>,
 }
 
 /// How the second node of the takeover takes part (`NODELB_BENCH_LATENCY_TAKEOVER`).
@@ -198,9 +214,22 @@ fn config() -> Res<Config> {
             ))
         }
     };
+    let (main, first_round) = match std::env::var("NODELB_BENCH_LATENCY_FIRST_ROUND").as_deref() {
+        Err(_) | Ok("") | Ok("1") => (true, true),
+        Ok("0") => (true, false),
+        Ok("only") => (false, true),
+        Ok(v) => {
+            return Err(format!(
+                "NODELB_BENCH_LATENCY_FIRST_ROUND={v:?}: expected 0, 1 or only"
+            ))
+        }
+    };
     let mut runs: Vec<(usize, bool)> = sizes.iter().map(|n| (*n, false)).collect();
     if follower {
         runs.extend(sizes.iter().map(|n| (*n, true)));
+    }
+    if !main {
+        runs.clear();
     }
     let spacing =
         Duration::from_millis(env_usize("NODELB_BENCH_LATENCY_SPACING_MS", 50, 0)? as u64);
@@ -208,6 +237,7 @@ fn config() -> Res<Config> {
     Ok(Config {
         runs,
         takeover: takeover.and_then(|t| Some((sizes.iter().copied().max()?, t))),
+        first_round: sizes.iter().copied().max().filter(|_| first_round),
         sizes,
         samples,
         spacing,
@@ -519,10 +549,14 @@ fn metrics(c: &Cluster, i: usize) -> Res<String> {
 /// One "synced" line of the agent's debug log.
 #[derive(Default, Clone, Copy)]
 struct SyncLine {
+    /// When it was logged (the sync's end).
+    at: Option<Timestamp>,
     plan: Option<Duration>,
     encode: Option<Duration>,
     commit: Option<Duration>,
     took: Option<Duration>,
+    /// From the agent's receipt of the first watch event the sync took to its commit.
+    event_to_kernel: Option<Duration>,
 }
 
 /// A `Debug`-printed `Duration` (`12.3µs`, `1.5ms`, `2s`, `40ns`).
@@ -544,15 +578,22 @@ fn sync_lines(log: &str) -> Vec<SyncLine> {
     log.lines()
         .filter(|l| l.contains(" synced") && l.contains("took="))
         .map(|l| {
-            let mut s = SyncLine::default();
+            let mut s = SyncLine {
+                at: l.split_whitespace().next().and_then(|t| t.parse().ok()),
+                ..SyncLine::default()
+            };
             for word in l.split_whitespace() {
                 if let Some((k, v)) = word.split_once('=') {
+                    let v = v
+                        .strip_prefix("Some(")
+                        .map_or(v, |v| v.trim_end_matches(')'));
                     let d = parse_duration(v);
                     match k {
                         "plan" => s.plan = d,
                         "encode" => s.encode = d,
                         "commit" => s.commit = d,
                         "took" => s.took = d,
+                        "event_to_kernel" => s.event_to_kernel = d,
                         _ => {}
                     }
                 }
@@ -611,6 +652,41 @@ fn nft_peer(table_text: &str, port: u16, comment: &str) -> Res<(Vec<f64>, Vec<f6
         }
         Ok((change, empty, load))
     })
+}
+
+/// The final check, by listing the whole endpoint map in `node` (independent of nodelb's
+/// code): every Service's endpoints are there, and each of `moved` (Service index, address)
+/// maps to its last address. Returns how many endpoint elements are listed.
+fn check_moved(
+    node: &Netns,
+    ns: &str,
+    n: usize,
+    ports: &[u16],
+    moved: &[(usize, String)],
+) -> Res<usize> {
+    let map = node
+        .sh_ok("nft list map ip nodelb endpoints")
+        .map_err(|e| format!("listing the endpoint map: {e}"))?;
+    let elements = map.matches(&format!("comment \"{ns}/")).count();
+    if elements != n * ENDPOINTS {
+        return Err(format!(
+            "the endpoint map lists {elements} elements, expected {}",
+            n * ENDPOINTS
+        ));
+    }
+    for (i, addr) in moved {
+        let want = format!("tcp . {} . ", ports[*i]);
+        let ok = map
+            .lines()
+            .any(|l| l.contains(&want) && l.contains(&format!(": {addr} . {TARGET_PORT}")));
+        if !ok {
+            return Err(format!(
+                "after the run, Service {i} (port {}) does not map to {addr}",
+                ports[*i]
+            ));
+        }
+    }
+    Ok(elements)
 }
 
 // ---- the API -----------------------------------------------------------------------------
@@ -934,9 +1010,16 @@ fn run() -> Res<()> {
             .map(|(_, t)| t);
         results.push(one_size(n, follower, takeover, &cfg)?);
     }
+    let mut round_phases = Phases::default();
+    let round = match cfg.first_round {
+        Some(n) => Some(first_round::first_round(n, &cfg, &mut round_phases)?),
+        None => None,
+    };
     let version = results
         .first()
-        .map_or("?".to_string(), |r| r.version.clone());
+        .map(|r| r.version.clone())
+        .or_else(|| round.as_ref().map(|r| r.version.clone()))
+        .unwrap_or_else(|| "?".to_string());
 
     println!();
     println!(
@@ -987,6 +1070,9 @@ fn run() -> Res<()> {
                 took.as_secs_f64()
             );
         }
+    }
+    if let Some(r) = &round {
+        r.print_summary(&round_phases);
     }
     for t in results.iter().filter_map(|r| r.takeover.as_ref()) {
         println!(
@@ -1039,6 +1125,9 @@ fn run() -> Res<()> {
             "  not judged: the latency and memory goals are stated at {GOAL_SERVICES} Services, which this run did not include"
         ),
     }
+    if let Some(r) = &round {
+        r.print_goals(goal);
+    }
     for t in results.iter().filter_map(|r| r.takeover.as_ref()) {
         println!(
             "  {} no per-Service Event from a new leader taking over {} converged Services ({}): {} Service Events (status writes {}, other Events {})",
@@ -1085,6 +1174,9 @@ fn run() -> Res<()> {
                 t.converged
             );
         }
+    }
+    if let Some(r) = &round {
+        r.print_bench_line();
     }
     println!(
         "bench latency_wall_time seconds={:.0}",
@@ -1342,30 +1434,7 @@ fn one_size(n: usize, follower: bool, takeover: Option<Takeover>, cfg: &Config) 
     );
     let (hwm, rss) = memory(pid)?;
 
-    // Final check: the whole endpoint map, by listing (independent of nodelb's code).
-    let map = c
-        .node_ns(0)
-        .sh_ok("nft list map ip nodelb endpoints")
-        .map_err(|e| format!("listing the endpoint map: {e}"))?;
-    let elements = map.matches(&format!("comment \"{ns}/")).count();
-    if elements != n * ENDPOINTS {
-        return Err(format!(
-            "the endpoint map lists {elements} elements, expected {}",
-            n * ENDPOINTS
-        ));
-    }
-    for (i, addr) in &moved {
-        let want = format!("tcp . {} . ", ports[*i]);
-        let ok = map
-            .lines()
-            .any(|l| l.contains(&want) && l.contains(&format!(": {addr} . {TARGET_PORT}")));
-        if !ok {
-            return Err(format!(
-                "after the run, Service {i} (port {}) does not map to {addr}",
-                ports[*i]
-            ));
-        }
-    }
+    let elements = check_moved(c.node_ns(0), &ns, n, &ports, &moved)?;
     println!(
         "  kernel check: nft lists {elements} endpoint elements; all {} moved Services map to their last address",
         moved.len()
