@@ -81,8 +81,9 @@ struct Wake {
     drift: Option<String>,
     /// Check the tables against the models with commits held (see `ReadbackJudge`).
     resync: bool,
-    /// Something the planner reads changed (or the last sync failed).
-    plan: bool,
+    /// A sync is due: something the planner reads changed, the last sync failed, or the
+    /// resync tick asks to read again what sends no event (the forwarding sysctls).
+    sync: bool,
     /// The objects changed, perhaps only for the status writer.
     objects: bool,
     /// When the watch task received the first event this sync takes.
@@ -91,7 +92,7 @@ struct Wake {
 
 impl Wake {
     fn needs_sync(&self) -> bool {
-        self.plan || self.resync || self.drift.is_some()
+        self.sync || self.resync || self.drift.is_some()
     }
 }
 
@@ -172,12 +173,12 @@ impl SyncLoop {
         let mut leading = self.leading.clone();
         let mut pacer = Pacer::new(self.debounce);
         let mut readback: Option<tokio::task::JoinHandle<Readback>> = None;
-        wake.plan = true;
+        wake.sync = true;
         loop {
             let delay = self.act(std::mem::take(&mut wake), &mut pacer).await;
             // Wait for a reason to sync again (after a failure: for the backoff delay, then
             // try again).
-            wake.plan = delay.is_some();
+            wake.sync = delay.is_some();
             let mut read = None;
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => break,
@@ -186,7 +187,12 @@ impl SyncLoop {
                     Some(t) => self.take(t, &mut wake),
                     None => break,
                 },
-                _ = tick.tick(), if delay.is_none() => self.start_resync(&mut readback),
+                _ = tick.tick(), if delay.is_none() => {
+                    // A sync re-reads the inputs that send no event (a sysctl); the tables
+                    // are read back beside the loop.
+                    wake.sync = true;
+                    self.start_resync(&mut readback);
+                }
                 r = async { readback.as_mut().expect("a read-back in flight").await }, if readback.is_some() => read = Some(r),
                 _ = async {
                     let closed = match leading.as_mut() {
@@ -241,16 +247,16 @@ impl SyncLoop {
             Trigger::Object(ev, received) => {
                 wake.objects = true;
                 if self.inbox.apply(ev) {
-                    wake.plan = true;
+                    wake.sync = true;
                     wake.first_event.get_or_insert(received);
                 }
             }
-            Trigger::Changed => wake.plan = true,
+            Trigger::Changed => wake.sync = true,
             Trigger::Drift(why) => wake.drift = Some(why),
         }
     }
 
-    /// Sync when something the planner reads changed, or drift or a held resync asks for it;
+    /// Sync when one is due (see `Wake::sync`), or drift or a held resync asks for it;
     /// otherwise only hand the status writer the objects. Returns the backoff delay after a
     /// failed sync.
     async fn act(&mut self, wake: Wake, pacer: &mut Pacer) -> Option<Duration> {
@@ -302,6 +308,7 @@ impl SyncLoop {
             return;
         };
         let tables = read.tables;
+        let t0 = Instant::now();
         let compared = tokio::task::spawn_blocking(move || {
             let d = resync::difference(&committer, &tables);
             (committer, d)
@@ -315,7 +322,8 @@ impl SyncLoop {
         let verdict = self
             .judge
             .judge(difference, self.commits != read.commits_at_start);
-        debug!(verdict = ?verdict, took = ?read.took, "resync read back the tables");
+        debug!(verdict = ?verdict, read = ?read.took, compare = ?t0.elapsed(),
+               "resync read back the tables");
         let result = match verdict {
             ResyncVerdict::Unchanged => "unchanged",
             ResyncVerdict::Drifted(why) => {
