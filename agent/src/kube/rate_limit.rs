@@ -1,8 +1,8 @@
 //! Pacing requests to the API server as client-go's token-bucket rate limiter does
 //! (`flowcontrol.NewTokenBucketRateLimiter`, over `golang.org/x/time/rate`): a bucket holds up to
 //! `burst` tokens and refills at `qps` tokens a second; each request takes one, and when none is
-//! left it waits until its token will have been refilled. A pure function of the time it is
-//! given; the caller sleeps.
+//! left it waits until its token will have been refilled. [`TokenBucket`] is a pure function of
+//! the time it is given; [`RateLimiter`] sleeps for it.
 
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,32 @@ impl TokenBucket {
             Duration::ZERO
         } else {
             Duration::from_secs_f64(-self.tokens / self.qps)
+        }
+    }
+}
+
+/// A token bucket shared by the requests of one task or several: each waits for its turn.
+#[derive(Debug)]
+pub struct RateLimiter(std::sync::Mutex<TokenBucket>);
+
+impl RateLimiter {
+    pub fn new(qps: f64, burst: u32) -> RateLimiter {
+        RateLimiter(std::sync::Mutex::new(TokenBucket::new(
+            qps,
+            burst,
+            Instant::now(),
+        )))
+    }
+
+    /// Wait for the next request's turn.
+    pub async fn wait(&self) {
+        let wait = self
+            .0
+            .lock()
+            .expect("the token bucket")
+            .take(Instant::now());
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
         }
     }
 }

@@ -6,7 +6,7 @@
 //! by one token bucket (see [`REQUESTS_PER_SECOND`]).
 
 use super::events::{create_event, new_event};
-use super::rate_limit::TokenBucket;
+use super::rate_limit::RateLimiter;
 use crate::kube::wire;
 use crate::metrics::{Metrics, NodeLabel, WriteLabel};
 use crate::plan::index::Service;
@@ -129,11 +129,7 @@ impl StatusWriter {
         let recorder = Requests {
             client: self.client.clone(),
             instance: self.pod_name.clone(),
-            bucket: std::sync::Mutex::new(TokenBucket::new(
-                REQUESTS_PER_SECOND,
-                BURST,
-                std::time::Instant::now(),
-            )),
+            pace: RateLimiter::new(REQUESTS_PER_SECOND, BURST),
         };
         loop {
             // Wait to lead.
@@ -424,29 +420,17 @@ fn minor(s: &str) -> u32 {
 struct Requests {
     client: Client,
     instance: String,
-    bucket: std::sync::Mutex<TokenBucket>,
+    pace: RateLimiter,
 }
 
 impl Requests {
-    /// Wait for this request's turn.
-    async fn pace(&self) {
-        let wait = self
-            .bucket
-            .lock()
-            .expect("the token bucket")
-            .take(std::time::Instant::now());
-        if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
-        }
-    }
-
     /// Server-side apply of a Service's status; the Service's resourceVersion after it.
     async fn apply(
         &self,
         key: &ServiceKey,
         body: serde_json::Value,
     ) -> Result<Option<String>, kube::Error> {
-        self.pace().await;
+        self.pace.wait().await;
         let api: Api<wire::Service> = Api::namespaced(self.client.clone(), &key.namespace);
         let s = api
             .patch_status(
@@ -475,7 +459,7 @@ async fn publish(sink: &Requests, svc: &Service, type_: EventType, reason: &str,
         ..Default::default()
     };
     let ev = new_event(regarding, type_, reason, note, &sink.instance);
-    sink.pace().await;
+    sink.pace.wait().await;
     if let Err(e) = create_event(sink.client.clone(), &ev).await {
         warn!(
             namespace = ev.metadata.namespace.as_deref().unwrap_or_default(),
