@@ -12,7 +12,8 @@
 //!    [`load`]). No kube-controller-manager runs, so no EndpointSlice controller: the bench
 //!    writes the slices it would. Then the agent starts, and the bench waits for `/readyz`, for
 //!    `nodelb_services_programmed == N`, and for the status writer and syncs to go quiet (a
-//!    leader first writes N statuses and N `EnsuredLoadBalancer` Events, one at a time).
+//!    leader first writes N statuses and N `EnsuredLoadBalancer` Events, one at a time, paced at
+//!    100 requests a second after a burst of 200: about 200 s at 10,000).
 //! 2. Latency: `NODELB_BENCH_LATENCY_SAMPLES` times (default 200), spaced
 //!    `NODELB_BENCH_LATENCY_SPACING_MS` apart (default 50, so syncs do not coalesce), one
 //!    EndpointSlice is replaced by a PUT through the admin client (one endpoint address
@@ -174,8 +175,8 @@ enum Takeover {
     /// changes no status and the takeover happens over the statuses the first leader wrote.
     Excluded,
     /// `serving`: the second node serves too; the leader first adds its address to every
-    /// Service (N status writes and N Events, for a real change; about 1.5 minutes more at
-    /// 10,000 Services).
+    /// Service (N status writes and N Events, for a real change, paced: about 3.5 minutes more
+    /// at 10,000 Services).
     Serving,
 }
 
@@ -343,6 +344,20 @@ fn slice(ns: &str, i: usize, node: &str) -> Value {
         "ports": [{"name": "tcp", "port": TARGET_PORT, "protocol": "TCP"}],
         "endpoints": eps,
     })
+}
+
+/// Sample `k`'s change: a Service (the samples spread over all of them) whose slice's first
+/// endpoint moves to a new address. Returns the Service's index, the old address and the new.
+fn move_endpoint(slices: &mut [EndpointSlice], k: usize) -> (usize, String, String) {
+    let i = (k * 7919 + 13) % slices.len();
+    let slice = &mut slices[i];
+    let old = slice.endpoints[0].addresses[0].clone();
+    let mut new = format!("198.51.100.{}", 100 + k % 150);
+    if new == old {
+        new = format!("198.51.100.{}", 100 + (k + 1) % 150);
+    }
+    slice.endpoints[0].addresses = vec![new.clone()];
+    (i, old, new)
 }
 
 // ---- statistics --------------------------------------------------------------------------
@@ -1185,6 +1200,28 @@ fn run() -> Res<()> {
     Ok(())
 }
 
+/// A fresh cluster of the harness (its own kube-apiserver, whose version is returned) with
+/// `nodes` node namespaces whose agents run with `--resync-interval` `resync`.
+fn cluster(nodes: usize, resync: Duration) -> Res<(Cluster, String)> {
+    let c = Cluster::build(ClusterOptions {
+        nodes,
+        backends_per_node: 0,
+        ipv6: false,
+        agent_args: Vec::new(),
+        resync_interval: resync,
+        ..ClusterOptions::default()
+    });
+    let version = c
+        .control_plane()
+        .ok_or(
+            "the latency bench runs against the harness's own kube-apiserver \
+             (unset NODELB_E2E_KUBECONFIG)",
+        )?
+        .version()
+        .to_string();
+    Ok((c, version))
+}
+
 fn one_size(n: usize, follower: bool, takeover: Option<Takeover>, cfg: &Config) -> Res<SizeResult> {
     println!();
     println!(
@@ -1197,22 +1234,7 @@ fn one_size(n: usize, follower: bool, takeover: Option<Takeover>, cfg: &Config) 
     );
     let mut phases = Phases::default();
     let t = Instant::now();
-    let mut c = Cluster::build(ClusterOptions {
-        nodes: if takeover.is_some() { 2 } else { 1 },
-        backends_per_node: 0,
-        ipv6: false,
-        agent_args: Vec::new(),
-        resync_interval: AGENT_RESYNC,
-        ..ClusterOptions::default()
-    });
-    let version = c
-        .control_plane()
-        .ok_or(
-            "the latency bench runs against the harness's own kube-apiserver \
-             (unset NODELB_E2E_KUBECONFIG)",
-        )?
-        .version()
-        .to_string();
+    let (mut c, version) = cluster(if takeover.is_some() { 2 } else { 1 }, AGENT_RESYNC)?;
     println!(
         "  kube-apiserver {version} (built from the pinned k8s.io/kubernetes module), etcd, in netns {}",
         c.api_ns().name()
@@ -1310,14 +1332,8 @@ fn one_size(n: usize, follower: bool, takeover: Option<Takeover>, cfg: &Config) 
     let mut moved: Vec<(usize, String)> = Vec::new();
     let mut committer: Option<String> = None;
     for s in 0..cfg.samples {
-        let i = (s * 7919 + 13) % n;
+        let (i, old, new) = move_endpoint(&mut slices, s);
         let slice = &mut slices[i];
-        let old = slice.endpoints[0].addresses[0].clone();
-        let mut new = format!("198.51.100.{}", 100 + s % 150);
-        if new == old {
-            new = format!("198.51.100.{}", 100 + (s + 1) % 150);
-        }
-        slice.endpoints[0].addresses = vec![new.clone()];
         let name = format!("{}-1", service_name(i));
         background += watch
             .drain()

@@ -233,19 +233,7 @@ pub(crate) fn first_round(n: usize, cfg: &Config, phases: &mut Phases) -> Res<Ro
 /// held by another identity (renewed), and both agents programmed and quiet.
 fn set_up(n: usize, cfg: &Config, phases: &mut Phases) -> Res<Setup> {
     let t = Instant::now();
-    let c = Cluster::build(ClusterOptions {
-        nodes: 2,
-        backends_per_node: 0,
-        ipv6: false,
-        agent_args: Vec::new(),
-        resync_interval: ROUND_RESYNC,
-        ..ClusterOptions::default()
-    });
-    let version = c
-        .control_plane()
-        .ok_or("the latency bench runs against the harness's own kube-apiserver")?
-        .version()
-        .to_string();
+    let (c, version) = cluster(2, ROUND_RESYNC)?;
     phases.done("first round: cluster", t);
     let ns = c.namespace().to_string();
     let ports = ports(n);
@@ -359,7 +347,7 @@ fn sample_round(s: &mut Setup, n: usize, cfg: &Config) -> Res<Sampled> {
             }
         }
         let k = samples.len();
-        let (sample, i, new) = sample(s, k, n, &mut skipped)?;
+        let (sample, i, new) = sample(s, k, &mut skipped)?;
         let next = sample.put + cfg.spacing;
         samples.push(sample);
         moved.retain(|(j, _)| *j != i);
@@ -382,15 +370,9 @@ fn sample_round(s: &mut Setup, n: usize, cfg: &Config) -> Res<Sampled> {
 
 /// Sample `k`: one endpoint of one Service moves to a new address by a PUT of its slice, timed
 /// to the agent's transaction in each node. Returns the sample, the Service and its new address.
-fn sample(s: &mut Setup, k: usize, n: usize, skipped: &mut usize) -> Res<(Sample, usize, String)> {
-    let i = (k * 7919 + 13) % n;
+fn sample(s: &mut Setup, k: usize, skipped: &mut usize) -> Res<(Sample, usize, String)> {
+    let (i, _, new) = move_endpoint(&mut s.slices, k);
     let slice = &mut s.slices[i];
-    let old = slice.endpoints[0].addresses[0].clone();
-    let mut new = format!("198.51.100.{}", 100 + k % 150);
-    if new == old {
-        new = format!("198.51.100.{}", 100 + (k + 1) % 150);
-    }
-    slice.endpoints[0].addresses = vec![new.clone()];
     let name = format!("{}-1", service_name(i));
     for w in &s.watches {
         *skipped += w
