@@ -12,7 +12,8 @@
 //!    [`load`]). No kube-controller-manager runs, so no EndpointSlice controller: the bench
 //!    writes the slices it would. Then the agent starts, and the bench waits for `/readyz`, for
 //!    `nodelb_services_programmed == N`, and for the status writer and syncs to go quiet (a
-//!    leader first writes N statuses and N `EnsuredLoadBalancer` Events, one at a time).
+//!    leader first writes N statuses and N `EnsuredLoadBalancer` Events, one at a time, paced at
+//!    100 requests a second after a burst of 200: about 200 s at 10,000).
 //! 2. Latency: `NODELB_BENCH_LATENCY_SAMPLES` times (default 200), spaced
 //!    `NODELB_BENCH_LATENCY_SPACING_MS` apart (default 50, so syncs do not coalesce), one
 //!    EndpointSlice is replaced by a PUT through the admin client (one endpoint address
@@ -52,6 +53,16 @@
 //!    incremental script in a scratch namespace holding a copy of the agent's table (process
 //!    spawn, parse and kernel commit: the raw cost the agent's end-to-end figure stands on).
 //!
+//! 6. First round (`NODELB_BENCH_LATENCY_FIRST_ROUND`: `1` by default, at the largest size;
+//!    `0` skips it, `only` runs nothing else): a new leader's first status round must not
+//!    stall the dataplane. On a fresh cluster two serving nodes' agents start as followers (the
+//!    Lease held by another identity) on N Services whose statuses nobody wrote yet, with
+//!    `--resync-interval=30s` and an nftables listener in each node namespace; then the Lease
+//!    is released and one agent writes N statuses and N Events. EndpointSlice changes, spaced
+//!    as in phase 2, are timed to each node's kernel until that round ends (see
+//!    `latency/first_round.rs`). Printed: the new leader's and the follower's p50/p99/max,
+//!    the round's length, and its status writes and Events per second.
+//!
 //! The single agent is the leader (it writes every Service's status). With
 //! `NODELB_BENCH_LATENCY_FOLLOWER=1` every size runs again with the `nodelb-status` Lease held by
 //! another identity (renewed by the bench), so the agent is a follower, as most agents of a
@@ -59,7 +70,8 @@
 //!
 //! Goals, printed PASS/MISS and never asserted: p99 < 100 ms at 10,000 Services, peak RSS
 //! < 100 MiB at 10,000 Services x 5 endpoints, no per-Service Event from a new leader taking
-//! over converged Services. Errors (an agent that never programs, a kernel state that does not
+//! over converged Services, and during a new leader's first round at 10,000 Services
+//! event-to-kernel under 100 ms on the leader and on a follower (p99, and max). Errors (an agent that never programs, a kernel state that does not
 //! match, a status that does not converge) fail the run. Every phase's wall time is printed.
 //!
 //! The agent is `NODELB_AGENT_BIN`, else `target/release/nodelb-agent` of this workspace (build
@@ -95,6 +107,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+#[path = "latency/first_round.rs"]
+mod first_round;
 
 const ENDPOINTS: usize = 5;
 const TARGET_PORT: u16 = 8080;
@@ -147,6 +162,8 @@ struct Config {
     concurrency: usize,
     /// The size whose leader run ends with a takeover, and how, if any.
     takeover: Option<(usize, Takeover)>,
+    /// The size of the first-round phase, if it runs.
+    first_round: Option<usize>,
 }
 
 /// How the second node of the takeover takes part (`NODELB_BENCH_LATENCY_TAKEOVER`).
@@ -158,8 +175,8 @@ enum Takeover {
     /// changes no status and the takeover happens over the statuses the first leader wrote.
     Excluded,
     /// `serving`: the second node serves too; the leader first adds its address to every
-    /// Service (N status writes and N Events, for a real change; about 1.5 minutes more at
-    /// 10,000 Services).
+    /// Service (N status writes and N Events, for a real change, paced: about 3.5 minutes more
+    /// at 10,000 Services).
     Serving,
 }
 
@@ -198,9 +215,22 @@ fn config() -> Res<Config> {
             ))
         }
     };
+    let (main, first_round) = match std::env::var("NODELB_BENCH_LATENCY_FIRST_ROUND").as_deref() {
+        Err(_) | Ok("") | Ok("1") => (true, true),
+        Ok("0") => (true, false),
+        Ok("only") => (false, true),
+        Ok(v) => {
+            return Err(format!(
+                "NODELB_BENCH_LATENCY_FIRST_ROUND={v:?}: expected 0, 1 or only"
+            ))
+        }
+    };
     let mut runs: Vec<(usize, bool)> = sizes.iter().map(|n| (*n, false)).collect();
     if follower {
         runs.extend(sizes.iter().map(|n| (*n, true)));
+    }
+    if !main {
+        runs.clear();
     }
     let spacing =
         Duration::from_millis(env_usize("NODELB_BENCH_LATENCY_SPACING_MS", 50, 0)? as u64);
@@ -208,6 +238,7 @@ fn config() -> Res<Config> {
     Ok(Config {
         runs,
         takeover: takeover.and_then(|t| Some((sizes.iter().copied().max()?, t))),
+        first_round: sizes.iter().copied().max().filter(|_| first_round),
         sizes,
         samples,
         spacing,
@@ -313,6 +344,20 @@ fn slice(ns: &str, i: usize, node: &str) -> Value {
         "ports": [{"name": "tcp", "port": TARGET_PORT, "protocol": "TCP"}],
         "endpoints": eps,
     })
+}
+
+/// Sample `k`'s change: a Service (the samples spread over all of them) whose slice's first
+/// endpoint moves to a new address. Returns the Service's index, the old address and the new.
+fn move_endpoint(slices: &mut [EndpointSlice], k: usize) -> (usize, String, String) {
+    let i = (k * 7919 + 13) % slices.len();
+    let slice = &mut slices[i];
+    let old = slice.endpoints[0].addresses[0].clone();
+    let mut new = format!("198.51.100.{}", 100 + k % 150);
+    if new == old {
+        new = format!("198.51.100.{}", 100 + (k + 1) % 150);
+    }
+    slice.endpoints[0].addresses = vec![new.clone()];
+    (i, old, new)
 }
 
 // ---- statistics --------------------------------------------------------------------------
@@ -519,10 +564,14 @@ fn metrics(c: &Cluster, i: usize) -> Res<String> {
 /// One "synced" line of the agent's debug log.
 #[derive(Default, Clone, Copy)]
 struct SyncLine {
+    /// When it was logged (the sync's end).
+    at: Option<Timestamp>,
     plan: Option<Duration>,
     encode: Option<Duration>,
     commit: Option<Duration>,
     took: Option<Duration>,
+    /// From the agent's receipt of the first watch event the sync took to its commit.
+    event_to_kernel: Option<Duration>,
 }
 
 /// A `Debug`-printed `Duration` (`12.3µs`, `1.5ms`, `2s`, `40ns`).
@@ -544,15 +593,22 @@ fn sync_lines(log: &str) -> Vec<SyncLine> {
     log.lines()
         .filter(|l| l.contains(" synced") && l.contains("took="))
         .map(|l| {
-            let mut s = SyncLine::default();
+            let mut s = SyncLine {
+                at: l.split_whitespace().next().and_then(|t| t.parse().ok()),
+                ..SyncLine::default()
+            };
             for word in l.split_whitespace() {
                 if let Some((k, v)) = word.split_once('=') {
+                    let v = v
+                        .strip_prefix("Some(")
+                        .map_or(v, |v| v.trim_end_matches(')'));
                     let d = parse_duration(v);
                     match k {
                         "plan" => s.plan = d,
                         "encode" => s.encode = d,
                         "commit" => s.commit = d,
                         "took" => s.took = d,
+                        "event_to_kernel" => s.event_to_kernel = d,
                         _ => {}
                     }
                 }
@@ -611,6 +667,41 @@ fn nft_peer(table_text: &str, port: u16, comment: &str) -> Res<(Vec<f64>, Vec<f6
         }
         Ok((change, empty, load))
     })
+}
+
+/// The final check, by listing the whole endpoint map in `node` (independent of nodelb's
+/// code): every Service's endpoints are there, and each of `moved` (Service index, address)
+/// maps to its last address. Returns how many endpoint elements are listed.
+fn check_moved(
+    node: &Netns,
+    ns: &str,
+    n: usize,
+    ports: &[u16],
+    moved: &[(usize, String)],
+) -> Res<usize> {
+    let map = node
+        .sh_ok("nft list map ip nodelb endpoints")
+        .map_err(|e| format!("listing the endpoint map: {e}"))?;
+    let elements = map.matches(&format!("comment \"{ns}/")).count();
+    if elements != n * ENDPOINTS {
+        return Err(format!(
+            "the endpoint map lists {elements} elements, expected {}",
+            n * ENDPOINTS
+        ));
+    }
+    for (i, addr) in moved {
+        let want = format!("tcp . {} . ", ports[*i]);
+        let ok = map
+            .lines()
+            .any(|l| l.contains(&want) && l.contains(&format!(": {addr} . {TARGET_PORT}")));
+        if !ok {
+            return Err(format!(
+                "after the run, Service {i} (port {}) does not map to {addr}",
+                ports[*i]
+            ));
+        }
+    }
+    Ok(elements)
 }
 
 // ---- the API -----------------------------------------------------------------------------
@@ -934,9 +1025,16 @@ fn run() -> Res<()> {
             .map(|(_, t)| t);
         results.push(one_size(n, follower, takeover, &cfg)?);
     }
+    let mut round_phases = Phases::default();
+    let round = match cfg.first_round {
+        Some(n) => Some(first_round::first_round(n, &cfg, &mut round_phases)?),
+        None => None,
+    };
     let version = results
         .first()
-        .map_or("?".to_string(), |r| r.version.clone());
+        .map(|r| r.version.clone())
+        .or_else(|| round.as_ref().map(|r| r.version.clone()))
+        .unwrap_or_else(|| "?".to_string());
 
     println!();
     println!(
@@ -987,6 +1085,9 @@ fn run() -> Res<()> {
                 took.as_secs_f64()
             );
         }
+    }
+    if let Some(r) = &round {
+        r.print_summary(&round_phases);
     }
     for t in results.iter().filter_map(|r| r.takeover.as_ref()) {
         println!(
@@ -1039,6 +1140,9 @@ fn run() -> Res<()> {
             "  not judged: the latency and memory goals are stated at {GOAL_SERVICES} Services, which this run did not include"
         ),
     }
+    if let Some(r) = &round {
+        r.print_goals(goal);
+    }
     for t in results.iter().filter_map(|r| r.takeover.as_ref()) {
         println!(
             "  {} no per-Service Event from a new leader taking over {} converged Services ({}): {} Service Events (status writes {}, other Events {})",
@@ -1086,11 +1190,36 @@ fn run() -> Res<()> {
             );
         }
     }
+    if let Some(r) = &round {
+        r.print_bench_line();
+    }
     println!(
         "bench latency_wall_time seconds={:.0}",
         t_all.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// A fresh cluster of the harness (its own kube-apiserver, whose version is returned) with
+/// `nodes` node namespaces whose agents run with `--resync-interval` `resync`.
+fn cluster(nodes: usize, resync: Duration) -> Res<(Cluster, String)> {
+    let c = Cluster::build(ClusterOptions {
+        nodes,
+        backends_per_node: 0,
+        ipv6: false,
+        agent_args: Vec::new(),
+        resync_interval: resync,
+        ..ClusterOptions::default()
+    });
+    let version = c
+        .control_plane()
+        .ok_or(
+            "the latency bench runs against the harness's own kube-apiserver \
+             (unset NODELB_E2E_KUBECONFIG)",
+        )?
+        .version()
+        .to_string();
+    Ok((c, version))
 }
 
 fn one_size(n: usize, follower: bool, takeover: Option<Takeover>, cfg: &Config) -> Res<SizeResult> {
@@ -1105,22 +1234,7 @@ fn one_size(n: usize, follower: bool, takeover: Option<Takeover>, cfg: &Config) 
     );
     let mut phases = Phases::default();
     let t = Instant::now();
-    let mut c = Cluster::build(ClusterOptions {
-        nodes: if takeover.is_some() { 2 } else { 1 },
-        backends_per_node: 0,
-        ipv6: false,
-        agent_args: Vec::new(),
-        resync_interval: AGENT_RESYNC,
-        ..ClusterOptions::default()
-    });
-    let version = c
-        .control_plane()
-        .ok_or(
-            "the latency bench runs against the harness's own kube-apiserver \
-             (unset NODELB_E2E_KUBECONFIG)",
-        )?
-        .version()
-        .to_string();
+    let (mut c, version) = cluster(if takeover.is_some() { 2 } else { 1 }, AGENT_RESYNC)?;
     println!(
         "  kube-apiserver {version} (built from the pinned k8s.io/kubernetes module), etcd, in netns {}",
         c.api_ns().name()
@@ -1218,14 +1332,8 @@ fn one_size(n: usize, follower: bool, takeover: Option<Takeover>, cfg: &Config) 
     let mut moved: Vec<(usize, String)> = Vec::new();
     let mut committer: Option<String> = None;
     for s in 0..cfg.samples {
-        let i = (s * 7919 + 13) % n;
+        let (i, old, new) = move_endpoint(&mut slices, s);
         let slice = &mut slices[i];
-        let old = slice.endpoints[0].addresses[0].clone();
-        let mut new = format!("198.51.100.{}", 100 + s % 150);
-        if new == old {
-            new = format!("198.51.100.{}", 100 + (s + 1) % 150);
-        }
-        slice.endpoints[0].addresses = vec![new.clone()];
         let name = format!("{}-1", service_name(i));
         background += watch
             .drain()
@@ -1342,30 +1450,7 @@ fn one_size(n: usize, follower: bool, takeover: Option<Takeover>, cfg: &Config) 
     );
     let (hwm, rss) = memory(pid)?;
 
-    // Final check: the whole endpoint map, by listing (independent of nodelb's code).
-    let map = c
-        .node_ns(0)
-        .sh_ok("nft list map ip nodelb endpoints")
-        .map_err(|e| format!("listing the endpoint map: {e}"))?;
-    let elements = map.matches(&format!("comment \"{ns}/")).count();
-    if elements != n * ENDPOINTS {
-        return Err(format!(
-            "the endpoint map lists {elements} elements, expected {}",
-            n * ENDPOINTS
-        ));
-    }
-    for (i, addr) in &moved {
-        let want = format!("tcp . {} . ", ports[*i]);
-        let ok = map
-            .lines()
-            .any(|l| l.contains(&want) && l.contains(&format!(": {addr} . {TARGET_PORT}")));
-        if !ok {
-            return Err(format!(
-                "after the run, Service {i} (port {}) does not map to {addr}",
-                ports[*i]
-            ));
-        }
-    }
+    let elements = check_moved(c.node_ns(0), &ns, n, &ports, &moved)?;
     println!(
         "  kernel check: nft lists {elements} endpoint elements; all {} moved Services map to their last address",
         moved.len()

@@ -156,6 +156,22 @@ fn wait_event(c: &Cluster, svc: &str, reason: &str) -> Value {
     })
 }
 
+/// Two nodes whose agents start, and are ready, once `n` Services `<prefix>-<k>` (on ports
+/// from `first_port`) exist: whoever leads writes every status in its first round.
+fn two_agents_over(prefix: &str, n: u16, first_port: u16) -> Cluster {
+    let mut c = Cluster::build(fast_options(2));
+    for k in 0..n {
+        apply(&c, service(&format!("{prefix}-{k}"), first_port + k));
+    }
+    for i in 0..2 {
+        c.start_agent(i);
+    }
+    for i in 0..2 {
+        c.wait_ready(i);
+    }
+    c
+}
+
 // ---- the audit log ---------------------------------------------------------------------------
 
 /// The node whose agent made the request (by source address), if any.
@@ -721,6 +737,81 @@ fn thousand_steady_services_see_no_write_through_resyncs_renewals_and_a_failover
     assert_rbac(&c);
 }
 
+/// Every status the leader writes comes back to every agent as a Service change; the planner
+/// does not read status, so none of them wakes a sync (on the leader or the other agent), yet
+/// the status writer sees them: a status change by another field manager (a status-only
+/// change too) is answered with `IngressOwnedElsewhere`, still without a sync (the resync
+/// tick still syncs, to read the forwarding sysctls again).
+#[test]
+fn status_writes_wake_no_sync_yet_reach_the_status_writer() {
+    if !require_root("status_writes_wake_no_sync_yet_reach_the_status_writer") {
+        return;
+    }
+    let _serial = serial();
+    const N: u16 = 100;
+    // Created before the agents start: their first sync (the listing) plans every Service,
+    // and nothing the planner reads changes afterwards.
+    let c = two_agents_over("quiet", N, 21000);
+    let both = vec![addr(&c, 0), addr(&c, 1)];
+    wait_for(
+        "every Service publishes both nodes",
+        Duration::from_secs(120),
+        || all_publish(&c, &both, usize::from(N)),
+    );
+    let leader = wait_leader(&c, 2, CHANGE);
+    std::thread::sleep(2 * RESYNC);
+    // A sync woken by a watch event is timed in nodelb_event_to_kernel_seconds (the listing's
+    // first sync and the resync's are not): its count is the number of such syncs.
+    let woken = |i: usize| metric_sum(&c.metrics(i), "nodelb_event_to_kernel_seconds_count");
+    let syncs = [0, 1].map(|i| metric_sum(&c.metrics(i), "nodelb_syncs_total"));
+    let writes = metric_sum(&c.metrics(leader), "nodelb_status_writes_total");
+    eprintln!(
+        "measured: after {writes} status writes by node {leader}: syncs per agent {syncs:?}, woken by a watch event {:?}",
+        [woken(0), woken(1)]
+    );
+    assert!(
+        writes >= f64::from(N),
+        "the leader wrote every status: {writes}"
+    );
+    for i in 0..2 {
+        assert_eq!(
+            woken(i),
+            0.0,
+            "node {i}'s agent synced for the echoes of the {N} status writes"
+        );
+    }
+
+    // Another manager takes the ingress of one Service: a status-only change the writer must
+    // see.
+    let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
+    let theirs = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "quiet-0", "namespace": c.namespace()},
+        "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.201"}]}}});
+    c.block_on(api.patch_status(
+        "quiet-0",
+        &PatchParams::apply("metallb").force(),
+        &Patch::Apply(&theirs),
+    ))
+    .unwrap_or_else(|e| panic!("metallb takes the ingress of quiet-0: {e}"));
+    let ev = wait_event(&c, "quiet-0", "IngressOwnedElsewhere");
+    assert!(
+        ev["note"].as_str().is_some_and(|n| n.contains("metallb")),
+        "{ev}"
+    );
+    std::thread::sleep(RESYNC);
+    assert_eq!(
+        ips(&c, "quiet-0"),
+        ["192.0.2.201"],
+        "metallb's status stands"
+    );
+    assert_eq!(
+        [woken(0), woken(1)],
+        [0.0, 0.0],
+        "a status change by another manager wakes no sync either"
+    );
+    assert_rbac(&c);
+}
+
 /// A 1.29 server that drops `ipMode` (the old-server proxy says 1.29 and strips the field
 /// from status writes): status is written without it and stays put (no write loop); a Service
 /// of another `loadBalancerClass` is never written; a Service whose ingress `metallb` owns is
@@ -879,17 +970,8 @@ fn failover_mid_convergence_keeps_one_writer() {
         return;
     }
     let _serial = serial();
-    let mut c = Cluster::build(fast_options(2));
     const N: u16 = 1000;
-    for k in 0..N {
-        apply(&c, service(&format!("burst-{k}"), 20000 + k));
-    }
-    for i in 0..2 {
-        c.start_agent(i);
-    }
-    for i in 0..2 {
-        c.wait_ready(i);
-    }
+    let mut c = two_agents_over("burst", N, 20000);
     let leader = wait_leader(&c, 2, CHANGE);
     wait_for("the leader's first 50 status writes", CHANGE, || {
         let n = c.audit().map_or(50, |a| status_writes(&c, 2, &a).len());

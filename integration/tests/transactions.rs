@@ -301,6 +301,47 @@ fn readback_counts_match_the_model_and_detect_foreign_changes() {
     );
 }
 
+/// The resync's read-back runs over a socket of its own while the committer keeps going: what
+/// it read matches the committer's models until either side changes; a commit after the read
+/// makes it differ (the loop then reads again), and so does a foreign rule.
+#[test]
+fn a_read_back_beside_the_committer_tells_its_commits_and_drift_apart() {
+    if !require_root("a_read_back_beside_the_committer_tells_its_commits_and_drift_apart") {
+        return;
+    }
+    use nodelb_agent::run::resync::{difference, read};
+    let ns = Netns::new("resync");
+    let t = kitchen_sink(Fam::V4, "nodelb");
+    let tr = TableRef::of(&t);
+    let mut c = ns.run(|| Committer::new(Nft::open().unwrap()));
+    ns.run(|| replace(&mut c, vec![t.clone()])).unwrap();
+    let read_now = || ns.run(|| read(&mut Nft::open().unwrap(), vec![tr.clone()]));
+    let before = read_now();
+    assert_eq!(difference(&c, &before), None);
+
+    // The committer adds an element after the read: the read no longer matches its models.
+    let mut more = t.clone();
+    let ports = more
+        .sets
+        .get_mut("ports")
+        .expect("kitchen_sink has a set of ports");
+    ports.insert(Key::Values(vec![Value::Port(8443)].into()), None, None);
+    ns.run(|| sync(&mut c, vec![more])).unwrap();
+    let stale = difference(&c, &before).expect("the read is older than the commit");
+    assert!(
+        stale.contains("set ports has 2 elements, expected 3"),
+        "{stale}"
+    );
+    assert_eq!(difference(&c, &read_now()), None, "a new read matches");
+
+    // Drift: a rule nodelb did not commit.
+    nft_f(&ns, "add rule ip nodelb forward accept").unwrap();
+    let drift = difference(&c, &read_now()).expect("a foreign rule is drift");
+    assert!(drift.contains("chain forward has"), "{drift}");
+    nft_f(&ns, "delete table ip nodelb").unwrap();
+    assert!(difference(&c, &read_now()).is_some_and(|d| d.contains("Missing")));
+}
+
 /// A [`Watcher`] of `watched` on a thread in `ns`, its events sent to `events`.
 struct WatchThread {
     events: std::sync::mpsc::Receiver<WatchEvent>,

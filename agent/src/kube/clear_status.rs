@@ -3,7 +3,10 @@
 //! what only nodelb owned (the ingress, nodelb's conditions) and leaves other managers' fields.
 //! It first waits until no leader is left to write the status again: until the Lease
 //! `nodelb-status` has not changed for its lease duration, as seen on this process's clock.
+//! Its writes are paced as the leader's are (10,000 Services in about 100 s).
 
+use super::rate_limit::RateLimiter;
+use super::status_writer::{BURST, REQUESTS_PER_SECOND};
 use crate::status::ingress::{self, FIELD_MANAGER};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
@@ -65,6 +68,8 @@ pub fn owns_status(svc: &Service) -> bool {
 pub async fn clear_all(client: kube::Client) -> Result<Cleared, kube::Error> {
     let all: Api<Service> = Api::all(client.clone());
     let mut done = Cleared::default();
+    // Paced as the leader's writes are: each is sent to every node's Service watchers.
+    let pace = RateLimiter::new(REQUESTS_PER_SECOND, BURST);
     let mut params = ListParams::default().limit(PAGE);
     loop {
         let page = all.list(&params).await?;
@@ -75,6 +80,7 @@ pub async fn clear_all(client: kube::Client) -> Result<Cleared, kube::Error> {
             let api: Api<Service> = Api::namespaced(client.clone(), ns);
             let body = ingress::status_body(name, ns, serde_json::json!({}));
             let id = format!("{ns}/{name}");
+            pace.wait().await;
             match api
                 .patch_status(
                     name,

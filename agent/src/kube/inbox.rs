@@ -3,7 +3,9 @@
 //! Services and EndpointSlices are kept once, here: each object the watches read
 //! ([`crate::kube::wire`]) is converted to the form the index keeps ([`crate::plan::index`])
 //! as it arrives. A re-list (after a watch expired) does not report deletions, so it replaces
-//! its kind whole and asks for a full replan.
+//! its kind whole and asks for a full replan. A Service whose only change is what a status
+//! write changes (see [`index::Service::plans_like`]) is kept for the status writer but not
+//! handed to the planner: every status the leader writes comes back to every agent that way.
 
 use crate::kube::wire::{EndpointSlice, Service};
 use crate::plan::{index, Objects};
@@ -60,9 +62,11 @@ impl Inbox {
         }
     }
 
-    /// Apply one event. An object that did not deserialize changes nothing: the last good
-    /// version (if any) stays planned, and the watch task has already reported it.
-    pub fn apply(&mut self, ev: ObjectEvent) {
+    /// Apply one event; returns whether the planner must look at what it changed (a Service
+    /// whose change only a status write could have made, or a re-list still in progress, need
+    /// not). An object that did not deserialize changes nothing: the last good version (if
+    /// any) stays planned, and the watch task has already reported it.
+    pub fn apply(&mut self, ev: ObjectEvent) -> bool {
         match ev {
             ObjectEvent::Service(ev) => {
                 self.on_event(*ev, |i| (&mut i.relist_services, &mut i.services_synced))
@@ -74,19 +78,23 @@ impl Inbox {
     }
 
     /// One event of one kind; `relist` picks that kind's re-list in progress and its synced
-    /// flag.
+    /// flag. Returns whether the planner must look.
     fn on_event<W, K: Kept + From<W>>(
         &mut self,
         ev: Event<DeserializeGuard<W>>,
         relist: Relist<K>,
-    ) {
-        match ev {
-            Event::Init => *relist(self).0 = Some(Vec::new()),
+    ) -> bool {
+        let keys = match ev {
+            Event::Init => {
+                *relist(self).0 = Some(Vec::new());
+                return false;
+            }
             Event::InitApply(DeserializeGuard(Ok(o))) => {
                 relist(self)
                     .0
                     .get_or_insert_default()
                     .push(Arc::new(o.into()));
+                return false;
             }
             Event::InitDone => {
                 let (pending, synced) = relist(self);
@@ -94,17 +102,15 @@ impl Inbox {
                 *synced = true;
                 K::replace(self.objects_mut(), all);
                 self.full = true;
+                return true;
             }
-            Event::Apply(DeserializeGuard(Ok(o))) => {
-                let k = K::put(self.objects_mut(), Arc::new(o.into()));
-                self.dirty.extend(k);
-            }
-            Event::Delete(DeserializeGuard(Ok(o))) => {
-                let k = K::delete(self.objects_mut(), &o.into());
-                self.dirty.extend(k);
-            }
-            Event::InitApply(_) | Event::Apply(_) | Event::Delete(_) => {}
-        }
+            Event::Apply(DeserializeGuard(Ok(o))) => K::put(self.objects_mut(), Arc::new(o.into())),
+            Event::Delete(DeserializeGuard(Ok(o))) => K::delete(self.objects_mut(), &o.into()),
+            Event::InitApply(_) | Event::Apply(_) | Event::Delete(_) => return false,
+        };
+        let replan = !keys.is_empty();
+        self.dirty.extend(keys);
+        replan
     }
 }
 
@@ -119,8 +125,13 @@ trait Kept: Sized {
 }
 
 impl Kept for index::Service {
+    /// The key, unless the planner would plan the new version as the one it replaces.
     fn put(objects: &mut Objects, o: Arc<Self>) -> Vec<ServiceKey> {
-        objects.put_service(o).into_iter().collect()
+        let replan = ServiceKey::of(&o)
+            .and_then(|k| objects.service(&k))
+            .is_none_or(|before| !o.plans_like(before));
+        let key = objects.put_service(o);
+        key.filter(|_| replan).into_iter().collect()
     }
     fn delete(objects: &mut Objects, o: &Self) -> Vec<ServiceKey> {
         objects.delete_service(o).into_iter().collect()
@@ -160,6 +171,53 @@ mod tests {
             "addressType": "IPv4", "endpoints": [],
         }))
         .unwrap()))
+    }
+
+    fn with_status(name: &str, ip: &str, version: &str) -> DeserializeGuard<Service> {
+        DeserializeGuard(Ok(serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "ns", "name": name, "resourceVersion": version},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": ip}]}},
+        }))
+        .unwrap()))
+    }
+
+    #[test]
+    fn a_status_only_change_is_kept_for_the_writer_but_not_replanned() {
+        let mut inbox = Inbox::default();
+        let service = |ev| ObjectEvent::Service(Box::new(ev));
+        for ev in [Event::Init, Event::InitApply(svc("a")), Event::InitDone] {
+            inbox.apply(service(ev));
+        }
+        for ev in [Event::Init, Event::InitDone] {
+            inbox.apply(ObjectEvent::Slice(Box::new(ev)));
+        }
+        assert_eq!(inbox.take_dirty(), None);
+        let version = inbox.objects().version();
+        // The leader's status write comes back: kept, not for the planner.
+        assert!(!inbox.apply(service(Event::Apply(with_status("a", "203.0.113.1", "2")))));
+        assert_eq!(inbox.take_dirty(), Some(BTreeSet::new()));
+        let a = ServiceKey::new("ns", "a");
+        let kept = inbox.objects().service(&a).unwrap();
+        assert_eq!(kept.metadata.resource_version.as_deref(), Some("2"));
+        assert!(kept.status.is_some());
+        assert_eq!(
+            inbox.objects().changed_since(version),
+            Some([a.clone()].into()),
+            "the status writer learns of it"
+        );
+        // A change of the spec is planned; so is a new Service, and a deletion.
+        let mut ports = with_status("a", "203.0.113.1", "3");
+        if let DeserializeGuard(Ok(s)) = &mut ports {
+            s.spec.as_mut().unwrap().ports = Some(Vec::new());
+        }
+        assert!(inbox.apply(service(Event::Apply(ports))));
+        assert!(inbox.apply(service(Event::Apply(svc("b")))));
+        assert!(inbox.apply(service(Event::Delete(svc("b")))));
+        assert_eq!(
+            inbox.take_dirty(),
+            Some([a, ServiceKey::new("ns", "b")].into())
+        );
     }
 
     #[test]

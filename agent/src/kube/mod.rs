@@ -8,6 +8,7 @@ pub mod events;
 pub mod inbox;
 pub mod lease;
 pub mod node_events;
+pub mod rate_limit;
 pub mod status_writer;
 pub mod watches;
 pub mod wire;

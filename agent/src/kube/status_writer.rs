@@ -1,9 +1,12 @@
 //! The leader's status writer: while this agent holds `nodelb-status`, compute each Service's
-//! desired ingress (`status::Status::compute`) from the sync loop's objects, all Nodes and the
-//! heartbeat Leases, and write it with server-side apply under the field manager `nodelb` —
-//! only where the stored value differs. Service Events come from here only.
+//! desired ingress (`status::Status::compute`, on a blocking thread: at 10,000 Services it
+//! takes a while) from the sync loop's objects, all Nodes and the heartbeat Leases, and write
+//! it with server-side apply under the field manager `nodelb` — only where the stored value
+//! differs. Service Events come from here only. Its requests (applies and Events) are paced
+//! by one token bucket (see [`REQUESTS_PER_SECOND`]).
 
 use super::events::{create_event, new_event};
+use super::rate_limit::RateLimiter;
 use crate::kube::wire;
 use crate::metrics::{Metrics, NodeLabel, WriteLabel};
 use crate::plan::index::Service;
@@ -29,6 +32,19 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tracing::{debug, info, info_span, warn, Instrument};
+
+/// The pace of the leader's requests, status applies and Events together (client-go's token
+/// bucket, see `rate_limit`). Every status write is sent by the server to every node's Service
+/// watchers (every nodelb agent, every kube-proxy), so the writer's rate is multiplied by the
+/// number of nodes: unpaced, a new leader wrote 10,000 statuses and 10,000 Events in about a
+/// minute (about 190 of each per second, 330 at the peak, on a 2-core test server). 100
+/// requests a second is 50 Services a second, each one apply and one Event: the pace of a
+/// client-go component at kube-scheduler's and kubelet's default of 50 requests a second with
+/// one request per change; a new leader writes 10,000 new statuses in about 3.3 minutes.
+pub const REQUESTS_PER_SECOND: f64 = 100.0;
+/// Requests that go at once before the pace applies: a change to up to 100 Services (one
+/// apply and one Event each) is written without waiting.
+pub const BURST: u32 = 200;
 
 pub struct StatusWriter {
     pub client: Client,
@@ -111,9 +127,10 @@ impl StatusWriter {
             wake.clone(),
             "leases",
         );
-        let recorder = EventSink {
+        let recorder = Requests {
             client: self.client.clone(),
             instance: self.pod_name.clone(),
+            pace: RateLimiter::new(REQUESTS_PER_SECOND, BURST),
         };
         loop {
             // Wait to lead.
@@ -164,7 +181,7 @@ impl StatusWriter {
         nodes: &Store<Node>,
         leases: &Store<Lease>,
         ip_mode: Option<&str>,
-        recorder: &EventSink,
+        recorder: &Requests,
     ) {
         let Some(objects) = self.objects.borrow_and_update().clone() else {
             return;
@@ -174,9 +191,9 @@ impl StatusWriter {
         let beats = heartbeat::read(&leases);
         let ages = memory.observed.ages(&beats, std::time::Instant::now());
         self.record_heartbeat_ages(&ages);
-        let changed = memory
-            .status
-            .compute(&objects, &nodes, &beats, &ages, &self.cfg);
+        let Some(changed) = self.compute(memory, &objects, nodes, beats, ages).await else {
+            return;
+        };
         // Look at the Services whose desired status or whose object changed (a status write,
         // ours or someone else's, shows up as a change of the object).
         let mut keys: BTreeSet<ServiceKey> =
@@ -201,6 +218,37 @@ impl StatusWriter {
         }
     }
 
+    /// `Status::compute` on a blocking thread, so the runtime's threads (the sync loop's
+    /// among them) are not held while it replans every Service for every serving node.
+    /// `None` if it panicked: the memory then starts again from nothing.
+    async fn compute(
+        &self,
+        memory: &mut Memory,
+        objects: &Arc<Objects>,
+        nodes: Vec<Node>,
+        beats: BTreeMap<String, heartbeat::Heartbeat>,
+        ages: BTreeMap<String, Duration>,
+    ) -> Option<BTreeSet<ServiceKey>> {
+        let mut status = std::mem::take(&mut memory.status);
+        let (objects, cfg) = (objects.clone(), self.cfg.clone());
+        let r = tokio::task::spawn_blocking(move || {
+            let changed = status.compute(&objects, &nodes, &beats, &ages, &cfg);
+            (status, changed)
+        })
+        .await;
+        match r {
+            Ok((status, changed)) => {
+                memory.status = status;
+                Some(changed)
+            }
+            Err(e) => {
+                warn!(error = %e, "computing the desired status failed; starting again");
+                *memory = Memory::default();
+                None
+            }
+        }
+    }
+
     fn record_heartbeat_ages(&self, ages: &BTreeMap<String, Duration>) {
         for (node, age) in ages {
             self.metrics
@@ -217,7 +265,7 @@ impl StatusWriter {
         objects: &Objects,
         key: &ServiceKey,
         ip_mode: Option<&str>,
-        recorder: &EventSink,
+        recorder: &Requests,
     ) {
         let Some(svc) = objects.service(key) else {
             memory.written.remove(key);
@@ -270,7 +318,7 @@ impl StatusWriter {
                 self.write(memory, key, svc, want, body, event, recorder)
                     .await
             }
-            Write::Clear { body } => match self.apply(key, body).await {
+            Write::Clear { body } => match recorder.apply(key, body).await {
                 Ok(_) => {
                     self.count("cleared");
                     memory.written.remove(key);
@@ -292,9 +340,9 @@ impl StatusWriter {
         want: &Desired,
         body: serde_json::Value,
         event: Option<bool>,
-        recorder: &EventSink,
+        recorder: &Requests,
     ) {
-        match self.apply(key, body).await {
+        match recorder.apply(key, body).await {
             Ok(rv) => {
                 self.count("ok");
                 memory.written.insert(
@@ -332,7 +380,7 @@ impl StatusWriter {
         key: &ServiceKey,
         svc: &Service,
         want: Option<&Desired>,
-        recorder: &EventSink,
+        recorder: &Requests,
     ) {
         let now: BTreeSet<Problem> = want
             .map(|d| d.problems.iter().cloned().collect())
@@ -342,22 +390,6 @@ impl StatusWriter {
             publish(recorder, svc, EventType::Warning, p.reason(), &p.note()).await;
         }
         *before = now;
-    }
-
-    async fn apply(
-        &self,
-        key: &ServiceKey,
-        body: serde_json::Value,
-    ) -> Result<Option<String>, kube::Error> {
-        let api: Api<wire::Service> = Api::namespaced(self.client.clone(), &key.namespace);
-        let s = api
-            .patch_status(
-                &key.name,
-                &PatchParams::apply(FIELD_MANAGER),
-                &Patch::Apply(body),
-            )
-            .await?;
-        Ok(s.metadata.resource_version)
     }
 
     fn count(&self, result: &'static str) {
@@ -382,15 +414,37 @@ fn minor(s: &str) -> u32 {
     s.trim_end_matches('+').parse().unwrap_or(0)
 }
 
-/// Service Events (`events.k8s.io/v1`), created directly: the writer decides itself when an
-/// Event is due (a problem that is new, a status written), so it keeps no cache of them — kube's
-/// `Recorder` keeps every Event it sent, which grows with the number of Services.
-struct EventSink {
+/// The writer's requests, paced by one token bucket: status applies, and Service Events
+/// (`events.k8s.io/v1`) created directly: the writer decides itself when an Event is due (a
+/// problem that is new, a status written), so it keeps no cache of them — kube's `Recorder`
+/// keeps every Event it sent, which grows with the number of Services.
+struct Requests {
     client: Client,
     instance: String,
+    pace: RateLimiter,
 }
 
-async fn publish(sink: &EventSink, svc: &Service, type_: EventType, reason: &str, note: &str) {
+impl Requests {
+    /// Server-side apply of a Service's status; the Service's resourceVersion after it.
+    async fn apply(
+        &self,
+        key: &ServiceKey,
+        body: serde_json::Value,
+    ) -> Result<Option<String>, kube::Error> {
+        self.pace.wait().await;
+        let api: Api<wire::Service> = Api::namespaced(self.client.clone(), &key.namespace);
+        let s = api
+            .patch_status(
+                &key.name,
+                &PatchParams::apply(FIELD_MANAGER),
+                &Patch::Apply(body),
+            )
+            .await?;
+        Ok(s.metadata.resource_version)
+    }
+}
+
+async fn publish(sink: &Requests, svc: &Service, type_: EventType, reason: &str, note: &str) {
     let regarding = ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Service".into()),
@@ -406,6 +460,7 @@ async fn publish(sink: &EventSink, svc: &Service, type_: EventType, reason: &str
         ..Default::default()
     };
     let ev = new_event(regarding, type_, reason, note, &sink.instance);
+    sink.pace.wait().await;
     if let Err(e) = create_event(sink.client.clone(), &ev).await {
         warn!(
             namespace = ev.metadata.namespace.as_deref().unwrap_or_default(),

@@ -28,6 +28,35 @@ pub struct Service {
     pub status: Option<ServiceStatus>,
 }
 
+impl Service {
+    /// Whether the planner would plan `self` as it planned `before`: they differ at most in
+    /// what a status write changes (the status, the resourceVersion, the owners of the
+    /// ingress), none of which the planner reads. The leader's every status write comes back
+    /// through every agent's watch as such a change; only the status writer needs it. Every
+    /// other field counts, read or not, so a field added later is replanned unless it is named
+    /// here.
+    pub fn plans_like(&self, before: &Service) -> bool {
+        let ServiceMeta {
+            name,
+            namespace,
+            uid,
+            resource_version: _,
+            creation_timestamp,
+            generation,
+            annotations,
+            ingress_owners: _,
+        } = &self.metadata;
+        let b = &before.metadata;
+        name == &b.name
+            && namespace == &b.namespace
+            && uid == &b.uid
+            && creation_timestamp == &b.creation_timestamp
+            && generation == &b.generation
+            && annotations == &b.annotations
+            && self.spec == before.spec
+    }
+}
+
 /// What is read of a Service's metadata: name and namespace (its key, status writes, Events),
 /// uid (Events), resourceVersion (the status writer), creationTimestamp (oldest wins a port),
 /// nodelb's own annotations (the node selector).
@@ -465,6 +494,69 @@ mod tests {
             .iter()
             .map(|s| s.metadata.name.as_deref().unwrap().to_string())
             .collect()
+    }
+
+    fn service(v: serde_json::Value) -> Service {
+        serde_json::from_value::<wire::Service>(v).unwrap().into()
+    }
+
+    fn web() -> serde_json::Value {
+        serde_json::json!({
+            "metadata": {"namespace": "ns", "name": "web", "uid": "u1", "resourceVersion": "7",
+                         "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z",
+                         "annotations": {"nodelb.io/node-selector": "pool=a"}},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]},
+        })
+    }
+
+    #[test]
+    fn a_status_write_needs_no_replan() {
+        let before = service(web());
+        let mut v = web();
+        v["metadata"]["resourceVersion"] = "8".into();
+        v["metadata"]["managedFields"] = serde_json::json!([{
+            "manager": "nodelb", "operation": "Apply", "subresource": "status",
+            "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:status": {"f:loadBalancer": {"f:ingress": {}}}},
+        }]);
+        v["status"] = serde_json::json!({
+            "loadBalancer": {"ingress": [{"ip": "203.0.113.1", "ipMode": "Proxy"}]},
+            "conditions": [{"type": "nodelb.io/Serving", "status": "True", "reason": "Serving"}],
+        });
+        let after = service(v);
+        assert_ne!(after, before, "the writer sees the new status and version");
+        assert!(!after.metadata.ingress_owners.is_empty());
+        assert!(after.plans_like(&before));
+    }
+
+    #[test]
+    fn a_change_of_spec_or_planned_metadata_is_replanned() {
+        let before = service(web());
+        let changed = |path: &[&str], to: serde_json::Value| {
+            let mut v = web();
+            let mut at = &mut v;
+            for p in &path[..path.len() - 1] {
+                at = &mut at[*p];
+            }
+            at[path[path.len() - 1]] = to;
+            service(v)
+        };
+        for (path, to) in [
+            (&["spec", "ports"][..], serde_json::json!([{"port": 81}])),
+            (&["spec", "externalTrafficPolicy"], "Local".into()),
+            (&["metadata", "annotations"], serde_json::json!({})),
+            (
+                &["metadata", "creationTimestamp"],
+                "2026-01-02T00:00:00Z".into(),
+            ),
+            (&["metadata", "uid"], "u2".into()),
+            (&["metadata", "generation"], 2.into()),
+        ] {
+            assert!(
+                !changed(path, to.clone()).plans_like(&before),
+                "{path:?} -> {to}"
+            );
+        }
     }
 
     #[test]

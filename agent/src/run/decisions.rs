@@ -1,5 +1,6 @@
 //! The sync loop's small pure decisions: which families to program, which warnings are new,
-//! how long to wait after a failure, what to count. Plain data in, plain data out.
+//! how long to wait after a failure, what a resync's read-back says, what to count. Plain data
+//! in, plain data out.
 
 use crate::host::sysctl::Forwarding;
 use crate::kube::node_events::NodeProblem;
@@ -85,6 +86,55 @@ impl Pacer {
     /// A sync ended at `at`.
     pub fn synced(&mut self, at: Instant) {
         self.last_end = Some(at);
+    }
+}
+
+/// What a periodic resync concludes from reading the tables back while the sync loop kept
+/// committing (see `run::resync`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResyncVerdict {
+    /// The kernel holds what was committed.
+    Unchanged,
+    /// It does not, and no commit of the agent's ran meanwhile: drift, repaired by a full
+    /// replace.
+    Drifted(String),
+    /// A difference, but the agent committed while the tables were read: the read may have
+    /// seen part of a commit. Read again.
+    ReadAgain,
+    /// As often in a row: check once more with commits held until the read is done.
+    Hold,
+}
+
+/// Judges read-backs made while commits go on, and remembers how many in a row said nothing
+/// certain.
+#[derive(Debug, Default)]
+pub struct ReadbackJudge {
+    inconclusive: u32,
+}
+
+impl ReadbackJudge {
+    /// Read-backs in a row that may say nothing certain before one holds commits.
+    pub const TRIES: u32 = 3;
+
+    /// `difference`: how the tables read back differ from those committed now (`None`: they
+    /// match); `committed_meanwhile`: whether the agent committed between the start of the
+    /// read and now.
+    pub fn judge(
+        &mut self,
+        difference: Option<String>,
+        committed_meanwhile: bool,
+    ) -> ResyncVerdict {
+        let verdict = match difference {
+            None => ResyncVerdict::Unchanged,
+            Some(why) if !committed_meanwhile => ResyncVerdict::Drifted(why),
+            Some(_) if self.inconclusive + 1 < Self::TRIES => ResyncVerdict::ReadAgain,
+            Some(_) => ResyncVerdict::Hold,
+        };
+        self.inconclusive = match verdict {
+            ResyncVerdict::ReadAgain => self.inconclusive + 1,
+            _ => 0,
+        };
+        verdict
     }
 }
 
@@ -179,6 +229,42 @@ pub fn programmed_counts<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_back_without_commits_meanwhile_is_conclusive() {
+        let mut j = ReadbackJudge::default();
+        assert_eq!(j.judge(None, false), ResyncVerdict::Unchanged);
+        assert_eq!(
+            j.judge(Some("chain x is not nodelb's".into()), false),
+            ResyncVerdict::Drifted("chain x is not nodelb's".into())
+        );
+    }
+
+    #[test]
+    fn a_match_read_while_committing_is_unchanged() {
+        assert_eq!(
+            ReadbackJudge::default().judge(None, true),
+            ResyncVerdict::Unchanged
+        );
+    }
+
+    #[test]
+    fn a_difference_read_while_committing_is_read_again_then_held() {
+        let mut j = ReadbackJudge::default();
+        let diff = || Some("set endpoints has 4 elements, expected 5".to_string());
+        assert_eq!(j.judge(diff(), true), ResyncVerdict::ReadAgain);
+        assert_eq!(j.judge(diff(), true), ResyncVerdict::ReadAgain);
+        assert_eq!(j.judge(diff(), true), ResyncVerdict::Hold);
+        // The count starts again after any conclusive answer.
+        assert_eq!(j.judge(diff(), true), ResyncVerdict::ReadAgain);
+        assert_eq!(j.judge(None, true), ResyncVerdict::Unchanged);
+        assert_eq!(j.judge(diff(), true), ResyncVerdict::ReadAgain);
+        assert_eq!(
+            j.judge(diff(), false),
+            ResyncVerdict::Drifted("set endpoints has 4 elements, expected 5".into())
+        );
+        assert_eq!(j.judge(diff(), true), ResyncVerdict::ReadAgain);
+    }
 
     /// The loop's timing with sync time `took`: a change arriving at each of `arrivals` wakes
     /// the loop (when it waits for one); the sync starts after the pacer's wait (`adaptive`)

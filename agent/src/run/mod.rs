@@ -8,6 +8,7 @@ pub mod http;
 pub mod listeners;
 pub mod logging;
 pub mod malloc;
+pub mod resync;
 pub mod sync;
 
 use crate::host::addresses;
@@ -26,17 +27,18 @@ use tracing::{error, info, warn};
 /// Why the sync loop should run.
 #[derive(Debug)]
 pub enum Trigger {
-    /// A Service or EndpointSlice event.
-    Object(inbox::ObjectEvent),
+    /// A Service or EndpointSlice event, and when its watch task received it.
+    Object(inbox::ObjectEvent, std::time::Instant),
     /// The Node or a local address changed.
     Changed,
     /// Another process changed nodelb's tables (or change events were lost).
     Drift(String),
 }
 
+/// Made by the watch task as it receives the event: the time is the agent's receipt.
 impl From<inbox::ObjectEvent> for Trigger {
     fn from(e: inbox::ObjectEvent) -> Trigger {
-        Trigger::Object(e)
+        Trigger::Object(e, std::time::Instant::now())
     }
 }
 

@@ -1,8 +1,11 @@
 //! The one sync loop: woken by watch changes, address changes, drift and a periodic resync;
 //! debounced; hands the Services that changed to the planner, which replans only those, and
 //! commits — a full replace first (only once every watch has listed), after failures, after
-//! drift, on resync (after reading the kernel's tables back) and when node-wide input changed,
-//! and otherwise an edit of just what changed. The commit is one call to the committer, which
+//! drift and when node-wide input changed, and otherwise an edit of just what changed. A
+//! Service change only a status write could have made (the leader's writes, echoed by the
+//! watch) is no change for the planner: it wakes no sync, and only reaches the status writer.
+//! The periodic resync reads the tables back off the loop (`resync`), so changes keep being
+//! committed meanwhile. The commit is one call to the committer, which
 //! holds the only committed model: a full replace has the planner build the tables inside it,
 //! once for the batch (consumed while encoded) and once more afterwards for the model, so the
 //! agent never holds two copies of its tables, nor a whole table and its whole batch.
@@ -13,9 +16,11 @@
 //! and never fails the sync.
 
 use super::decisions::{
-    decide_families, programmed_counts, Backoff, FamilyDecision, Pacer, WarningLog,
+    decide_families, programmed_counts, Backoff, FamilyDecision, Pacer, ReadbackJudge,
+    ResyncVerdict, WarningLog,
 };
 use super::http::SharedReadiness;
+use super::resync::{self, Readback};
 use super::Trigger;
 use crate::host::addresses::Snapshot;
 use crate::host::conntrack::{self as ct, Cleaned};
@@ -35,9 +40,7 @@ use crate::plan::{Context, Planner, TableChange};
 use crate::status::heartbeat::{BlockedPorts, Report};
 use crate::vocab::{Families, IpFamily};
 use nodelb_netfilter::conntrack::Conntrack;
-use nodelb_netfilter::{
-    readback::Drift, Commit, CommitStats, Committed, Committer, Edit, Nft, Table, TableRef,
-};
+use nodelb_netfilter::{Commit, CommitStats, Committed, Committer, Edit, Nft, Table, TableRef};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -82,6 +85,10 @@ pub struct SyncLoop {
     /// Pauses the drift watch around a full replace: the agent need not hear its own
     /// (an event per object of the tables, built by the kernel during the commit).
     watch_pause: Option<Arc<nodelb_netfilter::WatchPause>>,
+    /// Commits that sent something, counted: a resync's read-back knows whether the loop
+    /// committed while it read.
+    commits: u64,
+    judge: ReadbackJudge,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,13 +99,25 @@ enum SyncError {
     Panicked,
 }
 
-/// Why a sync runs.
+/// Why the loop woke.
 #[derive(Debug, Default, Clone)]
 struct Wake {
     drift: Option<String>,
+    /// Check the tables against the models with commits held (see `ReadbackJudge`).
     resync: bool,
-    /// When the first watch event this sync takes arrived.
+    /// A sync is due: something the planner reads changed, the last sync failed, or the
+    /// resync tick asks to read again what sends no event (the forwarding sysctls).
+    sync: bool,
+    /// The objects changed, perhaps only for the status writer.
+    objects: bool,
+    /// When the watch task received the first event this sync takes.
     first_event: Option<Instant>,
+}
+
+impl Wake {
+    fn needs_sync(&self) -> bool {
+        self.sync || self.resync || self.drift.is_some()
+    }
 }
 
 impl SyncLoop {
@@ -142,6 +161,8 @@ impl SyncLoop {
             warnings: WarningLog::default(),
             backoff: Backoff::default(),
             watch_pause: None,
+            commits: 0,
+            judge: ReadbackJudge::default(),
         }
     }
 
@@ -177,22 +198,17 @@ impl SyncLoop {
         );
         let mut tick = tokio::time::interval(self.resync);
         tick.reset();
-        // Becoming leader wakes a sync, which hands the status writer its first objects.
+        // Becoming leader hands the status writer its first objects.
         let mut leading = self.leading.clone();
         let mut pacer = Pacer::new(self.debounce);
+        let mut readback: Option<tokio::task::JoinHandle<Readback>> = None;
+        wake.sync = true;
         loop {
-            let ok = self
-                .sync_once(std::mem::take(&mut wake))
-                .instrument(info_span!("sync"))
-                .await;
-            pacer.synced(Instant::now());
-            let delay = if ok {
-                self.backoff.reset();
-                None
-            } else {
-                Some(self.backoff.next_delay())
-            };
-            // Wait for a reason to sync again (after a failure: for the backoff delay).
+            let delay = self.act(std::mem::take(&mut wake), &mut pacer).await;
+            // Wait for a reason to sync again (after a failure: for the backoff delay, then
+            // try again).
+            wake.sync = delay.is_some();
+            let mut read = None;
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => break,
                 _ = async { tokio::time::sleep(delay.unwrap_or_default()).await }, if delay.is_some() => {}
@@ -200,7 +216,13 @@ impl SyncLoop {
                     Some(t) => self.take(t, &mut wake),
                     None => break,
                 },
-                _ = tick.tick(), if delay.is_none() => wake.resync = true,
+                _ = tick.tick(), if delay.is_none() => {
+                    // A sync re-reads the inputs that send no event (a sysctl); the tables
+                    // are read back beside the loop.
+                    wake.sync = true;
+                    self.start_resync(&mut readback);
+                }
+                r = async { readback.as_mut().expect("a read-back in flight").await }, if readback.is_some() => read = Some(r),
                 _ = async {
                     let closed = match leading.as_mut() {
                         Some(l) => l.changed().await.is_err(),
@@ -209,7 +231,11 @@ impl SyncLoop {
                     if closed {
                         std::future::pending::<()>().await
                     }
-                }, if delay.is_none() => {}
+                }, if delay.is_none() => wake.objects = true,
+            }
+            if let Some(r) = read {
+                readback = None;
+                self.judge_readback(r, &mut wake, &mut readback).await;
             }
             // Sync at once after an idle spell; right after a sync, let the burst arrive.
             let wait = pacer.wait(Instant::now());
@@ -253,13 +279,106 @@ impl SyncLoop {
 
     fn take(&mut self, t: Trigger, wake: &mut Wake) {
         match t {
-            Trigger::Object(ev) => {
-                wake.first_event.get_or_insert_with(Instant::now);
-                self.inbox.apply(ev)
+            Trigger::Object(ev, received) => {
+                wake.objects = true;
+                if self.inbox.apply(ev) {
+                    wake.sync = true;
+                    wake.first_event.get_or_insert(received);
+                }
             }
-            Trigger::Changed => {}
+            Trigger::Changed => wake.sync = true,
             Trigger::Drift(why) => wake.drift = Some(why),
         }
+    }
+
+    /// Sync when one is due (see `Wake::sync`), or drift or a held resync asks for it;
+    /// otherwise only hand the status writer the objects. Returns the backoff delay after a
+    /// failed sync.
+    async fn act(&mut self, wake: Wake, pacer: &mut Pacer) -> Option<Duration> {
+        if !wake.needs_sync() {
+            if wake.objects {
+                self.publish_objects();
+            }
+            return None;
+        }
+        let ok = self.sync_once(wake).instrument(info_span!("sync")).await;
+        pacer.synced(Instant::now());
+        if ok {
+            self.backoff.reset();
+            None
+        } else {
+            Some(self.backoff.next_delay())
+        }
+    }
+
+    /// The resync tick: read the tables back off the loop, unless a read is still going or
+    /// the next sync replaces the tables whole anyway.
+    fn start_resync(&self, readback: &mut Option<tokio::task::JoinHandle<Readback>>) {
+        if readback.is_some() || self.replace_next {
+            return;
+        }
+        if let Some(c) = &self.committer {
+            *readback = Some(resync::start(
+                c.committed_tables(),
+                self.config.table_name.clone(),
+                self.commits,
+            ));
+        }
+    }
+
+    /// Compare a finished read-back with the models as committed now, and act on the verdict:
+    /// count it, repair drift, read again, or hold commits for one more check.
+    async fn judge_readback(
+        &mut self,
+        r: Result<Readback, tokio::task::JoinError>,
+        wake: &mut Wake,
+        readback: &mut Option<tokio::task::JoinHandle<Readback>>,
+    ) {
+        let Ok(read) = r else {
+            warn!("the resync's read-back panicked; the next resync reads again");
+            return;
+        };
+        // A failure since: the next sync replaces the tables whole anyway.
+        let Some(committer) = self.committer.take() else {
+            return;
+        };
+        let tables = read.tables;
+        let t0 = Instant::now();
+        let compared = tokio::task::spawn_blocking(move || {
+            let d = resync::difference(&committer, &tables);
+            (committer, d)
+        })
+        .await;
+        let Ok((committer, difference)) = compared else {
+            wake.drift = Some("comparing the tables read back panicked".into());
+            return;
+        };
+        self.committer = Some(committer);
+        let verdict = self
+            .judge
+            .judge(difference, self.commits != read.commits_at_start);
+        debug!(verdict = ?verdict, read = ?read.took, compare = ?t0.elapsed(),
+               "resync read back the tables");
+        let result = match verdict {
+            ResyncVerdict::Unchanged => "unchanged",
+            ResyncVerdict::Drifted(why) => {
+                wake.drift = Some(why);
+                "repaired"
+            }
+            ResyncVerdict::ReadAgain => {
+                self.start_resync(readback);
+                return;
+            }
+            ResyncVerdict::Hold => {
+                wake.resync = true;
+                return;
+            }
+        };
+        self.notes = policy_notes(read.forward);
+        self.metrics
+            .resyncs
+            .get_or_create(&crate::metrics::ResultLabel { result })
+            .inc();
     }
 
     /// One sync. Returns whether it committed.
@@ -512,11 +631,9 @@ impl SyncLoop {
             .await
             .map(|(objects, stats)| (objects, stats, resync_drift));
         if whole || wake.resync {
-            // Foreign forward policies: read on whole syncs and resyncs (a dump of every chain).
-            self.notes = match forward_policy::drop_chains(&self.config.table_name) {
-                Ok(chains) => chains.iter().map(|c| c.to_string()).collect(),
-                Err(e) => vec![format!("foreign forward policies unknown: {e}")],
-            };
+            // Foreign forward policies: read on whole syncs and held resyncs (a dump of every
+            // chain); other resyncs read them off the loop.
+            self.notes = policy_notes(forward_policy::drop_chains(&self.config.table_name));
         }
         if whole {
             // The old tables and the batch are freed: return their pages.
@@ -538,9 +655,9 @@ impl SyncLoop {
         match result {
             Ok((objects, stats, repaired)) => {
                 self.metrics.record_sync(took, true);
-                if let Some(first) = wake.first_event {
-                    let waited = first.elapsed().as_secs_f64();
-                    self.metrics.event_to_kernel.observe(waited);
+                let waited = wake.first_event.map(|first| first.elapsed());
+                if let Some(w) = waited {
+                    self.metrics.event_to_kernel.observe(w.as_secs_f64());
                 }
                 self.metrics.sync_objects.set(objects as i64);
                 self.metrics.sync_bytes.set(stats.bytes as i64);
@@ -552,7 +669,7 @@ impl SyncLoop {
                 }
                 debug!(objects, bytes = stats.bytes, encode = ?stats.encode, commit = ?stats.commit,
                        services = plan.services, endpoints = plan.endpoints, replanned = plan.replanned,
-                       plan = ?plan.took, took = ?took, "synced");
+                       plan = ?plan.took, resync = wake.resync, event_to_kernel = ?waited, took = ?took, "synced");
                 true
             }
             Err(e) => {
@@ -584,14 +701,7 @@ impl SyncLoop {
                 tx.send_if_modified(|r| r.replace(report.clone()).as_ref() != Some(&report));
             }
         }
-        if let (Some(tx), Some(leading)) = (&self.objects_tx, &self.leading) {
-            if *leading.borrow() {
-                tx.send_replace(Some(self.inbox.snapshot()));
-            } else if tx.borrow().is_some() {
-                // Not leading: hold no snapshot, so changes are not copied.
-                tx.send_replace(None);
-            }
-        }
+        self.publish_objects();
         {
             let mut r = self.readiness.lock().expect("readiness");
             r.last_sync_committed = ok;
@@ -606,23 +716,28 @@ impl SyncLoop {
         }
     }
 
-    /// Compare the kernel's tables with the models last committed; what differed, if anything.
-    /// A table that cannot be read back counts as drifted: the replace that follows repairs
-    /// it, or reports the trouble with nf_tables.
+    /// The status writer gets the objects as they are now, while leading (and none
+    /// otherwise, so changes are not copied).
+    fn publish_objects(&self) {
+        if let (Some(tx), Some(leading)) = (&self.objects_tx, &self.leading) {
+            if *leading.borrow() {
+                tx.send_replace(Some(self.inbox.snapshot()));
+            } else if tx.borrow().is_some() {
+                tx.send_replace(None);
+            }
+        }
+    }
+
+    /// A held resync: compare the kernel's tables with the models last committed, with
+    /// commits held until done; what differed, if anything. A table that cannot be read back
+    /// counts as drifted: the replace that follows repairs it, or reports the trouble with
+    /// nf_tables.
     async fn check_drift(&mut self) -> Option<String> {
         let mut committer = self.committer.take()?;
         let r = tokio::task::spawn_blocking(move || {
-            let mut found = None;
-            for tr in committer.committed_tables() {
-                match committer.drift(&tr) {
-                    Ok(None | Some(Drift::None)) => {}
-                    Ok(Some(d)) => found = Some(format!("{tr}: {d:?}")),
-                    Err(e) => {
-                        warn!(table = %tr, error = %e, "resync: reading the table back failed; replacing it");
-                        found = Some(format!("{tr}: cannot be read back: {e}"));
-                    }
-                }
-            }
+            let tables = committer.committed_tables();
+            let read = resync::read(committer.nft(), tables);
+            let found = resync::difference(&committer, &read);
             (committer, found)
         })
         .await;
@@ -670,6 +785,9 @@ impl SyncLoop {
         match r {
             Ok((committer, planner, Ok((objects, done)))) => {
                 self.planner = planner;
+                if done.stats.messages > 0 {
+                    self.commits += 1;
+                }
                 for tr in &done.deleted {
                     info!(table = %tr, "deleted: family not programmed");
                 }
@@ -685,6 +803,16 @@ impl SyncLoop {
             }
             Err(_) => Err(SyncError::Panicked),
         }
+    }
+}
+
+/// What `/readyz` notes of the foreign forward policies read.
+fn policy_notes(
+    read: Result<Vec<forward_policy::DropChain>, forward_policy::Error>,
+) -> Vec<String> {
+    match read {
+        Ok(chains) => chains.iter().map(|c| c.to_string()).collect(),
+        Err(e) => vec![format!("foreign forward policies unknown: {e}")],
     }
 }
 
