@@ -45,6 +45,10 @@ pub const REQUESTS_PER_SECOND: f64 = 100.0;
 /// Requests that go at once before the pace applies: a change to up to 100 Services (one
 /// apply and one Event each) is written without waiting.
 pub const BURST: u32 = 200;
+/// Every this many Services of a round (about once a second at the pace), the status
+/// planners are handed the objects as they are now, if only status writes changed them (see
+/// `Status::follow`): each look costs a walk over every Service.
+const FOLLOW_EVERY: usize = 50;
 
 pub struct StatusWriter {
     pub client: Client,
@@ -203,18 +207,28 @@ impl StatusWriter {
             };
         memory.version = Some(objects.version());
         keys.extend(changed);
+        // Each Service is settled against the objects as they are when its turn comes, not
+        // the round's: a round is long (paced, one write per Service: minutes at 10,000), and
+        // holding its objects would keep every Service the round's own writes replace (their
+        // echoes) twice in memory until it ends. What changed meanwhile is looked at again
+        // next round (`memory.version` is the round's).
+        drop(objects);
         for (done, key) in keys.iter().enumerate() {
-            // A round may be long (one write per Service); once the Lease is lost or released,
-            // another agent writes, so stop at once. What is left is redone from scratch the
-            // next time this agent leads (its memory starts empty then).
-            if !*self.leading.borrow() {
+            // Once the Lease is lost or released, another agent writes, so stop at once. What
+            // is left is redone from scratch the next time this agent leads (its memory starts
+            // empty then).
+            let now = self.objects.borrow().clone();
+            let (true, Some(now)) = (*self.leading.borrow(), now) else {
                 info!(
                     left = keys.len() - done,
                     "no longer leading: the status round stops"
                 );
                 return;
+            };
+            if done % FOLLOW_EVERY == 0 {
+                memory.status.follow(&now);
             }
-            self.settle(memory, &objects, key, ip_mode, recorder).await;
+            self.settle(memory, &now, key, ip_mode, recorder).await;
         }
     }
 

@@ -323,6 +323,35 @@ impl Objects {
         )
     }
 
+    /// Whether a planner would plan these objects exactly as it planned `before`, an earlier
+    /// version of them: every Service changed since differs only in what a status write
+    /// changes (see [`Service::plans_like`]) and no slice changed. A planner can then keep
+    /// these instead, so the versions the status writes replaced are freed.
+    pub fn plans_like(&self, before: &Objects) -> bool {
+        if self.replaced > before.version || before.version > self.version {
+            return false;
+        }
+        self.entries
+            .iter()
+            .filter(|(_, e)| e.changed > before.version)
+            .all(|(k, now)| {
+                let Some(was) = before.entries.get(k) else {
+                    return now.is_empty();
+                };
+                let same_slices = now.slices.len() == was.slices.len()
+                    && now
+                        .slices
+                        .iter()
+                        .zip(&was.slices)
+                        .all(|(a, b)| Arc::ptr_eq(a, b));
+                same_slices
+                    && match (&now.service, &was.service) {
+                        (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a.plans_like(b),
+                        (a, b) => a.is_none() && b.is_none(),
+                    }
+            })
+    }
+
     /// The entry of a key, which changes now.
     fn touch(&mut self, key: &ServiceKey) -> &mut Entry {
         self.version += 1;

@@ -125,6 +125,17 @@ impl Planner {
         }
     }
 
+    /// Keep `objects` as the version planned when it plans exactly like the one kept (only
+    /// status writes changed since: see [`Objects::plans_like`]), so the Services those writes
+    /// replaced are not held until the next update. Returns whether it did.
+    pub fn follow(&mut self, objects: &Objects) -> bool {
+        let like = objects.plans_like(&self.objects);
+        if like {
+            self.objects = objects.clone();
+        }
+        like
+    }
+
     /// Bring the plan up to date. `dirty` lists the Services whose Service object or slices
     /// changed since the last update; `None` (or a changed context) replans everything.
     pub fn update(

@@ -474,3 +474,64 @@ fn an_endpoint_added_to_or_removed_from_an_affinity_service_changes_only_its_own
     }
     assert!(table.sets.contains_key(&set(11)) && table.sets.contains_key(&set(12)));
 }
+
+#[test]
+fn a_planner_follows_status_writes_but_no_other_change() {
+    let ctx = ipv4_node();
+    let svc = |name: &str, port: u16, status: Option<&str>| -> Arc<crate::plan::index::Service> {
+        let mut v = serde_json::json!({
+            "metadata": {"namespace": "ns", "name": name, "resourceVersion": "1",
+                         "creationTimestamp": "2024-01-01T00:00:00Z"},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": port}]},
+        });
+        if let Some(ip) = status {
+            v["metadata"]["resourceVersion"] = "2".into();
+            v["status"] = serde_json::json!({"loadBalancer": {"ingress": [{"ip": ip}]}});
+        }
+        let s: Service = serde_json::from_value(v).unwrap();
+        Arc::new(s.into())
+    };
+    let mut objects = Objects::default();
+    let first = svc("a", 1000, None);
+    let replaced = Arc::downgrade(&first);
+    objects.put_service(first);
+    objects.put_service(svc("b", 1001, None));
+    let mut planner = Planner::new();
+    planner.update(&objects, &ctx, None);
+
+    // The leader's status write comes back: the planner keeps the new version, and nothing
+    // holds the one it replaced.
+    objects.put_service(svc("a", 1000, Some("203.0.113.1")));
+    assert!(
+        replaced.upgrade().is_some(),
+        "the planner holds what it planned"
+    );
+    assert!(planner.follow(&objects));
+    assert!(
+        replaced.upgrade().is_none(),
+        "the replaced version is freed"
+    );
+
+    // A change the planner reads is not followed: the next update plans it, as from scratch.
+    let before = objects.clone();
+    objects.put_service(svc("b", 1002, Some("203.0.113.1")));
+    assert!(!planner.follow(&objects));
+    let sl: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "metadata": {"namespace": "ns", "name": "a-1", "labels": {"kubernetes.io/service-name": "a"}},
+        "addressType": "IPv4",
+        "ports": [{"port": 8080, "protocol": "TCP"}],
+        "endpoints": [{"addresses": ["198.51.100.10"]}],
+    }))
+    .unwrap();
+    let mut slices = objects.clone();
+    slices.put_slice(Arc::new(sl.into()));
+    assert!(!slices.plans_like(&before), "a new slice is planned");
+    assert!(!planner.follow(&slices));
+    let dirty: BTreeSet<ServiceKey> =
+        [ServiceKey::new("ns", "a"), ServiceKey::new("ns", "b")].into();
+    planner.update(&slices, &ctx, Some(&dirty));
+    let mut fresh = Planner::new();
+    fresh.update(&slices, &ctx, None);
+    assert_eq!(planner.tables(), fresh.tables());
+    assert!(planner.outcomes().eq(fresh.outcomes()));
+}

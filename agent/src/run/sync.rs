@@ -297,6 +297,9 @@ impl SyncLoop {
     async fn act(&mut self, wake: Wake, pacer: &mut Pacer) -> Option<Duration> {
         if !wake.needs_sync() {
             if wake.objects {
+                // Status writes only: the planner keeps the new objects instead of holding
+                // every Service those writes replaced until the next sync.
+                self.planner.follow(self.inbox.objects());
                 self.publish_objects();
             }
             return None;

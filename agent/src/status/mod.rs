@@ -179,6 +179,18 @@ pub struct Status {
 }
 
 impl Status {
+    /// Have each class's planner keep `objects` where only status writes changed them since
+    /// (see [`Planner::follow`](crate::plan::Planner::follow)): a round of status writes
+    /// replaces every Service it writes, and the planners would otherwise hold the versions
+    /// replaced until the next computation.
+    pub fn follow(&mut self, objects: &Objects) {
+        for class in &mut self.classes.classes {
+            if !class.planner.follow(objects) {
+                return;
+            }
+        }
+    }
+
     /// The desired status of every Service nodelb handles, as last computed.
     pub fn desired(&self) -> &BTreeMap<ServiceKey, Desired> {
         &self.desired
