@@ -69,7 +69,7 @@
 //! cluster are.
 //!
 //! Goals, printed PASS/MISS and never asserted: p99 < 100 ms at 10,000 Services, peak RSS
-//! < 100 MiB at 10,000 Services x 5 endpoints, no per-Service Event from a new leader taking
+//! < 64 MiB at 10,000 Services x 5 endpoints (leader and follower), no per-Service Event from a new leader taking
 //! over converged Services, and during a new leader's first round at 10,000 Services
 //! event-to-kernel under 100 ms on the leader and on a follower (p99, and max). Errors (an agent that never programs, a kernel state that does not
 //! match, a status that does not converge) fail the run. Every phase's wall time is printed.
@@ -114,7 +114,7 @@ mod first_round;
 const ENDPOINTS: usize = 5;
 const TARGET_PORT: u16 = 8080;
 const GOAL_P99_MS: f64 = 100.0;
-const GOAL_RSS_MIB: f64 = 100.0;
+const GOAL_RSS_MIB: f64 = 64.0;
 /// The size the goals are stated for.
 const GOAL_SERVICES: usize = 10_000;
 /// kube-proxy's default `minSyncPeriod` (iptables and nftables modes): a configuration
@@ -1129,12 +1129,6 @@ fn run() -> Res<()> {
                 r.from_put.p50,
                 r.from_accept.p99
             );
-            println!(
-                "  {} agent peak RSS (VmHWM) at {GOAL_SERVICES} Services x {ENDPOINTS} endpoints < {GOAL_RSS_MIB:.0} MiB: {:.1} MiB (VmRSS at the end {:.1} MiB)",
-                goal(mib(r.hwm_kib) < GOAL_RSS_MIB),
-                mib(r.hwm_kib),
-                mib(r.rss_kib)
-            );
         }
         None => println!(
             "  not judged: the latency and memory goals are stated at {GOAL_SERVICES} Services, which this run did not include"
@@ -1142,6 +1136,16 @@ fn run() -> Res<()> {
     }
     if let Some(r) = &round {
         r.print_goals(goal);
+    }
+    // Leader and follower alike (a follower runs no status writer, but holds the same tables).
+    for r in results.iter().filter(|r| r.services == GOAL_SERVICES) {
+        println!(
+            "  {} agent peak RSS (VmHWM) at {GOAL_SERVICES} Services x {ENDPOINTS} endpoints, {}, < {GOAL_RSS_MIB:.0} MiB: {:.1} MiB (VmRSS at the end {:.1} MiB)",
+            goal(mib(r.hwm_kib) < GOAL_RSS_MIB),
+            if r.follower { "follower" } else { "leader" },
+            mib(r.hwm_kib),
+            mib(r.rss_kib)
+        );
     }
     for t in results.iter().filter_map(|r| r.takeover.as_ref()) {
         println!(
