@@ -24,7 +24,7 @@
 //! Needs root; without it prints SKIP and exits 0, or 1 when `CI=true`.
 //! Run: `cargo bench -p nodelb-integration --bench install_shapes`.
 
-use nodelb_integration::bench::{env_usize, loadavg, ms};
+use nodelb_integration::bench::{env_usize, loadavg, ms, wait_quiet};
 use nodelb_integration::models::bench_table;
 use nodelb_integration::netns::Netns;
 use nodelb_netfilter::readback::{compare, Drift, TableSummary};
@@ -45,36 +45,6 @@ fn thread_sys() -> Duration {
     };
     Duration::from_secs(ru.ru_stime.tv_sec as u64)
         + Duration::from_micros(ru.ru_stime.tv_usec as u64)
-}
-
-/// Busy jiffies of all CPUs (user, nice, system, irq, softirq, steal).
-fn busy() -> Res<u64> {
-    let stat = std::fs::read_to_string("/proc/stat").map_err(|e| format!("/proc/stat: {e}"))?;
-    let line = stat.lines().next().unwrap_or_default();
-    let v: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    if v.len() < 8 {
-        return Err(format!("/proc/stat: unexpected first line {line:?}"));
-    }
-    Ok(v[0] + v[1] + v[2] + v[5] + v[6] + v[7])
-}
-
-/// Wait until a 200 ms window sees at most 2 busy jiffies, or 5 s.
-fn wait_quiet() -> Res<()> {
-    let t0 = Instant::now();
-    std::thread::sleep(Duration::from_millis(200));
-    while t0.elapsed() < Duration::from_secs(5) {
-        let b0 = busy()?;
-        std::thread::sleep(Duration::from_millis(200));
-        if busy()? - b0 <= 2 {
-            return Ok(());
-        }
-    }
-    println!("  (not quiet after 5 s)");
-    Ok(())
 }
 
 /// Each dispatch element that goes to an `endpoints-N` chain goes to a chain of its Service
