@@ -81,9 +81,8 @@
 //! `NODELB_E2E_KUBECONFIG`: the takeover reads the audit log of the harness's own server.
 //! Run: `cargo bench -p nodelb-integration --bench latency`.
 
-use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -91,19 +90,25 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use nix::sys::signal::Signal;
 use nodelb_agent::vocab::IpFamily;
-use nodelb_integration::bench::env_usize;
+use nodelb_integration::bench::{
+    env_usize, memory, mib, ms, release_agent_binary, wait_until, Memory, Stats,
+};
 use nodelb_integration::control_plane::AuditRecord;
 use nodelb_integration::e2e::{
-    agent_pod_name, metric_sum, Cluster, ClusterOptions, AGENT_NAMESPACE,
+    agent_pod_name, metric_sum, metric_value, Cluster, ClusterOptions, AGENT_NAMESPACE,
+};
+use nodelb_integration::element_watch::tgid;
+use nodelb_integration::lb_services::{
+    initial_address, load, max_services, ports, service_name, TARGET_PORT,
 };
 use nodelb_integration::netns::Netns;
 use nodelb_integration::nft::nft_file;
 use nodelb_netfilter::{WatchEvent, Watcher};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -112,7 +117,6 @@ use std::time::{Duration, Instant};
 mod first_round;
 
 const ENDPOINTS: usize = 5;
-const TARGET_PORT: u16 = 8080;
 const GOAL_P99_MS: f64 = 100.0;
 const GOAL_RSS_MIB: f64 = 64.0;
 /// The size the goals are stated for.
@@ -255,96 +259,7 @@ fn env_bool(name: &str, default: bool) -> Res<bool> {
     }
 }
 
-/// The release agent: `NODELB_AGENT_BIN`, else this workspace's `target/release/nodelb-agent`.
-/// Sets `NODELB_AGENT_BIN` so the harness starts exactly this file.
-fn agent_binary() -> Res<PathBuf> {
-    let bin = match std::env::var_os("NODELB_AGENT_BIN").filter(|v| !v.is_empty()) {
-        Some(b) => PathBuf::from(b),
-        None => {
-            let target = std::env::var_os("CARGO_TARGET_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-            target.join("release/nodelb-agent")
-        }
-    };
-    if !bin.is_file() {
-        return Err(format!(
-            "the release agent {} does not exist: run `cargo build --release -p nodelb-agent` \
-             (or scripts/build-release.sh), or set NODELB_AGENT_BIN",
-            bin.display()
-        ));
-    }
-    std::env::set_var("NODELB_AGENT_BIN", &bin);
-    Ok(bin)
-}
-
 // ---- ports and objects -------------------------------------------------------------------
-
-/// Whether a TCP Service may not take `p`: the agent's default reserved ports (read from the
-/// agent, so the bench never drifts from it), with the harness's health and metrics ports as
-/// the agent's own.
-fn reserved(p: u16) -> bool {
-    use nodelb_integration::e2e::{HEALTH_PORT, METRICS_PORT};
-    static RESERVED: std::sync::OnceLock<nodelb_agent::plan::reserved::ReservedPorts> =
-        std::sync::OnceLock::new();
-    RESERVED
-        .get_or_init(|| {
-            nodelb_agent::plan::reserved::ReservedPorts::defaults().with(
-                nodelb_agent::vocab::Protocol::Tcp,
-                [HEALTH_PORT, METRICS_PORT],
-            )
-        })
-        .contains(nodelb_agent::vocab::Protocol::Tcp, p)
-}
-
-fn max_services() -> usize {
-    (1024..=u16::MAX).filter(|p| !reserved(*p)).count()
-}
-
-/// Service `i`'s port: the `i`-th free port from 1024 up.
-fn ports(n: usize) -> Vec<u16> {
-    (1024..=u16::MAX)
-        .filter(|p| !reserved(*p))
-        .take(n)
-        .collect()
-}
-
-fn service_name(i: usize) -> String {
-    format!("svc-{i:05}")
-}
-
-fn service(ns: &str, i: usize, port: u16) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": service_name(i), "namespace": ns},
-        "spec": {"type": "LoadBalancer",
-                 "allocateLoadBalancerNodePorts": false,
-                 "ports": [{"name": "tcp", "port": port, "protocol": "TCP",
-                            "targetPort": TARGET_PORT}]},
-    })
-}
-
-/// Endpoint `k` of every Service starts at 198.51.100.(10+k).
-fn initial_address(k: usize) -> String {
-    format!("198.51.100.{}", 10 + k)
-}
-
-fn slice(ns: &str, i: usize, node: &str) -> Value {
-    let eps: Vec<Value> = (0..ENDPOINTS)
-        .map(|k| {
-            json!({"addresses": [initial_address(k)], "nodeName": node,
-                   "conditions": {"ready": true}})
-        })
-        .collect();
-    json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": format!("{}-1", service_name(i)), "namespace": ns,
-                     "labels": {"kubernetes.io/service-name": service_name(i)}},
-        "addressType": "IPv4",
-        "ports": [{"name": "tcp", "port": TARGET_PORT, "protocol": "TCP"}],
-        "endpoints": eps,
-    })
-}
 
 /// Sample `k`'s change: a Service (the samples spread over all of them) whose slice's first
 /// endpoint moves to a new address. Returns the Service's index, the old address and the new.
@@ -362,37 +277,9 @@ fn move_endpoint(slices: &mut [EndpointSlice], k: usize) -> (usize, String, Stri
 
 // ---- statistics --------------------------------------------------------------------------
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-/// Nearest-rank percentile of sorted values.
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
-    sorted[rank.min(sorted.len()) - 1]
-}
-
-#[derive(Clone, Copy)]
-struct Stats {
-    n: usize,
-    min: f64,
-    p50: f64,
-    p99: f64,
-    max: f64,
-    mean: f64,
-}
-
+/// The statistics of samples a phase must have taken.
 fn stats(v: &[f64]) -> Stats {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    Stats {
-        n: s.len(),
-        min: s[0],
-        p50: pct(&s, 50.0),
-        p99: pct(&s, 99.0),
-        max: s[s.len() - 1],
-        mean: s.iter().sum::<f64>() / s.len() as f64,
-    }
+    nodelb_integration::bench::stats(v).expect("a phase took no samples")
 }
 
 fn print_row(label: &str, s: &Stats) {
@@ -526,40 +413,7 @@ impl Drop for KernelWatch {
     }
 }
 
-/// Thread ids in the kernel's NEWGEN messages belong to the agent when their thread group is it.
-fn tgid(tid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Tgid:"))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 // ---- the agent ---------------------------------------------------------------------------
-
-/// `(VmHWM, VmRSS)` in KiB.
-fn memory(pid: u32) -> Res<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .map_err(|e| format!("reading /proc/{pid}/status: {e}"))?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .ok_or_else(|| format!("no {name} in /proc/{pid}/status"))
-    };
-    Ok((field("VmHWM:")?, field("VmRSS:")?))
-}
-
-fn mib(kib: u64) -> f64 {
-    kib as f64 / 1024.0
-}
-
-/// `GET /metrics` of node `i`'s agent.
-fn metrics(c: &Cluster, i: usize) -> Res<String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| c.metrics(i)))
-        .map_err(|_| format!("GET /metrics on node {i} failed"))
-}
 
 /// One "synced" line of the agent's debug log.
 #[derive(Default, Clone, Copy)]
@@ -706,65 +560,6 @@ fn check_moved(
 
 // ---- the API -----------------------------------------------------------------------------
 
-/// Creates a Service on each of `ports` and its EndpointSlice through the admin client,
-/// `concurrency` requests in flight (each Service before its slice), printing progress: a
-/// Service's create costs kube-apiserver more the more Services exist (each ClusterIP
-/// allocation of v1.36 lists every `IPAddress` object twice to update its metrics), so the load
-/// takes time quadratic in N. Returns the stored slices, by index.
-fn load(
-    c: &Cluster,
-    ns: &str,
-    node: &str,
-    ports: &[u16],
-    concurrency: usize,
-) -> Res<Vec<EndpointSlice>> {
-    let services: Api<Service> = Api::namespaced(c.admin().clone(), ns);
-    let slices: Api<EndpointSlice> = Api::namespaced(c.admin().clone(), ns);
-    let (services, slices) = (&services, &slices);
-    let t0 = Instant::now();
-    let done = AtomicUsize::new(0);
-    let step = (ports.len() / 5).max(1000);
-    let done = &done;
-    let mut stored: Vec<(usize, EndpointSlice)> = c.block_on(
-        futures::stream::iter(ports.iter().copied().enumerate())
-            .map(|(i, port)| async move {
-                let pp = PostParams::default();
-                let svc: Service = serde_json::from_value(service(ns, i, port))
-                    .map_err(|e| format!("Service {i}: {e}"))?;
-                services
-                    .create(&pp, &svc)
-                    .await
-                    .map_err(|e| format!("creating Service {i}: {e}"))?;
-                let sl: EndpointSlice = serde_json::from_value(slice(ns, i, node))
-                    .map_err(|e| format!("EndpointSlice {i}: {e}"))?;
-                let sl = slices
-                    .create(&pp, &sl)
-                    .await
-                    .map_err(|e| format!("creating EndpointSlice {i}: {e}"))?;
-                let k = done.fetch_add(1, Ordering::Relaxed) + 1;
-                if k.is_multiple_of(step) && k < ports.len() {
-                    println!(
-                        "    loading: {k} Services and their slices after {:.1} s",
-                        t0.elapsed().as_secs_f64()
-                    );
-                }
-                Ok::<_, String>((i, sl))
-            })
-            .buffer_unordered(concurrency)
-            .try_collect(),
-    )?;
-    stored.sort_by_key(|(i, _)| *i);
-    Ok(stored.into_iter().map(|(_, s)| s).collect())
-}
-
-/// The holder of `nodelb-status` (empty when released), `None` before it exists.
-fn holder(c: &Cluster) -> Res<Option<String>> {
-    let leases: Api<Lease> = Api::namespaced(c.admin().clone(), AGENT_NAMESPACE);
-    c.block_on(leases.get_opt("nodelb-status"))
-        .map(|l| l.map(|l| l.spec.and_then(|s| s.holder_identity).unwrap_or_default()))
-        .map_err(|e| format!("reading the nodelb-status Lease: {e}"))
-}
-
 /// `nodelb-status` held by [`OTHER_HOLDER`] for an hour.
 fn other_lease() -> Lease {
     Lease {
@@ -800,68 +595,16 @@ async fn renew_other(leases: Api<Lease>) {
     }
 }
 
-/// How many of the Services in `ns` publish exactly `want` (ingress IPs, in order).
-fn publishing(c: &Cluster, ns: &str, want: &[String]) -> Res<usize> {
-    let api: Api<Service> = Api::namespaced(c.admin().clone(), ns);
-    let list = c
-        .block_on(api.list(&ListParams::default()))
-        .map_err(|e| format!("listing Services: {e}"))?;
-    Ok(list
-        .items
-        .iter()
-        .filter(|s| nodelb_integration::e2e::ingress_ips(s) == want)
-        .count())
-}
-
 fn audit(c: &Cluster) -> Res<Vec<AuditRecord>> {
     c.audit()
         .ok_or_else(|| "no audit log: the bench needs the harness's own kube-apiserver".into())
-}
-
-/// `create` of an `events.k8s.io` Event.
-fn is_event_create(r: &AuditRecord) -> bool {
-    r.verb == "create"
-        && r.object
-            .as_ref()
-            .is_some_and(|o| o.group == "events.k8s.io" && o.resource == "events")
-}
-
-/// A write of a Service's status subresource.
-fn is_status_write(r: &AuditRecord) -> bool {
-    matches!(r.verb.as_str(), "create" | "update" | "patch")
-        && r.object
-            .as_ref()
-            .is_some_and(|o| o.resource == "services" && o.subresource == "status")
 }
 
 // ---- the agent, over time --------------------------------------------------------------------
 
 /// `nodelb_status_writes_total{result="ok"}`.
 fn status_ok(metrics: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("nodelb_status_writes_total{result=\"ok\"} "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
-/// Polls `f` every `every` until it returns `Some`, for at most `timeout`.
-fn wait_until<T>(
-    what: &str,
-    timeout: Duration,
-    every: Duration,
-    mut f: impl FnMut() -> Res<Option<T>>,
-) -> Res<T> {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f()? {
-            return Ok(v);
-        }
-        if t0.elapsed() > timeout {
-            return Err(format!("{what}: not within {timeout:?}"));
-        }
-        std::thread::sleep(every);
-    }
+    metric_value(metrics, "nodelb_status_writes_total{result=\"ok\"}").unwrap_or(0.0)
 }
 
 /// Waits until node `i`'s agent answers `/readyz` with 200 and programs `n` Services;
@@ -892,7 +635,7 @@ fn wait_programmed(c: &mut Cluster, i: usize, n: usize, t0: Instant) -> Res<(Dur
         Duration::from_millis(50),
         || {
             Ok(
-                (metric_sum(&metrics(c, i)?, "nodelb_services_programmed") as usize == n)
+                (metric_sum(&c.try_metrics(i)?, "nodelb_services_programmed") as usize == n)
                     .then_some(()),
             )
         },
@@ -915,7 +658,7 @@ fn wait_quiet(c: &Cluster, i: usize, watch: Option<&KernelWatch>) -> Res<(f64, f
             ));
         }
         std::thread::sleep(Duration::from_millis(500));
-        let m = metrics(c, i)?;
+        let m = c.try_metrics(i)?;
         let now = (
             metric_sum(&m, "nodelb_status_writes_total") + 0.0,
             metric_sum(&m, "nodelb_syncs_total") + 0.0,
@@ -942,7 +685,7 @@ fn wait_status_written(c: &Cluster, i: usize, n: usize, ok_before: f64) -> Res<(
         &format!("node {i}'s agent writing {n} Services' status"),
         QUIET_TIMEOUT,
         Duration::from_millis(250),
-        || Ok((status_ok(&metrics(c, i)?) >= ok_before + n as f64).then_some(())),
+        || Ok((status_ok(&c.try_metrics(i)?) >= ok_before + n as f64).then_some(())),
     )?;
     wait_quiet(c, i, None).map(|_| ())
 }
@@ -991,7 +734,7 @@ struct TakeoverResult {
 fn run() -> Res<()> {
     let t_all = Instant::now();
     let cfg = config()?;
-    let bin = agent_binary()?;
+    let bin = release_agent_binary()?;
     println!(
         "nodelb event-to-kernel latency benchmark (release agent, real kube-apiserver with etcd, one node; a second for the takeover)"
     );
@@ -1271,7 +1014,14 @@ fn one_size(n: usize, follower: bool, takeover: Option<Takeover>, cfg: &Config) 
 
     // 1. Load.
     let t = Instant::now();
-    let mut slices = load(&c, &ns, &node, &ports, cfg.concurrency)?;
+    let mut slices = load(
+        &c,
+        &ns,
+        &ports,
+        ENDPOINTS,
+        &[node.as_str()],
+        cfg.concurrency,
+    )?;
     let load_time = t.elapsed();
     println!(
         "  load: {n} Services + {n} EndpointSlices created through the API in {:.1} s ({:.0} objects/s, {} requests in flight)",
@@ -1299,7 +1049,10 @@ fn one_size(n: usize, follower: bool, takeover: Option<Takeover>, cfg: &Config) 
         wait_status_written(&c, 0, n, 0.0)?;
     }
     let (writes, syncs, transactions) = wait_quiet(&c, 0, Some(&watch))?;
-    let (hwm_load, rss_load) = memory(pid)?;
+    let Memory {
+        hwm: hwm_load,
+        rss: rss_load,
+    } = memory(pid)?;
     println!(
         "  quiet after {:.1} s more (status writes {writes}, syncs {syncs}, transactions on nodelb's tables {transactions}); memory after the load: VmHWM {:.1} MiB, VmRSS {:.1} MiB",
         t.elapsed().as_secs_f64(),
@@ -1325,7 +1078,7 @@ fn one_size(n: usize, follower: bool, takeover: Option<Takeover>, cfg: &Config) 
     let t_latency = Instant::now();
     let slices_api: Api<EndpointSlice> = Api::namespaced(c.admin().clone(), &ns);
     let log_before = c.agent_log(0).len();
-    let m_before = metrics(&c, 0)?;
+    let m_before = c.try_metrics(0)?;
     let mut from_put = Vec::new();
     let mut from_accept = Vec::new();
     let mut put_rtt = Vec::new();
@@ -1404,7 +1157,7 @@ fn one_size(n: usize, follower: bool, takeover: Option<Takeover>, cfg: &Config) 
         let next = t_put + cfg.spacing;
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
     }
-    let m_after = metrics(&c, 0)?;
+    let m_after = c.try_metrics(0)?;
     phases.done(
         &format!("latency: {} samples (with checks)", cfg.samples),
         t_latency,
@@ -1424,7 +1177,7 @@ fn one_size(n: usize, follower: bool, takeover: Option<Takeover>, cfg: &Config) 
         .sh_ok("nft add chain ip nodelb bench-drift")
         .map_err(|e| format!("adding a foreign chain: {e}"))?;
     let t_drift = Instant::now();
-    while metric_sum(&metrics(&c, 0)?, "nodelb_drift_repairs_total") <= repairs_before {
+    while metric_sum(&c.try_metrics(0)?, "nodelb_drift_repairs_total") <= repairs_before {
         if t_drift.elapsed() > QUIET_TIMEOUT {
             return Err(format!(
                 "the agent did not repair drift within {QUIET_TIMEOUT:?}"
@@ -1452,7 +1205,7 @@ fn one_size(n: usize, follower: bool, takeover: Option<Takeover>, cfg: &Config) 
         "  drift (a foreign chain) repaired by a full replace within {:.0} ms (the agent's sync took {took})",
         ms(t_drift.elapsed())
     );
-    let (hwm, rss) = memory(pid)?;
+    let Memory { hwm, rss } = memory(pid)?;
 
     let elements = check_moved(c.node_ns(0), &ns, n, &ports, &moved)?;
     println!(
@@ -1603,7 +1356,7 @@ fn take_over(
     let src = |i: usize| IpAddr::V4(c.node_api_addr(i));
     let (src0, src1) = (src(0), src(1));
     let mark = audit(c)?.len();
-    let ok_before = status_ok(&metrics(c, 0)?);
+    let ok_before = status_ok(&c.try_metrics(0)?);
 
     // Node 1 joins. Serving, its heartbeat makes it a serving node, so the leader updates
     // every Service; excluded, nothing changes.
@@ -1640,17 +1393,17 @@ fn take_over(
         &format!("every Service to list {want:?}"),
         QUIET_TIMEOUT,
         Duration::from_secs(2),
-        || Ok((publishing(c, &ns, &want)? == n).then_some(())),
+        || Ok((c.services_publishing(&ns, &want)? == n).then_some(())),
     )?;
     let records = audit(c)?;
     let joined = &records[mark.min(records.len())..];
     let join_writes = joined
         .iter()
-        .filter(|r| r.source == src0 && is_status_write(r))
+        .filter(|r| r.source == src0 && AuditRecord::is_status_write(r))
         .count();
     let join_events = joined
         .iter()
-        .filter(|r| r.source == src0 && is_event_create(r))
+        .filter(|r| r.source == src0 && AuditRecord::is_event_create(r))
         .count();
     println!(
         "  every Service lists {want:?} {:.1} s after node 1's agent started: the leader wrote {join_writes} statuses and created {join_events} Events meanwhile",
@@ -1662,7 +1415,7 @@ fn take_over(
     // restart takes seconds, and a new process started at once could win the released Lease
     // back before the other agent's next retry.
     let t = Instant::now();
-    let holder_then = holder(c)?.unwrap_or_default();
+    let holder_then = c.status_holder()?.unwrap_or_default();
     if holder_then != old {
         return Err(format!(
             "nodelb-status is held by {holder_then:?}, expected node 0's agent {old}"
@@ -1676,8 +1429,8 @@ fn take_over(
         NODE_LEASE * 2,
         Duration::from_millis(100),
         || {
-            Ok((holder(c)?.as_deref() == Some(new.as_str())
-                && metric_sum(&metrics(c, 1)?, "nodelb_leader") == 1.0)
+            Ok((c.status_holder()?.as_deref() == Some(new.as_str())
+                && metric_sum(&c.try_metrics(1)?, "nodelb_leader") == 1.0)
                 .then_some(()))
         },
     )?;
@@ -1705,11 +1458,20 @@ fn take_over(
     let by_new: Vec<&AuditRecord> = after.iter().filter(|r| r.source == src1).collect();
     let service_events = by_new
         .iter()
-        .filter(|r| is_event_create(r) && r.object.as_ref().is_some_and(|o| o.namespace == ns))
+        .filter(|r| {
+            AuditRecord::is_event_create(r) && r.object.as_ref().is_some_and(|o| o.namespace == ns)
+        })
         .count();
-    let other_events = by_new.iter().filter(|r| is_event_create(r)).count() - service_events;
-    let status_writes = by_new.iter().filter(|r| is_status_write(r)).count();
-    let converged = publishing(c, &ns, &want)?;
+    let other_events = by_new
+        .iter()
+        .filter(|r| AuditRecord::is_event_create(r))
+        .count()
+        - service_events;
+    let status_writes = by_new
+        .iter()
+        .filter(|r| AuditRecord::is_status_write(r))
+        .count();
+    let converged = c.services_publishing(&ns, &want)?;
 
     // The new leader's Events, from the API.
     let events: Api<Event> = Api::namespaced(c.admin().clone(), &ns);

@@ -4,6 +4,9 @@
 //! 1. Full install of `bench_table(N, E)` into a fresh namespace per iteration:
 //!    - nodelb: encode (building the operations + `Batch::encode`) and commit (send + every
 //!      ACK) timed separately;
+//!    - each install starts once the machine is quiet (`bench::wait_quiet`): the kernel frees
+//!      a dropped namespace's tables in workers afterwards, which would otherwise run during
+//!      the next timed commit;
 //!    - `nft -f -` of `render_replace` of the same table, end to end (process spawn included),
 //!      spawned directly from a thread inside the namespace, and for reference once more
 //!      through `ip netns exec` (the `nft_f` helper), which adds that wrapper's cost.
@@ -19,7 +22,7 @@
 //! `NODELB_BENCH_ITERATIONS` (7). Needs root; without it prints SKIP and exits 0, or 1 when
 //! `CI=true`. Run: `cargo bench -p nodelb-integration --bench netfilter`.
 
-use nodelb_integration::bench::env_usize;
+use nodelb_integration::bench::{env_usize, wait_quiet};
 use nodelb_integration::commit::{edit_between, replace, sync};
 use nodelb_integration::models::{bench_table, move_bench_endpoint};
 use nodelb_integration::netns::Netns;
@@ -194,7 +197,8 @@ fn run() -> Res<()> {
     let mut nft_direct = Vec::new();
     let mut nft_exec = Vec::new();
     for i in 0..cfg.iterations {
-        // nodelb
+        // nodelb, once the kernel is done freeing the previous iteration's namespaces
+        wait_quiet()?;
         let ns = Netns::new("bench-nlb");
         let (e, c, bytes, msgs) = ns.run(|| -> Res<_> {
             let mut nft = Nft::open().map_err(|e| format!("Nft::open: {e}"))?;
@@ -224,7 +228,8 @@ fn run() -> Res<()> {
         com.push(c);
         tot.push(e + c);
 
-        // nft -f, spawned inside the namespace
+        // nft -f, spawned inside the namespace, likewise
+        wait_quiet()?;
         let ns = Netns::new("bench-nft");
         let d = ns.run(|| nft_file(&script))?;
         check_kernel(&ns, &table, "nft -f install", i == 0)?;
@@ -232,6 +237,7 @@ fn run() -> Res<()> {
         nft_direct.push(d);
 
         // nft -f through `ip netns exec` (the test helper)
+        wait_quiet()?;
         let ns = Netns::new("bench-nftx");
         let t0 = Instant::now();
         nft_f(&ns, &script).map_err(|e| format!("ip netns exec nft -f: {e}"))?;

@@ -37,14 +37,7 @@ spec:
 ";
 
 fn slice(c: &Cluster, backends: &[usize]) -> String {
-    let eps: Vec<_> = backends
-        .iter()
-        .map(|j| {
-            json!({"addresses": [c.backend_v4(*j).to_string()],
-                   "nodeName": c.node_name(c.backend_node(*j)),
-                   "conditions": {"ready": true}})
-        })
-        .collect();
+    let eps: Vec<_> = backends.iter().map(|j| c.endpoint_v4(*j, true)).collect();
     json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"name": "web-1", "labels": {"kubernetes.io/service-name": "web"}},

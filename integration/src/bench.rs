@@ -131,6 +131,39 @@ pub fn loadavg() -> String {
         .unwrap_or_else(|e| format!("? ({e})"))
 }
 
+/// Busy jiffies of all CPUs so far (user, nice, system, irq, softirq, steal: `/proc/stat`).
+fn busy_jiffies() -> Result<u64, String> {
+    let stat = std::fs::read_to_string("/proc/stat").map_err(|e| format!("/proc/stat: {e}"))?;
+    let line = stat.lines().next().unwrap_or_default();
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    if v.len() < 8 {
+        return Err(format!("/proc/stat: unexpected first line {line:?}"));
+    }
+    Ok(v[0] + v[1] + v[2] + v[5] + v[6] + v[7])
+}
+
+/// Waits, at most 5 s, until a 200 ms window sees at most 2 busy jiffies on the whole machine;
+/// says so when it does not. A network namespace just dropped has its tables freed by kernel
+/// workers afterwards (at 10,000 Services, about as long as their install took): a commit
+/// timed meanwhile would measure them too.
+pub fn wait_quiet() -> Result<(), String> {
+    let t0 = std::time::Instant::now();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    while t0.elapsed() < std::time::Duration::from_secs(5) {
+        let b0 = busy_jiffies()?;
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        if busy_jiffies()? - b0 <= 2 {
+            return Ok(());
+        }
+    }
+    println!("  (not quiet after 5 s)");
+    Ok(())
+}
+
 /// The standard output of `cmd args`, or a note of why it could not run (for the benches'
 /// headers: kernel, tool versions).
 pub fn command_output(cmd: &str, args: &[&str]) -> String {

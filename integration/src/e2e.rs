@@ -917,6 +917,13 @@ impl Cluster {
         api_net(i, 2)
     }
 
+    /// An IPv4 EndpointSlice's endpoint for backend `j`, on its node, ready or not.
+    pub fn endpoint_v4(&self, j: usize, ready: bool) -> Value {
+        json!({"addresses": [self.backend_v4(j).to_string()],
+               "nodeName": self.node_name(self.backend_node(j)),
+               "conditions": {"ready": ready}})
+    }
+
     pub fn backend_v4(&self, j: usize) -> Ipv4Addr {
         Ipv4Addr::new(198, 51, 100, (j * 16 + 2) as u8)
     }

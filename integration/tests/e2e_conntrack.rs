@@ -35,14 +35,7 @@ fn service(name: &str, protocol: &str, port: u16) -> String {
 
 /// The IPv4 EndpointSlice `<svc>-1`: port `p` → `BACKEND_PORT` on these backends.
 fn slice(c: &Cluster, svc: &str, protocol: &str, backends: &[usize]) -> String {
-    let eps: Vec<serde_json::Value> = backends
-        .iter()
-        .map(|j| {
-            json!({"addresses": [c.backend_v4(*j).to_string()],
-                   "nodeName": c.node_name(c.backend_node(*j)),
-                   "conditions": {"ready": true}})
-        })
-        .collect();
+    let eps: Vec<serde_json::Value> = backends.iter().map(|j| c.endpoint_v4(*j, true)).collect();
     json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"name": format!("{svc}-1"), "labels": {"kubernetes.io/service-name": svc}},

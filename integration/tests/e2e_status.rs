@@ -55,11 +55,7 @@ const STATUS_LEASE: &str = "nodelb-status";
 fn slice(c: &Cluster, svc: &str, endpoints: &[(usize, bool)]) -> Value {
     let eps: Vec<Value> = endpoints
         .iter()
-        .map(|(j, ready)| {
-            json!({"addresses": [c.backend_v4(*j).to_string()],
-                   "nodeName": c.node_name(c.backend_node(*j)),
-                   "conditions": {"ready": ready}})
-        })
+        .map(|(j, ready)| c.endpoint_v4(*j, *ready))
         .collect();
     json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",

@@ -285,6 +285,15 @@ impl Objects {
             .filter_map(|(k, e)| Some((k, e.service.as_deref()?)))
     }
 
+    /// The keys an index kept beside the objects brings up to date: the `dirty` Services, or
+    /// (`None`) every Service there is.
+    pub fn keys_to_update(&self, dirty: Option<&BTreeSet<ServiceKey>>) -> Vec<ServiceKey> {
+        match dirty {
+            Some(d) => d.iter().cloned().collect(),
+            None => self.services().map(|(k, _)| k.clone()).collect(),
+        }
+    }
+
     pub fn service(&self, key: &ServiceKey) -> Option<&Service> {
         self.entries.get(key)?.service.as_deref()
     }

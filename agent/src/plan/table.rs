@@ -3,16 +3,21 @@
 //! Shape (DESIGN.md, "Netfilter shape"):
 //! - `map services` (`addr . inet_proto . inet_service : verdict`) is the dispatch: nat
 //!   `prerouting` and `output` look up `daddr . l4proto . th dport` in it, so a packet's cost does
-//!   not grow with the number of Services. Each element jumps (`goto`) to the Service port's chain
-//!   `svc-<namespace>/<name>-<proto>-<port>`.
-//! - A Service port's chain drops clients outside `loadBalancerSourceRanges` (counted), then
-//!   either counts and goes to the shared chain `endpoints-N` for its endpoint count N, which
-//!   DNATs through `numgen random mod N` and the global `map endpoints` (`l4proto . th dport .
-//!   index : daddr . th dport`), or, for `Local` without a local endpoint, sends clients on the
-//!   node itself to the endpoints elsewhere (as kube-proxy does) and counts and drops the rest.
-//!   Only the `endpoints-N` chains refer to the endpoint map: the kernel walks a whole map each
-//!   time a new chain binds to it, so a DNAT rule per Service port would make a commit's cost
-//!   grow with Services times endpoints, where a few shared chains bind it a few times.
+//!   not grow with the number of Services. A plain Service port's element (no source ranges, no
+//!   affinity, endpoints to forward to) goes (`goto`) straight to the shared chain `endpoints-N`
+//!   for its endpoint count N, which DNATs through `numgen random mod N` and the global `map
+//!   endpoints` (`l4proto . th dport . index : daddr . th dport`). A chain per Service port
+//!   would cost the full install a third of its kernel time at 10,000 Services (the
+//!   `install_shapes` bench of `nodelb-integration`), for a new-connection count no metric
+//!   reads: the per-Service counters below count its traffic.
+//! - The other Service ports' elements go to the port's own chain
+//!   `svc-<namespace>/<name>-<proto>-<port>`, which drops clients outside
+//!   `loadBalancerSourceRanges` (counted), then either counts and goes to `endpoints-N`, or, for
+//!   `Local` without a local endpoint, sends clients on the node itself to the endpoints
+//!   elsewhere (as kube-proxy does) and counts and drops the rest. Only the `endpoints-N` chains
+//!   refer to the endpoint map: the kernel walks a whole map each time a new chain binds to it,
+//!   so a DNAT rule per Service port would make a commit's cost grow with Services times
+//!   endpoints, where a few shared chains bind it a few times.
 //! - `sessionAffinity: ClientIP` (as kube-proxy's nftables mode does it): each endpoint of
 //!   the Service port has a chain `ep-<namespace>/<name>-<proto>-<port>-<address>-<target
 //!   port>` that records the client in its own set `affinity-<same>` (`flags
@@ -390,7 +395,14 @@ pub fn add_port(part: &mut Part, family: IpFamily, p: &PortProgram<'_>) {
             }
         }
     };
-    let target = service_port_chain(part, &ip, p, &note, last);
+    let target = match last {
+        // Nothing to check first: the dispatch goes to the shared chain itself.
+        Last::Dnat(n) if p.source_ranges.is_none() => {
+            part.endpoint_chains.insert(n);
+            endpoint_chain_name(n)
+        }
+        last => service_port_chain(part, &ip, p, &note, last),
+    };
     for a in p.addresses {
         let key = service_key(*a, p.port);
         part.elements.insert(
@@ -668,8 +680,9 @@ pub fn skeleton(family: IpFamily, name: &str, local_addresses: &BTreeSet<IpAddr>
     let ip = IpHeader(family);
     let mut t = Table::new(family.netfilter(), name);
     t.add_set(
-        Set::map(SERVICES_MAP, ip.service_key_type(), MapData::Verdict)
-            .with_comment("node address . protocol . port: the Service port's chain"),
+        Set::map(SERVICES_MAP, ip.service_key_type(), MapData::Verdict).with_comment(
+            "node address . protocol . port: the Service port's chain, or endpoints-N",
+        ),
     );
     t.add_set(
         Set::map(

@@ -211,9 +211,8 @@ fn handled_when_class_is_nodelb() {
         .plan();
     assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
     assert!(
-        p.v4().contains(
-            "203.0.113.1 . tcp . 80 comment \"default/web:http\" : goto svc-default/web-tcp-80"
-        ),
+        p.v4()
+            .contains("203.0.113.1 . tcp . 80 comment \"default/web:http\" : goto endpoints-1"),
         "{}",
         p.v4()
     );
@@ -696,6 +695,51 @@ fn client_ip_affinity_keeps_a_client_on_its_endpoint() {
 }
 
 #[test]
+fn a_plain_service_port_dispatches_straight_to_the_shared_endpoint_chain() {
+    // No source ranges, no affinity, endpoints to forward to: no chain of its own, under
+    // either policy; its counter object and counter-map element stay.
+    for policy in [
+        "externalTrafficPolicy: Cluster",
+        "externalTrafficPolicy: Local",
+    ] {
+        let t = World::new()
+            .service(&web(policy))
+            .slice(&web_slice(
+                "web-1",
+                &["198.51.100.10 node-a", "198.51.100.11 node-a"],
+            ))
+            .plan()
+            .v4();
+        let dispatch = set_block(&t, "services");
+        assert!(
+            dispatch
+                .contains("203.0.113.1 . tcp . 80 comment \"default/web:http\" : goto endpoints-2"),
+            "{policy}: {t}"
+        );
+        assert!(!t.contains("chain svc-"), "{policy}: {t}");
+        assert!(t.contains("counter svc/default/web/http"), "{policy}: {t}");
+        assert!(
+            set_block(&t, "svc-counters").contains(": \"svc/default/web/http\""),
+            "{policy}: {t}"
+        );
+    }
+    // With source ranges the port keeps its chain: the check comes before the pick.
+    let t = World::new()
+        .service(&web("loadBalancerSourceRanges: [\"192.0.2.0/24\"]"))
+        .slice(&web_slice("web-1", &["198.51.100.10", "198.51.100.11"]))
+        .plan()
+        .v4();
+    assert!(
+        set_block(&t, "services").contains(": goto svc-default/web-tcp-80"),
+        "{t}"
+    );
+    assert!(
+        chain_block(&t, "svc-default/web-tcp-80").contains("goto endpoints-2"),
+        "{t}"
+    );
+}
+
+#[test]
 fn services_without_affinity_keep_the_shared_endpoint_chains() {
     let plain = World::new()
         .service(&web(""))
@@ -710,7 +754,7 @@ fn services_without_affinity_keep_the_shared_endpoint_chains() {
         assert!(!t.contains(absent), "{absent} in\n{t}");
     }
     assert!(
-        chain_block(&t, "svc-default/web-tcp-80").contains("goto endpoints-2"),
+        set_block(&t, "services").contains(": goto endpoints-2"),
         "{t}"
     );
     // Beside an affinity Service, a plain one keeps that shape.
@@ -732,10 +776,12 @@ fn services_without_affinity_keep_the_shared_endpoint_chains() {
         ))
         .plan()
         .v4();
-    assert_eq!(
-        chain_block(&mixed, "svc-default/web-tcp-80"),
-        chain_block(&t, "svc-default/web-tcp-80")
+    assert!(
+        set_block(&mixed, "services")
+            .contains("tcp . 80 comment \"default/web:http\" : goto endpoints-2"),
+        "{mixed}"
     );
+    assert!(!mixed.contains("chain svc-default/web-tcp-80"), "{mixed}");
     assert_eq!(
         chain_block(&mixed, "endpoints-2"),
         chain_block(&t, "endpoints-2")

@@ -170,13 +170,10 @@ impl Read {
         dirty: Option<&BTreeSet<ServiceKey>>,
         handled: impl Fn(&Service) -> bool,
     ) {
-        let keys: Vec<ServiceKey> = match dirty {
-            Some(d) => d.iter().cloned().collect(),
-            None => {
-                *self = Read::default();
-                objects.services().map(|(k, _)| k.clone()).collect()
-            }
-        };
+        if dirty.is_none() {
+            *self = Read::default();
+        }
+        let keys = objects.keys_to_update(dirty);
         for key in keys {
             let svc = objects.service(&key);
             let selector = svc

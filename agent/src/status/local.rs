@@ -96,13 +96,10 @@ impl LocalIndex {
         dirty: Option<&BTreeSet<ServiceKey>>,
         handled: impl Fn(&Service) -> bool,
     ) {
-        let keys: Vec<ServiceKey> = match dirty {
-            Some(d) => d.iter().cloned().collect(),
-            None => {
-                self.services.clear();
-                objects.services().map(|(k, _)| k.clone()).collect()
-            }
-        };
+        if dirty.is_none() {
+            self.services.clear();
+        }
+        let keys = objects.keys_to_update(dirty);
         for key in keys {
             let entry = objects
                 .service(&key)

@@ -11,7 +11,7 @@ use super::condition;
 use super::local::LocalEndpoints;
 use super::NodeProcess;
 use crate::plan::conflicts::Slot;
-use crate::plan::diagnosis::{FamilyState, PortResult, ServiceOutcome};
+use crate::plan::diagnosis::{FamilyState, NotServed, PortResult, ServiceOutcome};
 use crate::plan::service::TrafficPolicy;
 use crate::vocab::{IpFamily, Listener, Protocol, ServiceKey, ServicePortId};
 use std::collections::{BTreeMap, BTreeSet};
@@ -87,6 +87,9 @@ struct Verdict {
     other: Option<String>,
     namespace_denied: bool,
     invalid: bool,
+    /// They carry the exclusion label: no Service's candidates, so the condition neither
+    /// counts nor names them (a node joining excluded rewrites no status).
+    excluded: bool,
 }
 
 /// Why candidates with the same outcome do not serve a Service.
@@ -184,6 +187,9 @@ impl Observed<'_> {
             }
         }
         let seen = &mut self.gathered.condition;
+        if v.excluded {
+            seen.candidates -= count;
+        }
         if !v.serving.is_empty() {
             seen.serving += count;
         }
@@ -194,6 +200,7 @@ impl Observed<'_> {
         let name = |i: usize| classes.name(i);
         let process = |i: usize, slot: Slot| classes.candidates[i].blocked.process(&slot);
         match &v.why_not {
+            _ if v.excluded => {}
             Some(Why::Said(why)) => seen.why_not.add(group.nodes().map(name), count, why),
             Some(Why::InUse {
                 family,
@@ -279,6 +286,10 @@ fn verdict(
         }
         ServiceOutcome::NamespaceNotAllowed => v.namespace_denied = true,
         ServiceOutcome::InvalidName | ServiceOutcome::NoValidPorts => v.invalid = true,
+        o @ ServiceOutcome::NotServed(NotServed::ExcludedByLabel) => {
+            v.excluded = true;
+            v.other = Some(o.to_string());
+        }
         o => {
             let why = o.to_string();
             v.why_not = Some(Why::Said(why.clone()));

@@ -7,7 +7,7 @@
 use super::classes::{self, Candidate};
 use super::observed::{self, Gathered};
 use super::{heartbeat::Heartbeat, published, Desired, Found, StatusConfig};
-use crate::plan::diagnosis::{FamilyState, PortOutcome, PortResult, ServiceOutcome};
+use crate::plan::diagnosis::{FamilyState, NotServed, PortOutcome, PortResult, ServiceOutcome};
 use crate::plan::service::{self, TrafficPolicy};
 use crate::plan::{Objects, Planner};
 use crate::vocab::{IpFamily, ServiceKey};
@@ -140,6 +140,11 @@ impl PerNode {
             ServiceOutcome::NamespaceNotAllowed => self.gathered.condition.namespace_denied = true,
             ServiceOutcome::InvalidName | ServiceOutcome::NoValidPorts => {
                 self.gathered.condition.invalid = true
+            }
+            // Excluded nodes are no Service's candidates: neither counted nor named.
+            o @ ServiceOutcome::NotServed(NotServed::ExcludedByLabel) => {
+                self.gathered.other.insert(o.to_string());
+                self.gathered.condition.candidates -= 1;
             }
             o => {
                 self.gathered.other.insert(o.to_string());

@@ -257,6 +257,45 @@ fn node_selector_and_exclusion_label_limit_serving_nodes() {
 }
 
 #[test]
+fn a_node_joining_excluded_changes_no_status() {
+    let mut w = World::two_nodes()
+        .service(svc("web", "2024-01-01T00:00:00Z", 80, none()))
+        .slice(slice("web", &[("198.51.100.20", "node-a")]));
+    let before = w.compute()[&ServiceKey::new("default", "web")].clone();
+    assert_eq!(before.serving.message, "served on 2 of 2 nodes");
+    w.nodes.push(node(
+        "node-c",
+        &[("InternalIP", "203.0.113.11")],
+        &[(
+            "node.kubernetes.io/exclude-from-external-load-balancers",
+            "",
+        )],
+    ));
+    w.leases.push(beat("node-c", 1, "IPv4,IPv6"));
+    // Neither counted nor named: the condition, like the ingress, is what it was.
+    assert_eq!(w.compute()[&ServiceKey::new("default", "web")], before);
+    // Every node excluded: none serves, and the condition says why.
+    for n in &mut w.nodes {
+        n.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(
+                "node.kubernetes.io/exclude-from-external-load-balancers".into(),
+                String::new(),
+            );
+    }
+    let d = &w.compute()[&ServiceKey::new("default", "web")];
+    assert!(d.ingress.is_empty());
+    assert!(
+        d.serving
+            .message
+            .contains("excluded from external load balancers"),
+        "{}",
+        d.serving.message
+    );
+}
+
+#[test]
 fn local_policy_publishes_only_nodes_with_a_ready_endpoint_and_follows_it() {
     let local = serde_json::json!({"externalTrafficPolicy": "Local"});
     let w = World::two_nodes()

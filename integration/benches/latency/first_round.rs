@@ -187,7 +187,7 @@ pub(crate) fn first_round(n: usize, cfg: &Config, phases: &mut Phases) -> Res<Ro
     for i in 0..2 {
         wait_quiet(&c, i, None)?;
     }
-    let after = [metrics(&c, 0)?, metrics(&c, 1)?];
+    let after = [c.try_metrics(0)?, c.try_metrics(1)?];
     drop(watches);
     for i in 0..2 {
         let listed = check_moved(c.node_ns(i), &ns, n, &ports, &sampled.moved)?;
@@ -245,7 +245,14 @@ fn set_up(n: usize, cfg: &Config, phases: &mut Phases) -> Res<Setup> {
 
     let t = Instant::now();
     let node0 = c.node_name(0).to_string();
-    let slices = load(&c, &ns, &node0, &ports, cfg.concurrency)?;
+    let slices = load(
+        &c,
+        &ns,
+        &ports,
+        ENDPOINTS,
+        &[node0.as_str()],
+        cfg.concurrency,
+    )?;
     println!(
         "  load: {n} Services + {n} EndpointSlices in {:.1} s",
         t.elapsed().as_secs_f64()
@@ -309,7 +316,7 @@ fn start_followers(s: &mut Setup, n: usize, t: Instant) -> Res<()> {
 /// then PUTs EndpointSlice changes, timed to each node's kernel, until the new leader's log
 /// says it wrote every status.
 fn sample_round(s: &mut Setup, n: usize, cfg: &Config) -> Res<Sampled> {
-    let before = [metrics(&s.c, 0)?, metrics(&s.c, 1)?];
+    let before = [s.c.try_metrics(0)?, s.c.try_metrics(1)?];
     let log_at = [s.c.agent_log(0).len(), s.c.agent_log(1).len()];
     s.renewer.abort();
     let released_wall = Timestamp::now();
@@ -333,7 +340,7 @@ fn sample_round(s: &mut Setup, n: usize, cfg: &Config) -> Res<Sampled> {
         if Instant::now() >= next_poll {
             next_poll = Instant::now() + ROUND_POLL;
             if leader.is_none() {
-                let h = holder(&s.c)?.unwrap_or_default();
+                let h = s.c.status_holder()?.unwrap_or_default();
                 leader = pods
                     .iter()
                     .position(|p| *p == h)
@@ -422,9 +429,9 @@ fn leader_requests(
             .filter_map(|r| stamp(&r.time))
             .collect()
     };
-    let writes = times(&is_status_write);
+    let writes = times(&AuditRecord::is_status_write);
     let events =
-        times(&|r| is_event_create(r) && r.object.as_ref().is_some_and(|o| o.namespace == ns));
+        times(&|r| r.is_event_create() && r.object.as_ref().is_some_and(|o| o.namespace == ns));
     Ok((writes, events))
 }
 
