@@ -17,7 +17,7 @@
 //! `CI=true`. Run: `cargo bench -p nodelb-integration --bench affinity`.
 
 use nodelb_agent::plan::{Context, Objects, Planner, TableChange};
-use nodelb_integration::bench::env_usize;
+use nodelb_integration::bench::{env_usize, goal};
 use nodelb_integration::models::{bench_objects_with, bench_planner, bench_slice};
 use nodelb_integration::netns::Netns;
 use nodelb_netfilter::{Commit, Committer, Drift, Nft, Table};
@@ -132,7 +132,6 @@ fn run() -> Res<()> {
     );
     println!();
     println!("Goals (medians; a MISS is reported, not failed)");
-    let goal = |ok: bool| if ok { "PASS" } else { "MISS" };
     for (name, s) in [("plain", &plain), ("ClientIP", &sticky)] {
         println!(
             "  {} {name}: full install {n}x{eps} < {GOAL_INSTALL_MS:.0} ms: {:.1} ms",

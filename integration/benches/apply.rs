@@ -22,7 +22,7 @@
 //! built when missing). Needs root; without it prints SKIP and exits 0, or 1 when `CI=true`.
 //! Run: `cargo bench -p nodelb-integration --bench apply`.
 
-use nodelb_integration::bench::env_usize;
+use nodelb_integration::bench::{env_usize, goal};
 use nodelb_integration::e2e::agent_binary;
 use nodelb_integration::models::{bench_objects, BENCH_NODE_ADDRESS};
 use nodelb_integration::netns::{bench_main, Netns};
@@ -303,20 +303,19 @@ fn report(file: &str, services: usize, endpoints: usize, nodelb: Run, nft: Run) 
         "bench apply services={services} endpoints={endpoints} file={file} nodelb_ms={:.0} nodelb_peak_rss_mib={:.1} nft_ms={:.0} nft_peak_rss_mib={:.1}",
         nodelb.ms, nodelb.peak_rss_mib, nft.ms, nft.peak_rss_mib
     );
-    let verdict = |ok: bool| if ok { "PASS" } else { "MISS" };
     println!(
         "  {} apply ({file}) under {GOAL_MS:.0} ms: {:.0} ms",
-        verdict(nodelb.ms < GOAL_MS),
+        goal(nodelb.ms < GOAL_MS),
         nodelb.ms
     );
     println!(
         "  {} apply ({file}) under {GOAL_PEAK_RSS_MIB:.0} MiB peak RSS: {:.1} MiB",
-        verdict(nodelb.peak_rss_mib < GOAL_PEAK_RSS_MIB),
+        goal(nodelb.peak_rss_mib < GOAL_PEAK_RSS_MIB),
         nodelb.peak_rss_mib
     );
     println!(
         "  {} apply ({file}) not slower than nft -f: {:.0} ms against {:.0} ms",
-        verdict(nodelb.ms <= nft.ms),
+        goal(nodelb.ms <= nft.ms),
         nodelb.ms,
         nft.ms
     );

@@ -91,7 +91,7 @@ use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use nix::sys::signal::Signal;
 use nodelb_agent::vocab::IpFamily;
 use nodelb_integration::bench::{
-    env_usize, memory, mib, ms, release_agent_binary, wait_until, Memory, Stats,
+    env_usize, goal, memory, mib, ms, release_agent_binary, wait_until, Memory, Stats,
 };
 use nodelb_integration::control_plane::AuditRecord;
 use nodelb_integration::e2e::{
@@ -858,7 +858,6 @@ fn run() -> Res<()> {
 
     println!();
     println!("Goals (a MISS is reported, not failed), against kube-apiserver {version}");
-    let goal = |ok: bool| if ok { "PASS" } else { "MISS" };
     // Judged on the leader: every cluster has one, and the goal holds for every node.
     match results
         .iter()

@@ -22,7 +22,7 @@
 //! `NODELB_BENCH_ITERATIONS` (7). Needs root; without it prints SKIP and exits 0, or 1 when
 //! `CI=true`. Run: `cargo bench -p nodelb-integration --bench netfilter`.
 
-use nodelb_integration::bench::{env_usize, wait_quiet};
+use nodelb_integration::bench::{env_usize, goal, wait_quiet};
 use nodelb_integration::commit::{edit_between, replace, sync};
 use nodelb_integration::models::{bench_table, move_bench_endpoint};
 use nodelb_integration::netns::Netns;
@@ -384,7 +384,6 @@ fn run() -> Res<()> {
     let (sync_wall, sync_ec) = sync_at_n.expect("measured");
     println!();
     println!("Goals (medians; a MISS is reported, not failed)");
-    let goal = |ok: bool| if ok { "PASS" } else { "MISS" };
     println!(
         "  {} full install {n}x{eps}, nodelb encode+commit < {GOAL_INSTALL_MS:.0} ms: {:.1} ms",
         goal(install_total.median < GOAL_INSTALL_MS),

@@ -43,7 +43,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, PostParams};
 use nix::sys::signal::Signal;
 use nodelb_integration::bench::{
-    command_output, env_usize, loadavg, memory, mib, ms, release_agent_binary, stats, tail,
+    command_output, env_usize, goal, loadavg, memory, mib, ms, release_agent_binary, stats, tail,
     wait_until, Memory, Stats,
 };
 use nodelb_integration::control_plane::AuditRecord;
@@ -954,14 +954,6 @@ fn warnings(log: &str, from: usize) -> (usize, Vec<String>) {
 }
 
 // ---- printing ------------------------------------------------------------------------------
-
-fn goal(ok: bool) -> &'static str {
-    if ok {
-        "PASS"
-    } else {
-        "MISS"
-    }
-}
 
 fn growth(a: &AgentReport) -> Option<f64> {
     let (_, m1) = a.minute1?;

@@ -17,6 +17,15 @@ pub fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// How a bench prints a result against its goal: `PASS`, or `MISS` (reported, never failed).
+pub fn goal(ok: bool) -> &'static str {
+    if ok {
+        "PASS"
+    } else {
+        "MISS"
+    }
+}
+
 /// KiB as MiB.
 pub fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0

@@ -320,7 +320,7 @@ fn a_listener_that_starts_after_the_service_takes_the_port_back() {
         "measured: a listener that started after the Service took its port back in {:.2} s (goal {} s): {}",
         took.as_secs_f64(),
         TAKE_BACK_GOAL.as_secs(),
-        if took < TAKE_BACK_GOAL { "PASS" } else { "MISS" }
+        nodelb_integration::bench::goal(took < TAKE_BACK_GOAL)
     );
     let dropped = wait_ips(&c, "late", std::slice::from_ref(&b), CHANGE);
     println!(
@@ -406,7 +406,7 @@ fn a_udp_listener_that_starts_after_the_service_takes_the_flows_already_forwarde
         "measured: a UDP listener that started after the Service took a flow on {endpoint} already forwarded in {:.2} s (goal {} s): {}",
         took.as_secs_f64(),
         TAKE_BACK_GOAL.as_secs(),
-        if took < TAKE_BACK_GOAL { "PASS" } else { "MISS" }
+        nodelb_integration::bench::goal(took < TAKE_BACK_GOAL)
     );
     // From then on only socat answers the flow.
     std::thread::sleep(Duration::from_secs(1));
