@@ -320,15 +320,25 @@ impl Objects {
 
     /// The Services changed after `version`; `None` when everything was replaced since.
     pub fn changed_since(&self, version: u64) -> Option<BTreeSet<ServiceKey>> {
+        Some(
+            self.entries_changed_since(version)?
+                .map(|(k, _)| k.clone())
+                .collect(),
+        )
+    }
+
+    /// The entries changed after `version`; `None` when everything was replaced since.
+    fn entries_changed_since(
+        &self,
+        version: u64,
+    ) -> Option<impl Iterator<Item = (&ServiceKey, &Entry)>> {
         if self.replaced > version {
             return None;
         }
         Some(
             self.entries
                 .iter()
-                .filter(|(_, e)| e.changed > version)
-                .map(|(k, _)| k.clone())
-                .collect(),
+                .filter(move |(_, e)| e.changed > version),
         )
     }
 
@@ -337,28 +347,28 @@ impl Objects {
     /// changes (see [`Service::plans_like`]) and no slice changed. A planner can then keep
     /// these instead, so the versions the status writes replaced are freed.
     pub fn plans_like(&self, before: &Objects) -> bool {
-        if self.replaced > before.version || before.version > self.version {
+        if before.version > self.version {
             return false;
         }
-        self.entries
-            .iter()
-            .filter(|(_, e)| e.changed > before.version)
-            .all(|(k, now)| {
-                let Some(was) = before.entries.get(k) else {
-                    return now.is_empty();
-                };
-                let same_slices = now.slices.len() == was.slices.len()
-                    && now
-                        .slices
-                        .iter()
-                        .zip(&was.slices)
-                        .all(|(a, b)| Arc::ptr_eq(a, b));
-                same_slices
-                    && match (&now.service, &was.service) {
-                        (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a.plans_like(b),
-                        (a, b) => a.is_none() && b.is_none(),
-                    }
-            })
+        let Some(mut changed) = self.entries_changed_since(before.version) else {
+            return false;
+        };
+        changed.all(|(k, now)| {
+            let Some(was) = before.entries.get(k) else {
+                return now.is_empty();
+            };
+            let same_slices = now.slices.len() == was.slices.len()
+                && now
+                    .slices
+                    .iter()
+                    .zip(&was.slices)
+                    .all(|(a, b)| Arc::ptr_eq(a, b));
+            same_slices
+                && match (&now.service, &was.service) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a.plans_like(b),
+                    (a, b) => a.is_none() && b.is_none(),
+                }
+        })
     }
 
     /// The entry of a key, which changes now.
