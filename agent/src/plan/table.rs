@@ -7,7 +7,7 @@
 //!   affinity, endpoints to forward to) goes (`goto`) straight to the shared chain `endpoints-N`
 //!   for its endpoint count N, which DNATs through `numgen random mod N` and the global `map
 //!   endpoints` (`l4proto . th dport . index : daddr . th dport`). A chain per Service port
-//!   would cost the full install a third of its kernel time at 10,000 Services (the
+//!   would cost the full install about 40% of its kernel time at 10,000 Services (the
 //!   `install_shapes` bench of `nodelb-integration`), for a new-connection count no metric
 //!   reads: the per-Service counters below count its traffic.
 //! - The other Service ports' elements go to the port's own chain

@@ -200,7 +200,6 @@ impl Observed<'_> {
         let name = |i: usize| classes.name(i);
         let process = |i: usize, slot: Slot| classes.candidates[i].blocked.process(&slot);
         match &v.why_not {
-            _ if v.excluded => {}
             Some(Why::Said(why)) => seen.why_not.add(group.nodes().map(name), count, why),
             Some(Why::InUse {
                 family,
