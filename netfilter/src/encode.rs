@@ -76,7 +76,7 @@ pub struct EncodeError {
 
 /// An encoded batch, ready to send.
 pub struct Batch {
-    buf: Vec<u8>,
+    buf: sys::BatchBuf,
     first_seq: u32,
     next_seq: u32,
     /// What each message creates, deletes or flushes, as errors name it ("add chain ip nodelb
@@ -90,7 +90,7 @@ pub struct Batch {
 impl Batch {
     pub fn new(first_seq: u32) -> Batch {
         let mut b = Batch {
-            buf: Vec::with_capacity(64 * 1024),
+            buf: sys::BatchBuf::default(),
             first_seq,
             next_seq: first_seq + 1,
             descriptions: String::new(),
@@ -143,12 +143,15 @@ impl Batch {
         }
         let mut b = Batch::new(first_seq);
         // Declarations first (table, counters, chains, sets), then the rules, then the
-        // elements, as `full_replace` orders them; what was encoded is dropped on the way.
-        for t in &tables {
-            for op in crate::ops::full_replace(t) {
+        // elements, as `full_replace` orders them; what was encoded is dropped on the way
+        // (the counter objects once declared: nothing after uses them).
+        for t in tables.iter_mut() {
+            for op in crate::ops::replace_ops(t) {
                 b.push_op(&op)?;
             }
+            t.counters = BTreeMap::new();
         }
+        freed();
         let mut dropped = 0;
         for (i, chain, rs) in rules {
             let table = TableRef::of(&tables[i]);
@@ -204,8 +207,9 @@ impl Batch {
         self.next_seq += 1;
     }
 
-    pub fn bytes(&self) -> &[u8] {
-        &self.buf
+    /// The bytes to send, in pieces (see [`sys::BatchBuf`]).
+    pub fn pieces(&self) -> &[Vec<u8>] {
+        self.buf.pieces()
     }
 
     pub fn len(&self) -> usize {

@@ -47,52 +47,59 @@ pub enum Op<'a> {
 
 /// Operations that create the table's whole content, in an order the kernel accepts:
 /// chains before the elements and rules that jump to them, counters and sets before the
-/// elements and rules that use them.
-fn create_content<'a>(t: &'a Table, ops: &mut Vec<Op<'a>>) {
+/// elements and rules that use them. One at a time, as they are taken: a list of them all
+/// would hold an operation per counter, thousands in a large table.
+fn create_content(t: &Table) -> impl Iterator<Item = Op<'_>> {
     let tr = TableRef::of(t);
-    for c in t.counters.values() {
-        ops.push(Op::AddCounter(tr.clone(), c));
-    }
-    for c in t.chains.values() {
-        ops.push(Op::AddChain(tr.clone(), c));
-    }
-    for s in t.sets.values() {
-        ops.push(Op::AddSet(tr.clone(), s));
-        if !s.elements.is_empty() {
-            ops.push(Op::AddElems {
+    let counters = {
+        let tr = tr.clone();
+        t.counters
+            .values()
+            .map(move |c| Op::AddCounter(tr.clone(), c))
+    };
+    let chains = {
+        let tr = tr.clone();
+        t.chains.values().map(move |c| Op::AddChain(tr.clone(), c))
+    };
+    let sets = {
+        let tr = tr.clone();
+        t.sets.values().flat_map(move |s| {
+            let elems = (!s.elements.is_empty()).then(|| Op::AddElems {
                 table: tr.clone(),
                 set: s,
                 elems: s.elements.iter().collect(),
             });
-        }
-    }
-    for c in t.chains.values() {
-        push_rules(&tr, c, ops);
-    }
-}
-
-fn push_rules<'a>(tr: &TableRef, c: &'a Chain, ops: &mut Vec<Op<'a>>) {
-    for (i, r) in c.rules.iter().enumerate() {
-        ops.push(Op::AddRule {
+            std::iter::once(Op::AddSet(tr.clone(), s)).chain(elems)
+        })
+    };
+    let rules = t.chains.values().flat_map(move |c| {
+        let tr = tr.clone();
+        c.rules.iter().enumerate().map(move |(i, r)| Op::AddRule {
             table: tr.clone(),
             chain: &c.name,
             index: i,
             rule: r,
-        });
-    }
+        })
+    });
+    counters.chain(chains).chain(sets).chain(rules)
 }
 
 /// Atomically replace the table, whether or not it exists: `add table` first, so the
 /// `delete table` that follows cannot fail, then everything anew.
 pub fn full_replace(t: &Table) -> Vec<Op<'_>> {
+    replace_ops(t).collect()
+}
+
+/// [`full_replace`]'s operations, one at a time.
+pub fn replace_ops(t: &Table) -> impl Iterator<Item = Op<'_>> {
     let tr = TableRef::of(t);
-    let mut ops = vec![
+    [
         Op::AddTable(tr.clone()),
         Op::DelTable(tr.clone()),
         Op::AddTable(tr),
-    ];
-    create_content(t, &mut ops);
-    ops
+    ]
+    .into_iter()
+    .chain(create_content(t))
 }
 
 /// Delete the table if it exists (the same `add` then `delete` trick).

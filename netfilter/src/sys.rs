@@ -310,9 +310,44 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; max_msg_size()]);
 }
 
+/// A batch's bytes, in pieces sent together (`sendmsg` with one iovec per piece): a piece is
+/// small enough for the allocator to take from its heap, where a full replace has just freed
+/// the tables it encodes, instead of a fresh mapping that grows by doubling beside them.
+/// Messages never straddle pieces.
+#[derive(Default)]
+pub struct BatchBuf {
+    pieces: Vec<Vec<u8>>,
+}
+
+impl BatchBuf {
+    /// Under glibc's mmap threshold as the agent sets it (128 KiB), and a few times the
+    /// largest message of elements (48 KiB), so pieces end nearly full.
+    const PIECE: usize = 120 * 1024;
+
+    /// The piece to append `n` bytes to: the last one if they fit, else a new one.
+    fn room(&mut self, n: usize) -> &mut Vec<u8> {
+        let fits = self
+            .pieces
+            .last()
+            .is_some_and(|p| p.capacity() - p.len() >= n);
+        if !fits {
+            self.pieces.push(Vec::with_capacity(n.max(Self::PIECE)));
+        }
+        self.pieces.last_mut().expect("a piece was just pushed")
+    }
+
+    pub fn len(&self) -> usize {
+        self.pieces.iter().map(Vec::len).sum()
+    }
+
+    pub fn pieces(&self) -> &[Vec<u8>] {
+        &self.pieces
+    }
+}
+
 /// Append one netlink message to `buf`: header (`nftnl_nlmsg_build_hdr`) and payload.
 pub fn append_msg(
-    buf: &mut Vec<u8>,
+    buf: &mut BatchBuf,
     msg_type: u16,
     family: u8,
     flags: u16,
@@ -335,25 +370,27 @@ pub fn append_msg(
             let len = (*nlh).nlmsg_len as usize;
             assert!(len <= scratch.len(), "libnftnl wrote a {len}-byte message");
             let padded = align4(len);
-            buf.extend_from_slice(&scratch[..len]);
-            buf.resize(buf.len() + padded - len, 0);
+            let piece = buf.room(padded);
+            piece.extend_from_slice(&scratch[..len]);
+            piece.resize(piece.len() + padded - len, 0);
         }
     })
 }
 
 /// Append a batch begin or end marker.
-pub fn append_batch_marker(buf: &mut Vec<u8>, begin: bool, seq: u32) {
-    let start = buf.len();
-    buf.resize(start + 64, 0);
+pub fn append_batch_marker(buf: &mut BatchBuf, begin: bool, seq: u32) {
+    let piece = buf.room(64);
+    let start = piece.len();
+    piece.resize(start + 64, 0);
     unsafe {
-        let at = buf.as_mut_ptr().add(start) as *mut c_char;
+        let at = piece.as_mut_ptr().add(start) as *mut c_char;
         let nlh = if begin {
             sys::nftnl_batch_begin(at, seq)
         } else {
             sys::nftnl_batch_end(at, seq)
         };
         let len = (*nlh).nlmsg_len as usize;
-        buf.truncate(start + align4(len));
+        piece.truncate(start + align4(len));
     }
 }
 

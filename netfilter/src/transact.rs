@@ -132,6 +132,38 @@ pub(crate) fn open_socket() -> Result<mnl::Socket, Error> {
     Ok(sock)
 }
 
+/// Send a batch's pieces to the kernel as one netlink datagram (one `sendmsg`, an iovec per
+/// piece): the kernel reads a batch from one datagram.
+fn send_pieces(fd: RawFd, pieces: &[Vec<u8>]) -> io::Result<usize> {
+    let mut iov: Vec<libc::iovec> = pieces
+        .iter()
+        .map(|p| libc::iovec {
+            iov_base: p.as_ptr() as *mut libc::c_void,
+            iov_len: p.len(),
+        })
+        .collect();
+    // SAFETY: an all-zero sockaddr_nl is valid; the family makes it the kernel's address.
+    let mut kernel: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    kernel.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    // SAFETY: as above for msghdr; every pointer set below outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = &mut kernel as *mut libc::sockaddr_nl as *mut libc::c_void;
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t;
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = iov.len();
+    loop {
+        // SAFETY: `msg` points at live buffers only read by the kernel.
+        let n = unsafe { libc::sendmsg(fd, &msg, 0) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 pub(crate) fn mnl_fd(sock: &mnl::Socket) -> RawFd {
     unsafe { mnl::mnl_sys::mnl_socket_get_fd(sock.as_raw_socket()) }
 }
@@ -303,14 +335,12 @@ impl Nft {
         if batch.is_empty() {
             return Ok(CommitStats::default());
         }
-        let bytes = batch.bytes();
-        let sent = self.sock.send(bytes).map_err(|source| Error::Send {
-            bytes: bytes.len(),
-            source,
-        })?;
-        if sent != bytes.len() {
+        let bytes = batch.len();
+        let sent = send_pieces(mnl_fd(&self.sock), batch.pieces())
+            .map_err(|source| Error::Send { bytes, source })?;
+        if sent != bytes {
             return Err(Error::Send {
-                bytes: bytes.len(),
+                bytes,
                 source: io::Error::other(format!("only {sent} bytes sent")),
             });
         }
@@ -363,7 +393,7 @@ impl Nft {
         }
         Ok(CommitStats {
             messages: batch.message_count(),
-            bytes: bytes.len(),
+            bytes,
             encode: Duration::ZERO,
             commit: t0.elapsed(),
         })
