@@ -14,6 +14,7 @@ pub mod kube;
 pub mod metrics;
 pub mod object_files;
 pub mod oneshot;
+pub mod packed;
 pub mod plan;
 pub mod run;
 pub mod status;

@@ -73,6 +73,9 @@ struct Written {
     resource_version: Option<Str>,
 }
 
+/// A round that looked at this many Services rebuilds `Memory::written` packed.
+const PACK_AFTER: usize = 1000;
+
 /// What the leader remembers between rounds (lost on failover; the stored status and the
 /// field ownership are what a new leader starts from).
 #[derive(Default)]
@@ -229,6 +232,10 @@ impl StatusWriter {
                 memory.status.follow(&now);
             }
             self.settle(memory, &now, key, ip_mode, recorder).await;
+        }
+        if keys.len() >= PACK_AFTER {
+            // A long round wrote in key order: half-full nodes (see `packed`).
+            crate::packed::repack(&mut memory.written);
         }
     }
 

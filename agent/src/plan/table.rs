@@ -53,6 +53,7 @@
 
 use super::endpoints::Endpoint;
 use super::service::{Cidr, ClientIpAffinity, TrafficPolicy};
+use crate::packed::Packed;
 use crate::vocab::IpFamily;
 use crate::vocab::{Protocol, ServiceKey, ServicePortId};
 use nodelb_netfilter::{
@@ -813,49 +814,6 @@ impl Assembly {
     }
 }
 
-/// A map filled in any order of its keys that ends with full nodes: insertions are gathered
-/// in a short list, which is sorted and merged in ([`BTreeMap::append`] builds the merged
-/// tree packed, freeing the old one's nodes as it goes) each time it is full. A later insert
-/// of a key replaces an earlier one, as with [`BTreeMap::insert`].
-pub struct Packed<K, V> {
-    map: BTreeMap<K, V>,
-    pending: Vec<(K, V)>,
-}
-
-impl<K: Ord, V> Packed<K, V> {
-    /// Inserts gathered before a merge: a merge moves every element, so the list is long
-    /// enough that a set of 50,000 elements is moved about 25 times, short enough to cost
-    /// little beside the map (80 bytes an element).
-    const PENDING: usize = 2048;
-
-    pub fn insert(&mut self, k: K, v: V) {
-        self.pending.push((k, v));
-        if self.pending.len() >= Self::PENDING {
-            self.merge();
-        }
-    }
-
-    fn merge(&mut self) {
-        // `collect` sorts (stably: of equal keys the last pushed is kept) and builds packed.
-        let mut batch: BTreeMap<K, V> = self.pending.drain(..).collect();
-        self.map.append(&mut batch);
-    }
-
-    pub fn finish(mut self) -> BTreeMap<K, V> {
-        self.merge();
-        self.map
-    }
-}
-
-impl<K, V> From<BTreeMap<K, V>> for Packed<K, V> {
-    fn from(map: BTreeMap<K, V>) -> Packed<K, V> {
-        Packed {
-            map,
-            pending: Vec::new(),
-        }
-    }
-}
-
 /// Record in `edit` what changes when a Service's Part goes from `old` to `new` (hairpin
 /// elements are shared and handled by [`edit_hairpin`]).
 pub fn edit_part(old: Option<&Part>, new: Option<&Part>, edit: &mut Edit) {
@@ -1268,28 +1226,4 @@ fn reject_rules(ip: &IpHeader) -> Vec<Rule> {
             .with_comment("no endpoints: port unreachable"),
     );
     rules
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Packed;
-    use rand::{Rng, SeedableRng};
-    use std::collections::BTreeMap;
-
-    #[test]
-    fn a_packed_map_holds_what_inserting_one_by_one_holds() {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        // Keys repeat (a later value must replace an earlier one, across merges too), and
-        // there are more than a few merges' worth.
-        let inserts: Vec<(u32, u32)> = (0..5 * Packed::<u32, u32>::PENDING as u32 + 17)
-            .map(|i| (rng.random_range(0..6000), i))
-            .collect();
-        let mut one_by_one = BTreeMap::from([(3, 99), (7000, 1)]);
-        let mut packed = Packed::from(one_by_one.clone());
-        for (k, v) in &inserts {
-            one_by_one.insert(*k, *v);
-            packed.insert(*k, *v);
-        }
-        assert_eq!(packed.finish(), one_by_one);
-    }
 }

@@ -257,6 +257,10 @@ impl Status {
             };
         }
         self.ingresses.retain(|_, a| Arc::strong_count(a) > 1);
+        if everything {
+            // Inserted in key order: half-full nodes (see `packed`).
+            crate::packed::repack(&mut self.desired);
+        }
         changed
     }
 
