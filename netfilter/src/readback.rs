@@ -344,36 +344,32 @@ impl Nft {
         .attr_be32(NFTA_OBJ_TYPE, OBJECT_COUNTER)
         .finish();
         let mut out = CounterValues::new();
-        let replies = match self.request(&req, &format!("counters of {t}"), true) {
-            Ok(r) => r,
+        let read = self.request_each(&req, &format!("counters of {t}"), true, |m| {
+            let a = m.attrs();
+            if a.get_str(NFTA_OBJ_TABLE).as_deref() != Some(&t.name)
+                || a.get_be32(NFTA_OBJ_TYPE) != Some(OBJECT_COUNTER)
+            {
+                return;
+            }
+            let (Some(name), Some(data)) = (a.get_str(NFTA_OBJ_NAME), a.get(NFTA_OBJ_DATA)) else {
+                return;
+            };
+            let d = crate::netlink::Attrs(data);
+            out.insert(
+                name,
+                (
+                    d.get_be64(NFTA_COUNTER_PACKETS).unwrap_or(0),
+                    d.get_be64(NFTA_COUNTER_BYTES).unwrap_or(0),
+                ),
+            );
+        });
+        match read {
+            Ok(()) => Ok(out),
             Err(Error::Dump { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {
-                return Ok(out)
+                Ok(CounterValues::new())
             }
-            Err(e) => return Err(e),
-        };
-        for r in replies {
-            for m in messages(&r) {
-                let a = m.attrs();
-                if a.get_str(NFTA_OBJ_TABLE).as_deref() != Some(&t.name)
-                    || a.get_be32(NFTA_OBJ_TYPE) != Some(OBJECT_COUNTER)
-                {
-                    continue;
-                }
-                let (Some(name), Some(data)) = (a.get_str(NFTA_OBJ_NAME), a.get(NFTA_OBJ_DATA))
-                else {
-                    continue;
-                };
-                let d = crate::netlink::Attrs(data);
-                out.insert(
-                    name,
-                    (
-                        d.get_be64(NFTA_COUNTER_PACKETS).unwrap_or(0),
-                        d.get_be64(NFTA_COUNTER_BYTES).unwrap_or(0),
-                    ),
-                );
-            }
+            Err(e) => Err(e),
         }
-        Ok(out)
     }
 
     /// The elements each of the dynamic `sets` of a table holds now, with the time each has
@@ -427,17 +423,15 @@ impl Nft {
         .attr_str(1, &t.name)
         .attr_str(2, set)
         .finish();
-        for r in self.request(&req, &format!("elements of set {t} {set}"), true)? {
-            for m in messages(&r) {
-                // NFTA_SET_ELEM_LIST_ELEMENTS holds one NFTA_LIST_ELEM per element.
-                if let Some(list) = m.attrs().get(NFTA_SET_ELEM_LIST_ELEMENTS) {
-                    for (_, elem) in Attrs(list) {
-                        each(Attrs(elem));
-                    }
+        let what = format!("elements of set {t} {set}");
+        self.request_each(&req, &what, true, |m| {
+            // NFTA_SET_ELEM_LIST_ELEMENTS holds one NFTA_LIST_ELEM per element.
+            if let Some(list) = m.attrs().get(NFTA_SET_ELEM_LIST_ELEMENTS) {
+                for (_, elem) in Attrs(list) {
+                    each(Attrs(elem));
                 }
             }
-        }
-        Ok(())
+        })
     }
 
     /// Compare the kernel's table with a model.

@@ -408,7 +408,7 @@ impl Nft {
         dump: bool,
     ) -> Result<Vec<Vec<u8>>, Error> {
         let mut out = Vec::new();
-        exchange(&self.sock, req, dump, |m| {
+        self.request_each(req, what, dump, |m| {
             let len = 16 + m.body.len();
             let mut raw = Vec::with_capacity(len);
             raw.extend_from_slice(&(len as u32).to_ne_bytes());
@@ -418,12 +418,23 @@ impl Nft {
             raw.extend_from_slice(&m.pid.to_ne_bytes());
             raw.extend_from_slice(m.body);
             out.push(raw);
-        })
-        .map_err(|source| Error::Dump {
-            what: what.into(),
-            source,
         })?;
         Ok(out)
+    }
+
+    /// [`Nft::request`] a reply at a time, as it arrives: a large dump (a set's elements, a
+    /// table's counters) is never held whole.
+    pub(crate) fn request_each(
+        &mut self,
+        req: &[u8],
+        what: &str,
+        dump: bool,
+        each: impl FnMut(netlink::Msg<'_>),
+    ) -> Result<(), Error> {
+        exchange(&self.sock, req, dump, each).map_err(|source| Error::Dump {
+            what: what.into(),
+            source,
+        })
     }
 }
 
