@@ -173,12 +173,10 @@ impl Batch {
         }
         for (i, name, elems) in elements {
             let t = &tables[i];
-            b.push_op(&Op::AddElems {
-                table: TableRef::of(t),
-                set: &t.sets[&name],
-                elems: elems.iter().collect(),
-            })?;
-            drop(elems);
+            // Moved in: each element's memory is freed once it is encoded.
+            let n = elems.len();
+            let items = elems.into_iter().map(|(k, e)| (k, Some(e)));
+            b.push_elems(&TableRef::of(t), &t.sets[&name], n, items, true)?;
             freed();
         }
         for t in &tables {
@@ -315,14 +313,12 @@ impl Batch {
                 );
             }
             Op::AddElems { table, set, elems } => {
-                let items: Vec<(&Key, Option<&Element>)> =
-                    elems.iter().map(|(k, e)| (*k, Some(*e))).collect();
-                self.push_elems(table, set, &items, true)?;
+                let items = elems.iter().map(|(k, e)| (*k, Some(*e)));
+                self.push_elems(table, set, elems.len(), items, true)?;
             }
             Op::DelElems { table, set, keys } => {
-                let items: Vec<(&Key, Option<&Element>)> =
-                    keys.iter().map(|k| (*k, None)).collect();
-                self.push_elems(table, set, &items, false)?;
+                let items = keys.iter().map(|k| (*k, None::<&Element>));
+                self.push_elems(table, set, keys.len(), items, false)?;
             }
             Op::RestoreElems {
                 table,
@@ -413,11 +409,13 @@ impl Batch {
         id
     }
 
-    fn push_elems(
+    /// `n` elements of `set` (borrowed, or moved in and dropped once encoded).
+    fn push_elems<K: std::borrow::Borrow<Key>, E: std::borrow::Borrow<Element>>(
         &mut self,
         t: &TableRef,
         set: &Set,
-        items: &[(&Key, Option<&Element>)],
+        n: usize,
+        items: impl Iterator<Item = (K, Option<E>)>,
         add: bool,
     ) -> Result<(), EncodeError> {
         let key_layout = Layout::of(&set.key, t.family);
@@ -448,10 +446,11 @@ impl Batch {
             };
         for (k, e) in items {
             let invalid = |reason| EncodeError {
-                object: what(items.len()),
+                object: what(n),
                 reason,
             };
-            let (key, end) = encode_key(k, set, &key_layout).map_err(invalid)?;
+            let (key, end) = encode_key(k.borrow(), set, &key_layout).map_err(invalid)?;
+            let e = e.as_ref().map(|e| e.borrow());
             let mut el = EncodedElem {
                 key,
                 comment: e.and_then(|e| e.comment.clone()),
