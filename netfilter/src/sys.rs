@@ -310,30 +310,31 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; max_msg_size()]);
 }
 
-/// A batch's bytes, in pieces sent together (`sendmsg` with one iovec per piece): a piece is
-/// small enough for the allocator to take from its heap, where a full replace has just freed
-/// the tables it encodes, instead of a fresh mapping that grows by doubling beside them.
-/// Messages never straddle pieces.
+/// A batch's bytes, in pieces sent together (`sendmsg` with one iovec per piece, which the
+/// kernel reads as one datagram, so a message may span two pieces): a piece is small enough
+/// for the allocator to take from its heap, where a full replace has just freed the tables
+/// it encodes, instead of a fresh mapping that grows by doubling beside them.
 #[derive(Default)]
 pub struct BatchBuf {
     pieces: Vec<Vec<u8>>,
 }
 
 impl BatchBuf {
-    /// Under glibc's mmap threshold as the agent sets it (128 KiB), and a few times the
-    /// largest message of elements (48 KiB), so pieces end nearly full.
+    /// Under glibc's mmap threshold as the agent sets it (128 KiB).
     const PIECE: usize = 120 * 1024;
 
-    /// The piece to append `n` bytes to: the last one if they fit, else a new one.
-    fn room(&mut self, n: usize) -> &mut Vec<u8> {
-        let fits = self
-            .pieces
-            .last()
-            .is_some_and(|p| p.capacity() - p.len() >= n);
-        if !fits {
-            self.pieces.push(Vec::with_capacity(n.max(Self::PIECE)));
+    /// Append `bytes`, filling the last piece before starting another.
+    fn extend(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let full = self.pieces.last().is_none_or(|p| p.len() == p.capacity());
+            if full {
+                self.pieces.push(Vec::with_capacity(Self::PIECE));
+            }
+            let piece = self.pieces.last_mut().expect("a piece was just pushed");
+            let n = bytes.len().min(piece.capacity() - piece.len());
+            piece.extend_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
         }
-        self.pieces.last_mut().expect("a piece was just pushed")
     }
 
     pub fn len(&self) -> usize {
@@ -368,32 +369,54 @@ pub fn append_msg(
                 Payload::Obj(o) => sys::nftnl_obj_nlmsg_build_payload(nlh, o.as_ptr()),
             }
             let len = (*nlh).nlmsg_len as usize;
-            assert!(len <= scratch.len(), "libnftnl wrote a {len}-byte message");
             let padded = align4(len);
-            let piece = buf.room(padded);
-            piece.extend_from_slice(&scratch[..len]);
-            piece.resize(piece.len() + padded - len, 0);
+            assert!(
+                padded <= scratch.len(),
+                "libnftnl wrote a {len}-byte message"
+            );
+            scratch[len..padded].fill(0);
+            buf.extend(&scratch[..padded]);
         }
     })
 }
 
 /// Append a batch begin or end marker.
 pub fn append_batch_marker(buf: &mut BatchBuf, begin: bool, seq: u32) {
-    let piece = buf.room(64);
-    let start = piece.len();
-    piece.resize(start + 64, 0);
+    let mut marker = [0u8; 64];
     unsafe {
-        let at = piece.as_mut_ptr().add(start) as *mut c_char;
+        let at = marker.as_mut_ptr() as *mut c_char;
         let nlh = if begin {
             sys::nftnl_batch_begin(at, seq)
         } else {
             sys::nftnl_batch_end(at, seq)
         };
         let len = (*nlh).nlmsg_len as usize;
-        piece.truncate(start + align4(len));
+        buf.extend(&marker[..align4(len)]);
     }
 }
 
 fn align4(n: usize) -> usize {
     n.div_ceil(4) * 4
+}
+
+#[cfg(test)]
+mod batch_buf_tests {
+    use super::BatchBuf;
+
+    #[test]
+    fn bytes_fill_each_piece_and_span_into_the_next() {
+        let mut b = BatchBuf::default();
+        let msg: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
+        for _ in 0..7 {
+            b.extend(&msg);
+        }
+        assert_eq!(b.len(), 7 * msg.len());
+        let pieces = b.pieces();
+        assert!(pieces.len() > 1);
+        // Every piece but the last is full: a message that does not fit goes on in the next.
+        assert!(pieces[..pieces.len() - 1]
+            .iter()
+            .all(|p| p.len() == BatchBuf::PIECE));
+        assert_eq!(pieces.concat(), msg.repeat(7));
+    }
 }
