@@ -38,6 +38,11 @@ pub struct Claims {
 }
 
 impl Claims {
+    /// Rebuild packed (see `packed`), after every Service was added in key order.
+    pub fn pack(&mut self) {
+        crate::packed::repack(&mut self.slots);
+    }
+
     /// The Service holding a slot.
     pub fn winner(&self, slot: &Slot) -> Option<&ServiceKey> {
         self.slots

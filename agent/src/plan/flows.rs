@@ -117,6 +117,12 @@ pub struct Flows {
 pub struct Touched(BTreeMap<ServedPort, Targets>);
 
 impl Flows {
+    /// Rebuild packed (see `packed`), after every Service was added in key order.
+    pub fn pack(&mut self) {
+        crate::packed::repack(&mut self.ports);
+        crate::packed::repack(&mut self.by_service);
+    }
+
     /// The endpoints `port` DNATs to now (empty: none).
     pub fn targets(&self, port: &ServedPort) -> Targets {
         self.ports

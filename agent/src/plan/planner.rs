@@ -176,6 +176,7 @@ impl Planner {
             None => self.flows.change_since(touched),
         };
         if rebuild {
+            self.pack();
             return Update {
                 change: TableChange::Rebuild,
                 changed,
@@ -196,6 +197,15 @@ impl Planner {
             replanned,
             flows,
         }
+    }
+
+    /// After a rebuild, which filled the per-Service maps in key order: rebuild them packed
+    /// (see `packed`).
+    fn pack(&mut self) {
+        crate::packed::repack(&mut self.outcomes);
+        crate::packed::repack(&mut self.warnings);
+        self.claims.pack();
+        self.flows.pack();
     }
 
     /// Take the context's listeners (the rest of it is as before); returns the slots whose

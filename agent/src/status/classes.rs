@@ -170,7 +170,8 @@ impl Read {
         dirty: Option<&BTreeSet<ServiceKey>>,
         handled: impl Fn(&Service) -> bool,
     ) {
-        if dirty.is_none() {
+        let whole = dirty.is_none();
+        if whole {
             *self = Read::default();
         }
         let keys = objects.keys_to_update(dirty);
@@ -191,6 +192,12 @@ impl Read {
                 None => Vec::new(),
             };
             self.ports.set(&key, ports);
+        }
+        if whole {
+            // Filled in key order: rebuilt packed (see `packed`).
+            crate::packed::repack(&mut self.labels.by_service);
+            crate::packed::repack(&mut self.ports.by_service);
+            crate::packed::repack(&mut self.ports.keys);
         }
     }
 
