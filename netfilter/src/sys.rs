@@ -311,9 +311,12 @@ thread_local! {
 }
 
 /// A batch's bytes, in pieces sent together (`sendmsg` with one iovec per piece, which the
-/// kernel reads as one datagram, so a message may span two pieces): a piece is small enough
-/// for the allocator to take from its heap, where a full replace has just freed the tables
-/// it encodes, instead of a fresh mapping that grows by doubling beside them.
+/// kernel reads as one datagram, so a message may span two pieces): the batch costs what it
+/// holds, where one vector grew by doubling (8 MiB for a 7 MiB batch at 10,000 Services, and
+/// both the old and the new buffer while it grew). What a full replace frees while encoding
+/// (each element once encoded) is scattered among live allocations and is mostly not reused
+/// for pieces: the agent's RSS still grows by about half the batch during the encode
+/// (measured 4 MiB at 10,000 x 5).
 #[derive(Default)]
 pub struct BatchBuf {
     pieces: Vec<Vec<u8>>,
