@@ -348,6 +348,17 @@ fn ipv4_node() -> Context {
     Context::new(node, local, families, Config::default())
 }
 
+/// A slice of Service `service` in namespace `ns` with one endpoint, 198.51.100.10:8080/TCP.
+fn one_endpoint_slice(name: &str, service: &str) -> EndpointSlice {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"namespace": "ns", "name": name, "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "ports": [{"port": 8080, "protocol": "TCP"}],
+        "endpoints": [{"addresses": ["198.51.100.10"]}],
+    }))
+    .unwrap()
+}
+
 #[test]
 fn one_endpoint_change_replans_one_service() {
     let ctx = ipv4_node();
@@ -362,13 +373,7 @@ fn one_endpoint_change_replans_one_service() {
     }
     let mut planner = Planner::new();
     planner.update(&objects, &ctx, None);
-    let sl: EndpointSlice = serde_json::from_value(serde_json::json!({
-        "metadata": {"namespace": "ns", "name": "s7-1", "labels": {"kubernetes.io/service-name": "s7"}},
-        "addressType": "IPv4",
-        "ports": [{"port": 8080, "protocol": "TCP"}],
-        "endpoints": [{"addresses": ["198.51.100.10"]}],
-    }))
-    .unwrap();
+    let sl = one_endpoint_slice("s7-1", "s7");
     let dirty: BTreeSet<ServiceKey> = objects.put_slice(Arc::new(sl.into())).into_iter().collect();
     let u = planner.update(&objects, &ctx, Some(&dirty));
     assert_eq!(u.replanned, 1);
@@ -516,13 +521,7 @@ fn a_planner_follows_status_writes_but_no_other_change() {
     let before = objects.clone();
     objects.put_service(svc("b", 1002, Some("203.0.113.1")));
     assert!(!planner.follow(&objects));
-    let sl: EndpointSlice = serde_json::from_value(serde_json::json!({
-        "metadata": {"namespace": "ns", "name": "a-1", "labels": {"kubernetes.io/service-name": "a"}},
-        "addressType": "IPv4",
-        "ports": [{"port": 8080, "protocol": "TCP"}],
-        "endpoints": [{"addresses": ["198.51.100.10"]}],
-    }))
-    .unwrap();
+    let sl = one_endpoint_slice("a-1", "a");
     let mut slices = objects.clone();
     slices.put_slice(Arc::new(sl.into()));
     assert!(!slices.plans_like(&before), "a new slice is planned");
