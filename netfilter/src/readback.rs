@@ -5,7 +5,7 @@
 use crate::encode::expected_element_count;
 use crate::model::TableRef;
 use crate::model::{Family, Hook, Policy, Table};
-use crate::netlink::{messages, Attrs, Msg, Request};
+use crate::netlink::{Attrs, Msg, Request};
 use crate::transact::{Error, Nft};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -208,20 +208,14 @@ impl Nft {
     pub fn generation(&mut self) -> Result<u32, Error> {
         let seq = self.next_seq();
         let req = Request::new(NFT_MSG_GETGEN, 0, 0, seq).finish();
-        let replies = self.request(&req, "the ruleset generation", false)?;
-        replies
-            .iter()
-            .flat_map(|r| {
-                messages(r)
-                    .map(|m| m.attrs().get_be32(1))
-                    .collect::<Vec<_>>()
-            })
-            .flatten()
-            .next()
-            .ok_or_else(|| Error::Dump {
-                what: "the ruleset generation".into(),
-                source: std::io::Error::other("no NFTA_GEN_ID in the answer"),
-            })
+        let mut generation = None;
+        self.request(&req, "the ruleset generation", false, |m| {
+            generation = generation.or(m.attrs().get_be32(1));
+        })?;
+        generation.ok_or_else(|| Error::Dump {
+            what: "the ruleset generation".into(),
+            source: std::io::Error::other("no NFTA_GEN_ID in the answer"),
+        })
     }
 
     /// All tables of a family (or of all families, with `None`).
@@ -230,15 +224,12 @@ impl Nft {
         let fam = family.map_or(0, |f| f.nfproto());
         let req = Request::new(NFT_MSG_GETTABLE, libc::NLM_F_DUMP as u16, fam, seq).finish();
         let mut out = Vec::new();
-        for r in self.request(&req, "tables", true)? {
-            for m in messages(&r) {
-                if let (Some(f), Some(name)) =
-                    (Family::from_nfproto(m.family()), m.attrs().get_str(1))
-                {
-                    out.push(TableRef { family: f, name });
-                }
+        self.request(&req, "tables", true, |m| {
+            if let (Some(f), Some(name)) = (Family::from_nfproto(m.family()), m.attrs().get_str(1))
+            {
+                out.push(TableRef { family: f, name });
             }
-        }
+        })?;
         Ok(out)
     }
 
@@ -253,9 +244,9 @@ impl Nft {
         )
         .finish();
         let mut out = Vec::new();
-        for r in self.request(&req, "chains", true)? {
-            out.extend(messages(&r).filter_map(|m| BaseChainInfo::decode(&m)));
-        }
+        self.request(&req, "chains", true, |m| {
+            out.extend(BaseChainInfo::decode(&m));
+        })?;
         Ok(out)
     }
 
@@ -272,55 +263,49 @@ impl Nft {
         let req = Request::new(NFT_MSG_GETCHAIN, dump, fam, seq)
             .attr_str(1, &t.name)
             .finish();
-        for r in self.request(&req, &format!("chains of {t}"), true)? {
-            for m in messages(&r) {
-                let a = m.attrs();
-                if a.get_str(1).as_deref() == Some(&t.name) {
-                    if let Some(name) = a.get_str(3) {
-                        summary.chains.insert(name, 0);
-                    }
+        self.request(&req, &format!("chains of {t}"), true, |m| {
+            let a = m.attrs();
+            if a.get_str(1).as_deref() == Some(&t.name) {
+                if let Some(name) = a.get_str(3) {
+                    summary.chains.insert(name, 0);
                 }
             }
-        }
+        })?;
 
         let seq = self.next_seq();
         let req = Request::new(NFT_MSG_GETRULE, dump, fam, seq)
             .attr_str(1, &t.name)
             .finish();
-        for r in self.request(&req, &format!("rules of {t}"), true)? {
-            for m in messages(&r) {
-                let a = m.attrs();
-                if a.get_str(1).as_deref() == Some(&t.name) {
-                    if let Some(chain) = a.get_str(2) {
-                        *summary.chains.entry(chain).or_default() += 1;
-                    }
+        self.request(&req, &format!("rules of {t}"), true, |m| {
+            let a = m.attrs();
+            if a.get_str(1).as_deref() == Some(&t.name) {
+                if let Some(chain) = a.get_str(2) {
+                    *summary.chains.entry(chain).or_default() += 1;
                 }
             }
-        }
+        })?;
 
         let seq = self.next_seq();
         let req = Request::new(NFT_MSG_GETSET, dump, fam, seq)
             .attr_str(1, &t.name)
             .finish();
         let mut names = Vec::new();
-        for r in self.request(&req, &format!("sets of {t}"), true)? {
-            for m in messages(&r) {
-                let a = m.attrs();
-                let flags = a.get_be32(NFTA_SET_FLAGS).unwrap_or(0);
-                if a.get_str(NFTA_SET_TABLE).as_deref() != Some(&t.name)
-                    || flags & NFT_SET_ANONYMOUS != 0
-                {
-                    continue;
-                }
-                if let Some(name) = a.get_str(NFTA_SET_NAME) {
-                    if flags & NFT_SET_EVAL != 0 {
-                        summary.dynamic_sets.insert(name);
-                    } else {
-                        names.push(name);
-                    }
+        self.request(&req, &format!("sets of {t}"), true, |m| {
+            let a = m.attrs();
+            let flags = a.get_be32(NFTA_SET_FLAGS).unwrap_or(0);
+            if a.get_str(NFTA_SET_TABLE).as_deref() != Some(&t.name)
+                || flags & NFT_SET_ANONYMOUS != 0
+            {
+                return;
+            }
+            if let Some(name) = a.get_str(NFTA_SET_NAME) {
+                if flags & NFT_SET_EVAL != 0 {
+                    summary.dynamic_sets.insert(name);
+                } else {
+                    names.push(name);
                 }
             }
-        }
+        })?;
         for set in names {
             let mut n = 0;
             self.dump_elements(t, &set, |_| n += 1)?;
@@ -344,7 +329,7 @@ impl Nft {
         .attr_be32(NFTA_OBJ_TYPE, OBJECT_COUNTER)
         .finish();
         let mut out = CounterValues::new();
-        let read = self.request_each(&req, &format!("counters of {t}"), true, |m| {
+        let read = self.request(&req, &format!("counters of {t}"), true, |m| {
             let a = m.attrs();
             if a.get_str(NFTA_OBJ_TABLE).as_deref() != Some(&t.name)
                 || a.get_be32(NFTA_OBJ_TYPE) != Some(OBJECT_COUNTER)
@@ -424,7 +409,7 @@ impl Nft {
         .attr_str(2, set)
         .finish();
         let what = format!("elements of set {t} {set}");
-        self.request_each(&req, &what, true, |m| {
+        self.request(&req, &what, true, |m| {
             // NFTA_SET_ELEM_LIST_ELEMENTS holds one NFTA_LIST_ELEM per element.
             if let Some(list) = m.attrs().get(NFTA_SET_ELEM_LIST_ELEMENTS) {
                 for (_, elem) in Attrs(list) {

@@ -399,32 +399,9 @@ impl Nft {
         })
     }
 
-    /// Send a request and collect every reply message's raw bytes until `NLMSG_DONE` (for
-    /// dumps) or the first reply (for plain requests).
+    /// Send a request and hand each reply to `each` as it arrives (`dump`: until the dump
+    /// is done): a large dump (a set's elements, a table's counters) is never held whole.
     pub(crate) fn request(
-        &mut self,
-        req: &[u8],
-        what: &str,
-        dump: bool,
-    ) -> Result<Vec<Vec<u8>>, Error> {
-        let mut out = Vec::new();
-        self.request_each(req, what, dump, |m| {
-            let len = 16 + m.body.len();
-            let mut raw = Vec::with_capacity(len);
-            raw.extend_from_slice(&(len as u32).to_ne_bytes());
-            raw.extend_from_slice(&m.ty.to_ne_bytes());
-            raw.extend_from_slice(&m.flags.to_ne_bytes());
-            raw.extend_from_slice(&m.seq.to_ne_bytes());
-            raw.extend_from_slice(&m.pid.to_ne_bytes());
-            raw.extend_from_slice(m.body);
-            out.push(raw);
-        })?;
-        Ok(out)
-    }
-
-    /// [`Nft::request`] a reply at a time, as it arrives: a large dump (a set's elements, a
-    /// table's counters) is never held whole.
-    pub(crate) fn request_each(
         &mut self,
         req: &[u8],
         what: &str,
