@@ -84,17 +84,6 @@ pub const NO_ENDPOINTS_SET: &str = "no-endpoints";
 pub const LOCAL_ADDRESSES_SET: &str = "local-addresses";
 pub const HAIRPIN_SET: &str = "hairpin";
 pub const COUNTERS_MAP: &str = "svc-counters";
-/// The sets and maps every Service's elements go in (its own sets are in its Part whole).
-const SHARED_SETS: [&str; 8] = [
-    SERVICES_MAP,
-    ENDPOINTS_MAP,
-    MASQ_SET,
-    LB_SET,
-    NO_ENDPOINTS_SET,
-    LOCAL_ADDRESSES_SET,
-    HAIRPIN_SET,
-    COUNTERS_MAP,
-];
 
 /// What one Service port does on this node and family.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -747,20 +736,24 @@ pub fn skeleton(family: IpFamily, name: &str, local_addresses: &BTreeSet<IpAddr>
 /// They are gathered in [`Packed`] maps instead, whose nodes are full.
 pub struct Assembly {
     table: Table,
-    elements: BTreeMap<&'static str, Packed<Key, Element>>,
+    /// By set: the skeleton's sets, the shared ones every Service's elements go in.
+    elements: BTreeMap<String, Packed<Key, Element>>,
     counters: Packed<String, Counter>,
     endpoint_counts: BTreeSet<usize>,
 }
 
 impl Assembly {
     pub fn new(mut skeleton: Table) -> Assembly {
-        let mut elements = BTreeMap::new();
-        for (name, set) in skeleton.sets.iter_mut() {
-            let name = SHARED_SETS.iter().find(|n| **n == name.as_str());
-            if let Some(name) = name {
-                elements.insert(*name, Packed::from(std::mem::take(&mut set.elements)));
-            }
-        }
+        let elements = skeleton
+            .sets
+            .iter_mut()
+            .map(|(name, set)| {
+                (
+                    name.clone(),
+                    Packed::from(std::mem::take(&mut set.elements)),
+                )
+            })
+            .collect();
         let counters = Packed::from(std::mem::take(&mut skeleton.counters));
         Assembly {
             table: skeleton,
@@ -805,7 +798,7 @@ impl Assembly {
             }
         }
         for (name, elements) in std::mem::take(&mut self.elements) {
-            if let Some(s) = self.table.sets.get_mut(name) {
+            if let Some(s) = self.table.sets.get_mut(&name) {
                 s.elements = elements.finish();
             }
         }
