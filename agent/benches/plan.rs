@@ -176,7 +176,7 @@ fn main() {
     let consuming_peak = heap::peak_above(before_consuming);
     drop(batch);
     println!(
-        "heap: a consuming replace of those tables (Batch::encode_replace): peak {:.1} MiB above the tables (each element freed once encoded; the batch, {:.1} MiB, in pieces of 120 KiB)",
+        "heap: a consuming replace of those tables (Batch::encode_replace): peak {:.1} MiB above the tables (each element freed once encoded; the batch, {:.1} MiB, in pieces of 4 KiB, then 120 KiB)",
         mib(consuming_peak),
         mib(batch_bytes),
     );

@@ -132,9 +132,16 @@ pub(crate) fn open_socket() -> Result<mnl::Socket, Error> {
     Ok(sock)
 }
 
+/// The most iovecs one `sendmsg` takes (`UIO_MAXIOV`).
+const MAX_IOVECS: usize = 1024;
+
 /// Send a batch's pieces to the kernel as one netlink datagram (one `sendmsg`, an iovec per
 /// piece): the kernel reads a batch from one datagram.
 fn send_pieces(fd: RawFd, pieces: &[Vec<u8>]) -> io::Result<usize> {
+    if pieces.len() > MAX_IOVECS {
+        // A batch of tens of MiB: sent from one copy rather than refused.
+        return send_pieces(fd, &[pieces.concat()]);
+    }
     let mut iov: Vec<libc::iovec> = pieces
         .iter()
         .map(|p| libc::iovec {

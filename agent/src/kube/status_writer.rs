@@ -301,17 +301,20 @@ impl StatusWriter {
         if reported.is_empty() {
             memory.reported.remove(key);
         }
-        if let Some(w) = memory.written.get(key) {
-            if want.is_some_and(|d| d.ingress == w.ingress && d.serving == w.serving)
+        // This very version of the Service is our write of this very status: the server may
+        // store it in a form of its own, which is not a reason to write it again.
+        let ours = memory.written.get(key).is_some_and(|w| {
+            want.is_some_and(|d| d.ingress == w.ingress && d.serving == w.serving)
                 && svc.metadata.resource_version.as_deref() == w.resource_version.as_deref()
-            {
-                return; // written; the watch has not caught up yet
-            }
-        }
+        });
         match ingress::decide(svc, want, ip_mode, Timestamp::now()) {
             Write::Nothing => {
                 memory.foreign.remove(key);
+                // The stored status is the one wanted: nothing left to remember of the write
+                // (at 10,000 Services the records would hold about a MiB for nothing).
+                memory.written.remove(key);
             }
+            Write::Apply { .. } if ours => {}
             Write::OwnedElsewhere { managers } => {
                 if memory.foreign.insert(key.clone()) {
                     warn!(service = %key, managers = ?managers, "another field manager owns the ingress; not writing");
