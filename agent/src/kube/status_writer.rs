@@ -314,7 +314,9 @@ impl StatusWriter {
                 // (at 10,000 Services the records would hold about a MiB for nothing).
                 memory.written.remove(key);
             }
-            Write::Apply { .. } if ours => {}
+            // Anything else `decide` makes of our own write (another manager listed beside
+            // us, say) waits for a version that is not ours.
+            _ if ours => {}
             Write::OwnedElsewhere { managers } => {
                 if memory.foreign.insert(key.clone()) {
                     warn!(service = %key, managers = ?managers, "another field manager owns the ingress; not writing");
