@@ -327,9 +327,8 @@ pub struct BatchBuf {
 impl BatchBuf {
     /// Under glibc's mmap threshold as the agent sets it (128 KiB).
     const PIECE: usize = 120 * 1024;
-    /// The first pieces are small: the free memory a full replace leaves while encoding is
-    /// mostly in runs of 4 to 12 KiB, which such pieces fit (measured with `malloc_info` at
-    /// 10,000 x 5).
+    /// The first pieces, sized for the free runs a full replace leaves (see above; measured
+    /// with `malloc_info` at 10,000 x 5).
     const SMALL_PIECE: usize = 4 * 1024;
     const SMALL_PIECES: usize = 640;
 
