@@ -115,7 +115,9 @@ fn main() {
     let mut planner = Planner::new();
     let live_ctx = heap::live();
     let fp_ctx = footprint();
+    let before_planner = peak_from_now();
     planner.update(&objects, &ctx, None);
+    let peak_planner = heap::peak_above(before_planner);
     let live_planner = heap::live();
     let fp_planner = footprint();
     let before_tables = peak_from_now();
@@ -141,9 +143,10 @@ fn main() {
         .map(|s| s.elements.len())
         .sum();
     println!(
-        "heap: {n} Services x {m} endpoints: objects {:.1} MiB, planner {:.1} MiB, tables {:.1} MiB ({elements} elements, {} chains; {:.1} MiB at the peak of assembling them)",
+        "heap: {n} Services x {m} endpoints: objects {:.1} MiB, planner {:.1} MiB ({:.1} MiB at the peak of planning from scratch), tables {:.1} MiB ({elements} elements, {} chains; {:.1} MiB at the peak of assembling them)",
         mib(live_objects - live0),
         mib(live_planner - live_ctx),
+        mib(peak_planner),
         mib(live_tables - live_planner),
         tables.iter().map(|t| t.chains.len()).sum::<usize>(),
         mib(peak_tables),

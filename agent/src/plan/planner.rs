@@ -68,9 +68,21 @@ pub struct Planner {
 struct Reprepared {
     /// Prepared before and now (a Service replanned only because a slot it claims changed
     /// holder is not here: it is prepared as before).
-    prepared: BTreeMap<ServiceKey, (Option<Prepared>, Option<Prepared>)>,
+    prepared: BTreeMap<ServiceKey, Prep>,
     /// The holder of each slot whose claims moved, before they moved.
     winners_before: BTreeMap<Slot, Option<ServiceKey>>,
+}
+
+/// A dirty Service's preparation.
+enum Prep {
+    /// As it was prepared before the update and as it is now (boxed: a rebuild's map holds
+    /// only keys and [`Prep::Again`]).
+    Changed(Box<(Option<Prepared>, Option<Prepared>)>),
+    /// A rebuild's (nothing was prepared before): prepared again when it is replanned, so a
+    /// rebuild never holds every Service prepared at once. At 10,000 Services that was
+    /// several MiB, freed piecemeal among what the rebuild kept, and the resident set kept the
+    /// holes (the latency bench's leader, see README "Sizing").
+    Again,
 }
 
 /// What replanning the Services adds up to.
@@ -251,12 +263,23 @@ impl Planner {
             if old == new && (old.is_some() || !self.outcomes.contains_key(&key)) {
                 continue;
             }
-            self.move_claims(old.as_ref(), new.as_ref(), &mut out.winners_before);
+            // A rebuild starts with no claims: every claimant is replanned anyway, so which
+            // slots changed holder is not kept (a map of every slot, otherwise).
+            let mut none_kept = BTreeMap::new();
+            let winners_before = match previous {
+                Some(_) => &mut out.winners_before,
+                None => &mut none_kept,
+            };
+            self.move_claims(old.as_ref(), new.as_ref(), winners_before);
             match new.as_ref().map(|p| &p.warnings).filter(|w| !w.is_empty()) {
                 Some(w) => self.warnings.insert(key.clone(), w.clone()),
                 None => self.warnings.remove(&key),
             };
-            out.prepared.insert(key, (old, new));
+            let prep = match previous {
+                Some(_) => Prep::Changed(Box::new((old, new))),
+                None => Prep::Again,
+            };
+            out.prepared.insert(key, prep);
         }
         out
     }
@@ -306,7 +329,8 @@ impl Planner {
         let mut out = Replanned::default();
         for key in refresh {
             let (old_prep, new_prep) = match reprepared.prepared.remove(&key) {
-                Some(p) => p,
+                Some(Prep::Changed(p)) => *p,
+                Some(Prep::Again) => (None, prepare_in(objects, &key, ctx)),
                 None => {
                     let p = prepare_in(objects, &key, ctx);
                     (p.clone(), p)
