@@ -264,12 +264,8 @@ impl Planner {
                 continue;
             }
             // A rebuild starts with no claims: every claimant is replanned anyway, so which
-            // slots changed holder is not kept (a map of every slot, otherwise).
-            let mut none_kept = BTreeMap::new();
-            let winners_before = match previous {
-                Some(_) => &mut out.winners_before,
-                None => &mut none_kept,
-            };
+            // slots changed holder is not noted (a map of every slot, otherwise).
+            let winners_before = previous.is_some().then_some(&mut out.winners_before);
             self.move_claims(old.as_ref(), new.as_ref(), winners_before);
             match new.as_ref().map(|p| &p.warnings).filter(|w| !w.is_empty()) {
                 Some(w) => self.warnings.insert(key.clone(), w.clone()),
@@ -285,21 +281,25 @@ impl Planner {
     }
 
     /// A Service's claims go from those of `old` to those of `new`, noting each slot's holder
-    /// before its first move.
+    /// before its first move in `winners_before` (unless `None`).
     fn move_claims(
         &mut self,
         old: Option<&Prepared>,
         new: Option<&Prepared>,
-        winners_before: &mut BTreeMap<Slot, Option<ServiceKey>>,
+        mut winners_before: Option<&mut BTreeMap<Slot, Option<ServiceKey>>>,
     ) {
         for (slot, claim) in claims_of(old) {
-            let w = self.claims.winner(&slot).cloned();
-            winners_before.entry(slot).or_insert(w);
+            if let Some(w) = winners_before.as_deref_mut() {
+                w.entry(slot)
+                    .or_insert_with(|| self.claims.winner(&slot).cloned());
+            }
             self.claims.remove(&slot, &claim);
         }
         for (slot, claim) in claims_of(new) {
-            let w = self.claims.winner(&slot).cloned();
-            winners_before.entry(slot).or_insert(w);
+            if let Some(w) = winners_before.as_deref_mut() {
+                w.entry(slot)
+                    .or_insert_with(|| self.claims.winner(&slot).cloned());
+            }
             self.claims.add(slot, claim);
         }
     }
