@@ -311,9 +311,11 @@ thread_local! {
 }
 
 /// A batch's bytes, in pieces sent together (`sendmsg` with one iovec per piece, which the
-/// kernel reads as one datagram, so a message may span two pieces): the batch costs what it
-/// holds, where one vector grew by doubling (8 MiB for a 7 MiB batch at 10,000 Services, and
-/// both the old and the new buffer while it grew). What a full replace frees while encoding
+/// kernel reads as one datagram, so a message may span two pieces): the batch's heap costs
+/// what it holds, where one vector grew by doubling (8 MiB for a 7 MiB batch at 10,000
+/// Services, and both blocks counted while it grew; in RSS the two measured the same, 68.0
+/// against 68.1 MiB in the latency bench's leader, as glibc grows a mapped block in place).
+/// What a full replace frees while encoding
 /// (each element once encoded) is scattered among live allocations: runs of 4 to 12 KiB
 /// mostly, which the first pieces are sized for; larger pieces still land on fresh memory,
 /// and the agent's RSS grows by about half the batch during the encode (3.8 MiB at
