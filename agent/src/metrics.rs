@@ -97,8 +97,34 @@ impl EncodeLabelSet for ServicePortLabels<'_> {
 
 /// Where the per-Service counters come from on each scrape.
 pub trait CounterSource: Send + Sync + std::fmt::Debug + 'static {
-    /// Counter name → (packets, bytes), per programmed family.
-    fn read(&self) -> Vec<(IpFamily, CounterValues)>;
+    /// Each counter as read (family, name, packets, bytes), straight from the source: a
+    /// scrape visits them once per metric family and keeps none.
+    fn visit(&self, each: &mut dyn FnMut(IpFamily, &str, u64, u64));
+
+    /// Every counter, name → (packets, bytes) per family read.
+    fn read(&self) -> Vec<(IpFamily, CounterValues)> {
+        let mut out: Vec<(IpFamily, CounterValues)> = Vec::new();
+        self.visit(&mut |family, name, packets, bytes| {
+            if out.last().is_none_or(|(f, _)| *f != family) {
+                out.push((family, CounterValues::new()));
+            }
+            let (_, values) = out.last_mut().expect("pushed above");
+            values.insert(name.to_string(), (packets, bytes));
+        });
+        out
+    }
+}
+
+/// Visit counter values already read, as [`CounterSource::visit`] does.
+pub fn visit_values(
+    read: &[(IpFamily, CounterValues)],
+    each: &mut dyn FnMut(IpFamily, &str, u64, u64),
+) {
+    for (family, values) in read {
+        for (name, (packets, bytes)) in values {
+            each(*family, name, *packets, *bytes);
+        }
+    }
 }
 
 /// The kernel: nodelb's table of each enabled family, read over a fresh netlink socket.
@@ -109,23 +135,22 @@ pub struct KernelCounters {
 }
 
 impl CounterSource for KernelCounters {
-    fn read(&self) -> Vec<(IpFamily, CounterValues)> {
+    fn visit(&self, each: &mut dyn FnMut(IpFamily, &str, u64, u64)) {
         let mut nft = match Nft::open() {
             Ok(n) => n,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read Service counters");
-                return Vec::new();
+                return;
             }
         };
-        let mut out = Vec::new();
         for f in self.families.iter() {
             let tr = self.config.table_ref(f);
-            match nft.read_counters(&tr) {
-                Ok(v) => out.push((f, v)),
-                Err(e) => tracing::warn!(table = %tr, error = %e, "cannot read Service counters"),
+            if let Err(e) =
+                nft.each_counter(&tr, |name, packets, bytes| each(f, name, packets, bytes))
+            {
+                tracing::warn!(table = %tr, error = %e, "cannot read Service counters");
             }
         }
-        out
     }
 }
 
@@ -147,29 +172,39 @@ enum Sampled {
 
 const SAMPLED: [Sampled; 3] = [Sampled::Packets, Sampled::Bytes, Sampled::Drops];
 
-/// The samples of one metric family from counter values, in the order read, their labels
-/// borrowed from the names; names nodelb does not make are skipped.
+/// The sample of metric family `of` a counter gives, its labels borrowed from its name; none
+/// for a name nodelb does not make or a counter of another family.
+fn sample<'a>(
+    family: IpFamily,
+    name: &'a str,
+    (packets, bytes): (u64, u64),
+    of: Sampled,
+) -> Option<(ServicePortLabels<'a>, u64)> {
+    let (kind, namespace, service, port) = parse_counter_name(name)?;
+    let value = match (of, kind) {
+        (Sampled::Packets, CounterKind::Traffic) => packets,
+        (Sampled::Bytes, CounterKind::Traffic) => bytes,
+        (Sampled::Drops, CounterKind::SourceRangeDrops) => packets,
+        _ => return None,
+    };
+    let labels = ServicePortLabels {
+        namespace,
+        service,
+        port,
+        family: family.label(),
+    };
+    Some((labels, value))
+}
+
+/// The samples of one metric family from counter values, in the order read.
 fn samples(
     read: &[(IpFamily, CounterValues)],
     of: Sampled,
 ) -> impl Iterator<Item = (ServicePortLabels<'_>, u64)> {
     read.iter().flat_map(move |(family, values)| {
-        values.iter().filter_map(move |(name, &(packets, bytes))| {
-            let (kind, namespace, service, port) = parse_counter_name(name)?;
-            let value = match (of, kind) {
-                (Sampled::Packets, CounterKind::Traffic) => packets,
-                (Sampled::Bytes, CounterKind::Traffic) => bytes,
-                (Sampled::Drops, CounterKind::SourceRangeDrops) => packets,
-                _ => return None,
-            };
-            let labels = ServicePortLabels {
-                namespace,
-                service,
-                port,
-                family: family.label(),
-            };
-            Some((labels, value))
-        })
+        values
+            .iter()
+            .filter_map(move |(name, &values)| sample(*family, name, values, of))
     })
 }
 
@@ -198,8 +233,8 @@ pub const KERNEL_COUNTERS: [(&str, &str); 3] = [
 
 impl Collector for ServiceCounters {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let read = self.0.read();
-        // Each family straight from the values read: no list of all samples.
+        // Each family straight from the source, which is read once per family: no list of
+        // the counters, nor of the samples.
         for ((name, help), of) in KERNEL_COUNTERS.iter().zip(SAMPLED) {
             let mut family = encoder.encode_descriptor(
                 name,
@@ -207,9 +242,18 @@ impl Collector for ServiceCounters {
                 None,
                 prometheus_client::metrics::MetricType::Counter,
             )?;
-            for (labels, v) in samples(&read, of) {
-                ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
-            }
+            let mut result = Ok(());
+            self.0.visit(&mut |f, name, packets, bytes| {
+                if result.is_err() {
+                    return;
+                }
+                if let Some((labels, v)) = sample(f, name, (packets, bytes), of) {
+                    result = family
+                        .encode_family(&labels)
+                        .and_then(|m| ConstCounter::new(v).encode(m));
+                }
+            });
+            result?;
         }
         Ok(())
     }
@@ -683,8 +727,8 @@ mod tests {
     struct Fixed(Vec<(IpFamily, CounterValues)>);
 
     impl CounterSource for Fixed {
-        fn read(&self) -> Vec<(IpFamily, CounterValues)> {
-            self.0.clone()
+        fn visit(&self, each: &mut dyn FnMut(IpFamily, &str, u64, u64)) {
+            visit_values(&self.0, each)
         }
     }
 

@@ -9,6 +9,8 @@ pub const NLMSG_DONE: u16 = 3;
 const NLMSG_HDRLEN: usize = 16;
 const NFGENMSG_LEN: usize = 4;
 
+use std::borrow::Cow;
+
 /// One netlink message.
 #[derive(Debug, Clone, Copy)]
 pub struct Msg<'a> {
@@ -120,8 +122,13 @@ impl<'a> Attrs<'a> {
     }
 
     pub fn get_str(self, ty: u16) -> Option<String> {
+        self.get_str_ref(ty).map(Cow::into_owned)
+    }
+
+    /// A string attribute without its NUL, borrowed from the message when it is UTF-8.
+    pub fn get_str_ref(self, ty: u16) -> Option<Cow<'a, str>> {
         self.get(ty)
-            .map(|v| String::from_utf8_lossy(v.strip_suffix(&[0]).unwrap_or(v)).into_owned())
+            .map(|v| String::from_utf8_lossy(v.strip_suffix(&[0]).unwrap_or(v)))
     }
 
     /// Big-endian u32, as nf_tables sends integers.

@@ -311,13 +311,30 @@ impl Nft {
             self.dump_elements(t, &set, |_| n += 1)?;
             summary.sets.insert(set, n);
         }
-        summary.counters = self.read_counters(t)?.into_keys().collect();
+        let mut counters = Vec::new();
+        self.each_counter(t, |name, _, _| counters.push(name.to_string()))?;
+        summary.counters = counters.into_iter().collect();
         Ok(Some(summary))
     }
 
     /// Every counter object of a table with its values, in one `NFT_MSG_GETOBJ` dump
     /// (reading does not reset them). A missing table has no counters.
     pub fn read_counters(&mut self, t: &TableRef) -> Result<CounterValues, Error> {
+        let mut out = CounterValues::new();
+        self.each_counter(t, |name, packets, bytes| {
+            out.insert(name.to_string(), (packets, bytes));
+        })?;
+        Ok(out)
+    }
+
+    /// Each counter object of a table as the dump gives it: name, packets, bytes, keeping
+    /// nothing (a `/metrics` scrape at 10,000 Services would otherwise hold a map of them,
+    /// about 1 MiB). A missing table has no counters.
+    pub fn each_counter(
+        &mut self,
+        t: &TableRef,
+        mut each: impl FnMut(&str, u64, u64),
+    ) -> Result<(), Error> {
         let seq = self.next_seq();
         let req = Request::new(
             NFT_MSG_GETOBJ,
@@ -328,32 +345,29 @@ impl Nft {
         .attr_str(NFTA_OBJ_TABLE, &t.name)
         .attr_be32(NFTA_OBJ_TYPE, OBJECT_COUNTER)
         .finish();
-        let mut out = CounterValues::new();
         let read = self.request(&req, &format!("counters of {t}"), true, |m| {
             let a = m.attrs();
-            if a.get_str(NFTA_OBJ_TABLE).as_deref() != Some(&t.name)
+            if a.get_str_ref(NFTA_OBJ_TABLE).as_deref() != Some(&t.name)
                 || a.get_be32(NFTA_OBJ_TYPE) != Some(OBJECT_COUNTER)
             {
                 return;
             }
-            let (Some(name), Some(data)) = (a.get_str(NFTA_OBJ_NAME), a.get(NFTA_OBJ_DATA)) else {
+            let (Some(name), Some(data)) = (a.get_str_ref(NFTA_OBJ_NAME), a.get(NFTA_OBJ_DATA))
+            else {
                 return;
             };
             let d = crate::netlink::Attrs(data);
-            out.insert(
-                name,
-                (
-                    d.get_be64(NFTA_COUNTER_PACKETS).unwrap_or(0),
-                    d.get_be64(NFTA_COUNTER_BYTES).unwrap_or(0),
-                ),
+            each(
+                &name,
+                d.get_be64(NFTA_COUNTER_PACKETS).unwrap_or(0),
+                d.get_be64(NFTA_COUNTER_BYTES).unwrap_or(0),
             );
         });
         match read {
-            Ok(()) => Ok(out),
             Err(Error::Dump { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {
-                Ok(CounterValues::new())
+                Ok(())
             }
-            Err(e) => Err(e),
+            r => r,
         }
     }
 

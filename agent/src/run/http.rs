@@ -142,7 +142,6 @@ pub async fn serve(
 mod tests {
     use super::*;
     use crate::metrics::CounterSource;
-    use nodelb_netfilter::CounterValues;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
@@ -230,11 +229,15 @@ mod tests {
     struct Ports(u64);
 
     impl CounterSource for Ports {
-        fn read(&self) -> Vec<(IpFamily, CounterValues)> {
-            let v = (0..self.0)
-                .map(|i| (format!("svc/default/svc-{i}/http"), (i, 1000 * i)))
-                .collect();
-            vec![(IpFamily::V4, v)]
+        fn visit(&self, each: &mut dyn FnMut(IpFamily, &str, u64, u64)) {
+            for i in 0..self.0 {
+                each(
+                    IpFamily::V4,
+                    &format!("svc/default/svc-{i}/http"),
+                    i,
+                    1000 * i,
+                );
+            }
         }
     }
 
