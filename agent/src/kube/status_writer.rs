@@ -11,7 +11,6 @@ use crate::kube::wire;
 use crate::metrics::{Metrics, NodeLabel, WriteLabel};
 use crate::plan::index::Service;
 use crate::plan::Objects;
-use crate::status::condition::Serving;
 use crate::status::heartbeat;
 use crate::status::ingress::{self, Write, FIELD_MANAGER};
 use crate::status::{Desired, Problem, Status, StatusConfig};
@@ -27,7 +26,6 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Client;
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
@@ -67,10 +65,22 @@ pub struct StatusWriter {
 
 /// What the leader wrote of one Service, and the Service's resourceVersion then.
 struct Written {
-    /// Shared with the desired status it was written from.
-    ingress: Arc<[IpAddr]>,
-    serving: Serving,
+    /// A digest of the desired status written (see [`wrote`]), not the status itself: a
+    /// round at 10,000 Services remembers every write until the watch shows it, and the
+    /// ingress and condition kept whole took about 2 MiB.
+    status: u64,
     resource_version: Option<Str>,
+}
+
+/// What [`Written::status`] keeps of a desired status: a 64-bit hash of its ingress and
+/// condition. Two statuses hashing alike (about one chance in 2^64) would cost only a delay:
+/// the second is written once the watch shows a newer version of the Service.
+fn wrote(want: &Desired) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    want.ingress.hash(&mut h);
+    want.serving.hash(&mut h);
+    h.finish()
 }
 
 /// A round that looked at this many Services rebuilds `Memory::written` packed.
@@ -304,7 +314,7 @@ impl StatusWriter {
         // This very version of the Service is our write of this very status: the server may
         // store it in a form of its own, which is not a reason to write it again.
         let ours = memory.written.get(key).is_some_and(|w| {
-            want.is_some_and(|d| d.ingress == w.ingress && d.serving == w.serving)
+            want.is_some_and(|d| wrote(d) == w.status)
                 && svc.metadata.resource_version.as_deref() == w.resource_version.as_deref()
         });
         match ingress::decide(svc, want, ip_mode, Timestamp::now()) {
@@ -374,8 +384,7 @@ impl StatusWriter {
                 memory.written.insert(
                     key.clone(),
                     Written {
-                        ingress: want.ingress.clone(),
-                        serving: want.serving.clone(),
+                        status: wrote(want),
                         resource_version: rv.map(Str::from),
                     },
                 );

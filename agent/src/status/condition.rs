@@ -11,7 +11,7 @@ pub use crate::vocab::SERVING_CONDITION as CONDITION_TYPE;
 const NAMED_NODES: usize = 3;
 
 /// The condition as decided: `status` True or False, a CamelCase reason, a message.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Serving {
     pub status: bool,
     pub reason: &'static str,
