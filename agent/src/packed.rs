@@ -51,10 +51,18 @@ impl<K, V> From<BTreeMap<K, V>> for Packed<K, V> {
     }
 }
 
-/// Rebuild `map` with full nodes (after many inserts in key order). Its entries are moved
-/// into a list and back, so for a moment it costs about twice its entries.
+/// Rebuild `map` with full nodes (after many inserts in key order). The first entry is taken
+/// out and the rest merged back into it: [`BTreeMap::append`] of two non-empty maps builds
+/// the merged tree packed while it frees the old one's nodes, so no list of the entries is
+/// made (collecting them, as before, held a list of all of them for a moment: about 1.2 MiB
+/// for the leader's 10,000 desired statuses).
 pub fn repack<K: Ord, V>(map: &mut BTreeMap<K, V>) {
-    *map = std::mem::take(map).into_iter().collect();
+    let Some((k, v)) = map.pop_first() else {
+        return;
+    };
+    let mut rest = std::mem::take(map);
+    map.insert(k, v);
+    map.append(&mut rest);
 }
 
 #[cfg(test)]
@@ -87,5 +95,10 @@ mod tests {
         let before = m.clone();
         repack(&mut m);
         assert_eq!(m, before);
+        for mut small in [BTreeMap::new(), BTreeMap::from([(1, 2)])] {
+            let before = small.clone();
+            repack(&mut small);
+            assert_eq!(small, before);
+        }
     }
 }
