@@ -475,8 +475,8 @@ impl From<Endpoint> for index::Endpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::index::{LoadBalancerStatus, ServicePort};
-    use k8s_openapi::api::core::v1::{ClientIPConfig, LoadBalancerIngress, SessionAffinityConfig};
+    use crate::plan::index::{LoadBalancerStatus, ServicePort, StoredIngress};
+    use k8s_openapi::api::core::v1::{ClientIPConfig, SessionAffinityConfig};
     use kube::core::DeserializeGuard;
     use serde_json::json;
 
@@ -670,10 +670,10 @@ mod tests {
             s.status,
             Some(ServiceStatus {
                 load_balancer: Some(LoadBalancerStatus {
-                    ingress: Some(vec![LoadBalancerIngress {
+                    ingress: Some(vec![StoredIngress {
                         ip: Some("192.0.2.1".into()),
                         ip_mode: Some("VIP".into()),
-                        ..LoadBalancerIngress::default()
+                        ..StoredIngress::default()
                     }]),
                 }),
                 // Another controller's condition is not kept.

@@ -13,7 +13,7 @@
 
 use crate::vocab::{ServiceKey, Str};
 use imbl::OrdMap;
-use k8s_openapi::api::core::v1::{LoadBalancerIngress, SessionAffinityConfig};
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, PortStatus, SessionAffinityConfig};
 use k8s_openapi::api::discovery::v1::EndpointConditions;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Deserialize, Deserializer};
@@ -154,9 +154,26 @@ pub struct ServiceStatus {
 pub struct ServingCondition {
     pub status: Option<Str>,
     pub reason: Option<Str>,
-    pub message: Option<String>,
+    /// The message's digest ([`message_digest`]), not its text: the status writer only asks
+    /// whether it says what nodelb wants, and at 10,000 Services the texts took about 1 MiB.
+    #[serde(default, deserialize_with = "digest")]
+    pub message: Option<u64>,
     pub observed_generation: Option<i64>,
-    pub last_transition_time: Option<String>,
+    pub last_transition_time: Option<Str>,
+}
+
+/// What [`ServingCondition::message`] keeps of a message: a 64-bit hash. A stored message
+/// hashing like the one wanted (about one chance in 2^64) would stay until the condition
+/// changes again.
+pub fn message_digest(message: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    message.hash(&mut h);
+    h.finish()
+}
+
+fn digest<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    Ok(Option::<std::borrow::Cow<'de, str>>::deserialize(d)?.map(|m| message_digest(&m)))
 }
 
 /// The entry of type `nodelb.io/Serving` of a conditions list, if any.
@@ -181,7 +198,30 @@ fn serving_condition<'de, D: Deserializer<'de>>(
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LoadBalancerStatus {
-    pub ingress: Option<Vec<LoadBalancerIngress>>,
+    pub ingress: Option<Vec<StoredIngress>>,
+}
+
+/// One stored ingress entry, its strings inline (an address and its `ipMode` fit): read as
+/// k8s-openapi's `LoadBalancerIngress`, each entry took two allocations more, about 0.6 MiB
+/// at 10,000 Services.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredIngress {
+    pub hostname: Option<Str>,
+    pub ip: Option<Str>,
+    pub ip_mode: Option<Str>,
+    pub ports: Option<Vec<PortStatus>>,
+}
+
+impl From<&StoredIngress> for LoadBalancerIngress {
+    fn from(i: &StoredIngress) -> LoadBalancerIngress {
+        LoadBalancerIngress {
+            hostname: i.hostname.as_deref().map(str::to_string),
+            ip: i.ip.as_deref().map(str::to_string),
+            ip_mode: i.ip_mode.as_deref().map(str::to_string),
+            ports: i.ports.clone(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]

@@ -3,7 +3,7 @@
 
 use super::condition::{Serving, CONDITION_TYPE};
 use super::Desired;
-use crate::plan::index::{Service, ServingCondition};
+use crate::plan::index::{message_digest, Service, ServingCondition};
 use k8s_openapi::api::core::v1::LoadBalancerIngress;
 use k8s_openapi::jiff::{self, Timestamp};
 use serde_json::{json, Value};
@@ -37,7 +37,8 @@ pub fn stored(svc: &Service) -> Vec<LoadBalancerIngress> {
     svc.status
         .as_ref()
         .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.clone())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|i| i.iter().map(LoadBalancerIngress::from).collect())
         .unwrap_or_default()
 }
 
@@ -140,7 +141,7 @@ fn status_word(status: bool) -> &'static str {
 fn same_condition(stored: &ServingCondition, want: &Serving, generation: Option<i64>) -> bool {
     stored.status.as_deref() == Some(status_word(want.status))
         && stored.reason.as_deref() == Some(want.reason)
-        && stored.message.as_deref() == Some(want.message.as_str())
+        && stored.message == Some(message_digest(&want.message))
         && stored.observed_generation == generation
 }
 
@@ -155,7 +156,7 @@ fn condition_entry(
     let status = status_word(want.status);
     let since = stored
         .filter(|c| c.status.as_deref() == Some(status))
-        .and_then(|c| c.last_transition_time.clone())
+        .and_then(|c| c.last_transition_time.as_deref().map(str::to_string))
         .unwrap_or_else(|| now.round(jiff::Unit::Second).unwrap_or(now).to_string());
     let mut c = json!({
         "type": CONDITION_TYPE,
