@@ -11,6 +11,16 @@ use std::sync::Arc;
 /// stored inline, not as an allocation of their own each.
 pub type Str = compact_str::CompactString;
 
+/// A 64-bit hash of `value`, kept where only equality with a later value is asked (what the
+/// status writer wrote, a stored condition's message): the same in one process, never
+/// compared across processes or written anywhere.
+pub fn digest<T: std::hash::Hash + ?Sized>(value: &T) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::hash::DefaultHasher::new();
+    value.hash(&mut h);
+    h.finish()
+}
+
 /// Label that ties an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 

@@ -76,11 +76,7 @@ struct Written {
 /// condition. Two statuses hashing alike (about one chance in 2^64) would cost only a delay:
 /// the second is written once the watch shows a newer version of the Service.
 fn wrote(want: &Desired) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::hash::DefaultHasher::new();
-    want.ingress.hash(&mut h);
-    want.serving.hash(&mut h);
-    h.finish()
+    crate::vocab::digest(&(&want.ingress, &want.serving))
 }
 
 /// A round that looked at this many Services rebuilds `Memory::written` packed.

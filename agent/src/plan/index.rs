@@ -154,26 +154,19 @@ pub struct ServiceStatus {
 pub struct ServingCondition {
     pub status: Option<Str>,
     pub reason: Option<Str>,
-    /// The message's digest ([`message_digest`]), not its text: the status writer only asks
-    /// whether it says what nodelb wants, and at 10,000 Services the texts took about 1 MiB.
-    #[serde(default, deserialize_with = "digest")]
+    /// The message's digest ([`crate::vocab::digest`] of the text), not its text: the status
+    /// writer only asks whether it says what nodelb wants, and at 10,000 Services the texts
+    /// took about 1 MiB. A stored message hashing like the one wanted (about one chance in
+    /// 2^64) would stay until the condition changes again.
+    #[serde(default, deserialize_with = "message_digest")]
     pub message: Option<u64>,
     pub observed_generation: Option<i64>,
     pub last_transition_time: Option<Str>,
 }
 
-/// What [`ServingCondition::message`] keeps of a message: a 64-bit hash. A stored message
-/// hashing like the one wanted (about one chance in 2^64) would stay until the condition
-/// changes again.
-pub fn message_digest(message: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::hash::DefaultHasher::new();
-    message.hash(&mut h);
-    h.finish()
-}
-
-fn digest<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    Ok(Option::<std::borrow::Cow<'de, str>>::deserialize(d)?.map(|m| message_digest(&m)))
+fn message_digest<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let message = Option::<std::borrow::Cow<'de, str>>::deserialize(d)?;
+    Ok(message.map(|m| crate::vocab::digest(m.as_ref())))
 }
 
 /// The entry of type `nodelb.io/Serving` of a conditions list, if any.

@@ -3,7 +3,7 @@
 
 use super::condition::{Serving, CONDITION_TYPE};
 use super::Desired;
-use crate::plan::index::{message_digest, Service, ServingCondition};
+use crate::plan::index::{Service, ServingCondition};
 use k8s_openapi::api::core::v1::LoadBalancerIngress;
 use k8s_openapi::jiff::{self, Timestamp};
 use serde_json::{json, Value};
@@ -141,7 +141,7 @@ fn status_word(status: bool) -> &'static str {
 fn same_condition(stored: &ServingCondition, want: &Serving, generation: Option<i64>) -> bool {
     stored.status.as_deref() == Some(status_word(want.status))
         && stored.reason.as_deref() == Some(want.reason)
-        && stored.message == Some(message_digest(&want.message))
+        && stored.message == Some(crate::vocab::digest(want.message.as_str()))
         && stored.observed_generation == generation
 }
 
