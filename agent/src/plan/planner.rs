@@ -288,18 +288,18 @@ impl Planner {
         new: Option<&Prepared>,
         mut winners_before: Option<&mut BTreeMap<Slot, Option<ServiceKey>>>,
     ) {
-        for (slot, claim) in claims_of(old) {
+        let mut note = |claims: &Claims, slot: Slot| {
             if let Some(w) = winners_before.as_deref_mut() {
                 w.entry(slot)
-                    .or_insert_with(|| self.claims.winner(&slot).cloned());
+                    .or_insert_with(|| claims.winner(&slot).cloned());
             }
+        };
+        for (slot, claim) in claims_of(old) {
+            note(&self.claims, slot);
             self.claims.remove(&slot, &claim);
         }
         for (slot, claim) in claims_of(new) {
-            if let Some(w) = winners_before.as_deref_mut() {
-                w.entry(slot)
-                    .or_insert_with(|| self.claims.winner(&slot).cloned());
-            }
+            note(&self.claims, slot);
             self.claims.add(slot, claim);
         }
     }
