@@ -7,7 +7,7 @@
 # something is missing. promtool (the monitoring test checks the alert rules with it) is
 # unpacked from Debian's prometheus package into the cache, not installed: installing would
 # start a Prometheus server on the machine. Then builds that kube-apiserver once per machine
-# (scripts/kube-apiserver.sh; needs Go).
+# (scripts/kubernetes.sh; needs Go).
 set -euo pipefail
 packages=(libnftnl-dev libmnl-dev pkg-config nftables iproute2 gcc etcd-server faketime socat)
 missing=()
@@ -32,4 +32,4 @@ if [ ! -x "$cache/promtool/usr/bin/promtool" ]; then
   rm -rf "$tmp"
 fi
 command -v cargo >/dev/null || { echo "deps: cargo not found; install a Rust toolchain (rustup) first" >&2; exit 1; }
-"$(dirname "$0")/kube-apiserver.sh" >/dev/null
+"$(dirname "$0")/kubernetes.sh" >/dev/null

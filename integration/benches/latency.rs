@@ -1,6 +1,6 @@
 //! Event-to-kernel latency, peak memory and leader takeover of the real release `nodelb-agent`
 //! against a real kube-apiserver: the e2e harness's control plane (etcd, and kube-apiserver built
-//! from the pinned `k8s.io/kubernetes` module by `scripts/kube-apiserver.sh`, in a control-plane
+//! from the pinned `k8s.io/kubernetes` module by `scripts/kubernetes.sh`, in a control-plane
 //! namespace), with agents in node namespaces of the harness (never the host's netfilter).
 //!
 //! Per size N (`NODELB_BENCH_LATENCY_SERVICES`, default `1000,10000`), on a fresh cluster:
@@ -76,7 +76,7 @@
 //!
 //! The agent is `NODELB_AGENT_BIN`, else `target/release/nodelb-agent` of this workspace (build
 //! it with `cargo build --release -p nodelb-agent`). Needs root, `etcd` (scripts/deps.sh) and
-//! the pinned kube-apiserver (`scripts/kube-apiserver.sh`, run by the harness when missing);
+//! the pinned kube-apiserver (`scripts/kubernetes.sh`, run by the harness when missing);
 //! without root prints SKIP and exits 0, or 1 when `CI=true`. Not against
 //! `NODELB_E2E_KUBECONFIG`: the takeover reads the audit log of the harness's own server.
 //! Run: `cargo bench -p nodelb-integration --bench latency`.

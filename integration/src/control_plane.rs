@@ -1,7 +1,7 @@
 //! The real control plane every end-to-end test, the latency benchmark and the demo run
 //! against: etcd (Debian's `etcd-server`) and kube-apiserver, built by
-//! `scripts/kube-apiserver.sh` from the pinned `k8s.io/kubernetes` Go module in
-//! `integration/kube-apiserver/`, both started inside one network namespace the harness created.
+//! `scripts/kubernetes.sh` from the pinned `k8s.io/kubernetes` Go module in
+//! `integration/kubernetes/`, both started inside one network namespace the harness created.
 //!
 //! - etcd listens on that namespace's loopback only; its data lives on tmpfs (`/dev/shm`) when
 //!   there is one, so a test pays no disk flush per write, and is deleted on drop.
@@ -62,12 +62,12 @@ pub struct ControlPlane {
     version: String,
 }
 
-/// Where `scripts/kube-apiserver.sh` put the binaries (it builds them on first use, then
+/// Where `scripts/kubernetes.sh` put the binaries (it builds them on first use, then
 /// reuses its cache): `kube-apiserver` and `kubectl` of the pinned release.
 pub fn binaries_dir() -> Result<PathBuf, String> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     DIR.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/kube-apiserver.sh");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/kubernetes.sh");
         let out = Command::new("bash")
             .arg(&script)
             .stderr(Stdio::inherit())
@@ -91,9 +91,9 @@ pub fn kubectl() -> Result<PathBuf, String> {
     Ok(binaries_dir()?.join("kubectl"))
 }
 
-/// The `k8s.io/kubernetes` version `integration/kube-apiserver/go.mod` pins (`v1.36.3`).
+/// The `k8s.io/kubernetes` version `integration/kubernetes/go.mod` pins (`v1.36.3`).
 pub fn pinned_version() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("kube-apiserver/go.mod");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("kubernetes/go.mod");
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     text.lines()
@@ -278,7 +278,7 @@ impl ControlPlane {
         Ok(cp)
     }
 
-    /// The API server's version (`v1.36.3`): what `scripts/kube-apiserver.sh` built.
+    /// The API server's version (`v1.36.3`): what `scripts/kubernetes.sh` built.
     pub fn version(&self) -> &str {
         &self.version
     }

@@ -29,7 +29,7 @@
 //!
 //! By default a real kube-apiserver with etcd, started for each cluster in the `api` namespace
 //! ([`crate::control_plane`]; built from the pinned `k8s.io/kubernetes` module by
-//! `scripts/kube-apiserver.sh`). The harness installs `manifests/` with the pinned
+//! `scripts/kubernetes.sh`). The harness installs `manifests/` with the pinned
 //! `kubectl apply --server-side -k`, creates Nodes, one agent Pod per node from the
 //! DaemonSet's template, and gives each agent a token of the `nodelb` ServiceAccount bound to
 //! its Pod (TokenRequest): the server's own authenticator and RBAC authorizer judge every agent

@@ -389,7 +389,7 @@ fn every_manifest_file_decodes_and_is_part_of_a_build() {
 
 #[test]
 fn builds_agree_with_kubectl_kustomize() {
-    // The kubectl of the pinned Kubernetes release (scripts/kube-apiserver.sh builds it beside
+    // The kubectl of the pinned Kubernetes release (scripts/kubernetes.sh builds it beside
     // the kube-apiserver the e2e tests run against), so this never depends on what the machine
     // happens to have.
     let kubectl = nodelb_integration::control_plane::kubectl().unwrap_or_else(|e| panic!("{e}"));
