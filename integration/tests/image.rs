@@ -98,3 +98,166 @@ fn dockerfile_runs_the_agent() {
         .collect();
     assert_eq!(packages, ["libnftnl11", "libmnl0"]);
 }
+
+// scripts/images.sh builds the test cluster's agent image without Docker: it reproduces the
+// runtime stage of Dockerfile.agent, reading the stage's base, packages, COPY destination,
+// ENTRYPOINT and CMD from the Dockerfile, so the image the tests run cannot drift from the one
+// users build. `--runtime-stage` prints what it read (no root, nothing built).
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `scripts/images.sh --runtime-stage`, on `dockerfile` (NODELB_DOCKERFILE) or the real one.
+fn images_runtime_stage(dockerfile: Option<&std::path::Path>) -> std::process::Output {
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(repo().join("scripts/images.sh"))
+        .arg("--runtime-stage");
+    match dockerfile {
+        Some(p) => cmd.env("NODELB_DOCKERFILE", p),
+        None => cmd.env_remove("NODELB_DOCKERFILE"),
+    };
+    cmd.output()
+        .expect("running bash scripts/images.sh --runtime-stage")
+}
+
+fn stdout_lines(out: &std::process::Output) -> Vec<String> {
+    assert!(
+        out.status.success(),
+        "scripts/images.sh --runtime-stage failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// A Dockerfile of the test's own in a fresh temporary directory.
+fn temp_dockerfile(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("nodelb-image-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("Dockerfile.agent");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn images_sh_takes_the_runtime_stage_from_the_dockerfile() {
+    let docker = commands(&read("Dockerfile.agent"));
+    let start = docker.iter().rposition(|c| c.starts_with("FROM ")).unwrap();
+    let runtime = &docker[start..];
+    let line = |kw: &str| -> String {
+        let found: Vec<&String> = runtime.iter().filter(|c| c.starts_with(kw)).collect();
+        assert_eq!(found.len(), 1, "one {kw}in the runtime stage: {runtime:?}");
+        found[0].clone()
+    };
+    let install = line("RUN ");
+    let packages: Vec<&str> = install
+        .split("apt-get install")
+        .nth(1)
+        .unwrap()
+        .split("&&")
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .filter(|w| !w.starts_with('-'))
+        .collect();
+    let copy = line("COPY ");
+    let (entrypoint, cmd) = (line("ENTRYPOINT "), line("CMD "));
+    assert_eq!(
+        stdout_lines(&images_runtime_stage(None)),
+        vec![
+            runtime[0].clone(),
+            format!("PACKAGES {}", packages.join(" ")),
+            format!("COPY {}", copy.split_whitespace().last().unwrap()),
+            entrypoint.clone(),
+            cmd.clone(),
+        ]
+    );
+    // ... and has no copy of them: the script names none of the packages, nor the JSON arrays.
+    let script = read("scripts/images.sh");
+    for own in packages
+        .iter()
+        .copied()
+        .chain([&entrypoint["ENTRYPOINT ".len()..], &cmd["CMD ".len()..]])
+    {
+        assert!(!script.contains(own), "scripts/images.sh has its own {own}");
+    }
+    // The binary is stripped the same way.
+    assert!(read("Dockerfile.agent").contains("strip --strip-debug -o /nodelb-agent"));
+    assert!(script.contains("strip --strip-debug -o"));
+}
+
+#[test]
+fn images_sh_follows_a_changed_dockerfile() {
+    let path = temp_dockerfile(
+        "changed",
+        r#"# syntax=docker/dockerfile:1
+FROM rust:1-bookworm AS build
+RUN scripts/build-release.sh \
+ && strip --strip-debug -o /nodelb-agent target/release/nodelb-agent
+FROM debian:trixie-slim
+# a comment inside the stage
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libnftnl11 \
+    libmnl0 \
+    # a comment inside the command, which Docker drops
+    iproute2 \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /nodelb-agent /opt/nodelb/
+ENTRYPOINT ["/opt/nodelb/nodelb-agent", "--log-format=json"]
+CMD ["run", "--node-name=a"]
+"#,
+    );
+    let out = images_runtime_stage(Some(&path));
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    assert_eq!(
+        stdout_lines(&out),
+        [
+            "FROM debian:trixie-slim",
+            "PACKAGES libnftnl11 libmnl0 iproute2",
+            "COPY /opt/nodelb/nodelb-agent",
+            r#"ENTRYPOINT ["/opt/nodelb/nodelb-agent", "--log-format=json"]"#,
+            r#"CMD ["run", "--node-name=a"]"#,
+        ]
+    );
+}
+
+#[test]
+fn images_sh_refuses_a_runtime_stage_it_would_not_reproduce() {
+    let base = read("Dockerfile.agent");
+    let cmd_line = base
+        .lines()
+        .find(|l| l.starts_with("CMD "))
+        .expect("a CMD line")
+        .to_string();
+    let cases = [
+        ("env", cmd_line.clone() + "\nENV RUST_LOG=debug", "ENV"),
+        ("user", cmd_line.clone() + "\nUSER 65534", "USER"),
+        (
+            "run",
+            cmd_line.clone() + "\nRUN useradd nodelb",
+            "useradd nodelb",
+        ),
+        ("shell-form", "CMD run".to_string(), "exec (JSON) form"),
+        ("not-slim", cmd_line.clone(), "FROM debian:bookworm;"),
+    ];
+    for (name, replacement, complaint) in cases {
+        let mut text = base.replace(&cmd_line, &replacement);
+        if name == "not-slim" {
+            text = text.replace("FROM debian:bookworm-slim", "FROM debian:bookworm");
+        }
+        assert_ne!(text, base, "{name}: the case changes the Dockerfile");
+        let path = temp_dockerfile(name, &text);
+        let out = images_runtime_stage(Some(&path));
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(complaint),
+            "{name}: expected a failure naming {complaint:?}; status {}, stdout {}, stderr {stderr}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
