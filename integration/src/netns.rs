@@ -83,10 +83,12 @@ pub fn bench_main(name: &str, run: impl FnOnce() -> Result<(), String>) -> std::
     }
 }
 
-/// A network namespace owned by the test; deleted on drop.
+/// A network namespace: one the test made ([`Netns::new`]), deleted on drop, or one made by
+/// someone else ([`Netns::existing`]), left alone.
 #[derive(Debug)]
 pub struct Netns {
     name: String,
+    owned: bool,
 }
 
 impl Netns {
@@ -106,13 +108,39 @@ impl Netns {
         let name = format!("nlb-{}-{n}-{label}", std::process::id());
         run_ip(&["netns", "add", &name]);
         // From here on Drop cleans up, even if the next step panics.
-        let ns = Netns { name };
+        let ns = Netns { name, owned: true };
         ns.ip(&["link", "set", "lo", "up"]);
         // No duplicate address detection on interfaces created later: IPv6
         // link-local addresses are usable at once, which the node needs to
         // send neighbour solicitations for forwarded packets.
         ns.sh("sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0");
         ns
+    }
+
+    /// A namespace `ip netns` already knows by `name` (scripts/cluster.sh's client, say), for
+    /// running clients in; never deleted by this handle.
+    pub fn existing(name: &str) -> Result<Netns, String> {
+        let ns = Netns {
+            name: name.to_string(),
+            owned: false,
+        };
+        match ns.path().exists() {
+            true => Ok(ns),
+            false => Err(format!(
+                "no network namespace {name} ({})",
+                ns.path().display()
+            )),
+        }
+    }
+
+    /// This process's own namespace, for running clients in where no namespace was given (a
+    /// test against a cluster of someone else's). Only [`Netns::run`] and the servers and
+    /// clients built on it work with it, not `ip netns exec`.
+    pub fn existing_current() -> Netns {
+        Netns {
+            name: String::new(),
+            owned: false,
+        }
     }
 
     /// The namespace name as known to `ip netns`.
@@ -122,6 +150,9 @@ impl Netns {
 
     /// The bind-mount that pins the namespace: `/run/netns/<name>`.
     pub fn path(&self) -> PathBuf {
+        if self.name.is_empty() {
+            return PathBuf::from("/proc/self/ns/net");
+        }
         Path::new("/run/netns").join(&self.name)
     }
 
@@ -240,6 +271,9 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // Errors are ignored: the namespace may already be gone, and a panic
         // here during unwinding would abort the test binary.
         let _ = Command::new("ip")

@@ -1,0 +1,611 @@
+#!/usr/bin/env bash
+# A real two-node Kubernetes cluster on one machine, for nodelb's real-cluster tests and demo.
+#
+#   scripts/cluster.sh up                     start it (idempotent), print KUBECONFIG=, NODES=, CLIENT_NETNS=
+#   scripts/cluster.sh down                   remove every process, namespace, mount, cgroup and file it made
+#   scripts/cluster.sh env                    print the three lines of a running cluster
+#   scripts/cluster.sh kubelet stop|start N   stop or start node N's kubelet (its containers keep running)
+#   scripts/cluster.sh kube-proxy-mode M      restart every node's kube-proxy in mode M (nftables, iptables)
+#
+# What runs (all built from the pinned k8s.io/kubernetes module by scripts/kubernetes.sh, etcd,
+# containerd, runc and the CNI plugins from Debian):
+#   nodelb-cp      etcd, kube-apiserver (192.0.2.2:6443), kube-controller-manager, kube-scheduler
+#   nodelb-node-a  containerd, kubelet and kube-proxy of node-a (192.0.2.11, zone-a)
+#   nodelb-node-b  the same for node-b (192.0.2.12, zone-b)
+#   nodelb-client  a client (203.0.113.10) that reaches the two node addresses and nothing else
+#   nodelb-lan     the switch (bridge lan0, 192.0.2.1/24) and the client's router (203.0.113.1)
+# Each is a network namespace of its own; nothing is added to the machine's own network
+# namespace or firewall. The one thing in the machine's namespace is a relay (socat) listening
+# on 127.0.0.1:<port> (the first free port from 16443) that passes the admin's TLS connections
+# through a unix socket to the API server, so kubectl and the tests reach it.
+#
+# Each node's containerd and kubelet share a mount namespace of their own (made with unshare)
+# holding a private /run (containerd's state, runc's root, the shims' sockets, the pods' network
+# namespaces), a private /var/log (pod logs), the node's own /sys, and read-only copies of the
+# kernel settings the kubelet would otherwise set on the whole machine (vm.overcommit_memory,
+# kernel.panic, kernel.panic_on_oops, ...): the kubelet sees the values it wants and writes
+# nothing. Each node has its own cgroup root (/nodelb-cluster-<node> in every hierarchy), its own
+# containerd root, socket and CNI configuration, and its own kubelet root directory.
+#
+# Addresses (documentation ranges only; no namespace has a default route):
+#   192.0.2.0/24       the nodes' network: lan .1, control plane .2, node-a .11, node-b .12
+#   198.51.100.0/25    node-a's pods (bridge cni0, hairpin mode on, as flannel configures it)
+#   198.51.100.128/25  node-b's pods; each node routes the other's pods via the other node
+#   203.0.113.0/24     the client's network: lan .1, client .10
+#   198.18.0.0/16      Service ClusterIPs (198.18.0.0/15 is reserved for benchmarks): only
+#                      kube-proxy's DNAT inside the nodes ever sees them
+# Pods get routes to these ranges through their node, not a default route. The kubelet writes
+# pods an empty resolv.conf: no name lookup leaves the machine.
+#
+# Images: scripts/images.sh builds the pause, backend and nodelb-agent images offline (no
+# registry is reachable) and `up` imports them into each node's containerd with
+# `ctr images import`. Set NODELB_IMAGE_AGENT_BIN to choose the agent binary the image carries
+# (by default target/release/nodelb-agent, built when missing).
+#
+# State lives in $NODELB_CLUSTER_DIR (default /var/lib/nodelb-cluster): certificates,
+# kubeconfigs, logs, each node's containerd root and kubelet root. `down` deletes it.
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+dir="${NODELB_CLUSTER_DIR:-/var/lib/nodelb-cluster}"
+nodes=(node-a node-b)
+declare -A node_ip=([node-a]=192.0.2.11 [node-b]=192.0.2.12)
+declare -A node_zone=([node-a]=zone-a [node-b]=zone-b)
+declare -A pod_cidr=([node-a]=198.51.100.0/25 [node-b]=198.51.100.128/25)
+declare -A pod_gw=([node-a]=198.51.100.1 [node-b]=198.51.100.129)
+cp_ip=192.0.2.2
+lan_ip=192.0.2.1
+client_ip=203.0.113.10
+client_gw=203.0.113.1
+cluster_cidr=198.51.100.0/24
+service_cidr=198.18.0.0/16
+kubernetes_service_ip=198.18.0.1
+api_port=6443
+ns_lan=nodelb-lan
+ns_cp=nodelb-cp
+ns_client=nodelb-client
+packages=(etcd-server containerd runc containernetworking-plugins iptables nftables iproute2 socat openssl
+  mmdebstrap busybox-static gcc libc6-dev)
+
+log() { echo "cluster: $*" >&2; }
+die() {
+  echo "cluster: $*" >&2
+  exit 1
+}
+node_ns() { echo "nodelb-$1"; }
+cgroup_root() { echo "nodelb-cluster-$1"; }
+
+deps() {
+  local missing=() p
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    log "installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update
+    apt-get install -y "${missing[@]}"
+  fi
+}
+
+# --- processes -------------------------------------------------------------------------------
+alive() { [ -f "$dir/pids/$1" ] && kill -0 "$(cat "$dir/pids/$1")" 2>/dev/null; }
+
+# start NAME COMMAND...: runs COMMAND in a session of its own with its output in logs/NAME.log
+# and its pid in pids/NAME. COMMAND must exec the process in place (ip netns exec, nsenter and
+# unshare do), so the recorded pid is the process's own.
+start() {
+  local name="$1"
+  shift
+  alive "$name" && return 0
+  mkdir -p "$dir/pids" "$dir/logs"
+  setsid "$@" </dev/null >>"$dir/logs/$name.log" 2>&1 &
+  echo $! >"$dir/pids/$name"
+}
+
+# stop NAME: SIGTERM, then SIGKILL after 10 s.
+stop() {
+  local name="$1" pid i
+  [ -f "$dir/pids/$name" ] || return 0
+  pid="$(cat "$dir/pids/$name")"
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for i in $(seq 100); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$dir/pids/$name"
+}
+
+# wait_for WHAT SECONDS COMMAND...: until COMMAND succeeds.
+wait_for() {
+  local what="$1" seconds="$2" i
+  shift 2
+  for i in $(seq $((seconds * 5))); do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  die "$what: not ready after ${seconds} s"
+}
+
+# --- network ---------------------------------------------------------------------------------
+have_ns() { ip netns list | awk '{print $1}' | grep -qx "$1"; }
+
+netns_add() {
+  have_ns "$1" && return 0
+  ip netns add "$1"
+  ip -n "$1" link set lo up
+  # New namespaces inherit the machine's IPv4 settings; set what each needs here.
+  ip netns exec "$1" sysctl -qw net.ipv4.ip_forward="$2"
+}
+
+# lan_port NS IFNAME ADDRESS: a veth from NS into the lan bridge.
+lan_port() {
+  local ns="$1" ifname="$2" addr="$3" peer="l-${1#nodelb-}"
+  ip -n "$ns" link show "$ifname" >/dev/null 2>&1 && return 0
+  ip -n "$ns" link add "$ifname" type veth peer name "$peer" netns "$ns_lan"
+  ip -n "$ns_lan" link set "$peer" master lan0 up
+  ip -n "$ns" addr add "$addr/24" dev "$ifname"
+  ip -n "$ns" link set "$ifname" up
+}
+
+network() {
+  netns_add "$ns_lan" 1
+  if ! ip -n "$ns_lan" link show lan0 >/dev/null 2>&1; then
+    ip -n "$ns_lan" link add lan0 type bridge
+    ip -n "$ns_lan" addr add "$lan_ip/24" dev lan0
+    ip -n "$ns_lan" link set lan0 up
+  fi
+  netns_add "$ns_cp" 0
+  lan_port "$ns_cp" eth0 "$cp_ip"
+  local n other
+  for n in "${nodes[@]}"; do
+    netns_add "$(node_ns "$n")" 1
+    lan_port "$(node_ns "$n")" eth0 "${node_ip[$n]}"
+    ip -n "$ns_cp" route replace "${pod_cidr[$n]}" via "${node_ip[$n]}"
+    ip -n "$(node_ns "$n")" route replace 203.0.113.0/24 via "$lan_ip"
+    # Connections to a ClusterIP need a route before kube-proxy's DNAT rewrites them (a real
+    # node has its default route); nothing there answers if kube-proxy does not.
+    ip -n "$(node_ns "$n")" route replace "$service_cidr" via "$lan_ip"
+    for other in "${nodes[@]}"; do
+      [ "$other" = "$n" ] && continue
+      ip -n "$(node_ns "$n")" route replace "${pod_cidr[$other]}" via "${node_ip[$other]}"
+    done
+  done
+  netns_add "$ns_client" 0
+  if ! ip -n "$ns_client" link show eth0 >/dev/null 2>&1; then
+    ip -n "$ns_client" link add eth0 type veth peer name client0 netns "$ns_lan"
+    ip -n "$ns_lan" addr add "$client_gw/24" dev client0
+    ip -n "$ns_lan" link set client0 up
+    ip -n "$ns_client" addr add "$client_ip/24" dev eth0
+    ip -n "$ns_client" link set eth0 up
+  fi
+  # The client reaches the nodes' addresses and nothing else.
+  for n in "${nodes[@]}"; do
+    ip -n "$ns_client" route replace "${node_ip[$n]}/32" via "$client_gw"
+  done
+}
+
+# --- certificates and kubeconfigs ------------------------------------------------------------
+pki() {
+  local p="$dir/pki"
+  [ -f "$p/done" ] && return 0
+  mkdir -p "$p"
+  (
+    cd "$p"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 3650 \
+      -subj "/CN=nodelb test cluster CA" -keyout ca.key -out ca.crt 2>/dev/null
+    cert() { # cert NAME SUBJECT [SAN]
+      openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "$2" \
+        -keyout "$1.key" -out "$1.csr" 2>/dev/null
+      openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+        ${3:+-extfile <(printf 'subjectAltName=%s\n' "$3")} -out "$1.crt" 2>/dev/null
+      rm "$1.csr"
+    }
+    cert apiserver "/CN=kube-apiserver" \
+      "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:localhost,IP:127.0.0.1,IP:$cp_ip,IP:$kubernetes_service_ip"
+    # The API server's client certificate toward the kubelets (logs, exec, port-forward).
+    cert kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+    openssl ecparam -name prime256v1 -genkey -noout -out sa.key 2>/dev/null
+    openssl ec -in sa.key -pubout -out sa.pub 2>/dev/null
+    # Static tokens: token,user,uid,"groups".
+    {
+      echo "$(openssl rand -hex 16),nodelb-cluster-admin,nodelb-cluster-admin,\"system:masters\""
+      echo "$(openssl rand -hex 16),system:kube-controller-manager,system:kube-controller-manager"
+      echo "$(openssl rand -hex 16),system:kube-scheduler,system:kube-scheduler"
+      echo "$(openssl rand -hex 16),system:kube-proxy,system:kube-proxy"
+      for n in "${nodes[@]}"; do
+        echo "$(openssl rand -hex 16),system:node:$n,system:node:$n,\"system:nodes\""
+      done
+    } >tokens.csv
+    chmod 600 ./*.key tokens.csv
+  )
+  touch "$p/done"
+}
+
+token_of() { awk -F, -v u="$1" '$2 == u {print $1}' "$dir/pki/tokens.csv"; }
+
+# kubeconfig FILE SERVER USER
+kubeconfig() {
+  cat >"$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: nodelb-cluster
+  cluster:
+    server: $2
+    certificate-authority-data: $(base64 -w0 "$dir/pki/ca.crt")
+users:
+- name: $3
+  user:
+    token: $(token_of "$3")
+contexts:
+- name: nodelb-cluster
+  context: {cluster: nodelb-cluster, user: $3}
+current-context: nodelb-cluster
+EOF
+  chmod 600 "$1"
+}
+
+# --- control plane ---------------------------------------------------------------------------
+relay_port() {
+  if [ -f "$dir/relay-port" ] && alive relay; then
+    cat "$dir/relay-port"
+    return
+  fi
+  local p
+  for p in $(seq 16443 16543); do
+    if [ -z "$(ss -Hltn "sport = :$p")" ]; then
+      echo "$p" >"$dir/relay-port"
+      echo "$p"
+      return
+    fi
+  done
+  die "no free port in 16443-16543 on 127.0.0.1 for the API relay"
+}
+
+control_plane() {
+  local k="$bins" p="$dir/pki" api="https://$cp_ip:$api_port"
+  mkdir -p "$dir/etcd"
+  start etcd ip netns exec "$ns_cp" etcd --name=nodelb-cluster --data-dir="$dir/etcd" \
+    --listen-client-urls=http://127.0.0.1:2379 --advertise-client-urls=http://127.0.0.1:2379 \
+    --listen-peer-urls=http://127.0.0.1:2380 --initial-advertise-peer-urls=http://127.0.0.1:2380 \
+    --initial-cluster=nodelb-cluster=http://127.0.0.1:2380 --listen-metrics-urls= \
+    --log-level=warn --logger=zap
+  start kube-apiserver ip netns exec "$ns_cp" "$k/kube-apiserver" \
+    --etcd-servers=http://127.0.0.1:2379 --bind-address=0.0.0.0 --secure-port="$api_port" \
+    --advertise-address="$cp_ip" --tls-cert-file="$p/apiserver.crt" \
+    --tls-private-key-file="$p/apiserver.key" --client-ca-file="$p/ca.crt" \
+    --token-auth-file="$p/tokens.csv" --authorization-mode=Node,RBAC \
+    --enable-admission-plugins=NodeRestriction --allow-privileged=true \
+    --service-account-issuer=https://kubernetes.default.svc \
+    --service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
+    --service-cluster-ip-range="$service_cidr" \
+    --kubelet-client-certificate="$p/kubelet-client.crt" \
+    --kubelet-client-key="$p/kubelet-client.key" \
+    --kubelet-preferred-address-types=InternalIP \
+    --profiling=false --cert-dir="$dir/apiserver-certs" --v=1
+  # The admin's way in from the machine's own namespace: TCP on loopback -> unix socket ->
+  # the API server, bytes only (TLS end to end).
+  local port
+  port="$(relay_port)"
+  start relay-cp ip netns exec "$ns_cp" socat "UNIX-LISTEN:$dir/api.sock,fork,unlink-early" \
+    "TCP:$cp_ip:$api_port"
+  start relay socat "TCP-LISTEN:$port,bind=127.0.0.1,fork,reuseaddr" "UNIX-CONNECT:$dir/api.sock"
+  kubeconfig "$dir/admin.kubeconfig" "https://127.0.0.1:$port" nodelb-cluster-admin
+  kubeconfig "$dir/controller-manager.kubeconfig" "$api" system:kube-controller-manager
+  kubeconfig "$dir/scheduler.kubeconfig" "$api" system:kube-scheduler
+  kubeconfig "$dir/kube-proxy.kubeconfig" "$api" system:kube-proxy
+  wait_for kube-apiserver 120 kubectl get --raw /readyz
+  local cm="$dir/controller-manager.kubeconfig" sc="$dir/scheduler.kubeconfig"
+  start kube-controller-manager ip netns exec "$ns_cp" "$k/kube-controller-manager" \
+    --kubeconfig="$cm" --authentication-kubeconfig="$cm" --authorization-kubeconfig="$cm" \
+    --use-service-account-credentials=true --service-account-private-key-file="$p/sa.key" \
+    --root-ca-file="$p/ca.crt" --leader-elect=false --bind-address=127.0.0.1 \
+    --profiling=false --v=1
+  start kube-scheduler ip netns exec "$ns_cp" "$k/kube-scheduler" \
+    --kubeconfig="$sc" --authentication-kubeconfig="$sc" --authorization-kubeconfig="$sc" \
+    --leader-elect=false --bind-address=127.0.0.1 --profiling=false --v=1
+}
+
+kubectl() { "$bins/kubectl" --kubeconfig="$dir/admin.kubeconfig" "$@"; }
+
+# --- nodes -----------------------------------------------------------------------------------
+# Kernel settings the kubelet checks and, unless they already hold, writes machine-wide
+# (pkg/kubelet/cm/container_manager_linux.go, setupKernelTunables). The node's mount namespace
+# shows it these values instead of the machine's.
+kubelet_sysctls=(vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel/panic_on_oops=1
+  kernel/keys/root_maxkeys=1000000 kernel/keys/root_maxbytes=25000000)
+
+node_files() {
+  local n="$1" nd="$dir/$1"
+  mkdir -p "$nd/containerd" "$nd/cni/net.d" "$nd/cni/ipam" "$nd/kubelet" "$nd/var-log" \
+    "$nd/sysctl" "$nd/mnt"
+  : >"$dir/resolv.conf"
+  cat >"$nd/containerd/config.toml" <<EOF
+version = 2
+root = "$nd/containerd/root"
+state = "/run/containerd"
+oom_score = 0
+# /opt/containerd would be made on the machine; the snapshotters other than overlayfs are
+# not used.
+disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs"]
+[grpc]
+  address = "$nd/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$pause_image"
+  # No CAP_SYS_RESOURCE here: without this runc fails with "can't get final child's PID
+  # from pipe" when it lowers a container's oom_score_adj.
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  stream_server_address = "127.0.0.1"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$nd/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      SystemdCgroup = false
+EOF
+  cat >"$nd/cni/net.d/10-pods.conflist" <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "nodelb-pods",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "cni0",
+      "isGateway": true,
+      "hairpinMode": true,
+      "ipMasq": false,
+      "ipam": {
+        "type": "host-local",
+        "dataDir": "$nd/cni/ipam",
+        "ranges": [[{"subnet": "${pod_cidr[$n]}", "gateway": "${pod_gw[$n]}"}]],
+        "routes": [{"dst": "192.0.2.0/24"}, {"dst": "203.0.113.0/24"},
+                   {"dst": "$cluster_cidr"}, {"dst": "$service_cidr"}]
+      }
+    },
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+EOF
+  cat >"$nd/kubelet/config.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+containerRuntimeEndpoint: unix://$nd/containerd.sock
+cgroupDriver: cgroupfs
+cgroupRoot: /$(cgroup_root "$n")
+# The machine mounts cgroup v1, and containerd 1.6 lacks the RuntimeConfig call.
+failCgroupV1: false
+failSwapOn: false
+address: ${node_ip[$n]}
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $dir/pki/ca.crt}
+authorization: {mode: Webhook}
+resolvConf: $dir/resolv.conf
+oomScoreAdj: 0
+serializeImagePulls: false
+# The disk is the machine's, shared with everything else on it: evict only when it is
+# nearly full.
+evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+nodeStatusReportFrequency: 10s
+EOF
+  kubeconfig "$nd/kubelet.kubeconfig" "https://$cp_ip:$api_port" "system:node:$n"
+  cat >"$nd/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: ${proxy_mode}
+clientConnection: {kubeconfig: $dir/kube-proxy.kubeconfig}
+hostnameOverride: $n
+clusterCIDR: $cluster_cidr
+metricsBindAddress: 127.0.0.1:10249
+# Inside a network namespace: nf_conntrack_max is read-only there, and kube-proxy may not
+# lower its own oom_score_adj without CAP_SYS_RESOURCE.
+oomScoreAdj: 0
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+EOF
+  local s
+  for s in "${kubelet_sysctls[@]}"; do
+    echo "${s#*=}" >"$nd/sysctl/${s%%=*}"
+  done 2>/dev/null || true
+}
+
+# The node's mount namespace, then containerd in it (see the header).
+node_mounts_script() {
+  local n="$1" nd="$dir/$1" s m=""
+  for s in "${kubelet_sysctls[@]}"; do
+    local f="${s%%=*}"
+    m+="echo ${s#*=} >$nd/sysctl/${f//\//.}; mount --bind -o ro $nd/sysctl/${f//\//.} /proc/sys/$f; "
+  done
+  cat <<EOF
+set -e
+mount --make-rprivate /
+mount --rbind /sys/fs/cgroup $nd/mnt
+umount -l /sys
+mount -t sysfs sysfs /sys
+mount --rbind $nd/mnt /sys/fs/cgroup
+umount -l $nd/mnt
+mount -t tmpfs -o mode=755 tmpfs /run
+mount --bind $nd/var-log /var/log
+$m
+echo \$\$ >$dir/pids/containerd-$n
+exec containerd --config $nd/containerd/config.toml
+EOF
+}
+
+cgroups_make() {
+  local h
+  for h in /sys/fs/cgroup/*/; do
+    [ "$(basename "$h")" = unified ] && continue
+    mkdir -p "$h$(cgroup_root "$1")"
+  done
+}
+
+node_up() {
+  local n="$1" nd="$dir/$1" ns
+  ns="$(node_ns "$n")"
+  node_files "$n"
+  cgroups_make "$n"
+  if ! alive "containerd-$n"; then
+    mkdir -p "$dir/pids" "$dir/logs"
+    setsid nsenter --net="/run/netns/$ns" -- unshare --mount --propagation private -- \
+      sh -c "$(node_mounts_script "$n")" </dev/null >>"$dir/logs/containerd-$n.log" 2>&1 &
+    wait_for "containerd of $n" 30 ctr --address "$nd/containerd.sock" version
+  fi
+  local img
+  for img in "${images[@]}"; do
+    local name="${img%%=*}" file="${img#*=}"
+    if ! ctr --address "$nd/containerd.sock" -n k8s.io images check "name==$name" 2>/dev/null |
+      grep -q "$name"; then
+      ctr --address "$nd/containerd.sock" -n k8s.io images import --no-unpack=false "$file" >/dev/null
+    fi
+  done
+  kubelet_start "$n"
+  start "kube-proxy-$n" ip netns exec "$ns" "$bins/kube-proxy" --config="$nd/kube-proxy.yaml" --v=1
+}
+
+kubelet_start() {
+  local n="$1" nd="$dir/$1"
+  alive "kubelet-$n" && return 0
+  start "kubelet-$n" nsenter --target "$(cat "$dir/pids/containerd-$n")" --mount --net -- \
+    "$bins/kubelet" --config="$nd/kubelet/config.yaml" --kubeconfig="$nd/kubelet.kubeconfig" \
+    --hostname-override="$n" --node-ip="${node_ip[$n]}" --root-dir="$nd/kubelet" \
+    --cert-dir="$nd/kubelet/pki" --node-labels="topology.kubernetes.io/zone=${node_zone[$n]}" \
+    --v=1
+}
+
+# images_load: builds (or finds) the images; sets pause_image and images (name=archive ...).
+images_load() {
+  local out kind name archive
+  images=()
+  out="$("$repo/scripts/images.sh")"
+  for kind in PAUSE BACKEND AGENT; do
+    name="$(sed -n "s/^${kind}_IMAGE=//p" <<<"$out")"
+    archive="$(sed -n "s/^${kind}_ARCHIVE=//p" <<<"$out")"
+    [ -n "$name" ] && [ -f "$archive" ] || die "scripts/images.sh gave no $kind image: $out"
+    images+=("$name=$archive")
+    if [ "$kind" = PAUSE ]; then pause_image="$name"; fi
+  done
+}
+
+print_env() {
+  local list="" n
+  for n in "${nodes[@]}"; do list+="${list:+,}$n=${node_ip[$n]}"; done
+  echo "KUBECONFIG=$dir/admin.kubeconfig"
+  echo "NODES=$list"
+  echo "CLIENT_NETNS=$ns_client"
+}
+
+up() {
+  local began=$SECONDS
+  deps
+  bins="$("$repo/scripts/kubernetes.sh")"
+  images_load
+  mkdir -p "$dir"
+  proxy_mode="$(cat "$dir/kube-proxy-mode" 2>/dev/null || echo nftables)"
+  network
+  pki
+  control_plane
+  local n
+  for n in "${nodes[@]}"; do node_up "$n"; done
+  for n in "${nodes[@]}"; do
+    wait_for "node $n Ready" 120 sh -c \
+      "\"$bins/kubectl\" --kubeconfig=$dir/admin.kubeconfig get node $n \
+        -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
+  done
+  log "up in $((SECONDS - began)) s"
+  print_env
+}
+
+# --- down ------------------------------------------------------------------------------------
+kill_netns_processes() {
+  local ns="$1" pids
+  have_ns "$ns" || return 0
+  pids="$(ip netns pids "$ns" 2>/dev/null || true)"
+  [ -n "$pids" ] && kill -KILL $pids 2>/dev/null || true
+}
+
+kill_cgroup_processes() {
+  local root="$1" pids
+  pids="$(find "/sys/fs/cgroup/pids/$root" -name cgroup.procs -exec cat {} + 2>/dev/null || true)"
+  [ -n "$pids" ] && kill -KILL $pids 2>/dev/null || true
+}
+
+down() {
+  local n f
+  for n in "${nodes[@]}"; do
+    stop "kube-proxy-$n"
+    stop "kubelet-$n"
+  done
+  # Containers (in the nodes' cgroups), shims and host-network containers (in the nodes'
+  # network namespaces), then containerd.
+  for n in "${nodes[@]}"; do
+    kill_cgroup_processes "$(cgroup_root "$n")"
+    kill_netns_processes "$(node_ns "$n")"
+    stop "containerd-$n"
+  done
+  for f in kube-scheduler kube-controller-manager kube-apiserver etcd relay relay-cp; do stop "$f"; done
+  kill_netns_processes "$ns_cp"
+  sleep 0.5
+  for n in "${nodes[@]}"; do
+    kill_cgroup_processes "$(cgroup_root "$n")"
+    local h
+    for h in /sys/fs/cgroup/*/; do
+      [ -d "$h$(cgroup_root "$n")" ] || continue
+      find "$h$(cgroup_root "$n")" -depth -type d -exec rmdir {} + 2>/dev/null ||
+        find "$h$(cgroup_root "$n")" -depth -type d -exec rmdir {} \;
+    done
+  done
+  for f in "$ns_client" "${nodes[@]/#/nodelb-}" "$ns_cp" "$ns_lan"; do
+    have_ns "$f" && ip netns del "$f"
+  done
+  if [ -d "$dir" ]; then
+    # Mounts of the nodes lived in their own mount namespaces; none is left in ours.
+    grep -q " $dir" /proc/self/mountinfo && die "mounts under $dir remain: $(grep " $dir" /proc/self/mountinfo)"
+    rm -rf "$dir"
+  fi
+  log "down"
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  env) print_env ;;
+  kubelet)
+    bins="$("$repo/scripts/kubernetes.sh")"
+    case "${2:-}" in
+      stop) stop "kubelet-${3:?node}" ;;
+      start) kubelet_start "${3:?node}" ;;
+      *) die "usage: $0 kubelet stop|start NODE" ;;
+    esac
+    ;;
+  kube-proxy-mode)
+    bins="$("$repo/scripts/kubernetes.sh")"
+    proxy_mode="${2:?mode: nftables or iptables}"
+    echo "$proxy_mode" >"$dir/kube-proxy-mode"
+    for n in "${nodes[@]}"; do
+      stop "kube-proxy-$n"
+      node_files "$n"
+      start "kube-proxy-$n" ip netns exec "$(node_ns "$n")" "$bins/kube-proxy" \
+        --config="$dir/$n/kube-proxy.yaml" --v=1
+    done
+    ;;
+  *)
+    sed -n '2,8p' "$0" >&2
+    exit 2
+    ;;
+esac
