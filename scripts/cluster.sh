@@ -4,6 +4,7 @@
 #   scripts/cluster.sh up                     start it (idempotent), print KUBECONFIG=, NODES=, CLIENT_NETNS=
 #   scripts/cluster.sh down                   remove every process, namespace, mount, cgroup and file it made
 #   scripts/cluster.sh env                    print the three lines of a running cluster
+#   scripts/cluster.sh status                 exit 0 when every process of the cluster runs
 #   scripts/cluster.sh kubelet stop|start N   stop or start node N's kubelet (its containers keep running)
 #   scripts/cluster.sh kube-proxy-mode M      restart every node's kube-proxy in mode M (nftables, iptables)
 #
@@ -60,6 +61,9 @@ cluster_cidr=198.51.100.0/24
 service_cidr=198.18.0.0/16
 kubernetes_service_ip=198.18.0.1
 api_port=6443
+# How long a node's kubelet may be silent before the node lifecycle controller marks it and its
+# pods not ready (upstream's default is 50 s; shorter here so the tests wait less).
+node_monitor_grace=20s
 ns_lan=nodelb-lan
 ns_cp=nodelb-cp
 ns_client=nodelb-client
@@ -84,6 +88,19 @@ deps() {
     export DEBIAN_FRONTEND=noninteractive
     apt-get update
     apt-get install -y "${missing[@]}"
+  fi
+}
+
+# put FILE: writes stdin to FILE only when it differs, by renaming a new file over it. kube-proxy
+# exits when its configuration file changes, and a running cluster's `up` writes the same files
+# again.
+put() {
+  local tmp="$1.new"
+  cat >"$tmp"
+  if cmp -s "$tmp" "$1"; then
+    rm -f "$tmp"
+  else
+    mv "$tmp" "$1"
   fi
 }
 
@@ -228,7 +245,7 @@ token_of() { awk -F, -v u="$1" '$2 == u {print $1}' "$dir/pki/tokens.csv"; }
 
 # kubeconfig FILE SERVER USER
 kubeconfig() {
-  cat >"$1" <<EOF
+  put "$1" <<EOF
 apiVersion: v1
 kind: Config
 clusters:
@@ -303,7 +320,7 @@ control_plane() {
     --kubeconfig="$cm" --authentication-kubeconfig="$cm" --authorization-kubeconfig="$cm" \
     --use-service-account-credentials=true --service-account-private-key-file="$p/sa.key" \
     --root-ca-file="$p/ca.crt" --leader-elect=false --bind-address=127.0.0.1 \
-    --profiling=false --v=1
+    --node-monitor-grace-period="$node_monitor_grace" --profiling=false --v=1
   start kube-scheduler ip netns exec "$ns_cp" "$k/kube-scheduler" \
     --kubeconfig="$sc" --authentication-kubeconfig="$sc" --authorization-kubeconfig="$sc" \
     --leader-elect=false --bind-address=127.0.0.1 --profiling=false --v=1
@@ -323,7 +340,7 @@ node_files() {
   mkdir -p "$nd/containerd" "$nd/cni/net.d" "$nd/cni/ipam" "$nd/kubelet" "$nd/var-log" \
     "$nd/sysctl" "$nd/mnt"
   : >"$dir/resolv.conf"
-  cat >"$nd/containerd/config.toml" <<EOF
+  put "$nd/containerd/config.toml" <<EOF
 version = 2
 root = "$nd/containerd/root"
 state = "/run/containerd"
@@ -350,7 +367,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
       SystemdCgroup = false
 EOF
-  cat >"$nd/cni/net.d/10-pods.conflist" <<EOF
+  put "$nd/cni/net.d/10-pods.conflist" <<EOF
 {
   "cniVersion": "0.4.0",
   "name": "nodelb-pods",
@@ -373,7 +390,7 @@ EOF
   ]
 }
 EOF
-  cat >"$nd/kubelet/config.yaml" <<EOF
+  put "$nd/kubelet/config.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 containerRuntimeEndpoint: unix://$nd/containerd.sock
@@ -401,7 +418,12 @@ imageGCLowThresholdPercent: 99
 nodeStatusReportFrequency: 10s
 EOF
   kubeconfig "$nd/kubelet.kubeconfig" "https://$cp_ip:$api_port" "system:node:$n"
-  cat >"$nd/kube-proxy.yaml" <<EOF
+  kube_proxy_config "$n"
+}
+
+kube_proxy_config() {
+  local n="$1" nd="$dir/$1"
+  put "$nd/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: ${proxy_mode}
@@ -418,10 +440,6 @@ conntrack:
   tcpEstablishedTimeout: 0s
   tcpCloseWaitTimeout: 0s
 EOF
-  local s
-  for s in "${kubelet_sysctls[@]}"; do
-    echo "${s#*=}" >"$nd/sysctl/${s%%=*}"
-  done 2>/dev/null || true
 }
 
 # The node's mount namespace, then containerd in it (see the header).
@@ -581,10 +599,20 @@ down() {
   log "down"
 }
 
+# status: every process `up` starts is running.
+status() {
+  local name
+  for name in etcd kube-apiserver kube-controller-manager kube-scheduler relay relay-cp \
+    "${nodes[@]/#/containerd-}" "${nodes[@]/#/kubelet-}" "${nodes[@]/#/kube-proxy-}"; do
+    alive "$name" || return 1
+  done
+}
+
 case "${1:-}" in
   up) up ;;
   down) down ;;
   env) print_env ;;
+  status) status ;;
   kubelet)
     bins="$("$repo/scripts/kubernetes.sh")"
     case "${2:-}" in
@@ -599,7 +627,7 @@ case "${1:-}" in
     echo "$proxy_mode" >"$dir/kube-proxy-mode"
     for n in "${nodes[@]}"; do
       stop "kube-proxy-$n"
-      node_files "$n"
+      kube_proxy_config "$n"
       start "kube-proxy-$n" ip netns exec "$(node_ns "$n")" "$bins/kube-proxy" \
         --config="$dir/$n/kube-proxy.yaml" --v=1
     done

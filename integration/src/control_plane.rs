@@ -1,4 +1,4 @@
-//! The real control plane every end-to-end test, the latency benchmark and the demo run
+//! The real control plane every end-to-end test and the latency benchmark run
 //! against: etcd (Debian's `etcd-server`) and kube-apiserver, built by
 //! `scripts/kubernetes.sh` from the pinned `k8s.io/kubernetes` Go module in
 //! `integration/kubernetes/`, both started inside one network namespace the harness created.

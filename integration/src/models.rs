@@ -1,4 +1,4 @@
-//! Models shared by the differential tests, the dataplane tests, the benchmark and the demo.
+//! Models shared by the differential tests, the dataplane tests and the benchmark.
 
 use nodelb_netfilter::*;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

@@ -16,7 +16,7 @@
 //! One cluster serves the whole test binary; tests take it one at a time ([`RealCluster::get`]
 //! returns a guard), because installing, rolling and uninstalling nodelb affect every node.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -461,7 +461,10 @@ impl RealCluster {
     }
 }
 
-/// A test's namespace; deleted (without waiting) on drop.
+/// A test's namespace. On drop its Services are deleted (waiting, so the next test's Services
+/// find their ports free: a Service in a namespace being deleted still holds its ports until it
+/// is gone, which takes the namespace controller tens of seconds), then the namespace (not
+/// waiting).
 pub struct TestNamespace {
     cluster: &'static RealCluster,
     name: String,
@@ -475,13 +478,22 @@ impl TestNamespace {
 
 impl Drop for TestNamespace {
     fn drop(&mut self) {
-        let _ = self
-            .cluster
-            .kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
+        let c = self.cluster;
+        let _ = c.kubectl(&[
+            "-n",
+            &self.name,
+            "delete",
+            "services",
+            "--all",
+            "--wait=true",
+        ]);
+        let _ = c.kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
     }
 }
 
-/// The backend Deployment: `replicas` pods of the backend image spread over the nodes, ready
+/// The backend Deployment: `replicas` pods of the backend image spread evenly over the
+/// schedulable nodes (a cordoned node counts, so a pod evicted by a drain waits for the
+/// uncordon rather than doubling up: `Local` tests rely on one pod per node), ready
 /// when their TCP port accepts, draining through a `preStop` sleep of `drain_seconds`.
 pub fn backend_deployment(
     ns: &str,
@@ -503,7 +515,7 @@ spec:
     spec:
       terminationGracePeriodSeconds: {grace}
       topologySpreadConstraints:
-        - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: ScheduleAnyway,
+        - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule,
             labelSelector: {{matchLabels: {{app: {name}}}}}}}
       containers:
         - name: backend
@@ -532,21 +544,24 @@ spec:
     )
 }
 
-/// A LoadBalancer Service for the backend: TCP 80 -> 8080, TCP 8081 -> 8081 (echo), UDP 5000
-/// -> 9000. `spec_extra` is appended to the spec (indented two spaces).
-pub fn backend_service(ns: &str, name: &str, spec_extra: &str) -> String {
+/// A LoadBalancer Service for Deployment `app`'s backends on ports `first`, `first + 1` and
+/// `first + 2`: TCP `http` -> 8080 (one line per connection), TCP `echo` -> 8081 (a line per
+/// line), UDP `udp` -> 9000. `spec_extra` is appended to the spec (indented two spaces).
+pub fn backend_service(ns: &str, name: &str, app: &str, first: u16, spec_extra: &str) -> String {
     format!(
         r#"apiVersion: v1
 kind: Service
 metadata: {{name: {name}, namespace: {ns}}}
 spec:
   type: LoadBalancer
-  selector: {{app: {name}}}
+  selector: {{app: {app}}}
   ports:
-    - {{name: http, port: 80, targetPort: {tcp}, protocol: TCP}}
-    - {{name: echo, port: 8081, targetPort: {echo}, protocol: TCP}}
-    - {{name: udp, port: 5000, targetPort: {udp}, protocol: UDP}}
+    - {{name: http, port: {first}, targetPort: {tcp}, protocol: TCP}}
+    - {{name: echo, port: {echo_port}, targetPort: {echo}, protocol: TCP}}
+    - {{name: udp, port: {udp_port}, targetPort: {udp}, protocol: UDP}}
 {spec_extra}"#,
+        echo_port = first + 1,
+        udp_port = first + 2,
         tcp = BACKEND_TCP_PORT,
         echo = BACKEND_ECHO_PORT,
         udp = BACKEND_UDP_PORT,
@@ -571,4 +586,202 @@ pub fn serving_condition(svc: &Service) -> Option<(String, String, String)> {
 /// Parses `kubectl get ... -o json` output.
 pub fn json(text: &str) -> Result<Value, String> {
     serde_json::from_str(text).map_err(|e| format!("bad JSON from kubectl: {e}"))
+}
+
+/// What a [`TcpLoad`] saw.
+#[derive(Debug, Default, Clone)]
+pub struct LoadReport {
+    /// Connections answered, per pod.
+    pub answered: BTreeMap<String, usize>,
+    /// Connections that failed: when, to where, what happened.
+    pub failed: Vec<(Duration, SocketAddr, Outcome)>,
+    /// How long the load ran.
+    pub ran: Duration,
+}
+
+impl LoadReport {
+    pub fn total(&self) -> usize {
+        self.answered.values().sum::<usize>() + self.failed.len()
+    }
+}
+
+/// Steady client load: new TCP connections from the client namespace to each target in turn,
+/// one every `interval`, each reading the backend's one-line answer; until [`TcpLoad::stop`].
+pub struct TcpLoad {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<LoadReport>>,
+}
+
+impl TcpLoad {
+    pub fn start(client: &Netns, targets: Vec<SocketAddr>, interval: Duration) -> TcpLoad {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let ns = std::fs::File::open(client.path())
+            .unwrap_or_else(|e| panic!("opening {}: {e}", client.path().display()));
+        let name = client.name().to_string();
+        let thread = std::thread::Builder::new()
+            .name("tcp-load".into())
+            .spawn(move || {
+                crate::netns::enter(&ns, &name);
+                let began = Instant::now();
+                let mut report = LoadReport::default();
+                let mut next = Instant::now();
+                let mut i = 0;
+                while !flag.load(Ordering::Relaxed) {
+                    let dst = targets[i % targets.len()];
+                    i += 1;
+                    match traffic::tcp_exchange_here(dst, Duration::from_secs(3)) {
+                        Outcome::Answered(r) => {
+                            *report.answered.entry(pod_of(&r).to_string()).or_default() += 1;
+                        }
+                        other => report.failed.push((began.elapsed(), dst, other)),
+                    }
+                    next += interval;
+                    std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                }
+                report.ran = began.elapsed();
+                report
+            })
+            .expect("a load thread");
+        TcpLoad {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops the load and reports what it saw.
+    pub fn stop(mut self) -> LoadReport {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread
+            .take()
+            .expect("running")
+            .join()
+            .expect("the load thread")
+    }
+}
+
+impl Drop for TcpLoad {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Published addresses, each time they changed: (time since the watch started, addresses).
+type Versions = Vec<(Duration, BTreeSet<String>)>;
+
+/// Every version of one Service's published addresses, as a watch on the server delivers them,
+/// from when [`StatusWatch::start`] returned until [`StatusWatch::stop`].
+pub struct StatusWatch {
+    task: tokio::task::JoinHandle<()>,
+    seen: std::sync::Arc<Mutex<Versions>>,
+}
+
+impl StatusWatch {
+    /// Watches Service `ns`/`name` (which must exist): the first entry is its ingress now.
+    pub fn start(c: &RealCluster, ns: &str, name: &str) -> StatusWatch {
+        use futures::{StreamExt, TryStreamExt};
+        use kube::runtime::{watcher, WatchStreamExt};
+        let api: Api<Service> = Api::namespaced(c.admin.clone(), ns);
+        let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let began = Instant::now();
+        let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let task = c.rt.spawn(async move {
+            let mut stream = watcher(api, cfg).applied_objects().boxed();
+            let mut ready = Some(ready_tx);
+            while let Ok(Some(svc)) = stream.try_next().await {
+                let ips: BTreeSet<String> = crate::e2e::ingress_ips(&svc).into_iter().collect();
+                let mut log = log.lock().expect("status log");
+                if log.last().map(|(_, l)| l) != Some(&ips) {
+                    log.push((began.elapsed(), ips));
+                }
+                if let Some(tx) = ready.take() {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("the watch on Service {ns}/{name} delivered nothing"));
+        StatusWatch { task, seen }
+    }
+
+    /// The published addresses, each time they changed: (time since the start, addresses).
+    pub fn stop(self) -> Versions {
+        self.task.abort();
+        self.seen.lock().expect("status log").clone()
+    }
+}
+
+/// When each pod of a namespace began terminating and when it was gone, as a watch on the
+/// server delivers them, from [`PodWatch::start`] to [`PodWatch::stop`].
+pub struct PodWatch {
+    task: tokio::task::JoinHandle<()>,
+    seen: std::sync::Arc<Mutex<BTreeMap<String, PodTimes>>>,
+}
+
+/// One pod's ends, on this process's clock.
+#[derive(Debug, Clone, Default)]
+pub struct PodTimes {
+    /// When its deletion was first seen (its `preStop` hook starts then).
+    pub deleting: Option<Instant>,
+    /// When it was gone from the server.
+    pub gone: Option<Instant>,
+}
+
+impl PodWatch {
+    pub fn start(c: &RealCluster, ns: &str) -> PodWatch {
+        use futures::TryStreamExt;
+        use k8s_openapi::api::core::v1::Pod;
+        use kube::runtime::watcher::{self, Event};
+        let api: Api<Pod> = Api::namespaced(c.admin.clone(), ns);
+        let seen = std::sync::Arc::new(Mutex::new(BTreeMap::<String, PodTimes>::new()));
+        let log = seen.clone();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let task = c.rt.spawn(async move {
+            let mut stream = std::pin::pin!(watcher::watcher(api, watcher::Config::default()));
+            let mut ready = Some(ready_tx);
+            while let Ok(Some(event)) = stream.try_next().await {
+                let now = Instant::now();
+                let mut log = log.lock().expect("pod log");
+                match event {
+                    Event::Apply(p) | Event::InitApply(p) => {
+                        let t = log
+                            .entry(p.metadata.name.clone().unwrap_or_default())
+                            .or_default();
+                        if p.metadata.deletion_timestamp.is_some() && t.deleting.is_none() {
+                            t.deleting = Some(now);
+                        }
+                    }
+                    Event::Delete(p) => {
+                        let t = log
+                            .entry(p.metadata.name.clone().unwrap_or_default())
+                            .or_default();
+                        t.deleting.get_or_insert(now);
+                        t.gone = Some(now);
+                    }
+                    Event::InitDone => {
+                        if let Some(tx) = ready.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    Event::Init => {}
+                }
+            }
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("the watch on pods in {ns} delivered nothing"));
+        PodWatch { task, seen }
+    }
+
+    pub fn stop(self) -> BTreeMap<String, PodTimes> {
+        self.task.abort();
+        self.seen.lock().expect("pod log").clone()
+    }
 }

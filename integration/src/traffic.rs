@@ -250,6 +250,12 @@ pub fn udp_request(ns: &Netns, dst: SocketAddr, timeout: Duration) -> Outcome {
     ns.run(move || udp_exchange(dst, timeout))
 }
 
+/// One TCP request from the calling thread's own namespace (a thread that joined one with
+/// [`Netns::enter_current_thread`], say): connect, read one line.
+pub fn tcp_exchange_here(dst: SocketAddr, timeout: Duration) -> Outcome {
+    tcp_exchange(None, dst, timeout)
+}
+
 fn tcp_exchange(src: Option<IpAddr>, dst: SocketAddr, timeout: Duration) -> Outcome {
     let deadline = Instant::now() + timeout;
     let stream = match tcp_connect(src, dst, deadline) {
