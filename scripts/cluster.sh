@@ -22,7 +22,9 @@
 #
 # Each node's containerd and kubelet share a mount namespace of their own (made with unshare)
 # holding a private /run (containerd's state, runc's root, the shims' sockets, the pods' network
-# namespaces), a private /var/log (pod logs), the node's own /sys, and read-only copies of the
+# namespaces), a private /var/lib (libcni's cache in /var/lib/cni and the kubelet's device
+# plugins in /var/lib/kubelet are fixed paths; the cluster's own directory is bound back into
+# it), a private /var/log (pod logs), the node's own /sys, and read-only copies of the
 # kernel settings the kubelet would otherwise set on the whole machine (vm.overcommit_memory,
 # kernel.panic, kernel.panic_on_oops, ...): the kubelet sees the values it wants and writes
 # nothing. Each node has its own cgroup root (/nodelb-cluster-<node> in every hierarchy), its own
@@ -458,6 +460,13 @@ mount -t sysfs sysfs /sys
 mount --rbind $nd/mnt /sys/fs/cgroup
 umount -l $nd/mnt
 mount -t tmpfs -o mode=755 tmpfs /run
+mkdir /run/cluster-dir
+mount --rbind $dir /run/cluster-dir
+mount -t tmpfs -o mode=755 tmpfs /var/lib
+mkdir -p $dir
+mount --rbind /run/cluster-dir $dir
+umount -l /run/cluster-dir
+rmdir /run/cluster-dir
 mount --bind $nd/var-log /var/log
 $m
 echo \$\$ >$dir/pids/containerd-$n

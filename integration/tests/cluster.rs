@@ -850,4 +850,87 @@ mod on_real_cluster {
             std::panic::resume_unwind(p);
         }
     }
+
+    /// `trafficDistribution: PreferClose` with the zone hints the EndpointSlice controller
+    /// writes (node-a is zone-a, node-b zone-b; one pod on each): traffic entering a node
+    /// reaches only the pod of its zone.
+    #[test]
+    fn prefer_close_keeps_traffic_in_the_zone_it_entered() {
+        let Some((_turn, c)) =
+            RealCluster::get("prefer_close_keeps_traffic_in_the_zone_it_entered")
+        else {
+            return;
+        };
+        let zones = c
+            .kubectl(&[
+                "get",
+                "nodes",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name}={.metadata.labels.topology\\.kubernetes\\.io/zone}{\"\\n\"}{end}",
+            ])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let zone_of: std::collections::BTreeMap<&str, &str> =
+            zones.lines().filter_map(|l| l.split_once('=')).collect();
+        let distinct: BTreeSet<&&str> = zone_of.values().filter(|z| !z.is_empty()).collect();
+        if distinct.len() < 2 {
+            println!("SKIP topology: the nodes carry fewer than two zones: {zone_of:?}");
+            return;
+        }
+        let ns = setup(
+            c,
+            "rc-topology",
+            2,
+            1,
+            &[("web", 80, "  trafficDistribution: PreferClose\n")],
+        );
+        let (_, hinted) = c.until("zone hints on every endpoint", Duration::from_secs(60), || {
+            let out = c.kubectl(&[
+                "-n",
+                ns.name(),
+                "get",
+                "endpointslices",
+                "-l",
+                "kubernetes.io/service-name=web",
+                "-o",
+                "jsonpath={range .items[*].endpoints[*]}{.targetRef.name} {.zone} {.hints.forZones[*].name}{\"\\n\"}{end}",
+            ])?;
+            let lines: Vec<&str> = out.lines().collect();
+            let complete = lines.len() == 2
+                && lines.iter().all(|l| l.split_whitespace().count() == 3);
+            complete.then_some(out.clone()).ok_or(out)
+        });
+        println!("measured: the controller's hints were there after {hinted:.1?}");
+        let pod_zone: std::collections::BTreeMap<String, String> = c
+            .kubectl(&[
+                "-n",
+                ns.name(),
+                "get",
+                "endpointslices",
+                "-l",
+                "kubernetes.io/service-name=web",
+                "-o",
+                "jsonpath={range .items[*].endpoints[*]}{.targetRef.name} {.hints.forZones[*].name}{\"\\n\"}{end}",
+            ])
+            .unwrap_or_else(|e| panic!("{e}"))
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .map(|(p, z)| (p.to_string(), z.to_string()))
+            .collect();
+        println!("endpoint hints: {pod_zone:?}");
+        for (node, addr) in c.nodes() {
+            let zone = zone_of.get(node.as_str()).copied().unwrap_or_default();
+            let (answered, failed) = spread(c, SocketAddr::new(*addr, 80), 30);
+            println!(
+                "measured: entering {node} ({zone}): pods {answered:?}, failed {}",
+                failed.len()
+            );
+            assert!(failed.is_empty(), "through {node}: {failed:?}");
+            let want: BTreeSet<String> = pod_zone
+                .iter()
+                .filter(|(_, z)| z.as_str() == zone)
+                .map(|(p, _)| p.clone())
+                .collect();
+            assert_eq!(answered, want, "traffic entering {node} stays in {zone}");
+        }
+    }
 }

@@ -59,9 +59,9 @@ fn dockerfile_and_ci_run_the_same_release_build() {
         "no cargo command of the Dockerfile's own: {docker:?}"
     );
     assert!(
-        commands(&read(".ci/run")).iter().any(|c| c
-            .trim_start()
-            .starts_with("scripts/build-release.sh")),
+        commands(&read(".ci/run"))
+            .iter()
+            .any(|c| c.trim_start().starts_with("scripts/build-release.sh")),
         "CI runs the release build"
     );
 }
