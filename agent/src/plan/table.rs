@@ -31,8 +31,8 @@
 //!   comes or goes leaves the others' clients where they are.
 //! - Services without any endpoint are in `set no-endpoints`, rejected in filter `input` and
 //!   `filter-output` (TCP reset, ICMP port unreachable): reject is not allowed in prerouting.
-//! - Masquerade in nat `postrouting`, decided from conntrack's original destination (no packet
-//!   mark): every client of a `Cluster` Service (`set masq-services`), and under both policies
+//! - Masquerade (`fully-random`, as kube-proxy's) in nat `postrouting`, decided from
+//!   conntrack's original destination (no packet mark): every client of a `Cluster` Service (`set masq-services`), and under both policies
 //!   clients on the node itself (`set local-addresses`) and hairpin connections, an endpoint
 //!   reaching its own Service (`set hairpin` of `endpoint . endpoint`).
 //! - filter `forward` accepts DNATed traffic of nodelb's Services (`set lb-services`).
@@ -1110,6 +1110,11 @@ fn original_in(set: &str) -> Stmt {
     }
 }
 
+/// `masquerade fully-random`, as kube-proxy masquerades: a fresh random source port for every
+/// connection, so datagrams from many clients that reuse one source port (high-rate UDP) do
+/// not collide on the node's translated tuple.
+const MASQUERADE: Stmt = Stmt::Masquerade { fully_random: true };
+
 /// nat `postrouting`: masquerade the clients of `Cluster` Services, clients on this node and
 /// hairpin connections. `ct original proto-dst` needs the protocol matched first, so one rule
 /// per protocol.
@@ -1117,13 +1122,8 @@ fn masquerade_rules(ip: &IpHeader) -> Vec<Rule> {
     let mut rules = Vec::new();
     for p in PROTOCOLS {
         rules.push(
-            Rule::new(vec![
-                l4_is(p),
-                dnatted(),
-                original_in(MASQ_SET),
-                Stmt::Masquerade,
-            ])
-            .with_comment("Cluster policy: masquerade clients"),
+            Rule::new(vec![l4_is(p), dnatted(), original_in(MASQ_SET), MASQUERADE])
+                .with_comment("Cluster policy: masquerade clients"),
         );
     }
     for p in PROTOCOLS {
@@ -1137,7 +1137,7 @@ fn masquerade_rules(ip: &IpHeader) -> Vec<Rule> {
                     negate: false,
                 },
                 original_in(LB_SET),
-                Stmt::Masquerade,
+                MASQUERADE,
             ])
             .with_comment("clients on this node: masquerade"),
         );
@@ -1153,7 +1153,7 @@ fn masquerade_rules(ip: &IpHeader) -> Vec<Rule> {
                     negate: false,
                 },
                 original_in(LB_SET),
-                Stmt::Masquerade,
+                MASQUERADE,
             ])
             .with_comment("hairpin: masquerade"),
         );

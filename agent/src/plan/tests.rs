@@ -516,6 +516,25 @@ fn cluster_policy_uses_every_endpoint_and_masquerades_clients() {
 }
 
 #[test]
+fn every_masquerade_is_fully_random() {
+    let p = World::new()
+        .service(&web(""))
+        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .plan();
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let post = chain_block(&p.text(family), "postrouting");
+        let rules: Vec<&str> = post.lines().filter(|l| l.contains("masquerade")).collect();
+        assert_eq!(rules.len(), 9, "{post}");
+        assert!(
+            rules
+                .iter()
+                .all(|r| r.contains(" masquerade fully-random ")),
+            "{post}"
+        );
+    }
+}
+
+#[test]
 fn local_policy_uses_only_this_nodes_endpoints_and_keeps_client_address() {
     let p = World::new()
         .service(&web("externalTrafficPolicy: Local"))
