@@ -647,6 +647,48 @@ fn service_without_endpoints_rejects() {
     assert!(input.contains("@no-endpoints reject"), "{input}");
 }
 
+#[test]
+fn no_endpoint_reject_matches_new_connections_only() {
+    use nodelb_netfilter::{ct_state, ChainType, CtKey, Expr, Payload, Stmt};
+    let p = World::new().service(&web("")).plan();
+    for t in &p.tables {
+        let mut keyed = 0;
+        // Every rule of a filter chain that looks up the packet's destination address and port
+        // (what a reply to the node's own connection from that port carries too) first asks
+        // for a new connection.
+        for chain in t.chains.values() {
+            if chain.base.map(|b| b.chain_type) != Some(ChainType::Filter) {
+                continue;
+            }
+            for rule in &chain.rules {
+                let on_destination = rule.stmts.iter().position(|s| {
+                    matches!(s, Stmt::Lookup { keys, .. }
+                        if matches!(keys[0], Expr::Payload(Payload::IpDaddr | Payload::Ip6Daddr))
+                            && keys.contains(&Expr::Payload(Payload::ThDport)))
+                });
+                let Some(at) = on_destination else {
+                    continue;
+                };
+                keyed += 1;
+                let new_first = rule.stmts[..at].iter().any(|s| {
+                    *s == Stmt::AnyBits {
+                        left: Expr::Ct(CtKey::State),
+                        bits: ct_state::NEW,
+                    }
+                });
+                assert!(new_first, "{} {}: {rule:?}", t.family, chain.name);
+            }
+        }
+        // The TCP reset and the port unreachable, in input and in filter-output.
+        assert_eq!(keyed, 4, "{}", nodelb_netfilter::render_table(t));
+    }
+    let input = chain_block(&p.v4(), "input");
+    assert!(
+        input.contains("ct state new meta l4proto tcp ip daddr . meta l4proto . th dport @no-endpoints reject with tcp reset"),
+        "{input}"
+    );
+}
+
 // ---- session affinity --------------------------------------------------------------------
 
 /// `default/web` with `sessionAffinity: ClientIP` and the given timeout (none: the default).
