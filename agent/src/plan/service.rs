@@ -114,8 +114,12 @@ pub struct LbService<'a> {
 }
 
 /// Whether nodelb handles this Service at all: `type: LoadBalancer` and our class, or no class
-/// while `--default-class`.
+/// while `--default-class`; never one labelled `service.kubernetes.io/service-proxy-name`
+/// (another proxy's, which kube-proxy leaves alone too).
 pub fn is_handled(svc: &Service, config: &Config) -> bool {
+    if svc.metadata.other_proxy {
+        return false;
+    }
     let Some(spec) = &svc.spec else {
         return false;
     };

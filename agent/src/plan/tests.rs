@@ -251,6 +251,31 @@ fn non_loadbalancer_services_are_ignored() {
 }
 
 #[test]
+fn service_proxy_name_label_is_left_alone() {
+    let labelled = |value: &str| {
+        web("").replace(
+            "  creationTimestamp",
+            &format!("  labels: {{service.kubernetes.io/service-proxy-name: \"{value}\"}}\n  creationTimestamp"),
+        )
+    };
+    for value in ["other-proxy", ""] {
+        let p = World::new()
+            .service(&labelled(value))
+            .slice(&web_slice("web-1", &["198.51.100.10"]))
+            .plan();
+        assert!(p.services.is_empty(), "{value:?}: {:?}", p.services);
+        assert!(!p.v4().contains("default/web"), "{}", p.v4());
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+    }
+    // Without the label the same Service is nodelb's.
+    let p = World::new()
+        .service(&web(""))
+        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .plan();
+    assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
+}
+
+#[test]
 fn allowed_namespaces_limit_which_services_are_programmed() {
     let mut w = World::new()
         .service(&web(""))
