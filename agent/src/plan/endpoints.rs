@@ -1,12 +1,14 @@
 //! From EndpointSlices to the endpoints one Service port forwards to, per family: which slices
-//! belong to the Service, which slice port serves the Service port, which endpoints count.
+//! belong to the Service, which slice port serves the Service port, which endpoints count
+//! (one copy of each, the one not terminating), and which are used on this node (traffic
+//! policy, readiness).
 
 use super::diagnosis::{ObjectKind, ObjectRef, Warning};
 use super::index::EndpointSlice;
 use super::service::TrafficPolicy;
 use crate::vocab::IpFamily;
-use crate::vocab::Str;
 use crate::vocab::{Protocol, ServiceKey, ServicePortId};
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -21,13 +23,46 @@ pub struct Endpoint {
     pub port: u16,
 }
 
-/// What one Service port may forward to on one family, before the traffic policy is applied.
+/// What an endpoint says of itself in its slice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Candidate<'s> {
+    /// `ready` (unset: ready).
+    pub ready: bool,
+    /// `serving` (unset: as `ready`).
+    pub serving: bool,
+    /// `terminating` (unset: not).
+    pub terminating: bool,
+    /// The node it runs on (`Local` policy).
+    pub node: Option<&'s str>,
+}
+
+impl Candidate<'_> {
+    /// Still serving: ready, or serving while it terminates.
+    pub fn serves(&self) -> bool {
+        self.ready || (self.serving && self.terminating)
+    }
+
+    /// Serving while it terminates: the stand-in when none is ready.
+    pub fn stands_in(&self) -> bool {
+        !self.ready && self.serving && self.terminating
+    }
+}
+
+/// Every endpoint of one Service port on one family, whatever its conditions, each address
+/// and target port once, before the traffic policy is applied.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Candidates {
-    /// Ready endpoints (`ready` unset counts as ready), with the node each runs on.
-    pub ready: BTreeMap<Endpoint, Option<Str>>,
-    /// Serving but terminating endpoints: the fallback when none is ready.
-    pub terminating: BTreeMap<Endpoint, Option<Str>>,
+pub struct Candidates<'s> {
+    pub endpoints: BTreeMap<Endpoint, Candidate<'s>>,
+}
+
+impl Candidates<'_> {
+    /// The nodes running an endpoint that serves.
+    pub fn serving_nodes(&self) -> impl Iterator<Item = &str> + '_ {
+        self.endpoints
+            .values()
+            .filter(|c| c.serves())
+            .filter_map(|c| c.node)
+    }
 }
 
 /// The endpoints picked for one Service port on one family on this node.
@@ -82,16 +117,19 @@ fn slice_family(s: &EndpointSlice) -> Option<IpFamily> {
 ///
 /// The slice port that serves a Service port has the same name (both unset or empty counts as
 /// the same) and the same protocol. Each endpoint contributes its first address, as kube-proxy
-/// does; an address of the wrong family or that does not parse is skipped with a warning, and
-/// so is an endpoint listed twice (the first one counts).
-pub fn candidates(
-    slices: &[&EndpointSlice],
+/// does; an address of the wrong family or that does not parse is skipped with a warning.
+///
+/// The same address and target port in two slices (a pod IP reused while the pod that had it
+/// terminates, or an endpoint moving between slices) counts once, as in kube-proxy's
+/// `endpointslicecache.go`: a copy that is not terminating wins over one that is, else the
+/// first in slice name order. Listed twice in one slice is warned about.
+pub fn candidates<'s>(
+    slices: &[&'s EndpointSlice],
     port: &ServicePortId,
     family: IpFamily,
     warnings: &mut Vec<Warning>,
-) -> Candidates {
+) -> Candidates<'s> {
     let mut out = Candidates::default();
-    let mut seen: BTreeSet<Endpoint> = BTreeSet::new();
     for s in slices {
         if slice_family(s) != Some(family) {
             continue;
@@ -100,6 +138,7 @@ pub fn candidates(
         let Some(target) = slice_port(s, port, &obj, warnings) else {
             continue;
         };
+        let mut in_slice: BTreeSet<Endpoint> = BTreeSet::new();
         for ep in &s.endpoints {
             let Some(first) = &ep.address else {
                 continue;
@@ -122,22 +161,29 @@ pub fn candidates(
                 }
             };
             let endpoint = Endpoint { addr, port: target };
-            if !seen.insert(endpoint) {
+            if !in_slice.insert(endpoint) {
                 warnings.push(Warning::new(
                     obj.clone(),
                     format!("endpoint {addr} port {target} is listed more than once; counted once"),
                 ));
-                continue;
             }
             let cond = ep.conditions.as_ref();
             let ready = cond.and_then(|c| c.ready).unwrap_or(true);
-            let serving = cond.and_then(|c| c.serving).unwrap_or(ready);
-            let terminating = cond.and_then(|c| c.terminating).unwrap_or(false);
-            let node = ep.node_name.clone();
-            if ready {
-                out.ready.insert(endpoint, node);
-            } else if serving && terminating {
-                out.terminating.insert(endpoint, node);
+            let candidate = Candidate {
+                ready,
+                serving: cond.and_then(|c| c.serving).unwrap_or(ready),
+                terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
+                node: ep.node_name.as_deref(),
+            };
+            match out.endpoints.entry(endpoint) {
+                Entry::Vacant(v) => {
+                    v.insert(candidate);
+                }
+                Entry::Occupied(mut o) => {
+                    if o.get().terminating && !candidate.terminating {
+                        o.insert(candidate);
+                    }
+                }
             }
         }
     }
@@ -183,30 +229,32 @@ fn slice_port(
 /// (`None`: a node that runs none of them). Ready endpoints first; when none is ready,
 /// serving-and-terminating ones.
 pub fn select(
-    c: &Candidates,
+    c: &Candidates<'_>,
     policy: TrafficPolicy,
     node: Option<&str>,
     key: &ServiceKey,
     port: &ServicePortId,
     warnings: &mut Vec<Warning>,
 ) -> Selection {
-    let pick = |m: &BTreeMap<Endpoint, Option<Str>>| -> Vec<Endpoint> {
-        m.iter()
-            .filter(|(_, n)| {
-                policy == TrafficPolicy::Cluster || (node.is_some() && n.as_deref() == node)
-            })
+    let pick = |keep: &dyn Fn(&Candidate) -> bool| -> Vec<Endpoint> {
+        c.endpoints
+            .iter()
+            .filter(|(_, e)| keep(e))
             .map(|(e, _)| *e)
             .collect()
     };
-    let (mut endpoints, terminating) = match pick(&c.ready) {
+    let local =
+        |e: &Candidate| policy == TrafficPolicy::Cluster || (node.is_some() && e.node == node);
+    let (mut endpoints, terminating) = match pick(&|e| e.ready && local(e)) {
         v if !v.is_empty() => (v, false),
-        _ => (pick(&c.terminating), true),
+        _ => (pick(&|e| e.stands_in() && local(e)), true),
     };
     if endpoints.is_empty() {
-        let mut elsewhere: Vec<Endpoint> = if c.ready.is_empty() {
-            c.terminating.keys().copied().collect()
+        let ready = pick(&|e| e.ready);
+        let mut elsewhere = if ready.is_empty() {
+            pick(&|e| e.stands_in())
         } else {
-            c.ready.keys().copied().collect()
+            ready
         };
         elsewhere.truncate(MAX_ENDPOINTS);
         return if elsewhere.is_empty() {

@@ -1664,6 +1664,49 @@ fn unknown_protocols_are_skipped_with_a_warning() {
 }
 
 #[test]
+fn duplicate_endpoint_ready_copy_wins() {
+    // A pod IP reused while the pod that had it terminates: the old pod's copy is terminating
+    // (still serving) in one slice, the new pod's is ready in another. In either slice order
+    // the ready copy counts: a ready endpoint, on the new pod's node, no warning.
+    let old = "198.51.100.10 node-b ready=false serving=true terminating=true";
+    let new = "198.51.100.10 node-a";
+    for (first, second) in [(old, new), (new, old)] {
+        let p = World::new()
+            .service(&web("externalTrafficPolicy: Local"))
+            .slice(&web_slice("web-a", &[first]))
+            .slice(&web_slice("web-b", &[second]))
+            .plan();
+        assert_eq!(
+            p.port("default/web", IpFamily::V4),
+            &forwards(1),
+            "{first} / {second}"
+        );
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+    }
+    // Two copies not terminating: the first in slice name order.
+    let p = World::new()
+        .service(&web("externalTrafficPolicy: Local"))
+        .slice(&web_slice("web-a", &["198.51.100.10 node-b"]))
+        .slice(&web_slice("web-b", &["198.51.100.10 node-a"]))
+        .plan();
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &PortResult::DropsNoLocalEndpoint { elsewhere: 1 }
+    );
+    // A copy not ready and not terminating (the new pod starting) wins too, as in kube-proxy:
+    // the address is not used until that pod is ready.
+    let p = World::new()
+        .service(&web(""))
+        .slice(&web_slice("web-a", &[old]))
+        .slice(&web_slice("web-b", &["198.51.100.10 node-a ready=false"]))
+        .plan();
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &PortResult::RejectsNoEndpoints
+    );
+}
+
+#[test]
 fn duplicate_endpoints_count_once_with_a_warning() {
     let p = World::new()
         .service(&web(""))

@@ -41,8 +41,8 @@ impl LocalEndpoints {
         for family in &lb.families {
             for port in &lb.ports {
                 let c = endpoints::candidates(slices, port, *family, &mut ignored);
-                for node in c.ready.values().chain(c.terminating.values()).flatten() {
-                    on.entry(node.clone()).or_default();
+                for node in c.serving_nodes() {
+                    on.entry(node.into()).or_default();
                 }
                 ports.push((port, *family, c));
             }
