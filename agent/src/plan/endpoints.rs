@@ -1,11 +1,12 @@
 //! From EndpointSlices to the endpoints one Service port forwards to, per family: which slices
 //! belong to the Service, which slice port serves the Service port, which endpoints count
 //! (one copy of each, the one not terminating), and which are used on this node (traffic
-//! policy, readiness).
+//! policy, readiness, topology).
 
 use super::diagnosis::{ObjectKind, ObjectRef, Warning};
-use super::index::EndpointSlice;
+use super::index::{EndpointSlice, Hints, TrafficDistribution};
 use super::service::TrafficPolicy;
+use super::topology::{self, Place, Topology};
 use crate::vocab::IpFamily;
 use crate::vocab::{Protocol, ServiceKey, ServicePortId};
 use std::collections::btree_map::Entry;
@@ -34,6 +35,8 @@ pub struct Candidate<'s> {
     pub terminating: bool,
     /// The node it runs on (`Local` policy).
     pub node: Option<&'s str>,
+    /// Its topology hints, if it carries any.
+    pub hints: Option<&'s Hints>,
 }
 
 impl Candidate<'_> {
@@ -69,10 +72,12 @@ impl Candidates<'_> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Selection {
     /// Forward to these, sorted; `terminating` when no ready endpoint exists and
-    /// serving-and-terminating ones stand in.
+    /// serving-and-terminating ones stand in; `topology` says how `Cluster` endpoints were
+    /// narrowed here.
     Forward {
         endpoints: Vec<Endpoint>,
         terminating: bool,
+        topology: Topology,
     },
     /// `Local` policy and every usable endpoint is on another node: outside clients are
     /// dropped; clients on the node itself go to `elsewhere`, as kube-proxy sends them.
@@ -117,7 +122,8 @@ fn slice_family(s: &EndpointSlice) -> Option<IpFamily> {
 ///
 /// The slice port that serves a Service port has the same name (both unset or empty counts as
 /// the same) and the same protocol. Each endpoint contributes its first address, as kube-proxy
-/// does; an address of the wrong family or that does not parse is skipped with a warning.
+/// does; an address of the wrong family or that does not parse is skipped with a warning, and
+/// so are malformed hints (the endpoint then counts as carrying none).
 ///
 /// The same address and target port in two slices (a pod IP reused while the pod that had it
 /// terminates, or an endpoint moving between slices) counts once, as in kube-proxy's
@@ -139,7 +145,7 @@ pub fn candidates<'s>(
             continue;
         };
         let mut in_slice: BTreeSet<Endpoint> = BTreeSet::new();
-        for ep in &s.endpoints {
+        for (i, ep) in s.endpoints.iter().enumerate() {
             let Some(first) = &ep.address else {
                 continue;
             };
@@ -167,6 +173,15 @@ pub fn candidates<'s>(
                     format!("endpoint {addr} port {target} is listed more than once; counted once"),
                 ));
             }
+            let hints = s.hints_of(i);
+            if hints.is_some_and(|h| h.malformed) {
+                warnings.push(Warning::new(
+                    obj.clone(),
+                    format!(
+                        "endpoint {addr}: hints are not forZones/forNodes lists of names; ignored"
+                    ),
+                ));
+            }
             let cond = ep.conditions.as_ref();
             let ready = cond.and_then(|c| c.ready).unwrap_or(true);
             let candidate = Candidate {
@@ -174,6 +189,7 @@ pub fn candidates<'s>(
                 serving: cond.and_then(|c| c.serving).unwrap_or(ready),
                 terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
                 node: ep.node_name.as_deref(),
+                hints,
             };
             match out.endpoints.entry(endpoint) {
                 Entry::Vacant(v) => {
@@ -225,13 +241,15 @@ fn slice_port(
     }
 }
 
-/// Apply the traffic policy: `Cluster` takes every endpoint, `Local` only those on `node`
-/// (`None`: a node that runs none of them). Ready endpoints first; when none is ready,
-/// serving-and-terminating ones.
+/// Apply the traffic policy: `Cluster` takes every endpoint, narrowed by topology hints (see
+/// [`super::topology`]), `Local` only those on this node (`here`: `None` for a node that runs
+/// none of them). Ready endpoints first; when none is ready, serving-and-terminating ones (for
+/// `Cluster`, all of them: topology only ever narrows ready endpoints).
 pub fn select(
     c: &Candidates<'_>,
     policy: TrafficPolicy,
-    node: Option<&str>,
+    here: Option<Place<'_>>,
+    distribution: Option<TrafficDistribution>,
     key: &ServiceKey,
     port: &ServicePortId,
     warnings: &mut Vec<Warning>,
@@ -243,9 +261,22 @@ pub fn select(
             .map(|(e, _)| *e)
             .collect()
     };
+    let node = here.map(|h| h.node);
     let local =
         |e: &Candidate| policy == TrafficPolicy::Cluster || (node.is_some() && e.node == node);
-    let (mut endpoints, terminating) = match pick(&|e| e.ready && local(e)) {
+    let topology = match (policy, here) {
+        (TrafficPolicy::Cluster, Some(here)) => topology::mode(
+            c.endpoints.values().map(|e| (e.ready, e.hints)),
+            distribution,
+            here,
+        ),
+        _ => Topology::None,
+    };
+    let in_place = |e: &Candidate| match here {
+        Some(here) => topology::available(e.hints, topology, here),
+        None => true,
+    };
+    let (mut endpoints, terminating) = match pick(&|e| e.ready && local(e) && in_place(e)) {
         v if !v.is_empty() => (v, false),
         _ => (pick(&|e| e.stands_in() && local(e)), true),
     };
@@ -276,5 +307,6 @@ pub fn select(
     Selection::Forward {
         endpoints,
         terminating,
+        topology,
     }
 }

@@ -10,6 +10,7 @@ use super::index::{EndpointSlice, Service};
 use super::listeners::{HostListeners, Taken};
 use super::node::NodeInfo;
 use super::service::{self, Cidr, ClientIpAffinity, LbService, TrafficPolicy};
+use super::topology::Place;
 use crate::vocab::{Families, IpFamily};
 use crate::vocab::{ServiceKey, ServicePortId};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -215,8 +216,16 @@ fn ports_stage(
         }
         for port in &lb.ports {
             let c = endpoints::candidates(slices, port, *family, warnings);
-            let selection =
-                endpoints::select(&c, lb.policy, Some(&ctx.node.name), &lb.key, port, warnings);
+            let here = Place::of(&ctx.node.name, &ctx.node.labels);
+            let selection = endpoints::select(
+                &c,
+                lb.policy,
+                Some(here),
+                lb.distribution,
+                &lb.key,
+                port,
+                warnings,
+            );
             ports.push(PreparedPort {
                 family: *family,
                 port: port.clone(),

@@ -9,6 +9,7 @@ use crate::plan::endpoints::{self, Candidates};
 use crate::plan::fragment::port_action;
 use crate::plan::index::{EndpointSlice, Service};
 use crate::plan::service::{self, TrafficPolicy};
+use crate::plan::topology::Place;
 use crate::plan::Objects;
 use crate::vocab::{IpFamily, Protocol, ServiceKey, ServicePortId, Str};
 use std::collections::{BTreeMap, BTreeSet};
@@ -47,8 +48,10 @@ impl LocalEndpoints {
                 ports.push((port, *family, c));
             }
         }
+        // `Local` policy: no topology, so no zone.
         let result = |port: &ServicePortId, c: &Candidates, node: Option<&str>| {
-            let selection = endpoints::select(c, lb.policy, node, key, port, &mut Vec::new());
+            let here = node.map(|node| Place { node, zone: None });
+            let selection = endpoints::select(c, lb.policy, here, None, key, port, &mut Vec::new());
             port_action(&selection).0
         };
         let mut elsewhere = Vec::with_capacity(ports.len());
