@@ -40,7 +40,8 @@ pub struct Candidate<'s> {
 }
 
 impl Candidate<'_> {
-    /// Still serving: ready, or serving while it terminates.
+    /// Still serving: ready, or serving while it terminates (what stands in when none is
+    /// ready, and what keeps its UDP and SCTP flows while it drains).
     pub fn serves(&self) -> bool {
         self.ready || (self.serving && self.terminating)
     }
@@ -59,6 +60,14 @@ pub struct Candidates<'s> {
 }
 
 impl Candidates<'_> {
+    /// The endpoints still serving ([`Candidate::serves`]), sorted.
+    pub fn serving(&self) -> impl Iterator<Item = Endpoint> + '_ {
+        self.endpoints
+            .iter()
+            .filter(|(_, c)| c.serves())
+            .map(|(e, _)| *e)
+    }
+
     /// The nodes running an endpoint that serves.
     pub fn serving_nodes(&self) -> impl Iterator<Item = &str> + '_ {
         self.endpoints

@@ -5,7 +5,8 @@
 
 use super::config::Config;
 use super::diagnosis::{FamilySkip, ObjectRef, ServiceOutcome, Warning};
-use super::endpoints::{self, Selection};
+use super::endpoints::{self, Endpoint, Selection};
+use super::flows;
 use super::index::{EndpointSlice, Service};
 use super::listeners::{HostListeners, Taken};
 use super::node::NodeInfo;
@@ -97,6 +98,10 @@ pub struct PreparedPort {
     pub family: IpFamily,
     pub port: ServicePortId,
     pub selection: Selection,
+    /// UDP and SCTP only (empty for TCP): every endpoint of the port that still serves, used
+    /// here or not, sorted. Its conntrack entries are kept (see `flows`), so a change of it is
+    /// a change of the Service.
+    pub serving: Box<[Endpoint]>,
 }
 
 /// How far a Service got.
@@ -226,10 +231,15 @@ fn ports_stage(
                 port,
                 warnings,
             );
+            let serving = match flows::kept_by_tuple(port.protocol) {
+                true => c.serving().collect(),
+                false => Box::default(),
+            };
             ports.push(PreparedPort {
                 family: *family,
                 port: port.clone(),
                 selection,
+                serving,
             });
         }
     }
