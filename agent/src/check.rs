@@ -302,7 +302,7 @@ fn add_base_chains(t: &mut Table, daddr: Expr, addr: IpAddr) {
                 bits: ct_status::DNAT,
             },
             Stmt::cmp(Expr::Ct(CtKey::OriginalDaddr), Value::from(addr)),
-            Stmt::Masquerade,
+            Stmt::Masquerade { fully_random: true },
         ])),
     );
     let mut tcp_reject = matches();

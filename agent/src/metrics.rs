@@ -11,6 +11,7 @@
 
 use crate::plan::config::Config;
 use crate::plan::table::{parse_counter_name, CounterKind};
+use crate::plan::topology::Ignored;
 use crate::vocab::{Families, IpFamily};
 use futures::Stream;
 use nodelb_netfilter::{CounterValues, Nft};
@@ -59,6 +60,11 @@ pub struct FlowLabels {
     pub family: &'static str,
     /// `UDP` or `SCTP`.
     pub protocol: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -275,6 +281,8 @@ pub struct Metrics {
     pub sync_bytes: Gauge,
     pub services_programmed: Gauge,
     pub endpoints_programmed: Gauge,
+    /// Service ports whose topology hints this node ignores, by reason.
+    pub topology_hints_ignored: Family<ReasonLabel, Gauge>,
     pub drift_repairs: Counter,
     /// Periodic resyncs by result: `unchanged` (nothing sent) or `repaired`.
     pub resyncs: Family<ResultLabel, Counter>,
@@ -347,6 +355,12 @@ impl Metrics {
             "Endpoints behind programmed Service ports, summed over families and ports",
             Gauge::default(),
         );
+        let topology_hints_ignored = register(
+            &mut r,
+            "topology_hints_ignored",
+            "Service ports (per family) whose endpoints' topology hints this node ignores (every endpoint is used), by reason",
+            Family::<ReasonLabel, Gauge>::default(),
+        );
         let (drift_repairs, resyncs) = repair_metrics(&mut r);
         let (listener_reads, blocked_ports) = listener_metrics(&mut r);
         let invalid_objects = register(
@@ -372,6 +386,7 @@ impl Metrics {
             sync_bytes,
             services_programmed,
             endpoints_programmed,
+            topology_hints_ignored,
             drift_repairs,
             resyncs,
             invalid_objects,
@@ -392,6 +407,18 @@ impl Metrics {
         self.sync_duration.observe(took.as_secs_f64());
         let result = if ok { "ok" } else { "error" };
         self.syncs.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    /// The Service ports whose topology hints are ignored, by reason in
+    /// [`Ignored::ALL`] order (every reason is set, zero included).
+    pub fn set_hints_ignored(&self, counts: &[usize; Ignored::ALL.len()]) {
+        for (why, n) in Ignored::ALL.iter().zip(counts) {
+            self.topology_hints_ignored
+                .get_or_create(&ReasonLabel {
+                    reason: why.label(),
+                })
+                .set(*n as i64);
+        }
     }
 
     pub fn invalid(&self, kind: impl ToString, reason: &'static str) {

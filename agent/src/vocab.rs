@@ -24,6 +24,10 @@ pub fn digest<T: std::hash::Hash + ?Sized>(value: &T) -> u64 {
 /// Label that ties an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
+/// Label that gives a Service to another proxy (any value): nodelb leaves it alone, as
+/// kube-proxy does.
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+
 /// The `type` of the condition nodelb writes in each handled Service's status.
 pub const SERVING_CONDITION: &str = "nodelb.io/Serving";
 

@@ -372,7 +372,9 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
             left: Expr::Ct(CtKey::Status),
             bits: ct_status::DNAT,
         },
-        Stmt::Masquerade,
+        Stmt::Masquerade {
+            fully_random: false,
+        },
     ]));
     post.push(rule(vec![
         Stmt::Masked {
@@ -380,7 +382,7 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
             mask: 0x4000,
             value: 0x4000,
         },
-        Stmt::Masquerade,
+        Stmt::Masquerade { fully_random: true },
     ]));
     post.push(rule(vec![
         Stmt::cmp(Expr::Ct(CtKey::Mark), Value::U32(1)),
@@ -781,7 +783,7 @@ pub fn lb_table(f: Fam, name: &str, node_addrs: &[IpAddr], services: &[LbService
                 set: "masq-services".into(),
                 negate: false,
             },
-            Stmt::Masquerade,
+            Stmt::Masquerade { fully_random: true },
         ]));
     }
     t.add_chain(post);

@@ -83,6 +83,16 @@ fn assert_counters_listed(listing: &str) {
     }
 }
 
+/// Both masquerades of the kitchen sinks are in the listing, the fully-random one with its flag.
+fn assert_masquerades_listed(listing: &str) {
+    for want in [
+        "ct status dnat masquerade\n",
+        "meta mark & 0x00004000 == 0x00004000 masquerade fully-random\n",
+    ] {
+        assert!(listing.contains(want), "{want:?} missing from\n{listing}");
+    }
+}
+
 #[test]
 fn ipv4_kitchen_sink_lists_identically() {
     if !require_root("ipv4_kitchen_sink_lists_identically") {
@@ -90,6 +100,7 @@ fn ipv4_kitchen_sink_lists_identically() {
     }
     let listing = assert_same_listing(&kitchen_sink(Fam::V4, "nodelb"));
     assert_counters_listed(&listing);
+    assert_masquerades_listed(&listing);
     assert_dynamic_sets_listed(&listing);
 }
 
@@ -100,6 +111,7 @@ fn ipv6_kitchen_sink_lists_identically() {
     }
     let listing = assert_same_listing(&kitchen_sink(Fam::V6, "nodelb"));
     assert_counters_listed(&listing);
+    assert_masquerades_listed(&listing);
     assert_dynamic_sets_listed(&listing);
 }
 

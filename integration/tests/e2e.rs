@@ -1019,3 +1019,75 @@ fn two_nodes_local_policy_follows_the_endpoint() {
     );
     c.assert_agents_authorized();
 }
+
+/// Puts the node namespace's ephemeral port range back as it was when dropped, also when the
+/// test fails.
+struct PortRange<'a> {
+    ns: &'a Netns,
+    was: String,
+}
+
+impl<'a> PortRange<'a> {
+    /// Pins `ns`'s `net.ipv4.ip_local_port_range` (which IPv6 uses too) to `port` alone.
+    fn pin(ns: &'a Netns, port: u16) -> PortRange<'a> {
+        let was = ns.sh("cat /proc/sys/net/ipv4/ip_local_port_range");
+        let range = PortRange {
+            ns,
+            was: was.split_whitespace().collect::<Vec<_>>().join(" "),
+        };
+        ns.sh(&format!(
+            "sysctl -qw net.ipv4.ip_local_port_range='{port} {port}'"
+        ));
+        range
+    }
+}
+
+impl Drop for PortRange<'_> {
+    fn drop(&mut self) {
+        let _ = self.ns.sh_ok(&format!(
+            "sysctl -qw net.ipv4.ip_local_port_range='{}'",
+            self.was
+        ));
+    }
+}
+
+/// The node's own outbound connections whose ephemeral source port is a port of a Service
+/// without endpoints get their replies: the agent's no-endpoints reject, keyed on the node's
+/// address and that port like the replies, sees new connections only. The node namespace's
+/// ephemeral port range is pinned to the Service's port (its own range only, for as short as
+/// the connections take), so the node's TCP connection and UDP exchange with a server in the
+/// client namespace both use it; a client's new connection to that port is still refused.
+#[test]
+fn the_nodes_own_connections_from_a_port_without_endpoints_get_their_replies() {
+    if !require_root("the_nodes_own_connections_from_a_port_without_endpoints_get_their_replies") {
+        return;
+    }
+    use nodelb_integration::traffic::{udp_request, udp_server};
+    // At least ip_unprivileged_port_start (1024), as an ephemeral port must be.
+    const PINNED: u16 = 40090;
+    let c = start(ClusterOptions::default());
+    let server = SocketAddr::new(c.client_v4(0).into(), 9000);
+    let _servers = [
+        tcp_server(c.client(), server, "client"),
+        udp_server(c.client(), server, "client"),
+    ];
+    c.apply(&format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: idle}}\nspec:\n  type: LoadBalancer\n  ports:\n  - {{name: tcp, port: {PINNED}, protocol: TCP}}\n  - {{name: udp, port: {PINNED}, protocol: UDP}}\n"
+    ));
+    // The reject is in place: a client's new connection to the port is reset, its datagram
+    // answered with a port unreachable.
+    wait_refused(&c, c.client(), v4(&c, PINNED));
+    let out = udp_request(c.client(), v4(&c, PINNED), ANSWER);
+    assert!(matches!(out, Outcome::Refused { icmp: Some(_) }), "{out:?}");
+    let want = Outcome::Answered(format!("client {}", c.node_v4(0)));
+    let (tcp, udp) = {
+        let _pinned = PortRange::pin(c.node_ns(0), PINNED);
+        (
+            tcp_request(c.node_ns(0), server, ANSWER),
+            udp_request(c.node_ns(0), server, ANSWER),
+        )
+    };
+    assert_eq!(tcp, want, "the node's TCP connection from port {PINNED}");
+    assert_eq!(udp, want, "the node's UDP exchange from port {PINNED}");
+    c.assert_agents_authorized();
+}

@@ -13,7 +13,7 @@ use nodelb_integration::netns::require_root;
 use nodelb_integration::traffic::{
     tcp_echo_server, udp_request, udp_server, Outcome, Server, TcpSession, UdpFlow,
 };
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// The port every backend listens on (the slices' target port).
 const BACKEND_PORT: u16 = 8053;
@@ -258,4 +258,118 @@ fn a_restarted_agent_deletes_the_entries_of_endpoints_that_left_meanwhile_and_ke
         "measured: the moved flow reached b2 {:.0} ms after the agent was started",
         moved.duration_since(started).as_secs_f64() * 1e3
     );
+}
+
+/// The IPv4 EndpointSlice `<svc>-1`: port `p` → `BACKEND_PORT` on these backends, each with
+/// its conditions (`ready`, `serving`, `terminating`).
+fn slice_with(c: &Cluster, svc: &str, protocol: &str, backends: &[(usize, Value)]) -> String {
+    let eps: Vec<Value> = backends
+        .iter()
+        .map(|(j, conditions)| {
+            let mut e = c.endpoint_v4(*j, true);
+            e["conditions"] = conditions.clone();
+            e
+        })
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{svc}-1"), "labels": {"kubernetes.io/service-name": svc}},
+        "addressType": "IPv4",
+        "ports": [{"name": "p", "port": BACKEND_PORT, "protocol": protocol}],
+        "endpoints": eps,
+    })
+    .to_string()
+}
+
+/// A rolling update, as kube-proxy drains it: a UDP client on a fixed source port lands on an
+/// endpoint that then terminates but still serves. The node sends new flows to the other
+/// endpoint only, yet the client's flow stays where it is (every reply for three seconds,
+/// nothing deleted). Once the endpoint leaves the slice the flow moves: from a second after
+/// that update on, only the other endpoint answers; the time it took is printed.
+#[test]
+fn a_udp_flow_stays_on_its_serving_terminating_endpoint_and_moves_when_it_leaves() {
+    if !require_root(
+        "a_udp_flow_stays_on_its_serving_terminating_endpoint_and_moves_when_it_leaves",
+    ) {
+        return;
+    }
+    let c = Cluster::start(ClusterOptions::default());
+    let _servers = udp_backends(&c);
+    let ready = || json!({"ready": true, "serving": true, "terminating": false});
+    let draining = || json!({"ready": false, "serving": true, "terminating": true});
+    c.apply(&service("drain", "UDP", 1056));
+    c.apply(&slice_with(
+        &c,
+        "drain",
+        "UDP",
+        &[(0, ready()), (1, ready())],
+    ));
+    let f = flow(&c, 40056, 1056);
+    let (landed, _) = first_reply(&c, &f, Instant::now(), None);
+    let (stays, other) = (index(&landed), 1 - index(&landed));
+    let other_name = format!("b{other}");
+    let deleted = || metric_sum(&c.metrics(0), "nodelb_conntrack_entries_deleted_total");
+    let before = deleted();
+
+    // SIGTERM: the endpoint terminates, still serving.
+    c.apply(&slice_with(
+        &c,
+        "drain",
+        "UDP",
+        &[(stays, draining()), (other, ready())],
+    ));
+    let in_map = |j: usize| format!("{} . {BACKEND_PORT}", c.backend_v4(j));
+    wait_for("new flows go to the ready endpoint only", CHANGE, || {
+        let table = c.nft_table(0, "ip").unwrap_or_default();
+        match (
+            table.contains(&in_map(stays)),
+            table.contains(&in_map(other)),
+        ) {
+            (false, true) => Ok(()),
+            _ => Err(table),
+        }
+    });
+    let held = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    let heard = repliers(&f, held, Instant::now());
+    assert!(
+        heard.len() >= 20 && heard.iter().all(|r| *r == landed),
+        "the flow stays on {landed} while it drains: {heard:?}"
+    );
+    for k in 0..5 {
+        let dst = SocketAddr::new(c.node_v4(0).into(), 1056);
+        match udp_request(c.client(), dst, ANSWER) {
+            Outcome::Answered(r) if name_of(&r) == other_name => {}
+            out => panic!("new flow {k} must reach {other_name}: {out:?}"),
+        }
+    }
+    assert_eq!(
+        deleted(),
+        before,
+        "nothing deleted while the endpoint serves"
+    );
+
+    // It leaves the slice: the flow moves.
+    let updated = Instant::now();
+    c.apply(&slice_with(&c, "drain", "UDP", &[(other, ready())]));
+    let (_, switched) = first_reply(&c, &f, updated, Some(&other_name));
+    let took = switched.duration_since(updated);
+    println!(
+        "measured: the drained UDP flow reached {other_name} {:.0} ms after its endpoint left the EndpointSlice (goal < {} ms): {}",
+        took.as_secs_f64() * 1e3,
+        GOAL.as_millis(),
+        nodelb_integration::bench::goal(took < GOAL)
+    );
+    let settled = updated + GOAL;
+    std::thread::sleep(
+        (settled + Duration::from_secs(2)).saturating_duration_since(Instant::now()),
+    );
+    let after = repliers(&f, settled, Instant::now());
+    assert!(
+        after.len() >= 10 && after.iter().all(|r| *r == other_name),
+        "from {GOAL:?} after the update on, only {other_name} may answer: {after:?}"
+    );
+    assert!(deleted() > before, "the flow's entry was deleted");
+    still_answers(&c, stays);
+    c.assert_agents_authorized();
 }

@@ -1427,3 +1427,70 @@ fn a_service_that_loses_one_port_on_a_node_is_not_served_there_at_all() {
     );
     assert_rbac(&c);
 }
+
+/// A Service labelled `service.kubernetes.io/service-proxy-name` belongs to another proxy:
+/// no node programs it and the leader never writes its status. A Service nodelb served that
+/// gets the label later loses its rules, and what nodelb wrote in its status stays: the
+/// leader neither writes nor clears it (the kube-apiserver's audit log holds no status write
+/// of either after the label).
+#[test]
+fn a_service_labelled_for_another_proxy_is_left_alone() {
+    if !require_root("a_service_labelled_for_another_proxy_is_left_alone") {
+        return;
+    }
+    let _serial = serial();
+    let c = Cluster::start(fast_options(1));
+    let labelled = |mut s: Value| {
+        s["metadata"]["labels"] =
+            json!({"service.kubernetes.io/service-proxy-name": "other-proxy"});
+        s
+    };
+    let has_rules = |name: &str| {
+        c.nft_table(0, "ip")
+            .unwrap_or_default()
+            .contains(&format!("{}/{name}:tcp", c.namespace()))
+    };
+    apply(&c, labelled(service("other", 8020)));
+    apply(&c, service("later", 8021));
+    let ip = [addr(&c, 0)];
+    wait_ips(&c, "later", &ip, CHANGE);
+    assert!(has_rules("later"));
+    assert!(!has_rules("other"), "{:?}", c.nft_table(0, "ip"));
+    let mark = c.audit().map_or(0, |a| a.len());
+
+    apply(&c, labelled(service("later", 8021)));
+    wait_for("later's rules gone", CHANGE, || match has_rules("later") {
+        false => Ok(()),
+        true => Err("still programmed".to_string()),
+    });
+    // A Service created after the label is written: the leader has seen the labelled one.
+    apply(&c, service("after", 8022));
+    wait_ips(&c, "after", &ip, CHANGE);
+    std::thread::sleep(2 * RESYNC);
+
+    assert_eq!(
+        ips(&c, "later"),
+        ip,
+        "what nodelb wrote before the label stays"
+    );
+    assert!(serving_condition(&c, "later").is_some());
+    assert!(ips(&c, "other").is_empty());
+    assert_eq!(serving_condition(&c, "other"), None);
+    assert!(!has_rules("other"));
+    match c.audit() {
+        Some(records) => {
+            let writes = status_writes(&c, 1, &records);
+            assert!(
+                !writes.iter().any(|(_, s)| s == "other"),
+                "other's status was written: {writes:?}"
+            );
+            let since = status_writes(&c, 1, &records[mark..]);
+            assert!(
+                since.iter().all(|(_, s)| s == "after"),
+                "only after's status is written once later is labelled: {since:?}"
+            );
+        }
+        None => eprintln!("no audit log (external cluster): the status writes are not checked"),
+    }
+    assert_rbac(&c);
+}

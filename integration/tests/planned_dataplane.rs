@@ -588,6 +588,131 @@ fn service_without_endpoints_resets_tcp_and_answers_udp_with_port_unreachable() 
     drop(servers);
 }
 
+/// The planned tables with `ct state new` taken out of every rule that has it: the rejects as
+/// they were before they asked for new connections only.
+fn rejects_on_every_packet(tables: &[Table]) -> Vec<Table> {
+    use nodelb_netfilter::{CtKey, Expr, Stmt};
+    let mut taken = 0;
+    let tables = tables
+        .iter()
+        .cloned()
+        .map(|mut t| {
+            for c in t.chains.values_mut() {
+                for r in &mut c.rules {
+                    let before = r.stmts.len();
+                    r.stmts.retain(|s| {
+                        !matches!(
+                            s,
+                            Stmt::AnyBits {
+                                left: Expr::Ct(CtKey::State),
+                                ..
+                            }
+                        )
+                    });
+                    taken += before - r.stmts.len();
+                }
+            }
+            t
+        })
+        .collect();
+    assert!(
+        taken > 0,
+        "the planned tables ask for new connections nowhere"
+    );
+    tables
+}
+
+/// The node's own outbound connection whose ephemeral source port is a Service port without
+/// endpoints: the replies come to the served address and that port, the very key the
+/// no-endpoints reject looks up, and must get through (the reject sees new connections only).
+/// The node namespace's `ip_local_port_range` is pinned to that one port, so every connection
+/// the node opens uses it. Before the fix (the same tables with the reject on every packet)
+/// the replies are rejected and the node hears nothing.
+#[test]
+fn a_reply_to_the_nodes_own_connection_from_a_port_without_endpoints_gets_through() {
+    if !require_root(
+        "a_reply_to_the_nodes_own_connection_from_a_port_without_endpoints_gets_through",
+    ) {
+        return;
+    }
+    // An ephemeral port must be at least ip_unprivileged_port_start (1024).
+    const PINNED: u16 = 40080;
+    let topo = Topology::new(1);
+    topo.node.sh(&format!(
+        "sysctl -qw net.ipv4.ip_local_port_range='{PINNED} {PINNED}'"
+    ));
+    assert_eq!(
+        topo.node
+            .sh("cat /proc/sys/net/ipv4/ip_local_port_range")
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+        [PINNED.to_string(), PINNED.to_string()],
+        "the node's ephemeral ports are pinned"
+    );
+    // Servers in the client namespace, one port for the state before the fix and one after
+    // (so no conntrack entry of the first attempts is reused).
+    let (before_port, after_port) = (9000, 9001);
+    let mut servers = Vec::new();
+    for f in FAMILIES {
+        for port in [before_port, after_port] {
+            let addr = SocketAddr::new(client_addr(&topo, f), port);
+            servers.push(tcp_server(&topo.client, addr, "client"));
+            servers.push(udp_server(&topo.client, addr, "client"));
+        }
+    }
+    let pinned = [(Proto::Tcp, PINNED), (Proto::Udp, PINNED)];
+    let yaml = service("idle", "Cluster", &pinned, "") + &slices(&topo, "idle", &pinned, &[]);
+    let tables = plan_tables(&topo, &yaml);
+
+    let outbound = |port: u16, timeout: Duration| -> Vec<(IpFamily, Proto, Outcome)> {
+        let mut out = Vec::new();
+        for f in FAMILIES {
+            let dst = SocketAddr::new(client_addr(&topo, f), port);
+            for proto in [Proto::Tcp, Proto::Udp] {
+                out.push((f, proto, request(&topo.node, proto, dst, timeout)));
+            }
+        }
+        out
+    };
+
+    program(&topo.node, &rejects_on_every_packet(&tables));
+    for (f, proto, out) in outbound(before_port, SILENCE) {
+        assert_eq!(
+            out,
+            Outcome::TimedOut,
+            "{f} {proto:?}: with the reject on every packet the reply to port {PINNED} is rejected\n{}",
+            list_ruleset(&topo.node)
+        );
+    }
+
+    program(&topo.node, &tables);
+    for (f, proto, out) in outbound(after_port, ANSWER) {
+        assert_eq!(
+            out,
+            Outcome::Answered(format!("client {}", node_addr(&topo, f))),
+            "{f} {proto:?}: the node's connection from port {PINNED}\n{}",
+            list_ruleset(&topo.node)
+        );
+    }
+    // New connections to the Service port are still refused.
+    for f in FAMILIES {
+        let dst = SocketAddr::new(node_addr(&topo, f), PINNED);
+        assert_eq!(
+            tcp_request(&topo.client, dst, ANSWER),
+            Outcome::Refused { icmp: None },
+            "{f} TCP {dst}: a new connection is reset"
+        );
+        assert_eq!(
+            udp_request(&topo.client, dst, ANSWER),
+            Outcome::Refused {
+                icmp: Some(port_unreachable(f))
+            },
+            "{f} UDP {dst}: a new flow gets port unreachable"
+        );
+    }
+    drop(servers);
+}
+
 // ---- loadBalancerSourceRanges ----------------------------------------------------------------
 
 /// A topology with a second client ("stranger", 192.0.2.0/24 and 2001:db8:d::/64) that talks to

@@ -39,6 +39,8 @@ const NFT_SET_OBJECT: u32 = 0x40;
 /// `NFT_DYNSET_OP_UPDATE`: add the key, or restart its timeout.
 const NFT_DYNSET_OP_UPDATE: u32 = 1;
 const NFT_SET_ELEM_INTERVAL_END: u32 = 0x1;
+/// `NF_NAT_RANGE_PROTO_RANDOM_FULLY`: a masquerade's `fully-random`.
+const NF_NAT_RANGE_PROTO_RANDOM_FULLY: u32 = 0x10;
 
 const NFT_REG_VERDICT: u32 = 0;
 const NFT_REG_1: u32 = 1;
@@ -1057,7 +1059,13 @@ impl RuleCtx {
             }
             Stmt::Nat { kind, addr, port } => nat_stmt(nr, kind, addr, port),
             Stmt::NatMap { kind, keys, map } => self.nat_map(nr, kind, keys, map),
-            Stmt::Masquerade => nr.add(NlExpr::new("masq")),
+            Stmt::Masquerade { fully_random } => {
+                let mut x = NlExpr::new("masq");
+                if *fully_random {
+                    x = x.u32(nsys::NFTNL_EXPR_MASQ_FLAGS, NF_NAT_RANGE_PROTO_RANDOM_FULLY);
+                }
+                nr.add(x);
+            }
             Stmt::Reject(r) => self.reject(nr, r),
             Stmt::MarkOr(bits) => {
                 nr.add(meta_load(MetaKey::Mark, NFT_REG_1));

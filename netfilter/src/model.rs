@@ -470,7 +470,13 @@ pub enum Stmt {
         keys: Vec<Expr>,
         map: String,
     },
-    Masquerade,
+    /// `masquerade`, or with `fully_random` `masquerade fully-random`: the source port is
+    /// picked at random for every connection (`NF_NAT_RANGE_PROTO_RANDOM_FULLY`), not kept
+    /// when free, so many flows from one client port (high-rate UDP) do not collide on the
+    /// same translated tuple.
+    Masquerade {
+        fully_random: bool,
+    },
     Reject(Reject),
     /// `meta mark set meta mark | bits`.
     MarkOr(u32),

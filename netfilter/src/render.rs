@@ -301,7 +301,10 @@ fn stmt_text(family: Family, s: &Stmt) -> String {
             if family == Family::Ip6 { " ip6" } else { " ip" },
             keys_text(family, keys)
         ),
-        Stmt::Masquerade => "masquerade".into(),
+        Stmt::Masquerade {
+            fully_random: false,
+        } => "masquerade".into(),
+        Stmt::Masquerade { fully_random: true } => "masquerade fully-random".into(),
         Stmt::Reject(Reject::PortUnreachable) => "reject".into(),
         Stmt::Reject(Reject::TcpReset) => "reject with tcp reset".into(),
         Stmt::MarkOr(bits) => format!("meta mark set meta mark | 0x{bits:08x}"),
@@ -359,6 +362,16 @@ mod tests {
             text.contains("\t\tupdate @affinity-a { ip6 saddr timeout 3h }\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_masquerade_renders_fully_random_only_when_asked() {
+        for (fully_random, text) in [(false, "masquerade"), (true, "masquerade fully-random")] {
+            assert_eq!(
+                stmt_text(Family::Ip, &Stmt::Masquerade { fully_random }),
+                text
+            );
+        }
     }
 
     #[test]

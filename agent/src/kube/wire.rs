@@ -2,7 +2,9 @@
 //! cut down to the fields nodelb reads, with the same names and field types (but for strings,
 //! [`Str`]: inline up to 24 bytes, so a name or an address is not an allocation of its own), so
 //! readers do not change. Fields nothing reads (the managed fields' JSON trees, `targetRef`,
-//! `hints`, the last-applied annotation) are skipped while parsing and never stored. Each object
+//! the last-applied annotation) are skipped while parsing and never stored. An endpoint's
+//! topology `hints` are read leniently, into names only (see [`Hints`]): a malformed hint
+//! never costs the slice, which read as before when hints were skipped. Each object
 //! is then converted once to the smaller form the index keeps ([`crate::plan::index`]); the
 //! body (spec, status, ports) is the index's own types, read here.
 //!
@@ -14,8 +16,8 @@
 //! planner checks itself (protocols, addresses, CIDRs, families) stay raw strings, so bad ones
 //! still reach it and are warned about.
 
-use crate::plan::index::{self, or_default, EndpointPort, ServiceSpec, ServiceStatus};
-use crate::vocab::{Str, SERVICE_NAME_LABEL};
+use crate::plan::index::{self, or_default, EndpointPort, Hints, ServiceSpec, ServiceStatus};
+use crate::vocab::{Str, SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL};
 use k8s_openapi::api::discovery::v1::EndpointConditions;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta, Time};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -29,7 +31,8 @@ const OWN_ANNOTATIONS: &str = "nodelb.io/";
 
 /// A Service: `metadata` holds name, namespace, uid (Events), resourceVersion (the watch and
 /// the status writer), creationTimestamp (oldest wins a port), nodelb's own annotations (the
-/// node selector), and of the managed fields only the managers of
+/// node selector), of the labels only `service.kubernetes.io/service-proxy-name` (another
+/// proxy's Service), and of the managed fields only the managers of
 /// `status.loadBalancer.ingress`, each as its manager alone.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -64,7 +67,8 @@ pub struct EndpointSlice {
     kind: (),
 }
 
-/// One backend: its addresses (the first counts), readiness, and node (`Local` policy).
+/// One backend: its addresses (the first counts), readiness, node (`Local` policy) and
+/// topology hints.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Endpoint {
@@ -72,6 +76,67 @@ pub struct Endpoint {
     pub addresses: Vec<Str>,
     pub conditions: Option<EndpointConditions>,
     pub node_name: Option<Str>,
+    /// `hints.forZones` and `hints.forNodes`, names only; read leniently (see [`hints`]).
+    #[serde(default, deserialize_with = "hints")]
+    pub hints: Hints,
+}
+
+/// `hints` as the API writes it: `{forZones: [{name}], forNodes: [{name}]}`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawHints {
+    for_zones: Option<Vec<Named>>,
+    for_nodes: Option<Vec<Named>>,
+}
+
+#[derive(Deserialize)]
+struct Named {
+    name: Option<String>,
+}
+
+/// Either form: hints as the API writes them, or anything else (read and dropped).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Lenient {
+    Read(Option<RawHints>),
+    Other(IgnoredAny),
+}
+
+/// An endpoint's hints, never an error: anything that does not read as the API writes hints
+/// (a list that is not one, an entry without a name or with an empty one) marks them
+/// malformed and keeps none of them, so the endpoint counts as carrying no hint (the planner
+/// warns about its slice). Names are sorted and kept once each.
+fn hints<'de, D: Deserializer<'de>>(d: D) -> Result<Hints, D::Error> {
+    let raw = match Lenient::deserialize(d)? {
+        Lenient::Read(None) => return Ok(Hints::default()),
+        Lenient::Read(Some(raw)) => raw,
+        Lenient::Other(_) => {
+            return Ok(Hints {
+                malformed: true,
+                ..Hints::default()
+            })
+        }
+    };
+    let names = |list: Option<Vec<Named>>| -> Option<Box<[Str]>> {
+        let mut names: Vec<Str> = Vec::new();
+        for n in list.unwrap_or_default() {
+            names.push(Str::from(n.name.filter(|n| !n.is_empty())?));
+        }
+        names.sort();
+        names.dedup();
+        Some(names.into())
+    };
+    match (names(raw.for_zones), names(raw.for_nodes)) {
+        (Some(zones), Some(nodes)) => Ok(Hints {
+            zones,
+            nodes,
+            malformed: false,
+        }),
+        _ => Ok(Hints {
+            malformed: true,
+            ..Hints::default()
+        }),
+    }
 }
 
 /// The API's names for each type are the real types' own: the watches ask for v1 Services and
@@ -138,6 +203,8 @@ struct ServiceMeta {
     resource_version: Option<String>,
     creation_timestamp: Option<Time>,
     generation: Option<i64>,
+    #[serde(default, deserialize_with = "service_proxy_name_label")]
+    labels: Option<BTreeMap<String, String>>,
     #[serde(default, deserialize_with = "own_annotations")]
     annotations: Option<BTreeMap<String, String>>,
     #[serde(default, deserialize_with = "ingress_owners")]
@@ -155,6 +222,7 @@ fn service_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error>
         resource_version: m.resource_version,
         creation_timestamp: m.creation_timestamp,
         generation: m.generation,
+        labels: m.labels,
         annotations: m.annotations,
         managed_fields: m.managed_fields,
         ..ObjectMeta::default()
@@ -188,6 +256,13 @@ fn own_annotations<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<BTreeMap<String, String>>, D::Error> {
     d.deserialize_option(Only(|k| k.starts_with(OWN_ANNOTATIONS)))
+}
+
+fn service_proxy_name_label<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    let labels = d.deserialize_option(Only(|k| k == SERVICE_PROXY_NAME_LABEL))?;
+    Ok(labels.filter(|l| !l.is_empty()))
 }
 
 fn service_name_label<'de, D: Deserializer<'de>>(
@@ -400,6 +475,9 @@ impl From<Service> for index::Service {
                 creation_timestamp: m.creation_timestamp,
                 generation: m.generation,
                 annotations: m.annotations,
+                other_proxy: m
+                    .labels
+                    .is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL)),
                 ingress_owners,
             },
             spec: spec.map(|mut s| {
@@ -432,10 +510,13 @@ impl From<EndpointSlice> for index::EndpointSlice {
         let EndpointSlice {
             metadata: m,
             address_type,
-            endpoints,
+            mut endpoints,
             ports,
             ..
         } = s;
+        let hints =
+            index::SliceHints::new(endpoints.iter_mut().map(|e| std::mem::take(&mut e.hints)))
+                .map(Box::new);
         index::EndpointSlice {
             metadata: index::SliceMeta {
                 name: m.name.map(Str::from),
@@ -458,6 +539,7 @@ impl From<EndpointSlice> for index::EndpointSlice {
                 exact(&mut p);
                 p
             },
+            hints,
         }
     }
 }
@@ -475,7 +557,7 @@ impl From<Endpoint> for index::Endpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::index::{LoadBalancerStatus, ServicePort, StoredIngress};
+    use crate::plan::index::{LoadBalancerStatus, ServicePort, StoredIngress, TrafficDistribution};
     use k8s_openapi::api::core::v1::{ClientIPConfig, SessionAffinityConfig};
     use kube::core::DeserializeGuard;
     use serde_json::json;
@@ -548,6 +630,7 @@ mod tests {
                 "allocateLoadBalancerNodePorts": true,
                 "sessionAffinity": "ClientIP",
                 "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}},
+                "trafficDistribution": "PreferClose",
                 "selector": {"app": "web"},
                 "ports": [
                     {"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080,
@@ -663,6 +746,7 @@ mod tests {
                         timeout_seconds: Some(600)
                     })
                 }),
+                traffic_distribution: Some(TrafficDistribution::PreferClose),
                 type_: Some("LoadBalancer".into()),
             })
         );
@@ -708,7 +792,12 @@ mod tests {
                 terminating: Some(i == 5),
             }),
             node_name: Some(format!("node-{i}").into()),
-            // Dropped: hostname, zone, hints, deprecatedTopology, targetRef.
+            hints: Hints {
+                zones: ["zone-a".into()].into(),
+                nodes: [format!("node-{i}").into()].into(),
+                malformed: false,
+            },
+            // Dropped: hostname, zone, deprecatedTopology, targetRef.
         };
         assert_eq!(
             s,
@@ -818,7 +907,7 @@ mod tests {
 mod stored_tests {
     use super::tests::{service_json, slice_json, watched};
     use super::*;
-    use crate::plan::index::{Endpoint, ServiceMeta, SliceMeta};
+    use crate::plan::index::{Endpoint, ServiceMeta, SliceMeta, TrafficDistribution};
     use serde_json::json;
 
     #[test]
@@ -835,10 +924,46 @@ mod stored_tests {
                 creation_timestamp: Some(Time("2026-01-01T00:00:00Z".parse().unwrap())),
                 generation: Some(3),
                 annotations: Some([("nodelb.io/node-selector".into(), "pool=edge".into())].into()),
+                other_proxy: false,
                 ingress_owners: vec!["nodelb".into(), "metallb-controller".into()],
             }
         );
         assert_eq!((s.spec, s.status), (w.spec, w.status), "the body as read");
+    }
+
+    #[test]
+    fn a_service_labelled_for_another_proxy_is_marked_whatever_the_value() {
+        for value in ["other-proxy", ""] {
+            let mut v = service_json();
+            v["metadata"]["labels"] =
+                json!({"app": "web", "service.kubernetes.io/service-proxy-name": value});
+            let w: Service = watched(v);
+            assert_eq!(
+                w.metadata.labels,
+                Some([(SERVICE_PROXY_NAME_LABEL.into(), value.into())].into()),
+                "of the labels only that one is kept"
+            );
+            assert!(index::Service::from(w).metadata.other_proxy, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_traffic_distribution_is_kept_as_unknown_and_a_bad_one_fails_as_in_k8s_openapi() {
+        let mut v = service_json();
+        v["spec"]["trafficDistribution"] = json!("PreferFarAway");
+        let s: Service = watched(v);
+        assert_eq!(
+            s.spec.unwrap().traffic_distribution,
+            Some(TrafficDistribution::Unknown)
+        );
+        let mut v = service_json();
+        v["spec"]["trafficDistribution"] = json!(7);
+        let theirs = serde_json::from_value::<k8s_openapi::api::core::v1::Service>(v.clone());
+        let ours = serde_json::from_value::<Service>(v);
+        assert_eq!(
+            theirs.unwrap_err().to_string(),
+            ours.unwrap_err().to_string()
+        );
     }
 
     #[test]
@@ -890,5 +1015,73 @@ mod stored_tests {
         v["metadata"]["labels"] = json!({"app": "web"});
         let s = index::EndpointSlice::from(watched::<EndpointSlice>(v));
         assert_eq!(s.metadata.service_name, None);
+    }
+
+    /// The hints of a slice's five endpoints: (zones, nodes) each, as JSON.
+    fn hinted(hints: [serde_json::Value; 5]) -> index::EndpointSlice {
+        let mut v = slice_json();
+        for (i, h) in hints.into_iter().enumerate() {
+            v["endpoints"][i]["hints"] = h;
+        }
+        index::EndpointSlice::from(watched::<EndpointSlice>(v))
+    }
+
+    #[test]
+    fn a_stored_slice_keeps_each_distinct_set_of_hints_once() {
+        let zone = |z: &str| json!({"forZones": [{"name": z}]});
+        let s = hinted([
+            zone("zone-b"),
+            zone("zone-a"),
+            json!(null),
+            json!({"forZones": [{"name": "zone-b"}, {"name": "zone-a"}, {"name": "zone-a"}]}),
+            zone("zone-b"),
+        ]);
+        let hints = s.hints.as_deref().expect("hints kept");
+        let zones = |i: usize| -> Option<Vec<&str>> {
+            Some(s.hints_of(i)?.zones.iter().map(|z| z.as_str()).collect())
+        };
+        assert_eq!(zones(0), Some(vec!["zone-b"]));
+        assert_eq!(zones(1), Some(vec!["zone-a"]));
+        assert_eq!(zones(2), None, "no hints");
+        assert_eq!(
+            zones(3),
+            Some(vec!["zone-a", "zone-b"]),
+            "sorted, once each"
+        );
+        assert!(
+            std::ptr::eq(hints.of(0).unwrap(), hints.of(4).unwrap()),
+            "shared"
+        );
+        assert_eq!(s.hints_of(5), None, "no such endpoint");
+        // A slice without hints keeps none at all.
+        let s = hinted(std::array::from_fn(|_| json!({})));
+        assert_eq!(s.hints, None);
+    }
+
+    #[test]
+    fn malformed_hints_are_marked_and_never_cost_the_slice() {
+        let s = hinted([
+            json!({"forZones": [{"name": ""}]}),
+            json!({"forZones": [{}], "forNodes": [{"name": "node-2"}]}),
+            json!({"forZones": "zone-a"}),
+            json!("zone-a"),
+            json!({"forZones": [{"name": "zone-a"}], "forNodes": [{"name": 5}]}),
+        ]);
+        assert_eq!(s.endpoints.len(), 5, "the slice reads");
+        for i in 0..5 {
+            let h = s
+                .hints_of(i)
+                .unwrap_or_else(|| panic!("endpoint {i} is marked"));
+            assert!(h.malformed, "endpoint {i}");
+            assert!(
+                h.zones.is_empty() && h.nodes.is_empty(),
+                "endpoint {i}: none kept"
+            );
+        }
+        // Unknown fields beside well-formed hints are not a problem (k8s-openapi skips them).
+        let s = hinted(std::array::from_fn(
+            |_| json!({"forZones": [{"name": "zone-a", "weight": 1}], "forRegions": []}),
+        ));
+        assert!(!s.hints_of(0).unwrap().malformed);
     }
 }

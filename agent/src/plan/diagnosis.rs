@@ -3,6 +3,7 @@
 //! Outcomes are facts for the agent's logs and metrics and for the status writer's Events;
 //! warnings are bad input (an object and what is wrong with it), one per problem.
 
+use super::topology::Topology;
 use crate::vocab::IpFamily;
 use crate::vocab::{Listener, Protocol, ServiceKey, ServicePortId};
 use std::fmt;
@@ -147,8 +148,12 @@ pub struct PortOutcome {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PortResult {
     /// DNAT to one of `endpoints`. `terminating` when none was ready and serving-but-terminating
-    /// endpoints stand in.
-    Forwards { endpoints: usize, terminating: bool },
+    /// endpoints stand in; `topology`: how topology hints narrowed them here, or why not.
+    Forwards {
+        endpoints: usize,
+        terminating: bool,
+        topology: Topology,
+    },
     /// `externalTrafficPolicy: Local` and every endpoint is on another node: this node drops.
     DropsNoLocalEndpoint { elsewhere: usize },
     /// No endpoint at all: clients are rejected (TCP reset, ICMP port unreachable).
@@ -318,11 +323,13 @@ impl fmt::Display for PortResult {
             PortResult::Forwards {
                 endpoints,
                 terminating: false,
-            } => write!(f, "forwards to {endpoints} endpoints"),
+                topology,
+            } => write!(f, "forwards to {endpoints} endpoints{topology}"),
             PortResult::Forwards {
                 endpoints,
                 terminating: true,
-            } => write!(f, "forwards to {endpoints} terminating endpoints"),
+                topology,
+            } => write!(f, "forwards to {endpoints} terminating endpoints{topology}"),
             PortResult::DropsNoLocalEndpoint { elsewhere } => {
                 write!(
                     f,

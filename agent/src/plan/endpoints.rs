@@ -1,12 +1,15 @@
 //! From EndpointSlices to the endpoints one Service port forwards to, per family: which slices
-//! belong to the Service, which slice port serves the Service port, which endpoints count.
+//! belong to the Service, which slice port serves the Service port, which endpoints count
+//! (one copy of each, the one not terminating), and which are used on this node (traffic
+//! policy, readiness, topology).
 
 use super::diagnosis::{ObjectKind, ObjectRef, Warning};
-use super::index::EndpointSlice;
+use super::index::{EndpointSlice, Hints, TrafficDistribution};
 use super::service::TrafficPolicy;
+use super::topology::{self, Place, Topology};
 use crate::vocab::IpFamily;
-use crate::vocab::Str;
 use crate::vocab::{Protocol, ServiceKey, ServicePortId};
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -21,23 +24,69 @@ pub struct Endpoint {
     pub port: u16,
 }
 
-/// What one Service port may forward to on one family, before the traffic policy is applied.
+/// What an endpoint says of itself in its slice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Candidate<'s> {
+    /// `ready` (unset: ready).
+    pub ready: bool,
+    /// `serving` (unset: as `ready`).
+    pub serving: bool,
+    /// `terminating` (unset: not).
+    pub terminating: bool,
+    /// The node it runs on (`Local` policy).
+    pub node: Option<&'s str>,
+    /// Its topology hints, if it carries any.
+    pub hints: Option<&'s Hints>,
+}
+
+impl Candidate<'_> {
+    /// Still serving: ready, or serving while it terminates (what stands in when none is
+    /// ready, and what keeps its UDP and SCTP flows while it drains).
+    pub fn serves(&self) -> bool {
+        self.ready || (self.serving && self.terminating)
+    }
+
+    /// Serving while it terminates: the stand-in when none is ready.
+    pub fn stands_in(&self) -> bool {
+        !self.ready && self.serving && self.terminating
+    }
+}
+
+/// Every endpoint of one Service port on one family, whatever its conditions, each address
+/// and target port once, before the traffic policy is applied.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Candidates {
-    /// Ready endpoints (`ready` unset counts as ready), with the node each runs on.
-    pub ready: BTreeMap<Endpoint, Option<Str>>,
-    /// Serving but terminating endpoints: the fallback when none is ready.
-    pub terminating: BTreeMap<Endpoint, Option<Str>>,
+pub struct Candidates<'s> {
+    pub endpoints: BTreeMap<Endpoint, Candidate<'s>>,
+}
+
+impl Candidates<'_> {
+    /// The endpoints still serving ([`Candidate::serves`]), sorted.
+    pub fn serving(&self) -> impl Iterator<Item = Endpoint> + '_ {
+        self.endpoints
+            .iter()
+            .filter(|(_, c)| c.serves())
+            .map(|(e, _)| *e)
+    }
+
+    /// The nodes running an endpoint that serves.
+    pub fn serving_nodes(&self) -> impl Iterator<Item = &str> + '_ {
+        self.endpoints
+            .values()
+            .filter(|c| c.serves())
+            .filter_map(|c| c.node)
+    }
 }
 
 /// The endpoints picked for one Service port on one family on this node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Selection {
     /// Forward to these, sorted; `terminating` when no ready endpoint exists and
-    /// serving-and-terminating ones stand in.
+    /// serving-and-terminating ones stand in; `topology` says how `Cluster` endpoints were
+    /// narrowed here.
     Forward {
         endpoints: Vec<Endpoint>,
         terminating: bool,
+        topology: Topology,
     },
     /// `Local` policy and every usable endpoint is on another node: outside clients are
     /// dropped; clients on the node itself go to `elsewhere`, as kube-proxy sends them.
@@ -83,15 +132,19 @@ fn slice_family(s: &EndpointSlice) -> Option<IpFamily> {
 /// The slice port that serves a Service port has the same name (both unset or empty counts as
 /// the same) and the same protocol. Each endpoint contributes its first address, as kube-proxy
 /// does; an address of the wrong family or that does not parse is skipped with a warning, and
-/// so is an endpoint listed twice (the first one counts).
-pub fn candidates(
-    slices: &[&EndpointSlice],
+/// so are malformed hints (the endpoint then counts as carrying none).
+///
+/// The same address and target port in two slices (a pod IP reused while the pod that had it
+/// terminates, or an endpoint moving between slices) counts once, as in kube-proxy's
+/// `endpointslicecache.go`: a copy that is not terminating wins over one that is, else the
+/// first in slice name order. Listed twice in one slice is warned about.
+pub fn candidates<'s>(
+    slices: &[&'s EndpointSlice],
     port: &ServicePortId,
     family: IpFamily,
     warnings: &mut Vec<Warning>,
-) -> Candidates {
+) -> Candidates<'s> {
     let mut out = Candidates::default();
-    let mut seen: BTreeSet<Endpoint> = BTreeSet::new();
     for s in slices {
         if slice_family(s) != Some(family) {
             continue;
@@ -100,7 +153,8 @@ pub fn candidates(
         let Some(target) = slice_port(s, port, &obj, warnings) else {
             continue;
         };
-        for ep in &s.endpoints {
+        let mut in_slice: BTreeSet<Endpoint> = BTreeSet::new();
+        for (i, ep) in s.endpoints.iter().enumerate() {
             let Some(first) = &ep.address else {
                 continue;
             };
@@ -122,22 +176,39 @@ pub fn candidates(
                 }
             };
             let endpoint = Endpoint { addr, port: target };
-            if !seen.insert(endpoint) {
+            if !in_slice.insert(endpoint) {
                 warnings.push(Warning::new(
                     obj.clone(),
                     format!("endpoint {addr} port {target} is listed more than once; counted once"),
                 ));
-                continue;
+            }
+            let hints = s.hints_of(i);
+            if hints.is_some_and(|h| h.malformed) {
+                warnings.push(Warning::new(
+                    obj.clone(),
+                    format!(
+                        "endpoint {addr}: hints are not forZones/forNodes lists of names; ignored"
+                    ),
+                ));
             }
             let cond = ep.conditions.as_ref();
             let ready = cond.and_then(|c| c.ready).unwrap_or(true);
-            let serving = cond.and_then(|c| c.serving).unwrap_or(ready);
-            let terminating = cond.and_then(|c| c.terminating).unwrap_or(false);
-            let node = ep.node_name.clone();
-            if ready {
-                out.ready.insert(endpoint, node);
-            } else if serving && terminating {
-                out.terminating.insert(endpoint, node);
+            let candidate = Candidate {
+                ready,
+                serving: cond.and_then(|c| c.serving).unwrap_or(ready),
+                terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
+                node: ep.node_name.as_deref(),
+                hints,
+            };
+            match out.endpoints.entry(endpoint) {
+                Entry::Vacant(v) => {
+                    v.insert(candidate);
+                }
+                Entry::Occupied(mut o) => {
+                    if o.get().terminating && !candidate.terminating {
+                        o.insert(candidate);
+                    }
+                }
             }
         }
     }
@@ -179,34 +250,51 @@ fn slice_port(
     }
 }
 
-/// Apply the traffic policy: `Cluster` takes every endpoint, `Local` only those on `node`
-/// (`None`: a node that runs none of them). Ready endpoints first; when none is ready,
-/// serving-and-terminating ones.
+/// Apply the traffic policy: `Cluster` takes every endpoint, narrowed by topology hints (see
+/// [`super::topology`]), `Local` only those on this node (`here`: `None` for a node that runs
+/// none of them). Ready endpoints first; when none is ready, serving-and-terminating ones (for
+/// `Cluster`, all of them: topology only ever narrows ready endpoints).
 pub fn select(
-    c: &Candidates,
+    c: &Candidates<'_>,
     policy: TrafficPolicy,
-    node: Option<&str>,
+    here: Option<Place<'_>>,
+    distribution: Option<TrafficDistribution>,
     key: &ServiceKey,
     port: &ServicePortId,
     warnings: &mut Vec<Warning>,
 ) -> Selection {
-    let pick = |m: &BTreeMap<Endpoint, Option<Str>>| -> Vec<Endpoint> {
-        m.iter()
-            .filter(|(_, n)| {
-                policy == TrafficPolicy::Cluster || (node.is_some() && n.as_deref() == node)
-            })
+    let pick = |keep: &dyn Fn(&Candidate) -> bool| -> Vec<Endpoint> {
+        c.endpoints
+            .iter()
+            .filter(|(_, e)| keep(e))
             .map(|(e, _)| *e)
             .collect()
     };
-    let (mut endpoints, terminating) = match pick(&c.ready) {
+    let node = here.map(|h| h.node);
+    let local =
+        |e: &Candidate| policy == TrafficPolicy::Cluster || (node.is_some() && e.node == node);
+    let topology = match (policy, here) {
+        (TrafficPolicy::Cluster, Some(here)) => topology::mode(
+            c.endpoints.values().map(|e| (e.ready, e.hints)),
+            distribution,
+            here,
+        ),
+        _ => Topology::None,
+    };
+    let in_place = |e: &Candidate| match here {
+        Some(here) => topology::available(e.hints, topology, here),
+        None => true,
+    };
+    let (mut endpoints, terminating) = match pick(&|e| e.ready && local(e) && in_place(e)) {
         v if !v.is_empty() => (v, false),
-        _ => (pick(&c.terminating), true),
+        _ => (pick(&|e| e.stands_in() && local(e)), true),
     };
     if endpoints.is_empty() {
-        let mut elsewhere: Vec<Endpoint> = if c.ready.is_empty() {
-            c.terminating.keys().copied().collect()
+        let ready = pick(&|e| e.ready);
+        let mut elsewhere = if ready.is_empty() {
+            pick(&|e| e.stands_in())
         } else {
-            c.ready.keys().copied().collect()
+            ready
         };
         elsewhere.truncate(MAX_ENDPOINTS);
         return if elsewhere.is_empty() {
@@ -228,5 +316,6 @@ pub fn select(
     Selection::Forward {
         endpoints,
         terminating,
+        topology,
     }
 }

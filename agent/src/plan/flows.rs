@@ -1,15 +1,21 @@
-//! Datagram flows through this node: which UDP and SCTP Service ports DNAT to which endpoints
-//! on which node address, and, between two plans, which conntrack entries went stale.
+//! Datagram flows through this node: which UDP and SCTP Service ports DNAT on which node
+//! address, the endpoints whose flows they keep, and, between two plans, which conntrack
+//! entries went stale.
 //!
 //! Conntrack keeps a flow on the endpoint its first packet was DNATed to for as long as packets
 //! keep coming with the same 5-tuple. A UDP or SCTP client that keeps its source port (a DNS
-//! resolver, syslog, SIP, WireGuard, a game server) would stay on an endpoint that left. So:
-//! - when an endpoint stops serving a port here (removed, no longer ready or serving, the port
+//! resolver, syslog, SIP, WireGuard, QUIC, a game server) would stay on an endpoint that left.
+//! As in kube-proxy (`pkg/proxy/conntrack/cleanup.go`), a flow stays on its endpoint while that
+//! endpoint still *serves* (ready, or serving while it terminates), whether or not new flows
+//! are sent to it (a rolling update's terminating pod, an endpoint of another zone or node):
+//! a session is not moved at SIGTERM, only once its endpoint stops serving. So:
+//! - when an endpoint stops serving a port here (removed, neither ready nor serving, the port
 //!   or the Service gone, the node, family or address no longer serving it, a conflict lost),
 //!   the entries of that port's address and port answered by that endpoint are stale;
 //! - when a port starts DNATing here (it rejected, dropped or was not nodelb's before; and
 //!   every port at the agent's start, when nothing is known of before), the entries of its
-//!   address and port that none of its endpoints answers were made before and are stale.
+//!   address and port that none of its serving endpoints answers were made before and are
+//!   stale.
 //!
 //! TCP needs none of this: a connection to an endpoint that left ends on its own (the endpoint
 //! is gone or resets it), and a new connection has a new source port and a fresh pick.
@@ -52,9 +58,10 @@ pub fn kept_by_tuple(protocol: Protocol) -> bool {
     matches!(protocol, Protocol::Udp | Protocol::Sctp)
 }
 
-/// What one Service's UDP and SCTP ports DNAT to on this node: per served address and port,
-/// the endpoints (for `Local` without a local endpoint, those the node's own clients reach).
-/// Ports that reject, or that the Service does not hold here, DNAT to nothing.
+/// What one Service's UDP and SCTP ports keep on this node: per served address and port that
+/// DNATs (forwards, or drops but for the node's own clients), every endpoint of the port that
+/// still serves, used here or not. Ports that reject, or that the Service does not hold here,
+/// keep nothing.
 pub fn of_service(prep: &Prepared, outcome: &ServiceOutcome) -> Vec<(ServedPort, Targets)> {
     let (Stage::Ports { ports, .. }, ServiceOutcome::Served { families }) = (&prep.stage, outcome)
     else {
@@ -83,11 +90,10 @@ pub fn of_service(prep: &Prepared, outcome: &ServiceOutcome) -> Vec<(ServedPort,
             else {
                 continue;
             };
-            let targets: Targets = match &p.selection {
-                Selection::Forward { endpoints, .. } => endpoints.iter().copied().collect(),
-                Selection::DropNotLocal { elsewhere } => elsewhere.iter().copied().collect(),
-                Selection::Reject => continue,
-            };
+            if p.selection == Selection::Reject {
+                continue;
+            }
+            let targets: Targets = p.serving.iter().copied().collect();
             for a in addresses {
                 let port = ServedPort {
                     protocol: r.port.protocol,
@@ -101,10 +107,12 @@ pub fn of_service(prep: &Prepared, outcome: &ServiceOutcome) -> Vec<(ServedPort,
     out
 }
 
-/// The endpoints a port DNATs to (empty: none, it rejects or is not served).
+/// The endpoints whose flows a port keeps: those that still serve (empty: none, it rejects or
+/// is not served).
 pub type Targets = BTreeSet<Endpoint>;
 
-/// Every UDP and SCTP port that DNATs on this node, its Service and endpoints.
+/// Every UDP and SCTP port that DNATs on this node, its Service and the endpoints whose flows
+/// it keeps.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Flows {
     ports: BTreeMap<ServedPort, (ServiceKey, Targets)>,
@@ -123,7 +131,7 @@ impl Flows {
         crate::packed::repack(&mut self.by_service);
     }
 
-    /// The endpoints `port` DNATs to now (empty: none).
+    /// The endpoints whose flows `port` keeps now (empty: none).
     pub fn targets(&self, port: &ServedPort) -> Targets {
         self.ports
             .get(port)
@@ -182,13 +190,15 @@ pub struct FlowChange {
 /// committed.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum StaleFlows {
-    /// `endpoint` no longer serves `port` here: the entries of `port` it answers.
+    /// `endpoint` no longer serves `port` here (gone, or neither ready nor serving): the
+    /// entries of `port` it answers.
     Left {
         port: ServedPort,
         endpoint: Endpoint,
     },
-    /// `port` DNATs to `endpoints` and did to none before: the entries of `port` none of them
-    /// answers, made before (not DNATed, or DNATed to an endpoint of before the agent started).
+    /// `port` DNATs (with `endpoints` serving) and did not before: the entries of `port` none
+    /// of them answers, made before (not DNATed, or DNATed to an endpoint of before the agent
+    /// started).
     Opened {
         port: ServedPort,
         endpoints: Vec<Endpoint>,

@@ -207,10 +207,12 @@ pub fn port_action(selection: &Selection) -> (PortResult, Action) {
         Selection::Forward {
             endpoints,
             terminating,
+            topology,
         } => (
             PortResult::Forwards {
                 endpoints: endpoints.len(),
                 terminating: *terminating,
+                topology: *topology,
             },
             Action::Forward(endpoints.clone()),
         ),

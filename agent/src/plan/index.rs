@@ -44,6 +44,7 @@ impl Service {
             creation_timestamp,
             generation,
             annotations,
+            other_proxy,
             ingress_owners: _,
         } = &self.metadata;
         let b = &before.metadata;
@@ -53,13 +54,15 @@ impl Service {
             && creation_timestamp == &b.creation_timestamp
             && generation == &b.generation
             && annotations == &b.annotations
+            && other_proxy == &b.other_proxy
             && self.spec == before.spec
     }
 }
 
 /// What is read of a Service's metadata: name and namespace (its key, status writes, Events),
 /// uid (Events), resourceVersion (the status writer), creationTimestamp (oldest wins a port),
-/// nodelb's own annotations (the node selector).
+/// nodelb's own annotations (the node selector), and whether it carries the label
+/// `service.kubernetes.io/service-proxy-name`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ServiceMeta {
     pub name: Option<Str>,
@@ -70,6 +73,9 @@ pub struct ServiceMeta {
     /// The spec's generation: the `observedGeneration` of nodelb's condition.
     pub generation: Option<i64>,
     pub annotations: Option<BTreeMap<String, String>>,
+    /// Labelled `service.kubernetes.io/service-proxy-name` (any value): another proxy's
+    /// Service, which nodelb leaves alone, as kube-proxy does (no rules, no status).
+    pub other_proxy: bool,
     /// The field managers that own `status.loadBalancer.ingress` through the status
     /// subresource, each once, in managedFields order: whether nodelb, someone else or nobody
     /// owns it is all the status writer asks of managedFields.
@@ -83,6 +89,80 @@ pub struct EndpointSlice {
     pub address_type: Str,
     pub endpoints: Vec<Endpoint>,
     pub ports: Option<Vec<EndpointPort>>,
+    /// The endpoints' topology hints, for a slice where some endpoint carries any (most carry
+    /// none: a pointer, which fits the slice's allocation as it was).
+    pub hints: Option<Box<SliceHints>>,
+}
+
+impl EndpointSlice {
+    /// The hints of endpoint `i` (in `endpoints`), if it carries any.
+    pub fn hints_of(&self, i: usize) -> Option<&Hints> {
+        self.hints.as_deref()?.of(i)
+    }
+}
+
+/// The topology hints of one endpoint, by name: `hints.forZones` and `hints.forNodes`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Hints {
+    /// The zones it is hinted for, sorted, each once.
+    pub zones: Box<[Str]>,
+    /// The nodes it is hinted for, sorted, each once.
+    pub nodes: Box<[Str]>,
+    /// Something in `hints` did not read as the API writes it (an entry without a name, a
+    /// value of the wrong type): the endpoint counts as carrying no hint at all, and the
+    /// planner warns about its slice.
+    pub malformed: bool,
+}
+
+impl Hints {
+    /// Neither a hint nor anything malformed: nothing to keep.
+    pub fn is_empty(&self) -> bool {
+        self.zones.is_empty() && self.nodes.is_empty() && !self.malformed
+    }
+}
+
+/// The hints of a slice's endpoints: each distinct set once (the EndpointSlice controller
+/// gives every endpoint of a zone the same `forZones`), and per endpoint which it carries.
+/// A slice of 100 endpoints hinted for three zones keeps three sets and 100 indexes, not a
+/// string per endpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SliceHints {
+    distinct: Box<[Hints]>,
+    /// Per endpoint, in the slice's order: 1 + its set's index in `distinct`, 0 for none.
+    of_endpoint: Box<[u32]>,
+}
+
+impl SliceHints {
+    /// From each endpoint's hints, in the slice's order; `None` when no endpoint has any.
+    pub fn new(per_endpoint: impl IntoIterator<Item = Hints>) -> Option<SliceHints> {
+        let mut distinct: Vec<Hints> = Vec::new();
+        let mut index: std::collections::HashMap<Hints, u32> = Default::default();
+        let mut of_endpoint = Vec::new();
+        for h in per_endpoint {
+            if h.is_empty() {
+                of_endpoint.push(0);
+                continue;
+            }
+            let i = *index.entry(h).or_insert_with_key(|h| {
+                distinct.push(h.clone());
+                distinct.len() as u32
+            });
+            of_endpoint.push(i);
+        }
+        if distinct.is_empty() {
+            return None;
+        }
+        Some(SliceHints {
+            distinct: distinct.into(),
+            of_endpoint: of_endpoint.into(),
+        })
+    }
+
+    /// The hints of endpoint `i`, if it carries any.
+    pub fn of(&self, i: usize) -> Option<&Hints> {
+        let at = *self.of_endpoint.get(i)?;
+        at.checked_sub(1).map(|at| &self.distinct[at as usize])
+    }
 }
 
 /// One backend: its first address, readiness, and node (`Local` policy).
@@ -123,8 +203,44 @@ pub struct ServiceSpec {
     pub session_affinity: Option<Str>,
     /// `clientIP.timeoutSeconds` of `ClientIP` affinity.
     pub session_affinity_config: Option<SessionAffinityConfig>,
+    /// `spec.trafficDistribution`, read into one byte (it is on every Service that sets it);
+    /// a value nodelb does not know is kept as such and warned about.
+    #[serde(default, deserialize_with = "traffic_distribution")]
+    pub traffic_distribution: Option<TrafficDistribution>,
     #[serde(rename = "type")]
     pub type_: Option<Str>,
+}
+
+/// `spec.trafficDistribution`. kube-proxy reads none of it: the EndpointSlice controller turns
+/// it into hints on the endpoints, and the hints decide (see `plan::topology`). nodelb reads it
+/// to tell a Service without hints from one whose hints are missing, and to warn about a value
+/// it does not know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TrafficDistribution {
+    PreferClose,
+    PreferSameZone,
+    PreferSameNode,
+    /// Any other value (the API server refuses them; a newer one may know more).
+    Unknown,
+}
+
+impl TrafficDistribution {
+    pub fn parse(s: &str) -> TrafficDistribution {
+        match s {
+            "PreferClose" => TrafficDistribution::PreferClose,
+            "PreferSameZone" => TrafficDistribution::PreferSameZone,
+            "PreferSameNode" => TrafficDistribution::PreferSameNode,
+            _ => TrafficDistribution::Unknown,
+        }
+    }
+}
+
+/// `spec.trafficDistribution` as k8s-openapi reads it (an optional string), kept as one byte.
+fn traffic_distribution<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<TrafficDistribution>, D::Error> {
+    let s = Option::<std::borrow::Cow<'de, str>>::deserialize(d)?;
+    Ok(s.map(|s| TrafficDistribution::parse(&s)))
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -632,6 +748,11 @@ mod tests {
             ),
             (&["metadata", "uid"], "u2".into()),
             (&["metadata", "generation"], 2.into()),
+            (
+                &["metadata", "labels"],
+                serde_json::json!({"service.kubernetes.io/service-proxy-name": "other"}),
+            ),
+            (&["spec", "trafficDistribution"], "PreferClose".into()),
         ] {
             assert!(
                 !changed(path, to.clone()).plans_like(&before),

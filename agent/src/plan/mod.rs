@@ -20,6 +20,7 @@ pub mod reserved;
 pub mod selector;
 pub mod service;
 pub mod table;
+pub mod topology;
 
 pub use index::Objects;
 pub use planner::{Planner, TableChange, Update};

@@ -59,7 +59,8 @@ pub struct Planner {
     warnings: BTreeMap<ServiceKey, Vec<Warning>>,
     /// Who uses the shared `endpoints-N` chains and hairpin elements.
     shared: Shared,
-    /// What the UDP and SCTP ports DNAT to (not kept by an outcomes-only planner).
+    /// The UDP and SCTP ports that DNAT and the endpoints whose flows they keep (not kept by an
+    /// outcomes-only planner).
     flows: Flows,
 }
 
@@ -445,7 +446,7 @@ impl Planner {
             .collect()
     }
 
-    /// What the UDP and SCTP ports DNAT to now.
+    /// The UDP and SCTP ports that DNAT now, and the endpoints whose flows they keep.
     pub fn flows(&self) -> &Flows {
         &self.flows
     }

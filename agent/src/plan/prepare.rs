@@ -5,11 +5,13 @@
 
 use super::config::Config;
 use super::diagnosis::{FamilySkip, ObjectRef, ServiceOutcome, Warning};
-use super::endpoints::{self, Selection};
+use super::endpoints::{self, Endpoint, Selection};
+use super::flows;
 use super::index::{EndpointSlice, Service};
 use super::listeners::{HostListeners, Taken};
 use super::node::NodeInfo;
 use super::service::{self, Cidr, ClientIpAffinity, LbService, TrafficPolicy};
+use super::topology::Place;
 use crate::vocab::{Families, IpFamily};
 use crate::vocab::{ServiceKey, ServicePortId};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -96,6 +98,10 @@ pub struct PreparedPort {
     pub family: IpFamily,
     pub port: ServicePortId,
     pub selection: Selection,
+    /// UDP and SCTP only (empty for TCP): every endpoint of the port that still serves, used
+    /// here or not, sorted. Its conntrack entries are kept (see `flows`), so a change of it is
+    /// a change of the Service.
+    pub serving: Box<[Endpoint]>,
 }
 
 /// How far a Service got.
@@ -215,12 +221,25 @@ fn ports_stage(
         }
         for port in &lb.ports {
             let c = endpoints::candidates(slices, port, *family, warnings);
-            let selection =
-                endpoints::select(&c, lb.policy, Some(&ctx.node.name), &lb.key, port, warnings);
+            let here = Place::of(&ctx.node.name, &ctx.node.labels);
+            let selection = endpoints::select(
+                &c,
+                lb.policy,
+                Some(here),
+                lb.distribution,
+                &lb.key,
+                port,
+                warnings,
+            );
+            let serving = match flows::kept_by_tuple(port.protocol) {
+                true => c.serving().collect(),
+                false => Box::default(),
+            };
             ports.push(PreparedPort {
                 family: *family,
                 port: port.clone(),
                 selection,
+                serving,
             });
         }
     }

@@ -3,7 +3,7 @@
 
 use super::config::Config;
 use super::diagnosis::{NotServed, ObjectRef, Warning};
-use super::index::{Service, ServiceSpec};
+use super::index::{Service, ServiceSpec, TrafficDistribution};
 use super::node::NodeInfo;
 use super::selector::Selector;
 use crate::vocab::{IpFamily, Protocol, ServiceKey, ServicePortId, Str};
@@ -111,11 +111,17 @@ pub struct LbService<'a> {
     pub affinity: Option<ClientIpAffinity>,
     /// The `nodelb.io/node-selector` annotation, if set.
     pub node_selector: Option<&'a str>,
+    /// `spec.trafficDistribution`, if set (a value nodelb does not know is warned about).
+    pub distribution: Option<TrafficDistribution>,
 }
 
 /// Whether nodelb handles this Service at all: `type: LoadBalancer` and our class, or no class
-/// while `--default-class`.
+/// while `--default-class`; never one labelled `service.kubernetes.io/service-proxy-name`
+/// (another proxy's, which kube-proxy leaves alone too).
 pub fn is_handled(svc: &Service, config: &Config) -> bool {
+    if svc.metadata.other_proxy {
+        return false;
+    }
     let Some(spec) = &svc.spec else {
         return false;
     };
@@ -167,6 +173,14 @@ pub fn read<'a>(svc: &'a Service, key: ServiceKey, warnings: &mut Vec<Warning>) 
         .filter(|r| !r.is_empty())
         .map(|r| read_source_ranges(r, &mut warn));
     let affinity = read_affinity(spec, &mut warn);
+    let distribution = spec.traffic_distribution;
+    if distribution == Some(TrafficDistribution::Unknown) {
+        warn(
+            "trafficDistribution is not PreferClose, PreferSameZone or PreferSameNode; \
+             the endpoints' topology hints are used as they are"
+                .to_string(),
+        );
+    }
     let node_selector = svc
         .metadata
         .annotations
@@ -183,6 +197,7 @@ pub fn read<'a>(svc: &'a Service, key: ServiceKey, warnings: &mut Vec<Warning>) 
         source_ranges,
         affinity,
         node_selector,
+        distribution,
     }
 }
 

@@ -29,10 +29,12 @@
 //!   that reaches it, on every commit. Only affinity Services pay for chains and sets per
 //!   endpoint. Chains and sets are named for the endpoint, not its index, so an endpoint that
 //!   comes or goes leaves the others' clients where they are.
-//! - Services without any endpoint are in `set no-endpoints`, rejected in filter `input` and
-//!   `filter-output` (TCP reset, ICMP port unreachable): reject is not allowed in prerouting.
-//! - Masquerade in nat `postrouting`, decided from conntrack's original destination (no packet
-//!   mark): every client of a `Cluster` Service (`set masq-services`), and under both policies
+//! - Services without any endpoint are in `set no-endpoints`, whose new connections (`ct state
+//!   new`: never a reply to the node's own connection from that port) are rejected in filter
+//!   `input` and `filter-output` (TCP reset, ICMP port unreachable): reject is not allowed in
+//!   prerouting.
+//! - Masquerade (`fully-random`, as kube-proxy's) in nat `postrouting`, decided from
+//!   conntrack's original destination (no packet mark): every client of a `Cluster` Service (`set masq-services`), and under both policies
 //!   clients on the node itself (`set local-addresses`) and hairpin connections, an endpoint
 //!   reaching its own Service (`set hairpin` of `endpoint . endpoint`).
 //! - filter `forward` accepts DNATed traffic of nodelb's Services (`set lb-services`).
@@ -57,9 +59,9 @@ use crate::packed::Packed;
 use crate::vocab::IpFamily;
 use crate::vocab::{Protocol, ServiceKey, ServicePortId};
 use nodelb_netfilter::{
-    ct_status, Chain, ChainType, Counter, CtKey, DataType, Edit, ElemData, ElemEdit, Element, Expr,
-    Hook, Key, L4Proto, MapData, MetaKey, NatKind, Payload, Policy, Reject, Rule, Set, SetType,
-    Stmt, Table, Value, Verdict,
+    ct_state, ct_status, Chain, ChainType, Counter, CtKey, DataType, Edit, ElemData, ElemEdit,
+    Element, Expr, Hook, Key, L4Proto, MapData, MetaKey, NatKind, Payload, Policy, Reject, Rule,
+    Set, SetType, Stmt, Table, Value, Verdict,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -1110,6 +1112,11 @@ fn original_in(set: &str) -> Stmt {
     }
 }
 
+/// `masquerade fully-random`, as kube-proxy masquerades: a fresh random source port for every
+/// connection, so datagrams from many clients that reuse one source port (high-rate UDP) do
+/// not collide on the node's translated tuple.
+const MASQUERADE: Stmt = Stmt::Masquerade { fully_random: true };
+
 /// nat `postrouting`: masquerade the clients of `Cluster` Services, clients on this node and
 /// hairpin connections. `ct original proto-dst` needs the protocol matched first, so one rule
 /// per protocol.
@@ -1117,13 +1124,8 @@ fn masquerade_rules(ip: &IpHeader) -> Vec<Rule> {
     let mut rules = Vec::new();
     for p in PROTOCOLS {
         rules.push(
-            Rule::new(vec![
-                l4_is(p),
-                dnatted(),
-                original_in(MASQ_SET),
-                Stmt::Masquerade,
-            ])
-            .with_comment("Cluster policy: masquerade clients"),
+            Rule::new(vec![l4_is(p), dnatted(), original_in(MASQ_SET), MASQUERADE])
+                .with_comment("Cluster policy: masquerade clients"),
         );
     }
     for p in PROTOCOLS {
@@ -1137,7 +1139,7 @@ fn masquerade_rules(ip: &IpHeader) -> Vec<Rule> {
                     negate: false,
                 },
                 original_in(LB_SET),
-                Stmt::Masquerade,
+                MASQUERADE,
             ])
             .with_comment("clients on this node: masquerade"),
         );
@@ -1153,7 +1155,7 @@ fn masquerade_rules(ip: &IpHeader) -> Vec<Rule> {
                     negate: false,
                 },
                 original_in(LB_SET),
-                Stmt::Masquerade,
+                MASQUERADE,
             ])
             .with_comment("hairpin: masquerade"),
         );
@@ -1197,17 +1199,25 @@ fn forward_rules(_: &IpHeader) -> Vec<Rule> {
     rules
 }
 
-/// filter `input` and `filter-output`: count, then reject Service ports without endpoints
-/// (reject is not allowed in prerouting).
+/// filter `input` and `filter-output`: count, then reject new connections to Service ports
+/// without endpoints (reject is not allowed in prerouting). Only new connections, as
+/// kube-proxy's filter rules keyed on an address and port: a reply to the node's own outbound
+/// connection whose ephemeral source port happens to be such a Service port is addressed to
+/// that address and port too, and must get through, not draw a reset or a port unreachable.
 fn reject_rules(ip: &IpHeader) -> Vec<Rule> {
     let no_endpoints = || Stmt::Lookup {
         keys: vec![ip.daddr(), L4, TH_DPORT],
         set: NO_ENDPOINTS_SET.into(),
         negate: false,
     };
+    let new_connection = || Stmt::AnyBits {
+        left: Expr::Ct(CtKey::State),
+        bits: ct_state::NEW,
+    };
     let mut rules = count_rules();
     rules.push(
         Rule::new(vec![
+            new_connection(),
             Stmt::cmp(L4, Value::Proto(L4Proto::Tcp)),
             no_endpoints(),
             Stmt::Reject(Reject::TcpReset),
@@ -1215,8 +1225,12 @@ fn reject_rules(ip: &IpHeader) -> Vec<Rule> {
         .with_comment("no endpoints: TCP reset"),
     );
     rules.push(
-        Rule::new(vec![no_endpoints(), Stmt::Reject(Reject::PortUnreachable)])
-            .with_comment("no endpoints: port unreachable"),
+        Rule::new(vec![
+            new_connection(),
+            no_endpoints(),
+            Stmt::Reject(Reject::PortUnreachable),
+        ])
+        .with_comment("no endpoints: port unreachable"),
     );
     rules
 }

@@ -8,6 +8,7 @@ use super::config::Config;
 use super::diagnosis::*;
 use super::index::{EndpointSlice, Service};
 use super::node::{AddressKind, NodeInfo};
+use super::topology::{Ignored, Topology};
 use super::*;
 use crate::kube::wire;
 use crate::vocab::{IpFamily, Protocol, ServiceKey};
@@ -143,8 +144,17 @@ fn svc(ns: &str, name: &str, created: &str, ports: &str, extra_spec: &str) -> St
     )
 }
 
+/// `{name: a}, {name: b}` of `a,b`.
+fn names(list: &str) -> String {
+    list.split(',')
+        .map(|n| format!("{{name: {n}}}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// An IPv4 slice of `default/web` with port `http` → 8080 and the given endpoints, one per
-/// line: `address [node] [ready=false] [serving=true] [terminating=true]`.
+/// line: `address [node] [ready=false] [serving=true] [terminating=true] [for-zones=a,b]
+/// [for-nodes=n] [hints=<raw YAML>]`.
 fn web_slice(name: &str, endpoints: &[&str]) -> String {
     slice(
         "default",
@@ -174,15 +184,22 @@ fn slice(
         let addr = parts.next().unwrap();
         eps.push_str(&format!("- addresses: [\"{addr}\"]\n"));
         let mut cond = Vec::new();
+        let mut hints = Vec::new();
         for p in parts {
-            if let Some((k, v)) = p.split_once('=') {
-                cond.push(format!("{k}: {v}"));
-            } else {
-                eps.push_str(&format!("  nodeName: {p}\n"));
+            match p.split_once('=') {
+                // Topology hints: `for-zones=a,b`, `for-nodes=node-a`, `hints=<raw YAML>`.
+                Some(("for-zones", v)) => hints.push(format!("forZones: [{}]", names(v))),
+                Some(("for-nodes", v)) => hints.push(format!("forNodes: [{}]", names(v))),
+                Some(("hints", v)) => eps.push_str(&format!("  hints: {v}\n")),
+                Some((k, v)) => cond.push(format!("{k}: {v}")),
+                None => eps.push_str(&format!("  nodeName: {p}\n")),
             }
         }
         if !cond.is_empty() {
             eps.push_str(&format!("  conditions: {{{}}}\n", cond.join(", ")));
+        }
+        if !hints.is_empty() {
+            eps.push_str(&format!("  hints: {{{}}}\n", hints.join(", ")));
         }
     }
     if endpoints.is_empty() {
@@ -198,6 +215,7 @@ fn forwards(n: usize) -> PortResult {
     PortResult::Forwards {
         endpoints: n,
         terminating: false,
+        topology: Topology::None,
     }
 }
 
@@ -248,6 +266,31 @@ fn non_loadbalancer_services_are_ignored() {
         .plan();
     assert!(p.services.is_empty());
     assert!(!p.v4().contains("default/web"));
+}
+
+#[test]
+fn service_proxy_name_label_is_left_alone() {
+    let labelled = |value: &str| {
+        web("").replace(
+            "  creationTimestamp",
+            &format!("  labels: {{service.kubernetes.io/service-proxy-name: \"{value}\"}}\n  creationTimestamp"),
+        )
+    };
+    for value in ["other-proxy", ""] {
+        let p = World::new()
+            .service(&labelled(value))
+            .slice(&web_slice("web-1", &["198.51.100.10"]))
+            .plan();
+        assert!(p.services.is_empty(), "{value:?}: {:?}", p.services);
+        assert!(!p.v4().contains("default/web"), "{}", p.v4());
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+    }
+    // Without the label the same Service is nodelb's.
+    let p = World::new()
+        .service(&web(""))
+        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .plan();
+    assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
 }
 
 #[test]
@@ -468,7 +511,8 @@ fn serving_terminating_endpoints_stand_in_when_none_is_ready() {
         p.port("default/web", IpFamily::V4),
         &PortResult::Forwards {
             endpoints: 1,
-            terminating: true
+            terminating: true,
+            topology: Topology::None,
         }
     );
     assert!(p.v4().contains("198.51.100.10 . 8080"));
@@ -513,6 +557,25 @@ fn cluster_policy_uses_every_endpoint_and_masquerades_clients() {
     assert_eq!(p.port("default/web", IpFamily::V4), &forwards(2));
     let masq = set_block(&p.v4(), "masq-services");
     assert!(masq.contains("203.0.113.1 . tcp . 80"), "{masq}");
+}
+
+#[test]
+fn every_masquerade_is_fully_random() {
+    let p = World::new()
+        .service(&web(""))
+        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .plan();
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let post = chain_block(&p.text(family), "postrouting");
+        let rules: Vec<&str> = post.lines().filter(|l| l.contains("masquerade")).collect();
+        assert_eq!(rules.len(), 9, "{post}");
+        assert!(
+            rules
+                .iter()
+                .all(|r| r.contains(" masquerade fully-random ")),
+            "{post}"
+        );
+    }
 }
 
 #[test]
@@ -626,6 +689,311 @@ fn service_without_endpoints_rejects() {
     let input = chain_block(&t, "input");
     assert!(input.contains("reject with tcp reset"), "{input}");
     assert!(input.contains("@no-endpoints reject"), "{input}");
+}
+
+#[test]
+fn no_endpoint_reject_matches_new_connections_only() {
+    use nodelb_netfilter::{ct_state, ChainType, CtKey, Expr, Payload, Stmt};
+    let p = World::new().service(&web("")).plan();
+    for t in &p.tables {
+        let mut keyed = 0;
+        // Every rule of a filter chain that looks up the packet's destination address and port
+        // (what a reply to the node's own connection from that port carries too) first asks
+        // for a new connection.
+        for chain in t.chains.values() {
+            if chain.base.map(|b| b.chain_type) != Some(ChainType::Filter) {
+                continue;
+            }
+            for rule in &chain.rules {
+                let on_destination = rule.stmts.iter().position(|s| {
+                    matches!(s, Stmt::Lookup { keys, .. }
+                        if matches!(keys[0], Expr::Payload(Payload::IpDaddr | Payload::Ip6Daddr))
+                            && keys.contains(&Expr::Payload(Payload::ThDport)))
+                });
+                let Some(at) = on_destination else {
+                    continue;
+                };
+                keyed += 1;
+                let new_first = rule.stmts[..at].iter().any(|s| {
+                    *s == Stmt::AnyBits {
+                        left: Expr::Ct(CtKey::State),
+                        bits: ct_state::NEW,
+                    }
+                });
+                assert!(new_first, "{} {}: {rule:?}", t.family, chain.name);
+            }
+        }
+        // The TCP reset and the port unreachable, in input and in filter-output.
+        assert_eq!(keyed, 4, "{}", nodelb_netfilter::render_table(t));
+    }
+    let input = chain_block(&p.v4(), "input");
+    assert!(
+        input.contains("ct state new meta l4proto tcp ip daddr . meta l4proto . th dport @no-endpoints reject with tcp reset"),
+        "{input}"
+    );
+}
+
+// ---- topology ------------------------------------------------------------------------------
+
+/// The endpoint addresses in the IPv4 table's endpoint map, sorted.
+fn endpoint_hosts(p: &Plan) -> Vec<String> {
+    let map = set_block(&p.v4(), "endpoints");
+    let mut hosts: Vec<String> = map
+        .split(" : ")
+        .skip(1)
+        .filter_map(|e| e.split(" . ").next())
+        .filter(|a| a.parse::<IpAddr>().is_ok())
+        .map(str::to_string)
+        .collect();
+    hosts.sort();
+    hosts
+}
+
+fn forwards_by(n: usize, topology: Topology) -> PortResult {
+    PortResult::Forwards {
+        endpoints: n,
+        terminating: false,
+        topology,
+    }
+}
+
+/// `node-a` in `zone`.
+fn in_zone(mut w: World, zone: &str) -> World {
+    w.node
+        .labels
+        .insert("topology.kubernetes.io/zone".into(), zone.into());
+    w
+}
+
+/// Three endpoints as the EndpointSlice controller hints them for `PreferClose`: .10 and .12
+/// in zone-a, .11 in zone-b.
+const ZONED: [&str; 3] = [
+    "198.51.100.10 node-a for-zones=zone-a",
+    "198.51.100.11 node-b for-zones=zone-b",
+    "198.51.100.12 node-c for-zones=zone-a",
+];
+
+#[test]
+fn prefer_close_uses_only_zone_hinted_endpoints() {
+    let p = in_zone(World::new(), "zone-a")
+        .service(&web("trafficDistribution: PreferClose"))
+        .slice(&web_slice("web-1", &ZONED))
+        .plan();
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &forwards_by(2, Topology::SameZone)
+    );
+    assert_eq!(endpoint_hosts(&p), ["198.51.100.10", "198.51.100.12"]);
+    // In zone-b, zone-b's.
+    let p = in_zone(World::new(), "zone-b")
+        .service(&web("trafficDistribution: PreferClose"))
+        .slice(&web_slice("web-1", &ZONED))
+        .plan();
+    assert_eq!(endpoint_hosts(&p), ["198.51.100.11"]);
+    // The hints decide, as in kube-proxy, also without trafficDistribution (the older
+    // topology-mode annotation makes the same hints).
+    let p = in_zone(World::new(), "zone-a")
+        .service(&web(""))
+        .slice(&web_slice("web-1", &ZONED))
+        .plan();
+    assert_eq!(endpoint_hosts(&p), ["198.51.100.10", "198.51.100.12"]);
+}
+
+#[test]
+fn prefer_same_node_uses_only_node_hinted_endpoints_and_else_its_zones() {
+    let hinted = [
+        "198.51.100.10 for-zones=zone-a for-nodes=node-a",
+        "198.51.100.11 for-zones=zone-b for-nodes=node-b",
+        "198.51.100.12 for-zones=zone-a for-nodes=node-c",
+    ];
+    let p = in_zone(World::new(), "zone-a")
+        .service(&web("trafficDistribution: PreferSameNode"))
+        .slice(&web_slice("web-1", &hinted))
+        .plan();
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &forwards_by(1, Topology::SameNode)
+    );
+    assert_eq!(endpoint_hosts(&p), ["198.51.100.10"]);
+    // No endpoint for this node: this zone's.
+    let mut w = in_zone(World::new(), "zone-a")
+        .service(&web("trafficDistribution: PreferSameNode"))
+        .slice(&web_slice("web-1", &hinted));
+    w.node.name = "node-d".into();
+    assert_eq!(
+        endpoint_hosts(&w.plan()),
+        ["198.51.100.10", "198.51.100.12"]
+    );
+}
+
+#[test]
+fn hints_missing_on_one_endpoint_fall_back_to_all() {
+    let mut eps = ZONED.to_vec();
+    eps.push("198.51.100.13 node-d");
+    let p = in_zone(World::new(), "zone-a")
+        .service(&web("trafficDistribution: PreferClose"))
+        .slice(&web_slice("web-1", &eps))
+        .plan();
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &forwards_by(4, Topology::Ignored(Ignored::MissingHint))
+    );
+    // A terminating endpoint without hints does not count: only ready ones are looked at.
+    eps[3] = "198.51.100.13 node-d ready=false serving=true terminating=true";
+    let p = in_zone(World::new(), "zone-a")
+        .service(&web("trafficDistribution: PreferClose"))
+        .slice(&web_slice("web-1", &eps))
+        .plan();
+    assert_eq!(endpoint_hosts(&p), ["198.51.100.10", "198.51.100.12"]);
+}
+
+#[test]
+fn hints_for_no_endpoint_of_this_zone_or_a_node_without_a_zone_fall_back_to_all() {
+    let p = in_zone(World::new(), "zone-c")
+        .service(&web(""))
+        .slice(&web_slice("web-1", &ZONED))
+        .plan();
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &forwards_by(3, Topology::Ignored(Ignored::NotForThisZone))
+    );
+    let p = World::new()
+        .service(&web(""))
+        .slice(&web_slice("web-1", &ZONED))
+        .plan();
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &forwards_by(3, Topology::Ignored(Ignored::NodeHasNoZone))
+    );
+}
+
+#[test]
+fn only_terminating_endpoints_left_ignore_their_hints() {
+    let eps = [
+        "198.51.100.10 ready=false serving=true terminating=true for-zones=zone-a",
+        "198.51.100.11 ready=false serving=true terminating=true for-zones=zone-b",
+    ];
+    let p = in_zone(World::new(), "zone-a")
+        .service(&web("trafficDistribution: PreferClose"))
+        .slice(&web_slice("web-1", &eps))
+        .plan();
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &PortResult::Forwards {
+            endpoints: 2,
+            terminating: true,
+            topology: Topology::Ignored(Ignored::OnlyTerminating),
+        }
+    );
+}
+
+#[test]
+fn topology_hints_do_not_narrow_local_policy() {
+    let eps = [
+        "198.51.100.10 node-a for-zones=zone-b",
+        "198.51.100.11 node-b for-zones=zone-a",
+    ];
+    let p = in_zone(World::new(), "zone-a")
+        .service(&web(
+            "externalTrafficPolicy: Local\ntrafficDistribution: PreferClose",
+        ))
+        .slice(&web_slice("web-1", &eps))
+        .plan();
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &forwards_by(1, Topology::None)
+    );
+    assert_eq!(endpoint_hosts(&p), ["198.51.100.10"]);
+}
+
+#[test]
+fn a_node_whose_zone_label_changes_uses_the_new_zones_endpoints() {
+    // The zone is part of the planner's context: a change replans every Service.
+    let w = in_zone(World::new(), "zone-a")
+        .service(&web(""))
+        .slice(&web_slice("web-1", &ZONED));
+    let node_b = in_zone(World::new(), "zone-b").node;
+    let objects = Objects::from_lists(w.services.clone(), w.slices.clone());
+    let ctx =
+        |node: &NodeInfo| Context::new(node.clone(), w.local.clone(), w.families, w.config.clone());
+    let mut planner = Planner::new();
+    planner.update(&objects, &ctx(&w.node), None);
+    let before = planner.tables();
+    let u = planner.update(&objects, &ctx(&node_b), Some(&BTreeSet::new()));
+    assert!(matches!(u.change, TableChange::Rebuild));
+    assert_eq!(u.changed, [ServiceKey::new("default", "web")].into());
+    let after = planner.tables();
+    let text = nodelb_netfilter::render_table(&after[0]);
+    assert!(
+        text.contains("198.51.100.11 . 8080") && !text.contains("198.51.100.10 . 8080"),
+        "{text}"
+    );
+    assert_ne!(before, after);
+}
+
+#[test]
+fn malformed_hints_are_warned_about_and_fall_back_to_all() {
+    let mut eps = ZONED.to_vec();
+    eps[1] = r#"198.51.100.11 node-b hints={"forZones":[{}]}"#;
+    let p = in_zone(World::new(), "zone-a")
+        .service(&web(""))
+        .slice(&web_slice("web-1", &eps))
+        .plan();
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &forwards_by(3, Topology::Ignored(Ignored::MalformedHint))
+    );
+    assert!(
+        p.warned("EndpointSlice default/web-1: endpoint 198.51.100.11: hints are not"),
+        "{:?}",
+        p.warnings
+    );
+    // A hint list that is not a list at all reads the same way.
+    eps[1] = r#"198.51.100.11 node-b hints={"forZones":"zone-b"}"#;
+    let p = in_zone(World::new(), "zone-a")
+        .service(&web(""))
+        .slice(&web_slice("web-1", &eps))
+        .plan();
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &forwards_by(3, Topology::Ignored(Ignored::MalformedHint))
+    );
+}
+
+#[test]
+fn an_unknown_traffic_distribution_is_warned_about_and_the_hints_still_decide() {
+    let p = in_zone(World::new(), "zone-a")
+        .service(&web("trafficDistribution: PreferFarAway"))
+        .slice(&web_slice("web-1", &ZONED))
+        .plan();
+    assert!(
+        p.warned("trafficDistribution is not PreferClose, PreferSameZone or PreferSameNode"),
+        "{:?}",
+        p.warnings
+    );
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &forwards_by(2, Topology::SameZone)
+    );
+}
+
+#[test]
+fn a_distribution_without_hints_says_they_are_missing() {
+    let p = in_zone(World::new(), "zone-a")
+        .service(&web("trafficDistribution: PreferClose"))
+        .slice(&web_slice("web-1", &["198.51.100.10", "198.51.100.11"]))
+        .plan();
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &forwards_by(2, Topology::Ignored(Ignored::MissingHint))
+    );
+    let outcome = p.outcome("default/web").to_string();
+    assert!(
+        outcome.contains(
+            "forwards to 2 endpoints (topology hints ignored: an endpoint carries no hint)"
+        ),
+        "{outcome}"
+    );
 }
 
 // ---- session affinity --------------------------------------------------------------------
@@ -1575,6 +1943,49 @@ fn unknown_protocols_are_skipped_with_a_warning() {
     assert!(p.warned("protocol \"QUIC\" is not TCP, UDP or SCTP"));
     assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
     assert!(!p.v4().contains(". 443"));
+}
+
+#[test]
+fn duplicate_endpoint_ready_copy_wins() {
+    // A pod IP reused while the pod that had it terminates: the old pod's copy is terminating
+    // (still serving) in one slice, the new pod's is ready in another. In either slice order
+    // the ready copy counts: a ready endpoint, on the new pod's node, no warning.
+    let old = "198.51.100.10 node-b ready=false serving=true terminating=true";
+    let new = "198.51.100.10 node-a";
+    for (first, second) in [(old, new), (new, old)] {
+        let p = World::new()
+            .service(&web("externalTrafficPolicy: Local"))
+            .slice(&web_slice("web-a", &[first]))
+            .slice(&web_slice("web-b", &[second]))
+            .plan();
+        assert_eq!(
+            p.port("default/web", IpFamily::V4),
+            &forwards(1),
+            "{first} / {second}"
+        );
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+    }
+    // Two copies not terminating: the first in slice name order.
+    let p = World::new()
+        .service(&web("externalTrafficPolicy: Local"))
+        .slice(&web_slice("web-a", &["198.51.100.10 node-b"]))
+        .slice(&web_slice("web-b", &["198.51.100.10 node-a"]))
+        .plan();
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &PortResult::DropsNoLocalEndpoint { elsewhere: 1 }
+    );
+    // A copy not ready and not terminating (the new pod starting) wins too, as in kube-proxy:
+    // the address is not used until that pod is ready.
+    let p = World::new()
+        .service(&web(""))
+        .slice(&web_slice("web-a", &[old]))
+        .slice(&web_slice("web-b", &["198.51.100.10 node-a ready=false"]))
+        .plan();
+    assert_eq!(
+        p.port("default/web", IpFamily::V4),
+        &PortResult::RejectsNoEndpoints
+    );
 }
 
 #[test]

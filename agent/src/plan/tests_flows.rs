@@ -1,7 +1,7 @@
 //! Which conntrack entries an update makes stale (DESIGN.md, "What a Service gets": when an
-//! endpoint stops being used by a UDP or SCTP Service port, its entries go; and those made
-//! while the port had no endpoint, once it has one). One test per way an endpoint stops being
-//! used, each named for the rule.
+//! endpoint stops serving a UDP or SCTP Service port, its entries go, while one that still
+//! serves keeps them; and those made while the port had no endpoint, once it has one). One
+//! test per way an endpoint stops serving, each named for the rule.
 //!
 //! Every step is planned twice from the same planner: as the incremental update the agent
 //! makes, and as a rebuild; both must name the same stale flows.
@@ -146,7 +146,8 @@ fn dns(protocol: &str) -> String {
 }
 
 /// An IPv4 slice `<service>-v4` with port `dns` → 8053, one endpoint per entry:
-/// `host [node] [ready=..] [serving=..] [terminating=..]`, host in 198.51.100.0/24.
+/// `host [node] [ready=..] [serving=..] [terminating=..] [for-zones=zone]`, host in
+/// 198.51.100.0/24.
 fn slice(service: &str, protocol: &str, endpoints: &[&str]) -> String {
     let mut eps = String::new();
     for e in endpoints {
@@ -156,6 +157,9 @@ fn slice(service: &str, protocol: &str, endpoints: &[&str]) -> String {
         let mut cond = Vec::new();
         for p in parts {
             match p.split_once('=') {
+                Some(("for-zones", z)) => {
+                    eps += &format!("  hints: {{forZones: [{{name: {z}}}]}}\n")
+                }
                 Some((k, v)) => cond.push(format!("{k}: {v}")),
                 None => eps += &format!("  nodeName: {p}\n"),
             }
@@ -269,23 +273,64 @@ fn an_endpoint_no_longer_ready_has_its_flows_deleted() {
 }
 
 #[test]
-fn a_terminating_endpoint_no_longer_used_once_one_is_ready_has_its_flows_deleted() {
-    let mut n = Node::new();
-    n.start(&[
-        dns("UDP"),
-        slice(
-            "dns",
-            "UDP",
-            &["2 ready=false serving=true terminating=true"],
-        ),
-    ]);
-    // Still serving, but a ready endpoint appeared: the terminating one is no longer used.
+fn serving_terminating_endpoint_keeps_its_udp_flows() {
+    // A rolling update: the endpoint a session landed on gets SIGTERM. It still serves while
+    // it drains, so its flows stay (new flows go to the ready one); they move only once it
+    // stops serving, or leaves the slice.
+    let draining = "2 ready=false serving=true terminating=true";
+    let mut n = dns_node();
+    let d = n.put(&slice("dns", "UDP", &[draining, "3"]));
+    assert_eq!(n.step(d), vec![]);
     let d = n.put(&slice(
         "dns",
         "UDP",
+        &["2 ready=false serving=false terminating=true", "3"],
+    ));
+    assert_eq!(n.step(d), vec![left(NODE_V4, ep(2))], "stops serving");
+    let mut n = dns_node();
+    let d = n.put(&slice("dns", "UDP", &[draining, "3"]));
+    assert_eq!(n.step(d), vec![]);
+    let d = n.put(&slice("dns", "UDP", &["3"]));
+    assert_eq!(n.step(d), vec![left(NODE_V4, ep(2))], "leaves the slice");
+}
+
+#[test]
+fn a_serving_terminating_sctp_endpoint_keeps_its_association() {
+    let mut n = Node::new();
+    n.start(&[dns("SCTP"), slice("dns", "SCTP", &["2", "3"])]);
+    let d = n.put(&slice(
+        "dns",
+        "SCTP",
         &["2 ready=false serving=true terminating=true", "3"],
     ));
-    assert_eq!(n.step(d), vec![left(NODE_V4, ep(2))]);
+    assert_eq!(n.step(d), vec![]);
+}
+
+#[test]
+fn an_endpoint_used_only_elsewhere_keeps_its_flows_until_it_stops_serving() {
+    // Zone hints: node-a (zone-a) sends new flows to .2 only; .3 (zone-b) still serves, so the
+    // flows it answers here (made before the hints, or by the node's own clients) stay.
+    let mut n = Node::new();
+    n.with_ctx(|node, _, _| {
+        node.labels
+            .insert("topology.kubernetes.io/zone".into(), "zone-a".into());
+    });
+    n.start(&[dns("UDP"), slice("dns", "UDP", &["2", "3"])]);
+    let d = n.put(&slice(
+        "dns",
+        "UDP",
+        &["2 for-zones=zone-a", "3 for-zones=zone-b"],
+    ));
+    assert_eq!(n.step(d), vec![], "narrowed by topology, nothing stale");
+    let d = n.put(&slice(
+        "dns",
+        "UDP",
+        &[
+            "2 for-zones=zone-a",
+            "3 ready=false serving=false for-zones=zone-b",
+        ],
+    ));
+    assert_eq!(n.step(d), vec![left(NODE_V4, ep(3))]);
 }
 
 #[test]

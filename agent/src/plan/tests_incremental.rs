@@ -42,6 +42,10 @@ fn service(i: u64, rng: &mut Lcg) -> Service {
         spec["ports"][0]["port"] = serde_json::json!(22); // reserved
     }
     if rng.next(3) == 0 {
+        spec["trafficDistribution"] =
+            serde_json::json!(["PreferClose", "PreferSameNode"][rng.next(2) as usize]);
+    }
+    if rng.next(3) == 0 {
         // ClientIP affinity, its timeout changing now and then (the sets are declared anew).
         spec["sessionAffinity"] = serde_json::json!("ClientIP");
         let timeout = [10, 60][rng.next(2) as usize];
@@ -56,10 +60,24 @@ fn service(i: u64, rng: &mut Lcg) -> Service {
     .unwrap()
 }
 
+/// An endpoint's topology hints as the EndpointSlice controller writes them for the slice's
+/// `style` (0: none, 1: zones, 2: zones and nodes), now and then missing or malformed.
+fn hints(style: u64, node: &str, rng: &mut Lcg) -> serde_json::Value {
+    let zone = ["zone-a", "zone-b"][rng.next(2) as usize];
+    match (style, rng.next(8)) {
+        (0, _) | (_, 0) => serde_json::Value::Null,
+        (_, 1) => serde_json::json!({"forZones": [{}]}),
+        (1, _) => serde_json::json!({"forZones": [{"name": zone}]}),
+        _ => serde_json::json!({"forZones": [{"name": zone}], "forNodes": [{"name": node}]}),
+    }
+}
+
 fn slice(i: u64, name: &str, family: &str, rng: &mut Lcg) -> EndpointSlice {
     let n = rng.next(4);
+    let style = rng.next(3);
     let eps: Vec<_> = (0..n)
         .map(|_| {
+            // Few hosts: the same address in two slices of a Service, or twice in one.
             let host = 10 + rng.next(6);
             let addr = if family == "IPv4" {
                 format!("198.51.100.{host}")
@@ -67,10 +85,14 @@ fn slice(i: u64, name: &str, family: &str, rng: &mut Lcg) -> EndpointSlice {
                 format!("2001:db8:b::{host:x}")
             };
             let node = ["node-a", "node-b"][rng.next(2) as usize];
+            // Ready, serving-and-terminating, or neither.
+            let ready = rng.next(4) != 0;
+            let serving = ready || rng.next(2) == 0;
             serde_json::json!({
                 "addresses": [addr],
                 "nodeName": node,
-                "conditions": {"ready": rng.next(4) != 0, "serving": true, "terminating": rng.next(2) == 0},
+                "conditions": {"ready": ready, "serving": serving, "terminating": rng.next(2) == 0},
+                "hints": hints(style, node, rng),
             })
         })
         .collect();
@@ -87,7 +109,7 @@ fn slice(i: u64, name: &str, family: &str, rng: &mut Lcg) -> EndpointSlice {
 fn incremental_updates_equal_planning_from_scratch() {
     let node = NodeInfo {
         name: "node-a".into(),
-        labels: Default::default(),
+        labels: [(topology::ZONE_LABEL.to_string(), "zone-a".to_string())].into(),
         addresses: vec![
             (AddressKind::InternalIP, "203.0.113.1".parse().unwrap()),
             (AddressKind::InternalIP, "2001:db8::1".parse().unwrap()),
@@ -132,6 +154,8 @@ fn incremental_updates_equal_planning_from_scratch() {
     let mut stale_seen = (0, 0);
     // Affinity sets created, deleted, and declared anew (both in one edit).
     let (mut sets_added, mut sets_deleted, mut sets_redeclared) = (0, 0, 0);
+    // Ports narrowed to this node's or zone's endpoints, and ports whose hints were ignored.
+    let (mut narrowed, mut ignored) = (0, 0);
     for step in 0..1200 {
         let mut dirty = BTreeSet::new();
         for _ in 0..1 + rng.next(3) {
@@ -309,7 +333,28 @@ fn incremental_updates_equal_planning_from_scratch() {
             .map(|(k, o)| (k.clone(), o.clone()))
             .collect();
         assert_eq!(outcomes, fresh.services, "step {step}");
+        for o in outcomes.values() {
+            for f in o.programmed_families() {
+                for p in o.ports(f).unwrap_or_default() {
+                    match p.result {
+                        diagnosis::PortResult::Forwards {
+                            topology: topology::Topology::SameNode | topology::Topology::SameZone,
+                            ..
+                        } => narrowed += 1,
+                        diagnosis::PortResult::Forwards {
+                            topology: topology::Topology::Ignored(_),
+                            ..
+                        } => ignored += 1,
+                        _ => {}
+                    }
+                }
+            }
+        }
     }
+    assert!(
+        narrowed > 200 && ignored > 500,
+        "the sequence planned {narrowed} ports narrowed by topology, {ignored} ignoring hints"
+    );
     assert!(
         edits_seen > 300,
         "the sequence exercised {edits_seen} edits"

@@ -5,6 +5,7 @@
 use crate::host::sysctl::Forwarding;
 use crate::kube::node_events::NodeProblem;
 use crate::plan::diagnosis::{ObjectRef, PortResult, ServiceOutcome, Warning};
+use crate::plan::topology::{Ignored, Topology};
 use crate::vocab::{Families, IpFamily, ServiceKey};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -204,31 +205,91 @@ pub fn decide_families(
     }
 }
 
-/// Counts for metrics: Services with rules here, and endpoints behind their programmed ports.
+/// Counts for metrics of what the planner programmed here.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Programmed {
+    /// Services with rules here.
+    pub services: usize,
+    /// Endpoints behind their programmed ports.
+    pub endpoints: usize,
+    /// Service ports (per family) whose topology hints are ignored here, by reason, in
+    /// [`Ignored::ALL`] order.
+    pub hints_ignored: [usize; Ignored::ALL.len()],
+}
+
 pub fn programmed_counts<'a>(
     outcomes: impl Iterator<Item = (&'a ServiceKey, &'a ServiceOutcome)>,
-) -> (usize, usize) {
-    let mut services = 0;
-    let mut endpoints = 0;
+) -> Programmed {
+    let mut out = Programmed::default();
     for (_, outcome) in outcomes {
         let families = outcome.programmed_families();
         if !families.is_empty() {
-            services += 1;
+            out.services += 1;
         }
         for f in families {
             for p in outcome.ports(f).unwrap_or_default() {
-                if let PortResult::Forwards { endpoints: n, .. } = p.result {
-                    endpoints += n;
+                if let PortResult::Forwards {
+                    endpoints: n,
+                    topology,
+                    ..
+                } = p.result
+                {
+                    out.endpoints += n;
+                    if let Topology::Ignored(why) = topology {
+                        let i = Ignored::ALL.iter().position(|w| *w == why);
+                        out.hints_ignored[i.expect("every reason is listed")] += 1;
+                    }
                 }
             }
         }
     }
-    (services, endpoints)
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ports_whose_topology_hints_are_ignored_are_counted_by_reason() {
+        use crate::plan::diagnosis::{FamilyOutcome, FamilyState, PortOutcome};
+        use crate::vocab::{Protocol, ServicePortId};
+        let port = |n: u16, topology| PortOutcome {
+            port: ServicePortId {
+                name: None,
+                protocol: Protocol::Udp,
+                port: n,
+            },
+            result: PortResult::Forwards {
+                endpoints: 2,
+                terminating: false,
+                topology,
+            },
+        };
+        let served = ServiceOutcome::Served {
+            families: vec![FamilyOutcome {
+                family: IpFamily::V4,
+                state: FamilyState::Served {
+                    addresses: vec!["203.0.113.1".parse().unwrap()],
+                    ports: vec![
+                        port(53, Topology::SameZone),
+                        port(54, Topology::Ignored(Ignored::MissingHint)),
+                        port(55, Topology::Ignored(Ignored::MissingHint)),
+                        port(56, Topology::Ignored(Ignored::NotForThisZone)),
+                        port(57, Topology::None),
+                    ],
+                },
+            }],
+        };
+        let key = ServiceKey::new("default", "dns");
+        let p = programmed_counts([(&key, &served)].into_iter());
+        assert_eq!((p.services, p.endpoints), (1, 10));
+        let at = |why| Ignored::ALL.iter().position(|w| *w == why).unwrap();
+        let mut want = [0; Ignored::ALL.len()];
+        want[at(Ignored::MissingHint)] = 2;
+        want[at(Ignored::NotForThisZone)] = 1;
+        assert_eq!(p.hints_ignored, want);
+    }
 
     #[test]
     fn a_read_back_without_commits_meanwhile_is_conclusive() {

@@ -16,7 +16,7 @@
 //! and never fails the sync.
 
 use super::decisions::{
-    decide_families, programmed_counts, Backoff, FamilyDecision, Pacer, ReadbackJudge,
+    decide_families, programmed_counts, Backoff, FamilyDecision, Pacer, Programmed, ReadbackJudge,
     ResyncVerdict, WarningLog,
 };
 use super::http::SharedReadiness;
@@ -545,7 +545,7 @@ impl SyncLoop {
                 None => info!(service = %key, "service no longer handled"),
             }
         }
-        let (services, endpoints) = programmed_counts(self.planner.outcomes());
+        let programmed = programmed_counts(self.planner.outcomes());
         self.note_blocked();
         self.flows = std::mem::take(&mut self.flows).then(update.flows);
         Planned {
@@ -553,8 +553,7 @@ impl SyncLoop {
             summary: PlanSummary {
                 took,
                 replanned: update.replanned,
-                services,
-                endpoints,
+                programmed,
             },
         }
     }
@@ -664,14 +663,20 @@ impl SyncLoop {
                 }
                 self.metrics.sync_objects.set(objects as i64);
                 self.metrics.sync_bytes.set(stats.bytes as i64);
-                self.metrics.services_programmed.set(plan.services as i64);
-                self.metrics.endpoints_programmed.set(plan.endpoints as i64);
+                let programmed = &plan.programmed;
+                self.metrics
+                    .services_programmed
+                    .set(programmed.services as i64);
+                self.metrics
+                    .endpoints_programmed
+                    .set(programmed.endpoints as i64);
+                self.metrics.set_hints_ignored(&programmed.hints_ignored);
                 if let Some(why) = wake.drift.as_ref().or(repaired.as_ref()) {
                     self.metrics.drift_repairs.inc();
                     info!(why = %why, took = ?took, "repaired drift with a full replace");
                 }
                 debug!(objects, bytes = stats.bytes, encode = ?stats.encode, commit = ?stats.commit,
-                       services = plan.services, endpoints = plan.endpoints, replanned = plan.replanned,
+                       services = programmed.services, endpoints = programmed.endpoints, replanned = plan.replanned,
                        plan = ?plan.took, resync = wake.resync, event_to_kernel = ?waited, took = ?took, "synced");
                 true
             }
@@ -841,8 +846,7 @@ struct PlanSummary {
     /// From the start of the sync to the plan.
     took: Duration,
     replanned: usize,
-    services: usize,
-    endpoints: usize,
+    programmed: Programmed,
 }
 
 /// What a sync sends: the planner's whole tables, or edits of the tables committed before.

@@ -98,6 +98,11 @@ pub fn node_context(c: &Candidate, config: &Config) -> Context {
 /// processes: nodes running different daemons on ports no Service asks for are one class (the
 /// status names each node's process from its own heartbeat, [`BlockedPorts::process`]).
 ///
+/// Topology hints read the node's name and its `topology.kubernetes.io/zone` label, neither
+/// of which stays in the class unless a node selector reads the label: they decide which of a
+/// port's endpoints a node uses, never whether it forwards (a port narrowed by hints always
+/// keeps some), and the status asks only the latter.
+///
 /// Every field of the input is named here, so a new one must be placed: in the class (it joins
 /// the key: one line below) or left out, with the reason.
 pub fn class_context(ctx: &Context, read: &Read) -> Context {

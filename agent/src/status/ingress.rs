@@ -73,13 +73,19 @@ pub fn status_body(name: &str, namespace: &str, status: Value) -> Value {
 }
 
 /// Decide the write for a Service at `now` (the leader's clock, for the condition's
-/// `lastTransitionTime`); `desired` is `None` when nodelb does not handle it.
+/// `lastTransitionTime`); `desired` is `None` when nodelb does not handle it. A Service
+/// labelled `service.kubernetes.io/service-proxy-name` is another proxy's: nodelb neither
+/// writes its status nor clears what it wrote there before (that proxy's load balancer
+/// controller owns it now; `clear-status` still removes it on uninstall).
 pub fn decide(
     svc: &Service,
     desired: Option<&Desired>,
     ip_mode: Option<&str>,
     now: Timestamp,
 ) -> Write {
+    if svc.metadata.other_proxy {
+        return Write::Nothing;
+    }
     let managers = &svc.metadata.ingress_owners;
     let stored_condition = svc.status.as_ref().and_then(|s| s.serving.as_deref());
     let ours = managers.iter().any(|m| m == FIELD_MANAGER) || stored_condition.is_some();

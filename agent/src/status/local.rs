@@ -9,6 +9,7 @@ use crate::plan::endpoints::{self, Candidates};
 use crate::plan::fragment::port_action;
 use crate::plan::index::{EndpointSlice, Service};
 use crate::plan::service::{self, TrafficPolicy};
+use crate::plan::topology::Place;
 use crate::plan::Objects;
 use crate::vocab::{IpFamily, Protocol, ServiceKey, ServicePortId, Str};
 use std::collections::{BTreeMap, BTreeSet};
@@ -41,14 +42,16 @@ impl LocalEndpoints {
         for family in &lb.families {
             for port in &lb.ports {
                 let c = endpoints::candidates(slices, port, *family, &mut ignored);
-                for node in c.ready.values().chain(c.terminating.values()).flatten() {
-                    on.entry(node.clone()).or_default();
+                for node in c.serving_nodes() {
+                    on.entry(node.into()).or_default();
                 }
                 ports.push((port, *family, c));
             }
         }
+        // `Local` policy: no topology, so no zone.
         let result = |port: &ServicePortId, c: &Candidates, node: Option<&str>| {
-            let selection = endpoints::select(c, lb.policy, node, key, port, &mut Vec::new());
+            let here = node.map(|node| Place { node, zone: None });
+            let selection = endpoints::select(c, lb.policy, here, None, key, port, &mut Vec::new());
             port_action(&selection).0
         };
         let mut elsewhere = Vec::with_capacity(ports.len());

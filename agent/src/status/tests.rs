@@ -951,6 +951,28 @@ fn a_new_generation_is_written_as_observed_generation() {
 }
 
 #[test]
+fn a_service_labelled_for_another_proxy_is_neither_written_nor_cleared() {
+    let labelled = |mut s: Service| {
+        s.metadata.other_proxy = true;
+        s
+    };
+    // Handled but for the label: no desired status at all.
+    let w = World::two_nodes()
+        .service(labelled(svc("web", "2024-01-01T00:00:00Z", 80, none())))
+        .service(svc("api", "2024-01-01T00:00:00Z", 81, none()));
+    let desired = w.compute();
+    assert!(!desired.contains_key(&ServiceKey::new("default", "web")));
+    assert!(desired.contains_key(&ServiceKey::new("default", "api")));
+    // What nodelb wrote before the label came is left too, not cleared.
+    let ours = labelled(stored(&["203.0.113.9"], &["nodelb"]));
+    assert_eq!(ingress::decide(&ours, None, None, now()), Write::Nothing);
+    assert!(matches!(
+        ingress::decide(&stored(&["203.0.113.9"], &["nodelb"]), None, None, now()),
+        Write::Clear { .. }
+    ));
+}
+
+#[test]
 fn a_service_that_carries_only_nodelbs_condition_is_cleared_when_no_longer_ours() {
     let mut s = stored(&[], &["nodelb"]);
     s.metadata.ingress_owners.clear();
