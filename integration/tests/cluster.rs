@@ -238,6 +238,15 @@ mod on_real_cluster {
         );
 
         for (pod, node) in c.agent_pods().unwrap_or_else(|e| panic!("{e}")) {
+            // What `kubectl logs` shows an operator: plain lines, no terminal escape codes.
+            let logs = c
+                .kubectl(&["-n", "nodelb-system", "logs", &pod])
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                logs.contains("nodelb-agent starting") && !logs.contains('\u{1b}'),
+                "{pod}'s log is plain text: {}",
+                logs.lines().next().unwrap_or_default()
+            );
             let text = c.agent_metrics(&pod).unwrap_or_else(|e| panic!("{e}"));
             let series = format!(
                 "nodelb_service_packets_total{{namespace=\"{}\",service=\"web\",port=\"http\",family=\"IPv4\"}}",
