@@ -72,6 +72,11 @@ impl Cluster {
         if rng.random_bool(0.8) {
             labels.push(("zone", ZONES[rng.random_range(0..3)]));
         }
+        // The zone topology hints name: it decides which endpoints a node uses, never whether
+        // it serves, so the status by class must not depend on it.
+        if rng.random_bool(0.7) {
+            labels.push(("topology.kubernetes.io/zone", ZONES[rng.random_range(0..3)]));
+        }
         if rng.random_bool(0.15) {
             labels.push((service::EXCLUDE_LABEL, ""));
         }
@@ -217,6 +222,17 @@ impl Cluster {
                     _ => {
                         let n = &self.names[rng.random_range(0..self.names.len())];
                         ep["nodeName"] = json!(n);
+                    }
+                }
+                // Topology hints, as the EndpointSlice controller writes them, now and then.
+                let zone = ZONES[rng.random_range(0..3)];
+                let for_node = &self.names[rng.random_range(0..self.names.len())];
+                match rng.random_range(0..4) {
+                    0 => {}
+                    1 => ep["hints"] = json!({"forZones": [{"name": zone}]}),
+                    _ => {
+                        ep["hints"] =
+                            json!({"forZones": [{"name": zone}], "forNodes": [{"name": for_node}]})
                     }
                 }
                 ep
