@@ -80,18 +80,7 @@ die() {
 node_ns() { echo "nodelb-$1"; }
 cgroup_root() { echo "nodelb-cluster-$1"; }
 
-deps() {
-  local missing=() p
-  for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if [ "${#missing[@]}" -gt 0 ]; then
-    log "installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update
-    apt-get install -y "${missing[@]}"
-  fi
-}
+deps() { "$repo/scripts/packages.sh" "${packages[@]}"; }
 
 # put FILE: writes stdin to FILE only when it differs, by renaming a new file over it. kube-proxy
 # exits when its configuration file changes, and a running cluster's `up` writes the same files

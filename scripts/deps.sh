@@ -10,16 +10,7 @@
 # (scripts/kubernetes.sh; needs Go).
 set -euo pipefail
 packages=(libnftnl-dev libmnl-dev pkg-config nftables iproute2 gcc etcd-server faketime socat)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-  echo "deps: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update
-  apt-get install -y "${missing[@]}"
-fi
+"$(dirname "$0")/packages.sh" "${packages[@]}"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/nodelb"
 if [ ! -x "$cache/promtool/usr/bin/promtool" ]; then
   echo "deps: unpacking promtool from Debian's prometheus package into $cache/promtool"

@@ -131,16 +131,7 @@ fi
 [ "$(id -u)" = 0 ] || die "needs root (mmdebstrap builds the agent's root file system as root)"
 needed=(mmdebstrap gcc libc6-dev binutils)
 [ "$mode" = verify ] && needed+=(containerd)
-missing=()
-for p in "${needed[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-  log "installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update >&2
-  apt-get install -y "${missing[@]}" >&2
-fi
+"$repo/scripts/packages.sh" "${needed[@]}"
 
 mkdir -p "$dir/base"
 # One builder at a time: the archives and the base are replaced in place.

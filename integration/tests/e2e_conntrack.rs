@@ -97,6 +97,29 @@ fn first_reply(c: &Cluster, f: &UdpFlow, since: Instant, from: Option<&str>) -> 
 }
 
 /// Who replied to `f` in `[from, to)`.
+/// The flow `f` reaches `to` after `updated` (`what` changed then): prints how long it took
+/// against the goal, and asserts that from `GOAL` after the change on, for two seconds, only
+/// `to` answers.
+fn moved_to(c: &Cluster, f: &UdpFlow, updated: Instant, to: &str, what: &str) {
+    let (_, switched) = first_reply(c, f, updated, Some(to));
+    let took = switched.duration_since(updated);
+    println!(
+        "measured: the UDP flow reached {to} {:.0} ms after {what} (goal < {} ms): {}",
+        took.as_secs_f64() * 1e3,
+        GOAL.as_millis(),
+        nodelb_integration::bench::goal(took < GOAL)
+    );
+    let settled = updated + GOAL;
+    std::thread::sleep(
+        (settled + Duration::from_secs(2)).saturating_duration_since(Instant::now()),
+    );
+    let after = repliers(f, settled, Instant::now());
+    assert!(
+        after.len() >= 10 && after.iter().all(|r| r == to),
+        "from {GOAL:?} after the update on, only {to} may answer: {after:?}"
+    );
+}
+
 fn repliers(f: &UdpFlow, from: Instant, to: Instant) -> Vec<String> {
     f.replies_since(from)
         .into_iter()
@@ -143,24 +166,7 @@ fn a_udp_client_on_a_fixed_port_follows_the_endpointslice() {
     let updated = Instant::now();
     c.apply(&slice(&c, "dns", "UDP", &[other]));
     let other_name = format!("b{other}");
-    let (_, switched) = first_reply(&c, &f, updated, Some(&other_name));
-    let took = switched.duration_since(updated);
-    println!(
-        "measured: UDP flow reached {other_name} {:.0} ms after the EndpointSlice update (goal < {} ms): {}",
-        took.as_secs_f64() * 1e3,
-        GOAL.as_millis(),
-        nodelb_integration::bench::goal(took < GOAL)
-    );
-    // Over the next two seconds every reply comes from the endpoint that serves.
-    let settled = updated + GOAL;
-    std::thread::sleep(
-        (settled + Duration::from_secs(2)).saturating_duration_since(Instant::now()),
-    );
-    let after = repliers(&f, settled, Instant::now());
-    assert!(
-        after.len() >= 10 && after.iter().all(|r| *r == other_name),
-        "from {GOAL:?} after the update on, only {other_name} may answer: {after:?}"
-    );
+    moved_to(&c, &f, updated, &other_name, "the EndpointSlice update");
     still_answers(&c, index(&landed));
     let deleted = metric_sum(&c.metrics(0), "nodelb_conntrack_entries_deleted_total") - before;
     assert!(
@@ -352,22 +358,12 @@ fn a_udp_flow_stays_on_its_serving_terminating_endpoint_and_moves_when_it_leaves
     // It leaves the slice: the flow moves.
     let updated = Instant::now();
     c.apply(&slice_with(&c, "drain", "UDP", &[(other, ready())]));
-    let (_, switched) = first_reply(&c, &f, updated, Some(&other_name));
-    let took = switched.duration_since(updated);
-    println!(
-        "measured: the drained UDP flow reached {other_name} {:.0} ms after its endpoint left the EndpointSlice (goal < {} ms): {}",
-        took.as_secs_f64() * 1e3,
-        GOAL.as_millis(),
-        nodelb_integration::bench::goal(took < GOAL)
-    );
-    let settled = updated + GOAL;
-    std::thread::sleep(
-        (settled + Duration::from_secs(2)).saturating_duration_since(Instant::now()),
-    );
-    let after = repliers(&f, settled, Instant::now());
-    assert!(
-        after.len() >= 10 && after.iter().all(|r| *r == other_name),
-        "from {GOAL:?} after the update on, only {other_name} may answer: {after:?}"
+    moved_to(
+        &c,
+        &f,
+        updated,
+        &other_name,
+        "its endpoint left the EndpointSlice",
     );
     assert!(deleted() > before, "the flow's entry was deleted");
     still_answers(&c, stays);

@@ -34,6 +34,19 @@ fn commands(text: &str) -> Vec<String> {
     out
 }
 
+/// The packages of a `RUN apt-get ... install ... && ...` line (options left out).
+fn apt_packages(run: &str) -> Vec<&str> {
+    run.split("apt-get install")
+        .nth(1)
+        .expect("an apt-get install")
+        .split("&&")
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter(|w| !w.starts_with('-'))
+        .collect()
+}
+
 #[test]
 fn the_release_build_is_one_locked_cargo_command() {
     let builds: Vec<String> = commands(&read("scripts/build-release.sh"))
@@ -86,16 +99,7 @@ fn dockerfile_runs_the_agent() {
         .filter(|c| c.contains("apt-get install"))
         .collect();
     assert_eq!(installs.len(), 1);
-    let packages: Vec<&str> = installs[0]
-        .split("apt-get install")
-        .nth(1)
-        .unwrap()
-        .split("&&")
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .filter(|w| !w.starts_with('-'))
-        .collect();
+    let packages = apt_packages(installs[0]);
     assert_eq!(packages, ["libnftnl11", "libmnl0"]);
 }
 
@@ -153,16 +157,7 @@ fn images_sh_takes_the_runtime_stage_from_the_dockerfile() {
         found[0].clone()
     };
     let install = line("RUN ");
-    let packages: Vec<&str> = install
-        .split("apt-get install")
-        .nth(1)
-        .unwrap()
-        .split("&&")
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .filter(|w| !w.starts_with('-'))
-        .collect();
+    let packages = apt_packages(&install);
     let copy = line("COPY ");
     let (entrypoint, cmd) = (line("ENTRYPOINT "), line("CMD "));
     assert_eq!(

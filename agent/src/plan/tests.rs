@@ -765,6 +765,15 @@ fn in_zone(mut w: World, zone: &str) -> World {
     w
 }
 
+/// The plan of `node-a` in `zone` for Service `web` (`spec` added to its spec) and one slice
+/// `web-1` of `endpoints`.
+fn zoned(zone: &str, spec: &str, endpoints: &[&str]) -> Plan {
+    in_zone(World::new(), zone)
+        .service(&web(spec))
+        .slice(&web_slice("web-1", endpoints))
+        .plan()
+}
+
 /// Three endpoints as the EndpointSlice controller hints them for `PreferClose`: .10 and .12
 /// in zone-a, .11 in zone-b.
 const ZONED: [&str; 3] = [
@@ -775,27 +784,18 @@ const ZONED: [&str; 3] = [
 
 #[test]
 fn prefer_close_uses_only_zone_hinted_endpoints() {
-    let p = in_zone(World::new(), "zone-a")
-        .service(&web("trafficDistribution: PreferClose"))
-        .slice(&web_slice("web-1", &ZONED))
-        .plan();
+    let p = zoned("zone-a", "trafficDistribution: PreferClose", &ZONED);
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &forwards_by(2, Topology::SameZone)
     );
     assert_eq!(endpoint_hosts(&p), ["198.51.100.10", "198.51.100.12"]);
     // In zone-b, zone-b's.
-    let p = in_zone(World::new(), "zone-b")
-        .service(&web("trafficDistribution: PreferClose"))
-        .slice(&web_slice("web-1", &ZONED))
-        .plan();
+    let p = zoned("zone-b", "trafficDistribution: PreferClose", &ZONED);
     assert_eq!(endpoint_hosts(&p), ["198.51.100.11"]);
     // The hints decide, as in kube-proxy, also without trafficDistribution (the older
     // topology-mode annotation makes the same hints).
-    let p = in_zone(World::new(), "zone-a")
-        .service(&web(""))
-        .slice(&web_slice("web-1", &ZONED))
-        .plan();
+    let p = zoned("zone-a", "", &ZONED);
     assert_eq!(endpoint_hosts(&p), ["198.51.100.10", "198.51.100.12"]);
 }
 
@@ -806,10 +806,7 @@ fn prefer_same_node_uses_only_node_hinted_endpoints_and_else_its_zones() {
         "198.51.100.11 for-zones=zone-b for-nodes=node-b",
         "198.51.100.12 for-zones=zone-a for-nodes=node-c",
     ];
-    let p = in_zone(World::new(), "zone-a")
-        .service(&web("trafficDistribution: PreferSameNode"))
-        .slice(&web_slice("web-1", &hinted))
-        .plan();
+    let p = zoned("zone-a", "trafficDistribution: PreferSameNode", &hinted);
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &forwards_by(1, Topology::SameNode)
@@ -830,29 +827,20 @@ fn prefer_same_node_uses_only_node_hinted_endpoints_and_else_its_zones() {
 fn hints_missing_on_one_endpoint_fall_back_to_all() {
     let mut eps = ZONED.to_vec();
     eps.push("198.51.100.13 node-d");
-    let p = in_zone(World::new(), "zone-a")
-        .service(&web("trafficDistribution: PreferClose"))
-        .slice(&web_slice("web-1", &eps))
-        .plan();
+    let p = zoned("zone-a", "trafficDistribution: PreferClose", &eps);
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &forwards_by(4, Topology::Ignored(Ignored::MissingHint))
     );
     // A terminating endpoint without hints does not count: only ready ones are looked at.
     eps[3] = "198.51.100.13 node-d ready=false serving=true terminating=true";
-    let p = in_zone(World::new(), "zone-a")
-        .service(&web("trafficDistribution: PreferClose"))
-        .slice(&web_slice("web-1", &eps))
-        .plan();
+    let p = zoned("zone-a", "trafficDistribution: PreferClose", &eps);
     assert_eq!(endpoint_hosts(&p), ["198.51.100.10", "198.51.100.12"]);
 }
 
 #[test]
 fn hints_for_no_endpoint_of_this_zone_or_a_node_without_a_zone_fall_back_to_all() {
-    let p = in_zone(World::new(), "zone-c")
-        .service(&web(""))
-        .slice(&web_slice("web-1", &ZONED))
-        .plan();
+    let p = zoned("zone-c", "", &ZONED);
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &forwards_by(3, Topology::Ignored(Ignored::NotForThisZone))
@@ -873,10 +861,7 @@ fn only_terminating_endpoints_left_ignore_their_hints() {
         "198.51.100.10 ready=false serving=true terminating=true for-zones=zone-a",
         "198.51.100.11 ready=false serving=true terminating=true for-zones=zone-b",
     ];
-    let p = in_zone(World::new(), "zone-a")
-        .service(&web("trafficDistribution: PreferClose"))
-        .slice(&web_slice("web-1", &eps))
-        .plan();
+    let p = zoned("zone-a", "trafficDistribution: PreferClose", &eps);
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &PortResult::Forwards {
@@ -893,12 +878,11 @@ fn topology_hints_do_not_narrow_local_policy() {
         "198.51.100.10 node-a for-zones=zone-b",
         "198.51.100.11 node-b for-zones=zone-a",
     ];
-    let p = in_zone(World::new(), "zone-a")
-        .service(&web(
-            "externalTrafficPolicy: Local\ntrafficDistribution: PreferClose",
-        ))
-        .slice(&web_slice("web-1", &eps))
-        .plan();
+    let p = zoned(
+        "zone-a",
+        "externalTrafficPolicy: Local\ntrafficDistribution: PreferClose",
+        &eps,
+    );
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &forwards_by(1, Topology::None)
@@ -935,10 +919,7 @@ fn a_node_whose_zone_label_changes_uses_the_new_zones_endpoints() {
 fn malformed_hints_are_warned_about_and_fall_back_to_all() {
     let mut eps = ZONED.to_vec();
     eps[1] = r#"198.51.100.11 node-b hints={"forZones":[{}]}"#;
-    let p = in_zone(World::new(), "zone-a")
-        .service(&web(""))
-        .slice(&web_slice("web-1", &eps))
-        .plan();
+    let p = zoned("zone-a", "", &eps);
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &forwards_by(3, Topology::Ignored(Ignored::MalformedHint))
@@ -950,10 +931,7 @@ fn malformed_hints_are_warned_about_and_fall_back_to_all() {
     );
     // A hint list that is not a list at all reads the same way.
     eps[1] = r#"198.51.100.11 node-b hints={"forZones":"zone-b"}"#;
-    let p = in_zone(World::new(), "zone-a")
-        .service(&web(""))
-        .slice(&web_slice("web-1", &eps))
-        .plan();
+    let p = zoned("zone-a", "", &eps);
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &forwards_by(3, Topology::Ignored(Ignored::MalformedHint))
@@ -962,10 +940,7 @@ fn malformed_hints_are_warned_about_and_fall_back_to_all() {
 
 #[test]
 fn an_unknown_traffic_distribution_is_warned_about_and_the_hints_still_decide() {
-    let p = in_zone(World::new(), "zone-a")
-        .service(&web("trafficDistribution: PreferFarAway"))
-        .slice(&web_slice("web-1", &ZONED))
-        .plan();
+    let p = zoned("zone-a", "trafficDistribution: PreferFarAway", &ZONED);
     assert!(
         p.warned("trafficDistribution is not PreferClose, PreferSameZone or PreferSameNode"),
         "{:?}",
@@ -979,10 +954,11 @@ fn an_unknown_traffic_distribution_is_warned_about_and_the_hints_still_decide() 
 
 #[test]
 fn a_distribution_without_hints_says_they_are_missing() {
-    let p = in_zone(World::new(), "zone-a")
-        .service(&web("trafficDistribution: PreferClose"))
-        .slice(&web_slice("web-1", &["198.51.100.10", "198.51.100.11"]))
-        .plan();
+    let p = zoned(
+        "zone-a",
+        "trafficDistribution: PreferClose",
+        &["198.51.100.10", "198.51.100.11"],
+    );
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &forwards_by(2, Topology::Ignored(Ignored::MissingHint))
