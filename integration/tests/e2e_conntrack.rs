@@ -35,15 +35,11 @@ fn service(name: &str, protocol: &str, port: u16) -> String {
 
 /// The IPv4 EndpointSlice `<svc>-1`: port `p` → `BACKEND_PORT` on these backends.
 fn slice(c: &Cluster, svc: &str, protocol: &str, backends: &[usize]) -> String {
-    let eps: Vec<serde_json::Value> = backends.iter().map(|j| c.endpoint_v4(*j, true)).collect();
-    json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": format!("{svc}-1"), "labels": {"kubernetes.io/service-name": svc}},
-        "addressType": "IPv4",
-        "ports": [{"name": "p", "port": BACKEND_PORT, "protocol": protocol}],
-        "endpoints": eps,
-    })
-    .to_string()
+    let ready: Vec<(usize, Value)> = backends
+        .iter()
+        .map(|j| (*j, c.endpoint_v4(*j, true)["conditions"].clone()))
+        .collect();
+    slice_with(c, svc, protocol, &ready)
 }
 
 fn udp_backends(c: &Cluster) -> Vec<Server> {
