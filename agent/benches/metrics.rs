@@ -10,7 +10,7 @@
 
 use futures::StreamExt;
 use nodelb_agent::metrics::{visit_values, CounterSource, Metrics};
-use nodelb_agent::vocab::IpFamily;
+use nodelb_core::vocab::IpFamily;
 use nodelb_netfilter::CounterValues;
 use std::sync::Arc;
 

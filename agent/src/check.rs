@@ -6,8 +6,8 @@
 use crate::host::forward_policy;
 use crate::host::privileges;
 use crate::host::sysctl::{forwarding_name, Forwarding, Sysctls};
-use crate::plan::config::DEFAULT_TABLE_NAME;
-use crate::vocab::IpFamily;
+use nodelb_core::plan::config::DEFAULT_TABLE_NAME;
+use nodelb_core::vocab::IpFamily;
 use nodelb_netfilter::*;
 use std::fmt;
 use std::net::IpAddr;

@@ -1,11 +1,11 @@
 //! The command line: subcommands and flags exactly as DESIGN.md spells them, and the planner
 //! [`Config`] they describe.
 
-use crate::plan::config::{Config, DEFAULT_LB_CLASS};
-use crate::plan::reserved::ReservedPorts;
 use crate::run::logging::LogFormat;
-use crate::vocab::Protocol;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use nodelb_core::plan::config::{Config, DEFAULT_LB_CLASS};
+use nodelb_core::plan::reserved::ReservedPorts;
+use nodelb_core::vocab::Protocol;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -324,7 +324,7 @@ impl RunArgs {
             sync_debounce: self.sync_debounce,
             resync_interval: self.resync_interval,
             node_lease_duration: self.node_lease_duration,
-            election: crate::status::election::Params {
+            election: nodelb_core::status::election::Params {
                 lease_duration: self.lease_duration,
                 renew_deadline: self.renew_deadline,
                 retry_period: self.retry_period,

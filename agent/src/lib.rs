@@ -1,8 +1,8 @@
 //! `nodelb-agent`: the node-local agent.
 //!
-//! `vocab` holds the words every room shares. The pure decisions live in `plan` (Services and
-//! EndpointSlices → this node's tables) and `status` (→ each Service's status). Around them,
-//! thin I/O, each in its room: `kube` (the API: watches, Leases, status writes, Events),
+//! The pure decisions live in `nodelb-core` (its `plan`: Services and EndpointSlices → this
+//! node's tables; its `status`: → each Service's status). This crate is the I/O around them,
+//! each in its room: `kube` (the API: watches, Leases, status writes, Events),
 //! `host` (sysctls, addresses, foreign forward policies), `run` (the agent: the sync loop,
 //! health and metrics HTTP), `metrics`; `object_files` reads objects from files for `render`
 //! and `apply`; `cli`, `check` and `oneshot` are the binary's faces.
@@ -14,11 +14,7 @@ pub mod kube;
 pub mod metrics;
 pub mod object_files;
 pub mod oneshot;
-pub mod packed;
-pub mod plan;
 pub mod run;
-pub mod status;
-pub mod vocab;
 
 /// An error and its sources, `: `-separated, as one line.
 pub fn error_chain(e: &dyn std::error::Error) -> String {

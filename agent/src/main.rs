@@ -6,7 +6,7 @@ use nodelb_agent::check;
 use nodelb_agent::cli::{Cli, Command};
 use nodelb_agent::host::sysctl::Sysctls;
 use nodelb_agent::oneshot::{self, OneShot};
-use nodelb_agent::plan::config::DEFAULT_TABLE_NAME;
+use nodelb_core::plan::config::DEFAULT_TABLE_NAME;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {

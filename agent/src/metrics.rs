@@ -9,11 +9,11 @@
 //! A scrape is streamed: the text goes to the response in chunks of about [`CHUNK`] bytes as
 //! it is encoded, so a scrape of 10,000 Services never holds its whole text (megabytes).
 
-use crate::plan::config::Config;
-use crate::plan::table::{parse_counter_name, CounterKind};
-use crate::plan::topology::Ignored;
-use crate::vocab::{Families, IpFamily};
 use futures::Stream;
+use nodelb_core::plan::config::Config;
+use nodelb_core::plan::table::{parse_counter_name, CounterKind};
+use nodelb_core::plan::topology::Ignored;
+use nodelb_core::vocab::{Families, IpFamily};
 use nodelb_netfilter::{CounterValues, Nft};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::{encode_eof, encode_registry};

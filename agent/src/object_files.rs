@@ -1,15 +1,15 @@
 //! Kubernetes objects from files, for `render -f`, `apply -f` and the golden tests: YAML or
 //! JSON, one or many documents per file, `kind: List` (and `ServiceList`-style lists) unpacked.
-//! Services and EndpointSlices are read into the watches' own types ([`crate::kube::wire`]) and
+//! Services and EndpointSlices are read into the watches' own types ([`nodelb_core::wire`]) and
 //! kept as the index keeps them; Nodes are kept whole; anything else is skipped and reported.
 //!
 //! Documents are read as they stream; each object in them is held whole once, as a JSON value,
 //! and then read as its kind, so one that does not read as its kind is skipped with its reason
 //! (as the watches skip it) and the rest of the file is still read.
 
-use crate::kube::wire;
-use crate::plan::index;
 use k8s_openapi::api::core::v1::Node;
+use nodelb_core::plan::index;
+use nodelb_core::wire;
 use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{DeserializeOwned, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;

@@ -3,11 +3,11 @@
 
 use crate::cli::FileArgs;
 use crate::object_files::{self, ObjectFiles};
-use crate::plan::config::Config;
-use crate::plan::node::{AddressKind, NodeInfo};
-use crate::plan::reserved::DEFAULT_OWN_PORTS;
-use crate::plan::{self, Input, Plan};
-use crate::vocab::{Families, IpFamily};
+use nodelb_core::plan::config::Config;
+use nodelb_core::plan::node::{AddressKind, NodeInfo};
+use nodelb_core::plan::reserved::DEFAULT_OWN_PORTS;
+use nodelb_core::plan::{self, Input, Plan};
+use nodelb_core::vocab::{Families, IpFamily};
 use nodelb_netfilter::{Commit, CommitStats, Committer, Nft, TableRef};
 use std::collections::BTreeSet;
 use std::fmt;
@@ -243,7 +243,7 @@ mod tests {
         assert!(one
             .config
             .reserved_ports
-            .contains(crate::vocab::Protocol::Tcp, 9254));
+            .contains(nodelb_core::vocab::Protocol::Tcp, 9254));
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //! `NODELB_BENCH_ITERATIONS` (7). Needs root; without it prints SKIP and exits 0, or 1 when
 //! `CI=true`. Run: `cargo bench -p nodelb-integration --bench affinity`.
 
-use nodelb_agent::plan::{Context, Objects, Planner, TableChange};
+use nodelb_core::plan::{Context, Objects, Planner, TableChange};
 use nodelb_integration::bench::{env_usize, goal};
 use nodelb_integration::models::{bench_objects_with, bench_planner, bench_slice};
 use nodelb_integration::netns::Netns;

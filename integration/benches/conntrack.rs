@@ -16,12 +16,12 @@
 
 use nodelb_agent::host::conntrack::selectors;
 use nodelb_agent::object_files::ObjectFiles;
-use nodelb_agent::plan::config::Config;
-use nodelb_agent::plan::endpoints::Endpoint;
-use nodelb_agent::plan::flows::{ServedPort, StaleFlows};
-use nodelb_agent::plan::node::{AddressKind, NodeInfo};
-use nodelb_agent::plan::{plan, Input};
-use nodelb_agent::vocab::{Families, Protocol};
+use nodelb_core::plan::config::Config;
+use nodelb_core::plan::endpoints::Endpoint;
+use nodelb_core::plan::flows::{ServedPort, StaleFlows};
+use nodelb_core::plan::node::{AddressKind, NodeInfo};
+use nodelb_core::plan::{plan, Input};
+use nodelb_core::vocab::{Families, Protocol};
 use nodelb_integration::bench::env_usize;
 use nodelb_integration::netns::{bench_main, Topology};
 use nodelb_integration::nft::nodelb_replace;

@@ -89,7 +89,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use nix::sys::signal::Signal;
-use nodelb_agent::vocab::IpFamily;
+use nodelb_core::vocab::IpFamily;
 use nodelb_integration::bench::{
     env_usize, goal, memory, mib, ms, release_agent_binary, wait_until, Memory, Stats,
 };
@@ -342,7 +342,7 @@ impl KernelWatch {
                     .map_err(|e| format!("opening {}: {e}", path.display()))?;
                 nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET)
                     .map_err(|e| format!("setns into {name}: {e}"))?;
-                let nodelb = nodelb_agent::plan::config::Config::default();
+                let nodelb = nodelb_core::plan::config::Config::default();
                 let tables = [IpFamily::V4, IpFamily::V6]
                     .into_iter()
                     .map(|f| nodelb.table_ref(f))

@@ -22,8 +22,8 @@ pub const TARGET_PORT: u16 = 8080;
 /// agent, so a bench never drifts from it), with the harness's health and metrics ports as the
 /// agent's own.
 pub fn reserved(p: u16) -> bool {
-    use nodelb_agent::plan::reserved::ReservedPorts;
-    use nodelb_agent::vocab::Protocol;
+    use nodelb_core::plan::reserved::ReservedPorts;
+    use nodelb_core::vocab::Protocol;
     static RESERVED: std::sync::OnceLock<ReservedPorts> = std::sync::OnceLock::new();
     RESERVED
         .get_or_init(|| ReservedPorts::defaults().with(Protocol::Tcp, [HEALTH_PORT, METRICS_PORT]))

@@ -924,11 +924,11 @@ pub fn bench_planner(
     eps: usize,
     affinity: bool,
 ) -> (
-    nodelb_agent::plan::Planner,
-    nodelb_agent::plan::Objects,
-    nodelb_agent::plan::Context,
+    nodelb_core::plan::Planner,
+    nodelb_core::plan::Objects,
+    nodelb_core::plan::Context,
 ) {
-    use nodelb_agent::plan;
+    use nodelb_core::plan;
     let mut services = Vec::with_capacity(n);
     let mut slices = Vec::with_capacity(n);
     for (service, slice) in bench_objects_with(n, eps, affinity) {
@@ -945,7 +945,7 @@ pub fn bench_planner(
         reserved_ports: plan::reserved::ReservedPorts::default(),
         ..plan::config::Config::default()
     };
-    let families = nodelb_agent::vocab::Families {
+    let families = nodelb_core::vocab::Families {
         v4: true,
         v6: false,
     };
@@ -957,14 +957,14 @@ pub fn bench_planner(
 }
 
 /// A benchmark Service, from its JSON, as the planner keeps it.
-pub fn bench_service(json: serde_json::Value) -> nodelb_agent::plan::index::Service {
-    let s: nodelb_agent::kube::wire::Service = serde_json::from_value(json).expect("bench Service");
+pub fn bench_service(json: serde_json::Value) -> nodelb_core::plan::index::Service {
+    let s: nodelb_core::wire::Service = serde_json::from_value(json).expect("bench Service");
     s.into()
 }
 
 /// A benchmark EndpointSlice, from its JSON, as the planner keeps it.
-pub fn bench_slice(json: serde_json::Value) -> nodelb_agent::plan::index::EndpointSlice {
-    let s: nodelb_agent::kube::wire::EndpointSlice =
+pub fn bench_slice(json: serde_json::Value) -> nodelb_core::plan::index::EndpointSlice {
+    let s: nodelb_core::wire::EndpointSlice =
         serde_json::from_value(json).expect("bench EndpointSlice");
     s.into()
 }

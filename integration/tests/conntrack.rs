@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 
 use nodelb_agent::host::conntrack::{delete_stale, Cleaned};
 use nodelb_agent::object_files::ObjectFiles;
-use nodelb_agent::plan::config::Config;
-use nodelb_agent::plan::flows::FlowChange;
-use nodelb_agent::plan::node::{AddressKind, NodeInfo};
-use nodelb_agent::plan::{Context, Objects, Planner, TableChange};
-use nodelb_agent::vocab::{Families, IpFamily, Protocol, ServiceKey};
+use nodelb_core::plan::config::Config;
+use nodelb_core::plan::flows::FlowChange;
+use nodelb_core::plan::node::{AddressKind, NodeInfo};
+use nodelb_core::plan::{Context, Objects, Planner, TableChange};
+use nodelb_core::vocab::{Families, IpFamily, Protocol, ServiceKey};
 use nodelb_integration::commit::replace;
 use nodelb_integration::e2e::wait_for;
 use nodelb_integration::netns::{require_root, Topology};

@@ -89,7 +89,7 @@ fn readme_documents_every_metric() {
 /// in the order of `DEFAULT_RESERVATIONS`, and nothing else but the agent's own ports.
 #[test]
 fn readme_tables_the_default_reserved_ports() {
-    use nodelb_agent::plan::reserved::{DEFAULT_OWN_PORTS, DEFAULT_RESERVATIONS};
+    use nodelb_core::plan::reserved::{DEFAULT_OWN_PORTS, DEFAULT_RESERVATIONS};
     let text = readme();
     let section = text
         .split("## Reserved ports")

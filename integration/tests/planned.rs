@@ -18,10 +18,10 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use nodelb_agent::object_files::{ObjectFiles, Skipped};
-use nodelb_agent::plan::config::Config;
-use nodelb_agent::plan::node::{AddressKind, NodeInfo};
-use nodelb_agent::plan::{plan, Input, Plan};
-use nodelb_agent::vocab::Families;
+use nodelb_core::plan::config::Config;
+use nodelb_core::plan::node::{AddressKind, NodeInfo};
+use nodelb_core::plan::{plan, Input, Plan};
+use nodelb_core::vocab::Families;
 use nodelb_integration::netns::{require_root, Netns};
 use nodelb_integration::nft::{list_table, nft_check, nft_f, nodelb_replace};
 

@@ -16,10 +16,10 @@ use std::time::Duration;
 
 use nodelb_agent::metrics::{service_counter_samples, CounterSource, KernelCounters};
 use nodelb_agent::object_files::ObjectFiles;
-use nodelb_agent::plan::config::Config;
-use nodelb_agent::plan::node::{AddressKind, NodeInfo};
-use nodelb_agent::plan::{plan, Input};
-use nodelb_agent::vocab::{Families, IpFamily};
+use nodelb_core::plan::config::Config;
+use nodelb_core::plan::node::{AddressKind, NodeInfo};
+use nodelb_core::plan::{plan, Input};
+use nodelb_core::vocab::{Families, IpFamily};
 use nodelb_integration::commit::{replace, replace_carrying, sync};
 use nodelb_integration::netns::{require_root, route, Netns, Topology};
 use nodelb_integration::traffic::{tcp_request, tcp_server, udp_request, udp_server, Outcome};

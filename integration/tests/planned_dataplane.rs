@@ -1,5 +1,5 @@
 //! Real traffic through the tables the planner builds: Services and EndpointSlices written as
-//! small YAML here, planned with `nodelb_agent::plan::plan` for the `Topology`'s node (its
+//! small YAML here, planned with `nodelb_core::plan::plan` for the `Topology`'s node (its
 //! client-facing addresses as the Node's InternalIPs, every address in the node namespace as the
 //! host's addresses), programmed with nodelb's own netlink batch, and exercised with TCP and UDP
 //! over IPv4 and IPv6 from client namespaces through the node to backend namespaces.
@@ -20,11 +20,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use nodelb_agent::object_files::ObjectFiles;
-use nodelb_agent::plan::config::Config;
-use nodelb_agent::plan::node::{AddressKind, NodeInfo};
-use nodelb_agent::plan::table::{HAIRPIN_SET, LOCAL_ADDRESSES_SET};
-use nodelb_agent::plan::{plan, Context, Input, Objects, Planner, TableChange};
-use nodelb_agent::vocab::{Families, IpFamily};
+use nodelb_core::plan::config::Config;
+use nodelb_core::plan::node::{AddressKind, NodeInfo};
+use nodelb_core::plan::table::{HAIRPIN_SET, LOCAL_ADDRESSES_SET};
+use nodelb_core::plan::{plan, Context, Input, Objects, Planner, TableChange};
+use nodelb_core::vocab::{Families, IpFamily};
 use nodelb_integration::commit::{replace, sync};
 use nodelb_integration::netns::{require_root, route, Netns, Topology};
 use nodelb_integration::nft::{list_ruleset, nft_f, nodelb_replace};

@@ -258,7 +258,7 @@ impl Committer {
     fn read_learned(
         &mut self,
         tables: &[Table],
-    ) -> Result<BTreeMap<TableRef, crate::readback::LearnedElements>, Error> {
+    ) -> Result<BTreeMap<TableRef, crate::model::LearnedElements>, Error> {
         let mut out = BTreeMap::new();
         for t in tables {
             let dynamic = t.sets.values().filter(|s| s.is_dynamic());

@@ -126,7 +126,7 @@ impl Batch {
     pub fn encode_replace(
         first_seq: u32,
         mut tables: Vec<Table>,
-        learned: &BTreeMap<TableRef, crate::readback::LearnedElements>,
+        learned: &BTreeMap<TableRef, crate::model::LearnedElements>,
         freed: &mut dyn FnMut(),
     ) -> Result<Batch, EncodeError> {
         let mut elements: Vec<(usize, String, BTreeMap<Key, Element>)> = Vec::new();
@@ -478,7 +478,7 @@ impl Batch {
     /// Elements a dynamic set learned, each expiring when it would have (never later than the
     /// set's timeout from now: the kernel refuses that). Keys that do not fit the set (it was
     /// declared anew) are left out.
-    fn push_learned(&mut self, t: &TableRef, set: &Set, learned: &[crate::readback::Learned]) {
+    fn push_learned(&mut self, t: &TableRef, set: &Set, learned: &[crate::model::Learned]) {
         let Some(timeout) = set.timeout else {
             return;
         };
@@ -675,35 +675,6 @@ fn encode_elem_data(
         }
     }
     Ok(())
-}
-
-fn prefix_bounds(addr: std::net::IpAddr, len: u8) -> (Vec<u8>, Option<Vec<u8>>) {
-    match addr {
-        std::net::IpAddr::V4(a) => {
-            let bits = u32::from(a);
-            let host = 32 - u32::from(len.min(32));
-            let mask = if host == 32 { 0 } else { u32::MAX << host };
-            let start = bits & mask;
-            let end = (start as u64) + (1u64 << host);
-            let end = (end <= u32::MAX as u64).then(|| (end as u32).to_be_bytes().to_vec());
-            (start.to_be_bytes().to_vec(), end)
-        }
-        std::net::IpAddr::V6(a) => {
-            let bits = u128::from(a);
-            let host = 128 - u32::from(len.min(128));
-            let mask = if host == 128 { 0 } else { u128::MAX << host };
-            let start = bits & mask;
-            let end = if host == 128 {
-                None
-            } else {
-                start.checked_add(1u128 << host)
-            };
-            (
-                start.to_be_bytes().to_vec(),
-                end.map(|e| e.to_be_bytes().to_vec()),
-            )
-        }
-    }
 }
 
 fn verdict_code(v: &Verdict) -> i32 {
@@ -1142,18 +1113,6 @@ fn nat(kind: NatKind, fam: Family) -> NlExpr {
     NlExpr::new("nat")
         .u32(nsys::NFTNL_EXPR_NAT_TYPE, ty)
         .u32(nsys::NFTNL_EXPR_NAT_FAMILY, fam.nfproto() as u32)
-}
-
-/// How many elements the kernel holds for a set of the model: an interval is a start and,
-/// unless it runs to the top of the address space, an end.
-pub fn expected_element_count(s: &Set) -> usize {
-    s.elements
-        .keys()
-        .map(|k| match k {
-            Key::Prefix(a, l) => 1 + usize::from(prefix_bounds(*a, *l).1.is_some()),
-            Key::Values(_) => 1,
-        })
-        .sum()
 }
 
 #[cfg(test)]

@@ -655,3 +655,55 @@ impl Set {
             && self.comment == other.comment
     }
 }
+
+/// One element a dynamic set learned from packets: its key as the kernel holds it, and how
+/// long it has left before it expires.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Learned {
+    pub key: Vec<u8>,
+    pub expires: Duration,
+}
+
+/// Dynamic set name → its elements, as `Nft::read_learned` returns them.
+pub type LearnedElements = BTreeMap<String, Vec<Learned>>;
+
+/// How many elements the kernel holds for a set of the model: an interval is a start and,
+/// unless it runs to the top of the address space, an end.
+pub fn expected_element_count(s: &Set) -> usize {
+    s.elements
+        .keys()
+        .map(|k| match k {
+            Key::Prefix(a, l) => 1 + usize::from(prefix_bounds(*a, *l).1.is_some()),
+            Key::Values(_) => 1,
+        })
+        .sum()
+}
+
+pub fn prefix_bounds(addr: std::net::IpAddr, len: u8) -> (Vec<u8>, Option<Vec<u8>>) {
+    match addr {
+        std::net::IpAddr::V4(a) => {
+            let bits = u32::from(a);
+            let host = 32 - u32::from(len.min(32));
+            let mask = if host == 32 { 0 } else { u32::MAX << host };
+            let start = bits & mask;
+            let end = (start as u64) + (1u64 << host);
+            let end = (end <= u32::MAX as u64).then(|| (end as u32).to_be_bytes().to_vec());
+            (start.to_be_bytes().to_vec(), end)
+        }
+        std::net::IpAddr::V6(a) => {
+            let bits = u128::from(a);
+            let host = 128 - u32::from(len.min(128));
+            let mask = if host == 128 { 0 } else { u128::MAX << host };
+            let start = bits & mask;
+            let end = if host == 128 {
+                None
+            } else {
+                start.checked_add(1u128 << host)
+            };
+            (
+                start.to_be_bytes().to_vec(),
+                end.map(|e| e.to_be_bytes().to_vec()),
+            )
+        }
+    }
+}

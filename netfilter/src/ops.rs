@@ -38,7 +38,7 @@ pub enum Op<'a> {
     RestoreElems {
         table: TableRef,
         set: &'a Set,
-        learned: &'a [crate::readback::Learned],
+        learned: &'a [crate::model::Learned],
     },
     /// Creates a counter object, starting from the values it carries.
     AddCounter(TableRef, &'a Counter),

@@ -2,9 +2,8 @@
 //! and elements they hold, and the ruleset generation; and telling whether that matches the
 //! model nodelb last committed.
 
-use crate::encode::expected_element_count;
 use crate::model::TableRef;
-use crate::model::{Family, Hook, Policy, Table};
+use crate::model::{expected_element_count, Family, Hook, Learned, LearnedElements, Policy, Table};
 use crate::netlink::{Attrs, Msg, Request};
 use crate::transact::{Error, Nft};
 use std::collections::{BTreeMap, BTreeSet};
@@ -88,17 +87,6 @@ impl BaseChainInfo {
 
 /// Counter name → (packets, bytes), as [`Nft::read_counters`] returns them.
 pub type CounterValues = BTreeMap<String, (u64, u64)>;
-
-/// One element a dynamic set learned from packets: its key as the kernel holds it, and how
-/// long it has left before it expires.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Learned {
-    pub key: Vec<u8>,
-    pub expires: Duration,
-}
-
-/// Dynamic set name → its elements, as [`Nft::read_learned`] returns them.
-pub type LearnedElements = BTreeMap<String, Vec<Learned>>;
 
 /// What the kernel holds for one table, in counts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -3,8 +3,8 @@
 //! destination is a served address and port of one of nodelb's UDP or SCTP Service ports are
 //! ever picked; the table is never flushed.
 
-use crate::plan::flows::StaleFlows;
-use crate::vocab::{IpFamily, Protocol};
+use nodelb_core::plan::flows::StaleFlows;
+use nodelb_core::vocab::{IpFamily, Protocol};
 use nodelb_netfilter::conntrack::{Conntrack, Error, Replies, Selector};
 use nodelb_netfilter::{Family, L4Proto};
 use std::net::SocketAddr;
@@ -74,8 +74,8 @@ pub fn delete_stale(ct: &mut Conntrack, stale: &[StaleFlows]) -> Result<Vec<Clea
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::endpoints::Endpoint;
-    use crate::plan::flows::ServedPort;
+    use nodelb_core::plan::endpoints::Endpoint;
+    use nodelb_core::plan::flows::ServedPort;
 
     #[test]
     fn a_stale_flow_names_its_served_address_port_and_endpoint() {

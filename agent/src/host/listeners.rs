@@ -11,7 +11,6 @@
 //! (`::ffff:192.0.2.1`) takes that IPv4 address only. The agent's own sockets (its health and
 //! metrics ports, reserved anyway) are left out: the agent never holds a port against itself.
 
-use crate::vocab::{Listener, Protocol};
 use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
 };
@@ -23,6 +22,7 @@ use netlink_packet_sock_diag::inet::{
 };
 use netlink_packet_sock_diag::SockDiagMessage;
 use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket, SocketAddr};
+use nodelb_core::vocab::{Listener, Protocol};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! Forwarding sysctls through `/proc/sys`: `net.ipv4.ip_forward` and
 //! `net.ipv6.conf.all.forwarding`. A missing IPv6 file means the host has no IPv6.
 
-use crate::vocab::IpFamily;
+use nodelb_core::vocab::IpFamily;
 use std::fmt;
 use std::io;
 use std::path::PathBuf;

@@ -7,10 +7,10 @@
 
 use super::rate_limit::RateLimiter;
 use super::status_writer::{BURST, REQUESTS_PER_SECOND};
-use crate::status::ingress::{self, FIELD_MANAGER};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, ListParams, Patch, PatchParams};
+use nodelb_core::status::ingress::{self, FIELD_MANAGER};
 use std::fmt;
 use std::time::Duration;
 use tokio::time::Instant;

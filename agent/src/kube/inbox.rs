@@ -1,17 +1,17 @@
 //! Watch events in, the planner's [`Objects`] and the set of changed Services out.
 //!
 //! Services and EndpointSlices are kept once, here: each object the watches read
-//! ([`crate::kube::wire`]) is converted to the form the index keeps ([`crate::plan::index`])
+//! ([`nodelb_core::wire`]) is converted to the form the index keeps ([`nodelb_core::plan::index`])
 //! as it arrives. A re-list (after a watch expired) does not report deletions, so it replaces
 //! its kind whole and asks for a full replan. A Service whose only change is what a status
 //! write changes (see [`index::Service::plans_like`]) is kept for the status writer but not
 //! handed to the planner: every status the leader writes comes back to every agent that way.
 
-use crate::kube::wire::{EndpointSlice, Service};
-use crate::plan::{index, Objects};
-use crate::vocab::ServiceKey;
 use kube::core::DeserializeGuard;
 use kube::runtime::watcher::Event;
+use nodelb_core::plan::{index, Objects};
+use nodelb_core::vocab::ServiceKey;
+use nodelb_core::wire::{EndpointSlice, Service};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -156,6 +156,33 @@ impl Kept for index::EndpointSlice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The watches read objects through kube's `DeserializeGuard`: a Service read as nodelb's
+    /// wire type and as kube's guard of it is the same Service.
+    #[test]
+    fn the_watches_read_a_service_as_its_wire_type_reads_it() {
+        let v = nodelb_core::fixtures::service_json();
+        let g: DeserializeGuard<Service> = serde_json::from_value(v.clone()).unwrap();
+        let plain: Service = serde_json::from_value(v).unwrap();
+        assert_eq!(g.0.unwrap(), plain);
+    }
+
+    #[test]
+    fn an_unreadable_service_is_still_named_for_the_watch_to_report() {
+        let mut v = nodelb_core::fixtures::service_json();
+        v["spec"]["ports"][0]["port"] = serde_json::json!("eighty");
+        let full: DeserializeGuard<k8s_openapi::api::core::v1::Service> =
+            serde_json::from_value(v.clone()).unwrap();
+        let g: DeserializeGuard<Service> = serde_json::from_value(v).unwrap();
+        let invalid = g.0.unwrap_err();
+        assert_eq!(
+            invalid.error,
+            full.0.unwrap_err().error,
+            "the same error is logged"
+        );
+        assert_eq!(invalid.metadata.name.as_deref(), Some("web"));
+        assert_eq!(invalid.metadata.namespace.as_deref(), Some("shop"));
+    }
 
     fn svc(name: &str) -> DeserializeGuard<Service> {
         DeserializeGuard(Ok(serde_json::from_value(serde_json::json!({

@@ -2,16 +2,16 @@
 //! node's heartbeat Lease `nodelb-node-<node>`, both in the agent's namespace.
 
 use crate::metrics::{Metrics, ResultLabel};
-use crate::status::election::{Action, Election, Params, LEASE_NAME};
-use crate::status::format_families;
-use crate::status::heartbeat::{
-    lease_name, Report, BLOCKED_ANNOTATION, FAMILIES_ANNOTATION, NODE_LABEL,
-};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::Client;
+use nodelb_core::status::election::{Action, Election, Params, LEASE_NAME};
+use nodelb_core::status::format_families;
+use nodelb_core::status::heartbeat::{
+    lease_name, Report, BLOCKED_ANNOTATION, FAMILIES_ANNOTATION, NODE_LABEL,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;

@@ -1,7 +1,7 @@
 //! Kubernetes I/O: the client, the watches and the inbox they fill, the status Lease election
-//! and the node heartbeats, the status writer, Events, `clear-status`, and the wire types the
-//! API is read into. Decisions are made by the pure `plan` and `status` modules; this room only
-//! reads and writes the API.
+//! and the node heartbeats, the status writer, Events, `clear-status`. The wire types the API
+//! is read into, and every decision, are `nodelb-core`'s; this room only reads and writes the
+//! API.
 
 pub mod clear_status;
 pub mod events;
@@ -11,7 +11,6 @@ pub mod node_events;
 pub mod rate_limit;
 pub mod status_writer;
 pub mod watches;
-pub mod wire;
 
 use anyhow::Context;
 use tracing::info;

@@ -7,15 +7,7 @@
 
 use super::events::{create_event, new_event};
 use super::rate_limit::RateLimiter;
-use crate::kube::wire;
 use crate::metrics::{Metrics, NodeLabel, WriteLabel};
-use crate::plan::index::Service;
-use crate::plan::Objects;
-use crate::status::heartbeat;
-use crate::status::ingress::{self, Write, FIELD_MANAGER};
-use crate::status::{Desired, Problem, Status, StatusConfig};
-use crate::vocab::ServiceKey;
-use crate::vocab::Str;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
@@ -25,6 +17,14 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Client;
+use nodelb_core::plan::index::Service;
+use nodelb_core::plan::Objects;
+use nodelb_core::status::heartbeat;
+use nodelb_core::status::ingress::{self, Write, FIELD_MANAGER};
+use nodelb_core::status::{Desired, Problem, Status, StatusConfig};
+use nodelb_core::vocab::ServiceKey;
+use nodelb_core::vocab::Str;
+use nodelb_core::wire;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,7 +76,7 @@ struct Written {
 /// condition. Two statuses hashing alike (about one chance in 2^64) would cost only a delay:
 /// the second is written once the watch shows a newer version of the Service.
 fn wrote(want: &Desired) -> u64 {
-    crate::vocab::digest(&(&want.ingress, &want.serving))
+    nodelb_core::vocab::digest(&(&want.ingress, &want.serving))
 }
 
 /// A round that looked at this many Services rebuilds `Memory::written` packed.
@@ -241,7 +241,7 @@ impl StatusWriter {
         }
         if keys.len() >= PACK_AFTER {
             // A long round wrote in key order: half-full nodes (see `packed`).
-            crate::packed::repack(&mut memory.written);
+            nodelb_core::packed::repack(&mut memory.written);
         }
     }
 

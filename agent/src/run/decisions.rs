@@ -4,9 +4,9 @@
 
 use crate::host::sysctl::Forwarding;
 use crate::kube::node_events::NodeProblem;
-use crate::plan::diagnosis::{ObjectRef, PortResult, ServiceOutcome, Warning};
-use crate::plan::topology::{Ignored, Topology};
-use crate::vocab::{Families, IpFamily, ServiceKey};
+use nodelb_core::plan::diagnosis::{ObjectRef, PortResult, ServiceOutcome, Warning};
+use nodelb_core::plan::topology::{Ignored, Topology};
+use nodelb_core::vocab::{Families, IpFamily, ServiceKey};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
@@ -252,8 +252,8 @@ mod tests {
 
     #[test]
     fn ports_whose_topology_hints_are_ignored_are_counted_by_reason() {
-        use crate::plan::diagnosis::{FamilyOutcome, FamilyState, PortOutcome};
-        use crate::vocab::{Protocol, ServicePortId};
+        use nodelb_core::plan::diagnosis::{FamilyOutcome, FamilyState, PortOutcome};
+        use nodelb_core::vocab::{Protocol, ServicePortId};
         let port = |n: u16, topology| PortOutcome {
             port: ServicePortId {
                 name: None,
@@ -403,7 +403,7 @@ mod tests {
         assert_eq!(p.wait(t + 10 * MS), Duration::ZERO);
         assert_eq!(p.wait(t + 50 * MS), Duration::ZERO);
     }
-    use crate::plan::diagnosis::ObjectKind;
+    use nodelb_core::plan::diagnosis::ObjectKind;
 
     #[test]
     fn warnings_are_new_once() {

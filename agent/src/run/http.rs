@@ -3,12 +3,12 @@
 //! `--health-addr`; `/metrics` on `--metrics-addr`.
 
 use crate::metrics::{Metrics, CONTENT_TYPE};
-use crate::vocab::IpFamily;
 use axum::body::Body;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
+use nodelb_core::vocab::IpFamily;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 

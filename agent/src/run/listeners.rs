@@ -7,7 +7,7 @@
 use super::Trigger;
 use crate::host::listeners::Reader;
 use crate::metrics::{Metrics, ResultLabel};
-use crate::vocab::Listener;
+use nodelb_core::vocab::Listener;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

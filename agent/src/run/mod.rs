@@ -15,9 +15,9 @@ use crate::host::addresses;
 use crate::host::sysctl::{Forwarding, Sysctls};
 use crate::kube::{inbox, lease, node_events, status_writer, watches};
 use crate::metrics;
-use crate::plan::config::Config;
-use crate::vocab::IpFamily;
 use anyhow::Context;
+use nodelb_core::plan::config::Config;
+use nodelb_core::vocab::IpFamily;
 use nodelb_netfilter::{WatchEvent, Watcher};
 use std::sync::Arc;
 use std::time::Duration;
@@ -135,7 +135,7 @@ pub struct Settings {
     pub pod_name_given: bool,
     /// Where the Leases live.
     pub namespace: String,
-    pub config: crate::plan::config::Config,
+    pub config: nodelb_core::plan::config::Config,
     pub set_sysctls: bool,
     /// `--masquerade-bit` was given (accepted, not used).
     pub masquerade_bit: bool,
@@ -144,7 +144,7 @@ pub struct Settings {
     pub sync_debounce: Duration,
     pub resync_interval: Duration,
     pub node_lease_duration: Duration,
-    pub election: crate::status::election::Params,
+    pub election: nodelb_core::status::election::Params,
     pub health_addr: std::net::SocketAddr,
     pub metrics_addr: std::net::SocketAddr,
 }
@@ -235,7 +235,7 @@ fn new_metrics(config: &Config) -> Arc<metrics::Metrics> {
     Arc::new(metrics::Metrics::with_counters(Box::new(
         metrics::KernelCounters {
             config: config.clone(),
-            families: crate::vocab::Families {
+            families: nodelb_core::vocab::Families {
                 v4: config.ipv4,
                 v6: config.ipv6,
             },
@@ -308,8 +308,8 @@ impl StatusTasks {
     fn spawn(
         settings: &Settings,
         client: ::kube::Client,
-        report: watch::Receiver<Option<crate::status::heartbeat::Report>>,
-        objects: watch::Receiver<Option<Arc<crate::plan::Objects>>>,
+        report: watch::Receiver<Option<nodelb_core::status::heartbeat::Report>>,
+        objects: watch::Receiver<Option<Arc<nodelb_core::plan::Objects>>>,
         (leading_tx, leading_rx): (watch::Sender<bool>, watch::Receiver<bool>),
         metrics: Arc<metrics::Metrics>,
         stop: watch::Receiver<bool>,
@@ -337,7 +337,7 @@ impl StatusTasks {
             client,
             namespace: settings.namespace.clone(),
             pod_name: settings.pod_name.clone(),
-            cfg: crate::status::StatusConfig {
+            cfg: nodelb_core::status::StatusConfig {
                 planner: settings.config.clone(),
                 node_lease_duration: settings.node_lease_duration,
             },

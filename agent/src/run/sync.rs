@@ -30,15 +30,15 @@ use crate::kube::inbox::Inbox;
 use crate::kube::node_events::{NodeEvents, NodeProblem};
 use crate::kube::watches::{valid, Caches};
 use crate::metrics::Metrics;
-use crate::plan::config::Config;
-use crate::plan::conflicts::Slot;
-use crate::plan::diagnosis::{ObjectKind, ObjectRef, Warning};
-use crate::plan::flows::FlowChange;
-use crate::plan::listeners::HostListeners;
-use crate::plan::node::NodeInfo;
-use crate::plan::{Context, Planner, TableChange};
-use crate::status::heartbeat::{BlockedPorts, Report};
-use crate::vocab::{Families, IpFamily};
+use nodelb_core::plan::config::Config;
+use nodelb_core::plan::conflicts::Slot;
+use nodelb_core::plan::diagnosis::{ObjectKind, ObjectRef, Warning};
+use nodelb_core::plan::flows::FlowChange;
+use nodelb_core::plan::listeners::HostListeners;
+use nodelb_core::plan::node::NodeInfo;
+use nodelb_core::plan::{Context, Planner, TableChange};
+use nodelb_core::status::heartbeat::{BlockedPorts, Report};
+use nodelb_core::vocab::{Families, IpFamily};
 use nodelb_netfilter::conntrack::Conntrack;
 use nodelb_netfilter::{Commit, CommitStats, Committed, Committer, Edit, Nft, Table, TableRef};
 use std::collections::BTreeMap;
@@ -78,7 +78,7 @@ pub struct SyncLoop {
     /// The Service ports host listeners held at the last sync, with their processes.
     held: BTreeMap<Slot, Option<String>>,
     /// For the status writer, while leading: the objects after each sync.
-    objects_tx: Option<watch::Sender<Option<Arc<crate::plan::Objects>>>>,
+    objects_tx: Option<watch::Sender<Option<Arc<nodelb_core::plan::Objects>>>>,
     leading: Option<watch::Receiver<bool>>,
     warnings: WarningLog,
     backoff: Backoff,
@@ -268,7 +268,7 @@ impl SyncLoop {
     pub fn with_status(
         mut self,
         report_tx: watch::Sender<Option<Report>>,
-        objects_tx: watch::Sender<Option<Arc<crate::plan::Objects>>>,
+        objects_tx: watch::Sender<Option<Arc<nodelb_core::plan::Objects>>>,
         leading: watch::Receiver<bool>,
     ) -> SyncLoop {
         self.report_tx = Some(report_tx);
@@ -447,9 +447,9 @@ impl SyncLoop {
             let labels = crate::metrics::FlowLabels {
                 family: c.family.label(),
                 protocol: match c.protocol {
-                    crate::vocab::Protocol::Udp => "UDP",
-                    crate::vocab::Protocol::Sctp => "SCTP",
-                    crate::vocab::Protocol::Tcp => "TCP",
+                    nodelb_core::vocab::Protocol::Udp => "UDP",
+                    nodelb_core::vocab::Protocol::Sctp => "SCTP",
+                    nodelb_core::vocab::Protocol::Tcp => "TCP",
                 },
             };
             self.metrics

@@ -10,8 +10,8 @@ use super::index::{EndpointSlice, Service};
 use super::node::{AddressKind, NodeInfo};
 use super::topology::{Ignored, Topology};
 use super::*;
-use crate::kube::wire;
 use crate::vocab::{IpFamily, Protocol, ServiceKey};
+use crate::wire;
 use std::collections::BTreeSet;
 
 const NODE: &str = "node-a";

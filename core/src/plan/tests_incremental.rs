@@ -6,8 +6,8 @@
 use super::config::Config;
 use super::node::{AddressKind, NodeInfo};
 use super::*;
-use crate::kube::wire::{EndpointSlice, Service};
 use crate::vocab::ServiceKey;
+use crate::wire::{EndpointSlice, Service};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 

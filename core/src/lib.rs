@@ -1,0 +1,21 @@
+//! `nodelb-core`: everything nodelb decides, and nothing it does. Plain data in, plain data
+//! out: no client, no socket, no clock, no randomness.
+//!
+//! - `vocab`: the words every room shares (Service keys and ports, protocols, families).
+//! - `wire`: the object layer, the shapes a Service and an EndpointSlice take inside nodelb,
+//!   read from the API's JSON; `plan::index` keeps them.
+//! - `plan`: Services, EndpointSlices and this node → this node's tables and each Service's
+//!   outcome here.
+//! - `status`: every node's outcome and liveness → each Service's status, its condition and
+//!   Events; heartbeats and the status election's state machine.
+//! - `packed`: maps built with full B-tree nodes.
+//!
+//! The agent (`nodelb-agent`) is the I/O around it: watches, the kernel, the status writer.
+
+#[cfg(any(test, feature = "test-fixtures"))]
+pub mod fixtures;
+pub mod packed;
+pub mod plan;
+pub mod status;
+pub mod vocab;
+pub mod wire;
