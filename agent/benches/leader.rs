@@ -22,13 +22,13 @@ mod heap;
 
 use heap::{mib, peak_above, peak_from_now};
 use k8s_openapi::api::core::v1::Node;
+use nodelb_core::objects::wire::{EndpointSlice, Service};
 use nodelb_core::plan::config::Config;
 use nodelb_core::plan::{Objects, Planner};
 use nodelb_core::status::classes::{candidates, node_context};
 use nodelb_core::status::heartbeat::{BlockedPorts, Heartbeat};
 use nodelb_core::status::{parse_families, Status, StatusConfig};
 use nodelb_core::vocab::Protocol;
-use nodelb_core::wire::{EndpointSlice, Service};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;

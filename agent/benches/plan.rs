@@ -6,11 +6,12 @@
 //! `nodelb-integration`.
 //! `cargo bench -p nodelb-agent --bench plan`; NODELB_BENCH_SERVICES / NODELB_BENCH_ENDPOINTS.
 
+use nodelb_core::objects::index;
+use nodelb_core::objects::wire::{EndpointSlice, Service};
 use nodelb_core::plan::{
-    config::Config, index, node, plan, Context, Input, Objects, Planner, TableChange,
+    config::Config, node, plan, Context, Input, Objects, Planner, TableChange,
 };
 use nodelb_core::vocab::Families;
-use nodelb_core::wire::{EndpointSlice, Service};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;

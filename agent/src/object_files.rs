@@ -1,6 +1,6 @@
 //! Kubernetes objects from files, for `render -f`, `apply -f` and the golden tests: YAML or
 //! JSON, one or many documents per file, `kind: List` (and `ServiceList`-style lists) unpacked.
-//! Services and EndpointSlices are read into the watches' own types ([`nodelb_core::wire`]) and
+//! Services and EndpointSlices are read into the watches' own types ([`nodelb_core::objects::wire`]) and
 //! kept as the index keeps them; Nodes are kept whole; anything else is skipped and reported.
 //!
 //! Documents are read as they stream; each object in them is held whole once, as a JSON value,
@@ -8,8 +8,8 @@
 //! (as the watches skip it) and the rest of the file is still read.
 
 use k8s_openapi::api::core::v1::Node;
-use nodelb_core::plan::index;
-use nodelb_core::wire;
+use nodelb_core::objects::index;
+use nodelb_core::objects::wire;
 use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{DeserializeOwned, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;

@@ -2,8 +2,8 @@
 //! out: no client, no socket, no clock, no randomness.
 //!
 //! - `vocab`: the words every room shares (Service keys and ports, protocols, families).
-//! - `wire`: the object layer, the shapes a Service and an EndpointSlice take inside nodelb,
-//!   read from the API's JSON; `plan::index` keeps them.
+//! - `objects`: the object layer, the shapes Services and EndpointSlices take inside nodelb:
+//!   `wire` as read from the API's JSON, `index` as kept and looked up.
 //! - `plan`: Services, EndpointSlices and this node → this node's tables and each Service's
 //!   outcome here.
 //! - `status`: every node's outcome and liveness → each Service's status, its condition and
@@ -14,8 +14,8 @@
 
 #[cfg(any(test, feature = "test-fixtures"))]
 pub mod fixtures;
+pub mod objects;
 pub mod packed;
 pub mod plan;
 pub mod status;
 pub mod vocab;
-pub mod wire;

@@ -957,14 +957,15 @@ pub fn bench_planner(
 }
 
 /// A benchmark Service, from its JSON, as the planner keeps it.
-pub fn bench_service(json: serde_json::Value) -> nodelb_core::plan::index::Service {
-    let s: nodelb_core::wire::Service = serde_json::from_value(json).expect("bench Service");
+pub fn bench_service(json: serde_json::Value) -> nodelb_core::objects::index::Service {
+    let s: nodelb_core::objects::wire::Service =
+        serde_json::from_value(json).expect("bench Service");
     s.into()
 }
 
 /// A benchmark EndpointSlice, from its JSON, as the planner keeps it.
-pub fn bench_slice(json: serde_json::Value) -> nodelb_core::plan::index::EndpointSlice {
-    let s: nodelb_core::wire::EndpointSlice =
+pub fn bench_slice(json: serde_json::Value) -> nodelb_core::objects::index::EndpointSlice {
+    let s: nodelb_core::objects::wire::EndpointSlice =
         serde_json::from_value(json).expect("bench EndpointSlice");
     s.into()
 }

@@ -1,7 +1,7 @@
 //! Watch events in, the planner's [`Objects`] and the set of changed Services out.
 //!
 //! Services and EndpointSlices are kept once, here: each object the watches read
-//! ([`nodelb_core::wire`]) is converted to the form the index keeps ([`nodelb_core::plan::index`])
+//! ([`nodelb_core::objects::wire`]) is converted to the form the index keeps ([`nodelb_core::objects::index`])
 //! as it arrives. A re-list (after a watch expired) does not report deletions, so it replaces
 //! its kind whole and asks for a full replan. A Service whose only change is what a status
 //! write changes (see [`index::Service::plans_like`]) is kept for the status writer but not
@@ -9,9 +9,10 @@
 
 use kube::core::DeserializeGuard;
 use kube::runtime::watcher::Event;
-use nodelb_core::plan::{index, Objects};
+use nodelb_core::objects::index;
+use nodelb_core::objects::wire::{EndpointSlice, Service};
+use nodelb_core::plan::Objects;
 use nodelb_core::vocab::ServiceKey;
-use nodelb_core::wire::{EndpointSlice, Service};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 

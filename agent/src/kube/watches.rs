@@ -1,5 +1,5 @@
 //! Watches: Services and EndpointSlices in all namespaces, read straight into the
-//! [`wire`](nodelb_core::wire) types (only what nodelb reads is kept), whose events go to the
+//! [`wire`](nodelb_core::objects::wire) types (only what nodelb reads is kept), whose events go to the
 //! sync loop's [`Inbox`](super::inbox::Inbox) (the one copy of them), and this node's Node,
 //! kept in a kube-runtime reflector. Objects are read through `DeserializeGuard`, so one that
 //! does not deserialize is logged and counted once and never stops the watch.
@@ -13,7 +13,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource, ResourceExt};
-use nodelb_core::wire::{EndpointSlice, Service};
+use nodelb_core::objects::wire::{EndpointSlice, Service};
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::fmt::Debug;

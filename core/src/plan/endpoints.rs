@@ -4,9 +4,9 @@
 //! policy, readiness, topology).
 
 use super::diagnosis::{ObjectKind, ObjectRef, Warning};
-use super::index::{EndpointSlice, Hints, TrafficDistribution};
 use super::service::TrafficPolicy;
 use super::topology::{self, Place, Topology};
+use crate::objects::index::{EndpointSlice, Hints, TrafficDistribution};
 use crate::vocab::IpFamily;
 use crate::vocab::{Protocol, ServiceKey, ServicePortId};
 use std::collections::btree_map::Entry;

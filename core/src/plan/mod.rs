@@ -11,7 +11,6 @@ pub mod diagnosis;
 pub mod endpoints;
 pub mod flows;
 pub mod fragment;
-pub mod index;
 pub mod listeners;
 pub mod node;
 pub mod planner;
@@ -22,7 +21,8 @@ pub mod service;
 pub mod table;
 pub mod topology;
 
-pub use index::Objects;
+use crate::objects::index;
+pub use crate::objects::index::Objects;
 pub use planner::{Planner, TableChange, Update};
 pub use prepare::Context;
 

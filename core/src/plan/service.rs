@@ -3,9 +3,9 @@
 
 use super::config::Config;
 use super::diagnosis::{NotServed, ObjectRef, Warning};
-use super::index::{Service, ServiceSpec, TrafficDistribution};
 use super::node::NodeInfo;
 use super::selector::Selector;
+use crate::objects::index::{Service, ServiceSpec, TrafficDistribution};
 use crate::vocab::{IpFamily, Protocol, ServiceKey, ServicePortId, Str};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::BTreeSet;

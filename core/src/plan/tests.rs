@@ -6,12 +6,12 @@
 
 use super::config::Config;
 use super::diagnosis::*;
-use super::index::{EndpointSlice, Service};
 use super::node::{AddressKind, NodeInfo};
 use super::topology::{Ignored, Topology};
 use super::*;
+use crate::objects::index::{EndpointSlice, Service};
+use crate::objects::wire;
 use crate::vocab::{IpFamily, Protocol, ServiceKey};
-use crate::wire;
 use std::collections::BTreeSet;
 
 const NODE: &str = "node-a";

@@ -12,8 +12,8 @@ use super::flows::{ServedPort, StaleFlows};
 use super::listeners::HostListeners;
 use super::node::{AddressKind, NodeInfo};
 use super::*;
+use crate::objects::wire;
 use crate::vocab::{Listener, Protocol, ServiceKey};
-use crate::wire;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 

@@ -6,8 +6,8 @@
 use super::config::Config;
 use super::node::{AddressKind, NodeInfo};
 use super::*;
+use crate::objects::wire::{EndpointSlice, Service};
 use crate::vocab::ServiceKey;
-use crate::wire::{EndpointSlice, Service};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -528,19 +528,20 @@ fn an_endpoint_added_to_or_removed_from_an_affinity_service_changes_only_its_own
 #[test]
 fn a_planner_follows_status_writes_but_no_other_change() {
     let ctx = ipv4_node();
-    let svc = |name: &str, port: u16, status: Option<&str>| -> Arc<crate::plan::index::Service> {
-        let mut v = serde_json::json!({
-            "metadata": {"namespace": "ns", "name": name, "resourceVersion": "1",
-                         "creationTimestamp": "2024-01-01T00:00:00Z"},
-            "spec": {"type": "LoadBalancer", "ports": [{"port": port}]},
-        });
-        if let Some(ip) = status {
-            v["metadata"]["resourceVersion"] = "2".into();
-            v["status"] = serde_json::json!({"loadBalancer": {"ingress": [{"ip": ip}]}});
-        }
-        let s: Service = serde_json::from_value(v).unwrap();
-        Arc::new(s.into())
-    };
+    let svc =
+        |name: &str, port: u16, status: Option<&str>| -> Arc<crate::objects::index::Service> {
+            let mut v = serde_json::json!({
+                "metadata": {"namespace": "ns", "name": name, "resourceVersion": "1",
+                             "creationTimestamp": "2024-01-01T00:00:00Z"},
+                "spec": {"type": "LoadBalancer", "ports": [{"port": port}]},
+            });
+            if let Some(ip) = status {
+                v["metadata"]["resourceVersion"] = "2".into();
+                v["status"] = serde_json::json!({"loadBalancer": {"ingress": [{"ip": ip}]}});
+            }
+            let s: Service = serde_json::from_value(v).unwrap();
+            Arc::new(s.into())
+        };
     let mut objects = Objects::default();
     let first = svc("a", 1000, None);
     let replaced = Arc::downgrade(&first);

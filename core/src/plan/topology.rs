@@ -16,7 +16,7 @@
 //! Unlike kube-proxy, which logs at high verbosity only, every port whose hints are ignored says
 //! why (its outcome, the agent's log, `nodelb_topology_hints_ignored`).
 
-use super::index::{Hints, TrafficDistribution};
+use crate::objects::index::{Hints, TrafficDistribution};
 use std::fmt;
 
 /// The Node label that names a node's zone.

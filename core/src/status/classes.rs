@@ -5,9 +5,9 @@
 //! number of nodes.
 
 use super::heartbeat::{BlockedPorts, Heartbeat};
+use crate::objects::index::Service;
 use crate::plan::config::Config;
 use crate::plan::conflicts::Slot;
-use crate::plan::index::Service;
 use crate::plan::listeners::{wildcard, HostListeners};
 use crate::plan::node::{AddressKind, NodeInfo};
 use crate::plan::selector::Selector;

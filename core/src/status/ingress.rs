@@ -3,7 +3,7 @@
 
 use super::condition::{Serving, CONDITION_TYPE};
 use super::Desired;
-use crate::plan::index::{Service, ServingCondition};
+use crate::objects::index::{Service, ServingCondition};
 use k8s_openapi::api::core::v1::LoadBalancerIngress;
 use k8s_openapi::jiff::{self, Timestamp};
 use serde_json::{json, Value};

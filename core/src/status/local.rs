@@ -4,10 +4,10 @@
 //! node gets: the planner's own endpoint selection (`endpoints::select`), made for those few
 //! nodes only.
 
+use crate::objects::index::{EndpointSlice, Service};
 use crate::plan::diagnosis::PortResult;
 use crate::plan::endpoints::{self, Candidates};
 use crate::plan::fragment::port_action;
-use crate::plan::index::{EndpointSlice, Service};
 use crate::plan::service::{self, TrafficPolicy};
 use crate::plan::topology::Place;
 use crate::plan::Objects;

@@ -28,9 +28,9 @@ mod tests;
 #[cfg(test)]
 mod tests_classes;
 
+use crate::objects::index::Service;
 use crate::plan::config::Config;
 use crate::plan::diagnosis::Warning;
-use crate::plan::index::Service;
 use crate::plan::node::{AddressKind, NodeInfo};
 use crate::plan::service::{self, LbService, TrafficPolicy};
 use crate::plan::Objects;

@@ -8,8 +8,8 @@
 use super::heartbeat::{BlockedPorts, Heartbeat};
 use super::tests::node;
 use super::*;
+use crate::objects::wire;
 use crate::plan::conflicts::Slot;
-use crate::wire;
 use k8s_openapi::jiff::Timestamp;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -663,7 +663,7 @@ impl Objects {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire;
+    use crate::objects::wire;
 
     fn svc(name: &str) -> Arc<Service> {
         let s: wire::Service = serde_json::from_value(

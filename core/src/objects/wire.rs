@@ -5,7 +5,7 @@
 //! the last-applied annotation) are skipped while parsing and never stored. An endpoint's
 //! topology `hints` are read leniently, into names only (see [`Hints`]): a malformed hint
 //! never costs the slice, which read as before when hints were skipped. Each object
-//! is then converted once to the smaller form the index keeps ([`crate::plan::index`]); the
+//! is then converted once to the smaller form the index keeps ([`crate::objects::index`]); the
 //! body (spec, status, ports) is the index's own types, read here.
 //!
 //! The watches deserialize straight into these types (they are `kube::Resource`s through
@@ -16,7 +16,7 @@
 //! planner checks itself (protocols, addresses, CIDRs, families) stay raw strings, so bad ones
 //! still reach it and are warned about.
 
-use crate::plan::index::{self, or_default, EndpointPort, Hints, ServiceSpec, ServiceStatus};
+use crate::objects::index::{self, or_default, EndpointPort, Hints, ServiceSpec, ServiceStatus};
 use crate::vocab::{Str, SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL};
 use k8s_openapi::api::discovery::v1::EndpointConditions;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta, Time};
@@ -558,7 +558,9 @@ impl From<Endpoint> for index::Endpoint {
 mod tests {
     use super::*;
     use crate::fixtures::{service_json, slice_json};
-    use crate::plan::index::{LoadBalancerStatus, ServicePort, StoredIngress, TrafficDistribution};
+    use crate::objects::index::{
+        LoadBalancerStatus, ServicePort, StoredIngress, TrafficDistribution,
+    };
     use k8s_openapi::api::core::v1::{ClientIPConfig, SessionAffinityConfig};
     use serde_json::json;
 
@@ -760,7 +762,7 @@ mod stored_tests {
     use super::tests::watched;
     use super::*;
     use crate::fixtures::{service_json, slice_json};
-    use crate::plan::index::{Endpoint, ServiceMeta, SliceMeta, TrafficDistribution};
+    use crate::objects::index::{Endpoint, ServiceMeta, SliceMeta, TrafficDistribution};
     use serde_json::json;
 
     #[test]
