@@ -608,8 +608,8 @@ fn reserved_port_gets_no_rules_and_an_event() {
     });
 }
 
-/// `--ipv6=true`: a dual-stack Service answers an IPv6 client (and an IPv4 one); an
-/// IPv6-only Service answers IPv6 and leaves IPv4 alone.
+/// `--ipv6=true`: a dual-stack Service answers an IPv6 client (and an IPv4 one), also when
+/// its source ranges are IPv4 only; an IPv6-only Service answers IPv6 and leaves IPv4 alone.
 #[test]
 fn ipv6_with_the_flag() {
     if !require_root("ipv6_with_the_flag") {
@@ -634,6 +634,30 @@ fn ipv6_with_the_flag() {
         IpAddr::from(std::net::Ipv6Addr::new(0x2001, 0xdb8, 0xb, 1, 0, 0, 0, 1))
     );
     wait_answer_from(&c, c.client(), v4(&c, 8031), "b0");
+
+    // Source ranges of one family filter that family only (kube-proxy's MapCIDRsByIPFamily):
+    // listing the client's IPv4 address leaves IPv6 clients unfiltered, and the stranger's
+    // IPv4 address is dropped.
+    c.apply(&service(
+        "ranges4",
+        8033,
+        &format!(
+            "  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  loadBalancerSourceRanges: [\"{}/32\"]\n",
+            c.client_v4(0)
+        ),
+    ));
+    c.apply(&slice(&c, "ranges4", "v4", &[0]));
+    c.apply(&slice6(&c, "ranges4", "v6", &[1]));
+    wait_answer_from(&c, c.client(), v4(&c, 8033), "b0");
+    wait_answer_from(&c, c.client(), v6(&c, 8033), "b1");
+    wait_answer_from(&c, c.stranger(), v6(&c, 8033), "b1");
+    for _ in 0..3 {
+        let out = tcp_request(c.stranger(), v4(&c, 8033), SILENCE);
+        assert!(
+            answer(&out).is_err(),
+            "an IPv4 source outside the ranges got an answer: {out:?}"
+        );
+    }
 
     c.apply(&service(
         "only6",

@@ -112,7 +112,7 @@ pub fn build(
             family: *family,
             addresses: &ctx.served[family],
             policy: *policy,
-            source_ranges: source_ranges.as_deref(),
+            source_ranges: ranges_of(source_ranges.as_deref(), *family),
             affinity: *affinity,
         };
         outcomes.push(program.outcome(ports, &holder, tables.then_some(&mut parts)));
@@ -122,6 +122,14 @@ pub fn build(
         outcome: service_outcome(outcomes),
         parts,
     }
+}
+
+/// The source ranges that filter `family`'s clients, as kube-proxy splits them
+/// (`MapCIDRsByIPFamily`): a family none of the ranges belongs to is not filtered, so a
+/// dual-stack Service listing only IPv4 ranges still serves every IPv6 client. (The table
+/// ignores the other family's ranges.)
+fn ranges_of(ranges: Option<&[Cidr]>, family: IpFamily) -> Option<&[Cidr]> {
+    ranges.filter(|r| r.iter().any(|c| IpFamily::of(&c.addr) == family))
 }
 
 /// What the Service's ports share in one family's table on this node: the Service, the

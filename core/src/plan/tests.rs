@@ -1334,6 +1334,28 @@ fn source_ranges_admit_only_listed_clients_per_family() {
     assert!(!open.v4().contains("drops/default/web"));
 }
 
+/// kube-proxy's `MapCIDRsByIPFamily`: ranges are split by family, and a family none of them
+/// belongs to is not filtered (it was: its set was empty, so every client of it was dropped).
+#[test]
+fn a_family_without_source_ranges_is_not_filtered() {
+    let p = World::new()
+        .service(&web("ipFamilies: [IPv4, IPv6]\nipFamilyPolicy: RequireDualStack\nloadBalancerSourceRanges: [\"192.0.2.0/24\"]"))
+        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .slice(&slice("default", "web", "web-6", "IPv6", "- {name: http, port: 8080, protocol: TCP}", &["2001:db8:b::10"]))
+        .plan();
+    let v4 = p.v4();
+    assert!(
+        set_block(&v4, "src-default/web").contains("192.0.2.0/24"),
+        "{v4}"
+    );
+    let v6 = p.text(IpFamily::V6);
+    assert!(
+        !v6.contains("src-default/web") && !v6.contains("drops/default/web"),
+        "IPv6 clients are not filtered: {v6}"
+    );
+    assert!(v6.contains("2001:db8:b::10 . 8080"), "{v6}");
+}
+
 // ---- counters ----------------------------------------------------------------------------
 
 #[test]
