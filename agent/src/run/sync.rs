@@ -705,6 +705,7 @@ impl SyncLoop {
                 let report = Report {
                     families: inputs.serving,
                     blocked: self.blocked.clone(),
+                    unhealthy: None,
                 };
                 tx.send_if_modified(|r| r.replace(report.clone()).as_ref() != Some(&report));
             }

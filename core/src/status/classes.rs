@@ -47,8 +47,64 @@ impl Candidate {
     }
 }
 
+/// The taint the cluster autoscaler puts on a node it is about to remove.
+pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+
+/// Why a node with a fresh heartbeat serves nothing, if it does not: the cluster autoscaler is
+/// removing it, its Node is being deleted, or its agent says its syncs keep failing (so its
+/// kernel may not hold what it last programmed). Such a node leaves every status, as the cloud
+/// service controller leaves it out of load balancers; its rules stay until it is gone.
+pub fn ineligible(node: &Node, beat: &Heartbeat) -> Option<String> {
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == TO_BE_DELETED_TAINT));
+    if tainted {
+        Some(format!(
+            "tainted {TO_BE_DELETED_TAINT}: the cluster autoscaler is removing it"
+        ))
+    } else if node.metadata.deletion_timestamp.is_some() {
+        Some("its Node is being deleted".to_string())
+    } else {
+        beat.unhealthy
+            .as_ref()
+            .map(|why| format!("its agent's syncs keep failing: {why}"))
+    }
+}
+
+/// The nodes with a fresh heartbeat that serve nothing, each with why (see [`ineligible`]).
+pub fn ineligible_nodes(
+    nodes: &[Node],
+    beats: &BTreeMap<String, Heartbeat>,
+    ages: &BTreeMap<String, Duration>,
+    lease_duration: Duration,
+) -> BTreeMap<String, String> {
+    nodes
+        .iter()
+        .filter_map(|n| {
+            let name = n.metadata.name.as_deref()?;
+            let beat = fresh(name, beats, ages, lease_duration)?;
+            Some((name.to_string(), ineligible(n, beat)?))
+        })
+        .collect()
+}
+
+/// The heartbeat of `node` if the leader saw it renewed less than a lease duration ago.
+fn fresh<'a>(
+    node: &str,
+    beats: &'a BTreeMap<String, Heartbeat>,
+    ages: &BTreeMap<String, Duration>,
+    lease_duration: Duration,
+) -> Option<&'a Heartbeat> {
+    let beat = beats.get(node)?;
+    ages.get(node)
+        .is_some_and(|age| *age < lease_duration)
+        .then_some(beat)
+}
+
 /// The serving candidates, in name order: the nodes whose heartbeat the leader saw renewed less
-/// than a lease duration ago (`ages`).
+/// than a lease duration ago (`ages`), but for those [`ineligible`].
 pub fn candidates(
     nodes: &[Node],
     beats: &BTreeMap<String, Heartbeat>,
@@ -58,13 +114,10 @@ pub fn candidates(
     let mut out: BTreeMap<String, Candidate> = BTreeMap::new();
     for n in nodes {
         let info = NodeInfo::from_node(n);
-        let Some(beat) = beats.get(&info.name) else {
+        let Some(beat) = fresh(&info.name, beats, ages, lease_duration) else {
             continue;
         };
-        let fresh = ages
-            .get(&info.name)
-            .is_some_and(|age| *age < lease_duration);
-        if !fresh {
+        if ineligible(n, beat).is_some() {
             continue;
         }
         let families = beat.families;

@@ -22,6 +22,10 @@ pub const NODE_LABEL: &str = "nodelb.io/node";
 /// for (see [`BlockedPorts::report`]), with the process where known,
 /// `IPv4/TCP/7000=socat,IPv6/UDP/53` (absent when there are none).
 pub const BLOCKED_ANNOTATION: &str = "nodelb.io/blocked-ports";
+/// Annotation on a heartbeat whose agent's syncs have been failing for longer than its node
+/// lease duration: why (its last error). Such a heartbeat also names no family: the node no
+/// longer claims to serve what its kernel may not hold.
+pub const UNHEALTHY_ANNOTATION: &str = "nodelb.io/unhealthy";
 /// At most this many ports are listed (about 37 KiB at the longest): past it only the ports
 /// Services ask for, and past it again the list ends with [`MORE`] and the leader counts every
 /// port as held on that node.
@@ -37,6 +41,8 @@ pub struct Heartbeat {
     pub families: Families,
     /// The Service ports host listeners hold on the node.
     pub blocked: BlockedPorts,
+    /// The agent says its syncs have been failing for too long (why): the node serves nothing.
+    pub unhealthy: Option<String>,
 }
 
 /// What an agent reports in its heartbeat, from its last committed sync.
@@ -44,6 +50,8 @@ pub struct Heartbeat {
 pub struct Report {
     pub families: Families,
     pub blocked: BlockedPorts,
+    /// Syncs have been failing for longer than the node lease duration: why.
+    pub unhealthy: Option<String>,
 }
 
 /// The Service ports host listeners hold on a node: (family, protocol, port) with the
@@ -236,13 +244,11 @@ pub fn read(leases: &[Lease]) -> BTreeMap<String, Heartbeat> {
                 v4: false,
                 v6: false,
             });
-        let blocked = l
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(BLOCKED_ANNOTATION))
+        let annotation = |key: &str| l.metadata.annotations.as_ref()?.get(key);
+        let blocked = annotation(BLOCKED_ANNOTATION)
             .map(|s| BlockedPorts::parse(s))
             .unwrap_or_default();
+        let unhealthy = annotation(UNHEALTHY_ANNOTATION).cloned();
         out.insert(
             node.clone(),
             Heartbeat {
@@ -251,6 +257,7 @@ pub fn read(leases: &[Lease]) -> BTreeMap<String, Heartbeat> {
                 renewed: renewed.0,
                 families,
                 blocked,
+                unhealthy,
             },
         );
     }

@@ -176,6 +176,9 @@ pub struct Status {
     /// The objects' version last computed from.
     version: Option<u64>,
     desired: BTreeMap<ServiceKey, Desired>,
+    /// Nodes with a fresh heartbeat that serve nothing, each with why (every condition names
+    /// them).
+    ineligible: BTreeMap<String, String>,
 }
 
 impl Status {
@@ -213,6 +216,10 @@ impl Status {
         cfg: &StatusConfig,
     ) -> BTreeSet<ServiceKey> {
         let candidates = classes::candidates(nodes, beats, ages, cfg.node_lease_duration);
+        let ineligible = classes::ineligible_nodes(nodes, beats, ages, cfg.node_lease_duration);
+        // Every condition names them: a change of them (or of why) rewrites every Service's.
+        let named_anew = ineligible != self.ineligible;
+        self.ineligible = ineligible;
         let dirty = self.version.and_then(|v| objects.changed_since(v));
         self.version = Some(objects.version());
         let handled = |svc: &Service| service::is_handled(svc, &cfg.planner);
@@ -220,7 +227,7 @@ impl Status {
         self.local.update(objects, dirty.as_ref(), handled);
         // A change of the candidates or their classes recomputes every Service.
         let regrouped = self.classes.regroup(candidates, &self.read, &cfg.planner);
-        let everything = dirty.is_none() || regrouped;
+        let everything = dirty.is_none() || regrouped || named_anew;
         let mut touched: BTreeSet<ServiceKey> = dirty.clone().unwrap_or_default();
         for class in &mut self.classes.classes {
             let u = class
@@ -291,6 +298,7 @@ impl Status {
             .unwrap_or_default();
         let found = Found {
             candidates: classes.candidates.len(),
+            ineligible: &self.ineligible,
             ingress,
             gathered: seen.gathered,
             planned,
@@ -325,6 +333,8 @@ fn ingress(classes: &Classes, key: &IngressKey) -> Arc<[IpAddr]> {
 pub(crate) struct Found<'a> {
     /// How many serving candidates there are.
     pub candidates: usize,
+    /// The nodes with a fresh heartbeat that serve nothing, with why (`classes::ineligible`).
+    pub ineligible: &'a BTreeMap<String, String>,
     pub ingress: Arc<[IpAddr]>,
     pub gathered: observed::Gathered,
     /// Invalid parts of the Service and its slices, as a planner found them.
@@ -337,11 +347,19 @@ impl Found<'_> {
     pub fn desired(self, key: &ServiceKey, lb: &LbService<'_>, cfg: &StatusConfig) -> Desired {
         let Found {
             candidates,
+            ineligible,
             ingress,
-            gathered,
+            mut gathered,
             planned,
             warnings,
         } = self;
+        // Named in the condition as the candidates that do not serve it are.
+        let seen = &mut gathered.condition;
+        seen.candidates += ineligible.len();
+        seen.why_not.add_each(
+            ineligible.iter().map(|(n, why)| (n.as_str(), why.clone())),
+            ineligible.len(),
+        );
         let mut desired = Desired {
             ingress,
             ..Desired::default()
@@ -377,7 +395,7 @@ impl Found<'_> {
         }
         if desired.ingress.is_empty() && desired.problems.is_empty() {
             // (Invalid input is added below: it does not explain an empty status.)
-            let why = why_no_node(candidates == 0, lb.policy, &gathered.other);
+            let why = why_no_node(candidates == 0, ineligible, lb.policy, &gathered.other);
             desired.problems.push(Problem::NoServingNodes { why });
         }
         invalid_parts(planned, warnings, &mut desired.problems);
@@ -389,8 +407,22 @@ impl Found<'_> {
     }
 }
 
-fn why_no_node(no_candidates: bool, policy: TrafficPolicy, other: &BTreeSet<String>) -> String {
-    if no_candidates {
+fn why_no_node(
+    no_candidates: bool,
+    ineligible: &BTreeMap<String, String>,
+    policy: TrafficPolicy,
+    other: &BTreeSet<String>,
+) -> String {
+    if no_candidates && !ineligible.is_empty() {
+        let each: Vec<String> = ineligible
+            .iter()
+            .map(|(node, why)| format!("{node}: {why}"))
+            .collect();
+        format!(
+            "every node with a fresh nodelb heartbeat is out ({})",
+            each.join("; ")
+        )
+    } else if no_candidates {
         "no node has a fresh nodelb heartbeat".to_string()
     } else if policy == TrafficPolicy::Local {
         "externalTrafficPolicy is Local and no serving node has a ready endpoint".to_string()

@@ -25,6 +25,7 @@ pub fn desired(
     cfg: &StatusConfig,
 ) -> BTreeMap<ServiceKey, Desired> {
     let candidates = classes::candidates(nodes, beats, ages, cfg.node_lease_duration);
+    let ineligible = classes::ineligible_nodes(nodes, beats, ages, cfg.node_lease_duration);
     let mut planners: BTreeMap<String, Planner> = BTreeMap::new();
     for c in &candidates {
         let ctx = classes::node_context(c, &cfg.planner);
@@ -47,6 +48,7 @@ pub fn desired(
         }
         let found = Found {
             candidates: candidates.len(),
+            ineligible: &ineligible,
             ingress: ingress(&candidates, &lb.families, &seen.serving).into(),
             gathered: seen.gathered,
             planned: planners

@@ -295,6 +295,88 @@ fn a_node_joining_excluded_changes_no_status() {
     );
 }
 
+/// The status of `web` with node-b as `change` leaves it: node-a alone is published, and the
+/// condition names node-b with `why`; with node-a changed too, no node serves and the
+/// `NoServingNodes` problem says why for each.
+fn node_b_leaves_the_status(change: impl Fn(&mut World, usize), why: &str) {
+    let mut w = World::two_nodes()
+        .service(svc("web", "2024-01-01T00:00:00Z", 80, none()))
+        .slice(slice("web", &[("198.51.100.20", "node-a")]));
+    assert_eq!(w.ingress("web"), vec!["203.0.113.9", "203.0.113.10"]);
+    change(&mut w, 1);
+    let d = w.compute()[&ServiceKey::new("default", "web")].clone();
+    assert_eq!(
+        d.ingress.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        vec!["203.0.113.10"]
+    );
+    assert_eq!(
+        d.serving.message,
+        format!("served on 1 of 2 nodes; node-b: {why}")
+    );
+    change(&mut w, 0);
+    let d = w.compute()[&ServiceKey::new("default", "web")].clone();
+    assert!(d.ingress.is_empty());
+    let note = d
+        .problems
+        .iter()
+        .map(Problem::note)
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        note.contains(&format!("node-a: {why}")) && note.contains(&format!("node-b: {why}")),
+        "{note}"
+    );
+    assert_eq!(d.serving.reason, "NoServingNodes", "{}", d.serving.message);
+}
+
+#[test]
+fn a_node_the_cluster_autoscaler_is_removing_leaves_every_status() {
+    node_b_leaves_the_status(
+        |w, i| {
+            w.nodes[i].spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+                taints: Some(vec![k8s_openapi::api::core::v1::Taint {
+                    key: "ToBeDeletedByClusterAutoscaler".into(),
+                    value: Some("1700000000".into()),
+                    effect: "NoSchedule".into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            })
+        },
+        "tainted ToBeDeletedByClusterAutoscaler: the cluster autoscaler is removing it",
+    );
+}
+
+#[test]
+fn a_node_being_deleted_leaves_every_status() {
+    node_b_leaves_the_status(
+        |w, i| {
+            w.nodes[i].metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()))
+        },
+        "its Node is being deleted",
+    );
+}
+
+#[test]
+fn a_node_whose_agent_keeps_failing_to_sync_leaves_every_status() {
+    node_b_leaves_the_status(
+        |w, i| {
+            let node = if i == 0 { "node-a" } else { "node-b" };
+            let mut l = beat(node, 1, "");
+            l.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(
+                    heartbeat::UNHEALTHY_ANNOTATION.into(),
+                    "committing: Operation not permitted (EPERM)".into(),
+                );
+            w.leases[i] = l;
+        },
+        "its agent's syncs keep failing: committing: Operation not permitted (EPERM)",
+    );
+}
+
 #[test]
 fn local_policy_publishes_only_nodes_with_a_ready_endpoint_and_follows_it() {
     let local = serde_json::json!({"externalTrafficPolicy": "Local"});
@@ -426,6 +508,7 @@ fn beat_at(node: &str, renewed: Timestamp) -> (String, Heartbeat) {
                 v6: false,
             },
             blocked: Default::default(),
+            unhealthy: None,
         },
     )
 }

@@ -98,7 +98,28 @@ impl Cluster {
                 }
             }
         }
-        let n = node(&name, &addrs, &labels);
+        let mut n = node(&name, &addrs, &labels);
+        // Now and then a node the cluster autoscaler is removing, or one being deleted: it
+        // serves nothing, and every condition names it.
+        match rng.random_range(0..20) {
+            0 => {
+                n.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+                    taints: Some(vec![k8s_openapi::api::core::v1::Taint {
+                        key: super::classes::TO_BE_DELETED_TAINT.into(),
+                        effect: "NoSchedule".into(),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                })
+            }
+            1 => {
+                n.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        "2026-01-01T12:00:00Z".parse().unwrap(),
+                    ))
+            }
+            _ => {}
+        }
         match self
             .nodes
             .iter_mut()
@@ -120,6 +141,10 @@ impl Cluster {
             renewed,
             families: parse_families(families),
             blocked: blocked(rng),
+            // Now and then an agent whose syncs keep failing: the node serves nothing.
+            unhealthy: rng
+                .random_bool(0.08)
+                .then(|| "committing: Operation not permitted".to_string()),
         };
         self.beats.insert(name.clone(), beat);
         let age = if rng.random_bool(0.15) { 20 } else { 1 };
@@ -433,6 +458,7 @@ impl Cluster {
                 renewed: "2026-01-01T12:00:00Z".parse().unwrap(),
                 families: parse_families("IPv4"),
                 blocked: BlockedPorts::default(),
+                unhealthy: None,
             };
             c.beats.insert(name.clone(), beat);
             c.ages.insert(name.clone(), Duration::from_secs(1));
