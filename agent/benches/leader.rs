@@ -187,9 +187,9 @@ impl Cluster {
                     node: node_name(i),
                     holder: Some(format!("nodelb-{i}")),
                     renewed,
+                    families: parse_families("IPv6"),
                     blocked: blocked(i, ports[3]),
                     unhealthy: None,
-                    blocked: blocked(i, ports[3]),
                 };
                 (node_name(i), beat)
             })
