@@ -15,6 +15,7 @@ pub mod readback;
 pub mod render;
 pub mod scalar;
 mod sys;
+pub mod trace;
 pub mod transact;
 pub mod types;
 pub mod udata;
