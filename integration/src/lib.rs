@@ -10,6 +10,7 @@ pub mod models;
 pub mod netns;
 pub mod nft;
 pub mod old_server_proxy;
+pub mod planning;
 pub mod real_cluster;
 pub mod sctp;
 pub mod traffic;

@@ -26,6 +26,7 @@ pub mod render;
 pub mod scalar;
 #[cfg(feature = "kernel")]
 mod sys;
+pub mod trace;
 #[cfg(feature = "kernel")]
 pub mod transact;
 pub mod types;

@@ -389,7 +389,7 @@ pub enum NatKind {
     Dnat,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Reject {
     /// ICMP port unreachable (IPv4: type 3 code 3; IPv6: type 1 code 4).
     PortUnreachable,
