@@ -1,6 +1,6 @@
 //! Where a Service becomes chains, sets and map elements: one family's `nodelb` table.
 //!
-//! Shape (DESIGN.md, "Netfilter shape"):
+//! Shape (docs/design.md, "The netfilter shape"):
 //! - `map services` (`addr . inet_proto . inet_service : verdict`) is the dispatch: nat
 //!   `prerouting` and `output` look up `daddr . l4proto . th dport` in it, so a packet's cost does
 //!   not grow with the number of Services. A plain Service port's element (no source ranges, no
