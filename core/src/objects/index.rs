@@ -3,7 +3,7 @@
 //! label. Watch events update it in one place and say which Service they touched, so a sync
 //! replans only those.
 //!
-//! Each object is converted once from what the API sends (`kube/wire.rs`), by the watches'
+//! Each object is converted once from what the API sends (`wire.rs`), by the watches'
 //! inbox or the file reader. Of the metadata only the read fields are kept, under the API's names
 //! and types, plus the two derived facts nodelb asks of the rest: the Service of a slice, and the
 //! managers of a Service's ingress (a watched object must carry a whole `ObjectMeta`, and a slice
