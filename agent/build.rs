@@ -1,6 +1,7 @@
 //! Link the agent with packed relative relocations (`DT_RELR`, glibc 2.36 and binutils 2.38 or
-//! later, as in Debian bookworm): the dynamic loader otherwise reads a 0.8 MiB table of
-//! relocations at every start, and those pages stay resident for the process's life.
+//! later, as in Debian bookworm): the dynamic loader otherwise reads a table of relocations
+//! at every start (its size: docs/benchmarks.md), and those pages stay resident for the
+//! process's life.
 
 fn main() {
     let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();

@@ -8,8 +8,8 @@
 #   nft list table ip nodelb     what the agent programmed on a node
 #   a client request             answered by a pod, through each node's address
 # The cluster stays up; the last line says how to take it down. Run as root. The first run on a
-# machine takes about 15 minutes on 2 cores (Kubernetes components about 6-9, the release agent
-# about 6, the images under a minute); later runs take under a minute.
+# machine builds everything and takes a while, later runs are quick (how long each takes:
+# docs/benchmarks.md, "Build, demo and test times").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 began=$SECONDS

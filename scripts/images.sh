@@ -24,11 +24,11 @@
 #                           take Debian's newer packages)
 # The binary is $NODELB_IMAGE_AGENT_BIN (not NODELB_AGENT_BIN, the binary the end-to-end tests
 # run as processes), else target/release/nodelb-agent (built with
-# scripts/build-release.sh when missing: about 6 minutes on 2 cores). A first run takes under a
-# minute (25 to 50 s on 2 cores, most of it mmdebstrap fetching and installing Debian packages);
-# an archive whose inputs did not change is not rebuilt, so a new agent binary costs about 2 s
-# and nothing new about 1 s. The newest three archives of each image are kept. Needs root
-# (mmdebstrap), Debian's package mirror and Go (the pause source is in its module cache, or
+# scripts/build-release.sh when missing). A first run spends most of its time in mmdebstrap
+# fetching and installing Debian packages; an archive whose inputs did not change is not
+# rebuilt, so a new agent binary costs one layer and nothing new costs almost nothing (times:
+# docs/benchmarks.md, "Build, demo and test times"). The newest three archives of each image
+# are kept. Needs root (mmdebstrap), Debian's package mirror and Go (the pause source is in its module cache, or
 # fetched through its proxy); installs mmdebstrap, gcc, libc6-dev and binutils when missing; takes
 # busybox-static from the installed package or, without installing it (it conflicts with
 # busybox), from `apt-get download`.

@@ -6,9 +6,9 @@
 #     kube-apiserver, kubectl            the end-to-end tests, the benchmarks
 #     kube-controller-manager, kube-scheduler, kubelet, kube-proxy
 #                                        the real cluster of scripts/cluster.sh
-# The first build on a machine takes several minutes (module download and compile; about 9 on
-# 2 cores); later runs find the binaries there and return at once. Prints the directory on
-# stdout. Needs Go >= 1.26 (k8s.io/kubernetes 1.36 says `go 1.26.0`); if the machine's Go is
+# The first build on a machine takes several minutes (module download and compile; see
+# docs/benchmarks.md); later runs find the binaries there and return at once. Prints the
+# directory on stdout. Needs Go >= 1.26 (k8s.io/kubernetes 1.36 says `go 1.26.0`); if the machine's Go is
 # older, run with GOTOOLCHAIN=go1.27.3, which the go command fetches through the module proxy.
 set -euo pipefail
 module="$(cd "$(dirname "$0")/../integration/kubernetes" && pwd)"

@@ -8,7 +8,7 @@
 # The real cluster is brought up by its tests and taken down at the end, unless it was already
 # up when this started. Its image carries $NODELB_IMAGE_AGENT_BIN when set (CI builds the
 # release agent in the background and names it here; this waits for it to appear), else
-# target/release/nodelb-agent, built here (about 6 minutes the first time on 2 cores).
+# target/release/nodelb-agent, built here (minutes the first time: docs/benchmarks.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh

@@ -13,7 +13,8 @@
 //! Prints `bench leader nodes=N services=S heap_mib=X round_ms=Y classes=C` per N (heap: the peak of
 //! bytes live during the round above the objects and nodes it reads, counted by a wrapping
 //! allocator), details, the per-node computation it replaced where that is cheap (up to
-//! NODELB_BENCH_LEADER_OLD_NODES nodes, default 10: at 1,000 it would take about 4 GiB), and
+//! NODELB_BENCH_LEADER_OLD_NODES nodes, default 10: it grows with the nodes, see
+//! docs/benchmarks.md), and
 //! each goal as PASS or MISS.
 //! `cargo bench -p nodelb-agent --bench leader`; NODELB_BENCH_LEADER_NODES (`10,100,1000`),
 //! NODELB_BENCH_SERVICES (10,000).

@@ -360,7 +360,9 @@ mod tests {
     use super::*;
 
     /// The throwaway table commits in a fresh network namespace (root only), is gone after the
-    /// check, and the check of a clean namespace reports no failure except forwarding.
+    /// check, and the check of a clean namespace reports no failure except forwarding, which
+    /// decides the exit status. The namespace sets its own forwarding first: a new namespace
+    /// copies the host's IPv4 setting.
     #[test]
     fn feature_table_commits_and_is_deleted() {
         if !nix::unistd::geteuid().is_root() {
@@ -378,13 +380,21 @@ mod tests {
                 assert_eq!(r.status, Status::Ok, "{r}");
             }
             assert!(nft.list_tables(None).unwrap().is_empty());
+            let forward = |on: &str| {
+                for name in ["ipv4/ip_forward", "ipv6/conf/all/forwarding"] {
+                    std::fs::write(format!("/proc/sys/net/{name}"), on).expect(name);
+                }
+            };
+            forward("0");
             let findings = run(true, true, &Sysctls::default());
             for f in &findings {
                 let forwarding = f.what.ends_with("forwarding");
-                assert!(f.status != Status::Fail || forwarding, "{f}");
+                assert_eq!(f.status == Status::Fail, forwarding, "{f}");
             }
-            // A fresh namespace does not forward.
             assert_eq!(exit_code(&findings), 1);
+            forward("1");
+            let findings = run(true, true, &Sysctls::default());
+            assert_eq!(exit_code(&findings), 0, "{findings:?}");
         })
         .join()
         .unwrap();

@@ -1,5 +1,6 @@
-//! The command line: subcommands and flags exactly as DESIGN.md spells them, and the planner
-//! [`Config`] they describe.
+//! The command line: subcommands and flags, spelled as the README's tables spell them (every
+//! flag of `run` is there: `integration/tests/docs.rs`), and the planner [`Config`] they
+//! describe.
 
 use crate::run::logging::LogFormat;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};

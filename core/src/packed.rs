@@ -2,9 +2,8 @@
 //! order (a list walked in key order) or in no order (one Service's elements at a time) ends
 //! with its nodes about half full; one built from a sorted list, or merged with
 //! [`BTreeMap::append`], has them full. The agent's large maps (the tables it assembles, the
-//! leader's desired statuses) are built so: the plan bench of `nodelb-agent` measured the
-//! tables of 10,000 Services x 5 endpoints at 14.8 MiB filled one insert at a time, 8.7 MiB
-//! packed.
+//! leader's desired statuses) are built so (what it saves: the plan bench of `nodelb-agent`,
+//! docs/benchmarks.md).
 
 use std::collections::BTreeMap;
 
@@ -54,8 +53,8 @@ impl<K, V> From<BTreeMap<K, V>> for Packed<K, V> {
 /// Rebuild `map` with full nodes (after many inserts in key order). The first entry is taken
 /// out and the rest merged back into it: [`BTreeMap::append`] of two non-empty maps builds
 /// the merged tree packed while it frees the old one's nodes, so no list of the entries is
-/// made (collecting them, as before, held a list of all of them for a moment: about 1.2 MiB
-/// for the leader's 10,000 desired statuses).
+/// made (collecting them, as before, held a list of all of them for a moment, a peak of its
+/// own: docs/benchmarks.md).
 pub fn repack<K: Ord, V>(map: &mut BTreeMap<K, V>) {
     let Some((k, v)) = map.pop_first() else {
         return;

@@ -78,7 +78,7 @@ use crate::control_plane::{self, AuditRecord, ControlPlane, ControlPlaneOptions}
 use crate::netns::{link, route, Netns};
 use crate::old_server_proxy::{OldServer, OldServerProxy};
 
-/// The agent's user: the ServiceAccount of `manifests/rbac.yaml`.
+/// The agent's user: the ServiceAccount of `manifests/base/rbac.yaml`.
 pub const AGENT_USER: &str = "system:serviceaccount:nodelb-system:nodelb";
 /// The agent's namespace (its Leases live there).
 pub const AGENT_NAMESPACE: &str = "nodelb-system";

@@ -94,8 +94,10 @@ pub struct Netns {
 impl Netns {
     /// Creates `nlb-<pid>-<counter>-<label>` with `ip netns add`, brings its
     /// loopback up and turns IPv6 DAD off for the namespace
-    /// (`accept_dad=0`). Forwarding is left off (see
-    /// [`Netns::enable_forwarding`]).
+    /// (`accept_dad=0`). Forwarding is off (see [`Netns::enable_forwarding`])
+    /// and reverse-path filtering too, whatever the host has: a new namespace
+    /// copies the host's IPv4 `conf/all` and `conf/default` settings (a Docker
+    /// host or a Kubernetes node forwards), so the namespace sets its own.
     pub fn new(label: &str) -> Netns {
         assert!(
             !label.is_empty()
@@ -114,6 +116,10 @@ impl Netns {
         // link-local addresses are usable at once, which the node needs to
         // send neighbour solicitations for forwarded packets.
         ns.sh("sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0");
+        ns.sh(
+            "sysctl -qw net.ipv4.ip_forward=0 net.ipv6.conf.all.forwarding=0 \
+             net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0",
+        );
         ns
     }
 

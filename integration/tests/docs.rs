@@ -2,6 +2,13 @@
 //! the agent exports is named in it. The names come from the agent itself (clap's description
 //! of `run`, the rendered metrics registry), so a new flag or metric fails here until it is
 //! documented.
+//!
+//! And the documents refer only to what the repository holds: every relative link in a
+//! Markdown file resolves (with its `#anchor`, to a heading), every path a file names from the
+//! repository's top (`core/src/plan/table.rs`, `docs/sizing.md`) exists, every `*.md` a
+//! document names exists, every file a document names in backticks (`committer.rs`) is one of
+//! the repository's, and no file points at a design document outside the repository: the
+//! design is `docs/design.md`.
 
 use clap::CommandFactory;
 use nodelb_agent::cli::Cli;
@@ -126,4 +133,313 @@ fn readme_tables_the_default_reserved_ports() {
             .into(),
     ));
     assert_eq!(rows, want);
+}
+
+// ---- references -----------------------------------------------------------------------------
+
+/// The repository's top directories a path may start from.
+const TOPS: [&str; 7] = [
+    "agent/",
+    "core/",
+    "netfilter/",
+    "integration/",
+    "manifests/",
+    "scripts/",
+    "docs/",
+];
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Every text file of the repository, by its path from the top, with its text (build output
+/// and git's own files left out, and files that are not UTF-8).
+fn repository() -> Vec<(String, String)> {
+    fn walk(dir: &std::path::Path, rel: &str, out: &mut Vec<(String, String)>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+            .map(|e| e.unwrap())
+            .collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let path = if rel.is_empty() {
+                name.clone()
+            } else {
+                format!("{rel}/{name}")
+            };
+            let kind = e.file_type().unwrap();
+            if kind.is_dir() {
+                if name != "target" && name != ".git" {
+                    walk(&e.path(), &path, out);
+                }
+            } else if kind.is_file() {
+                if let Ok(text) = std::fs::read_to_string(e.path()) {
+                    out.push((path, text));
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&root(), "", &mut out);
+    assert!(
+        out.iter().any(|(p, _)| p == "README.md") && out.len() > 100,
+        "the walk did not find the repository: {} files",
+        out.len()
+    );
+    out
+}
+
+fn is_path_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-')
+}
+
+/// Whether a reference may start after `before`: at the start, or after a space or an opening
+/// quote, bracket or backtick (`<path-to-nodelb>/manifests` names no path of the repository).
+fn starts_token(before: Option<char>) -> bool {
+    before.is_none_or(|c| c.is_whitespace() || matches!(c, '`' | '(' | '[' | '"' | '\''))
+}
+
+/// The paths `text` names from the repository's top, trailing dots left off.
+fn top_paths(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for (i, _) in text.char_indices() {
+        if !starts_token(text[..i].chars().next_back()) {
+            continue;
+        }
+        let rest = &text[i..];
+        if TOPS.iter().any(|t| rest.starts_with(t)) {
+            let end = rest.find(|c| !is_path_char(c)).unwrap_or(rest.len());
+            out.push(rest[..end].trim_end_matches('.'));
+        }
+    }
+    out
+}
+
+/// The `*.md` files `text` names (relative or from the top; never an absolute path or a URL).
+fn md_names(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for (i, _) in text.match_indices(".md") {
+        let end = i + 3;
+        if text[end..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            continue;
+        }
+        let start = text[..i]
+            .char_indices()
+            .rev()
+            .take_while(|(_, c)| is_path_char(*c))
+            .last()
+            .map_or(i, |(j, _)| j);
+        let name = &text[start..end];
+        if start < i && !name.starts_with('/') && starts_token(text[..start].chars().next_back()) {
+            out.push(name);
+        }
+    }
+    out
+}
+
+/// The lines of a Markdown text outside fenced code blocks.
+fn prose(text: &str) -> impl Iterator<Item = &str> {
+    let mut fenced = false;
+    text.lines().filter(move |l| {
+        if l.trim_start().starts_with("```") {
+            fenced = !fenced;
+            return false;
+        }
+        !fenced
+    })
+}
+
+/// The targets of the Markdown links `[text](target)` outside code blocks.
+fn link_targets(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for line in prose(text) {
+        for (i, _) in line.match_indices("](") {
+            let rest = &line[i + 2..];
+            if let Some(end) = rest.find(')') {
+                out.push(&rest[..end]);
+            }
+        }
+    }
+    out
+}
+
+/// The anchors of a Markdown text's headings, as GitHub makes them.
+fn anchors(text: &str) -> Vec<String> {
+    prose(text)
+        .filter(|l| l.starts_with('#'))
+        .map(|l| {
+            l.trim_start_matches('#')
+                .trim()
+                .to_lowercase()
+                .chars()
+                .filter_map(|c| match c {
+                    ' ' => Some('-'),
+                    c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// `path` from the repository's top, with `.` and `..` resolved; `None` above the top.
+fn normalize(path: &str) -> Option<String> {
+    let mut parts: Vec<&str> = Vec::new();
+    for p in path.split('/') {
+        match p {
+            "" | "." => {}
+            ".." => {
+                parts.pop()?;
+            }
+            p => parts.push(p),
+        }
+    }
+    Some(parts.join("/"))
+}
+
+fn dir_of(file: &str) -> &str {
+    file.rsplit_once('/').map_or("", |(d, _)| d)
+}
+
+#[test]
+fn reference_readers_parse_what_the_documents_write() {
+    assert_eq!(
+        top_paths("see `core/src/plan/table.rs`, and docs/sizing.md. Not <x>/manifests"),
+        vec!["core/src/plan/table.rs", "docs/sizing.md"]
+    );
+    assert_eq!(
+        md_names("[docs/sizing.md](sizing.md#a) and README.md; not x.mdx or /tmp/a.md"),
+        vec!["docs/sizing.md", "sizing.md", "README.md"]
+    );
+    assert_eq!(
+        link_targets("[a](b.md#c) and [d](https://e)\n```\n[f](g)\n```"),
+        vec!["b.md#c", "https://e"]
+    );
+    assert_eq!(
+        anchors("# nodelb\n## Who serves, and the status\n### `nodelb-core`\n```\n# no\n```"),
+        vec!["nodelb", "who-serves-and-the-status", "nodelb-core"]
+    );
+    assert_eq!(normalize("docs/../README.md").as_deref(), Some("README.md"));
+    assert_eq!(normalize("../x"), None);
+}
+
+/// Every relative link of every Markdown file resolves to a file or directory of the
+/// repository, and a link with an anchor to a heading of the Markdown file it names.
+#[test]
+fn every_link_in_the_documents_resolves() {
+    let files = repository();
+    let text_of = |path: &str| files.iter().find(|(p, _)| p == path).map(|(_, t)| t);
+    let mut broken = Vec::new();
+    for (doc, text) in files.iter().filter(|(p, _)| p.ends_with(".md")) {
+        for target in link_targets(text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let (path, anchor) = target.split_once('#').unwrap_or((target, ""));
+            let resolved = if path.is_empty() {
+                Some(doc.clone())
+            } else {
+                normalize(&format!("{}/{path}", dir_of(doc)))
+            };
+            let Some(resolved) = resolved.filter(|r| root().join(r).exists()) else {
+                broken.push(format!("{doc}: ({target}): no such file"));
+                continue;
+            };
+            if !anchor.is_empty() {
+                let found =
+                    text_of(&resolved).is_some_and(|t| anchors(t).iter().any(|a| a == anchor));
+                if !found {
+                    broken.push(format!(
+                        "{doc}: ({target}): no heading #{anchor} in {resolved}"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+/// Every path a file of the repository names from the top exists; every `*.md` a Markdown
+/// file names exists (from the top or beside it); every file a Markdown file names in
+/// backticks is one of the repository's.
+#[test]
+fn every_file_the_repository_names_exists() {
+    let files = repository();
+    let mut missing = Vec::new();
+    for (file, text) in &files {
+        for path in top_paths(text) {
+            if !root().join(path).exists() {
+                missing.push(format!("{file}: {path}"));
+            }
+        }
+    }
+    for (doc, text) in files.iter().filter(|(p, _)| p.ends_with(".md")) {
+        for name in md_names(text) {
+            let beside = normalize(&format!("{}/{name}", dir_of(doc)));
+            let found =
+                root().join(name).exists() || beside.is_some_and(|b| root().join(b).exists());
+            if !found {
+                missing.push(format!("{doc}: {name}"));
+            }
+        }
+        let prose: Vec<&str> = prose(text).collect();
+        for quoted in prose.join("\n").split('`').skip(1).step_by(2) {
+            let named = quoted.rsplit_once('.').is_some_and(|(stem, ext)| {
+                !stem.is_empty()
+                    && stem.chars().all(is_path_char)
+                    && ["rs", "sh", "md", "yaml", "toml", "json", "nft"].contains(&ext)
+            });
+            let known = files
+                .iter()
+                .any(|(p, _)| p == quoted || p.ends_with(&format!("/{quoted}")));
+            if named && !known {
+                missing.push(format!("{doc}: `{quoted}`"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "named but not in the repository:\n{}",
+        missing.join("\n")
+    );
+}
+
+/// The design is `docs/design.md`: no file names a design document elsewhere, or a directory
+/// beside the repository. In `docs/` a link may name it relative to its directory.
+#[test]
+fn the_design_is_docs_design_md() {
+    let design = ["design", "md"].join(".");
+    let beside = ["..", "shared"].join("/");
+    let mut wrong = Vec::new();
+    for (file, text) in repository() {
+        if text.contains(&beside) {
+            wrong.push(format!("{file}: {beside}"));
+        }
+        let lower = text.to_ascii_lowercase();
+        for (i, _) in lower.match_indices(&design) {
+            let named = &text[i..i + design.len()];
+            let before = &text[..i];
+            let ok = named == design
+                && (before.ends_with("docs/")
+                    || (file.starts_with("docs/") && before.ends_with("](")));
+            if !ok {
+                let from = before.len().saturating_sub(20);
+                let from = (0..=from)
+                    .rev()
+                    .find(|j| text.is_char_boundary(*j))
+                    .unwrap_or(0);
+                wrong.push(format!("{file}: ...{}", &text[from..i + design.len()]));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "design document named otherwise:\n{}",
+        wrong.join("\n")
+    );
 }

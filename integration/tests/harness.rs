@@ -64,14 +64,36 @@ fn netns_basics() {
     let ns = Netns::new("basics");
     assert!(ns.sh("ip -o link show lo").contains("UP"));
     assert!(ns.sh_ok("exit 3").is_err());
-    assert_eq!(
-        ns.sh("sysctl -n net.ipv4.ip_forward").trim(),
-        "0",
-        "forwarding must be off by default"
+    // A new namespace copies the host's IPv4 settings; the harness sets its own, so every
+    // test starts from the same state whatever the host forwards or filters.
+    let sysctl = |name: &str| ns.sh(&format!("sysctl -n {name}")).trim().to_string();
+    let host = |name: &str| {
+        let path = format!("/proc/sys/{}", name.replace('.', "/"));
+        std::fs::read_to_string(&path).unwrap().trim().to_string()
+    };
+    for name in [
+        "net.ipv4.ip_forward",
+        "net.ipv6.conf.all.forwarding",
+        "net.ipv4.conf.all.rp_filter",
+        "net.ipv4.conf.default.rp_filter",
+    ] {
+        assert_eq!(sysctl(name), "0", "{name} in a new namespace");
+    }
+    let host_before = (
+        host("net.ipv4.ip_forward"),
+        host("net.ipv6.conf.all.forwarding"),
     );
     ns.enable_forwarding();
-    assert_eq!(ns.sh("sysctl -n net.ipv4.ip_forward").trim(), "1");
-    assert_eq!(ns.sh("sysctl -n net.ipv6.conf.all.forwarding").trim(), "1");
+    assert_eq!(sysctl("net.ipv4.ip_forward"), "1");
+    assert_eq!(sysctl("net.ipv6.conf.all.forwarding"), "1");
+    // Inside the namespace only: the host's own settings are what they were.
+    assert_eq!(
+        (
+            host("net.ipv4.ip_forward"),
+            host("net.ipv6.conf.all.forwarding")
+        ),
+        host_before
+    );
     // `run` executes inside the namespace; the caller stays outside.
     let inode = |path: &str| {
         use std::os::unix::fs::MetadataExt;

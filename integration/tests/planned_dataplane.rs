@@ -779,8 +779,8 @@ fn source_ranges_admit_the_allowed_client_and_drop_another() {
     }
 }
 
-/// DESIGN.md: "loadBalancerSourceRanges: only those sources reach the Service; others are
-/// dropped". That holds while the Service has no endpoints too: a stranger must not learn from
+/// docs/design.md, "Source ranges": only sources inside the ranges reach the Service; others
+/// are dropped. That holds while the Service has no endpoints too: a stranger must not learn from
 /// a reset that the Service exists (kube-proxy checks source ranges before its no-endpoint
 /// reject, too).
 #[test]

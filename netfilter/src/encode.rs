@@ -700,8 +700,9 @@ fn encode_set_decl(t: &TableRef, s: &Set, id: u32) -> Result<NlSet, EncodeError>
     }
     // `flags dynamic,timeout` and the default timeout. No size: nft gives a set an `update`
     // names a size of 65535, which makes the kernel allocate its hash table for that many
-    // elements up front (about 1.5 MiB a set); without one the table starts small and grows,
-    // and the kernel caps the set at the same 65535 once a rule updates it.
+    // elements up front, for every affinity endpoint (docs/benchmarks.md); without one the
+    // table starts small and grows, and the kernel caps the set at the same 65535 once a rule
+    // updates it.
     if let Some(timeout) = s.timeout {
         flags |= NFT_SET_TIMEOUT | NFT_SET_EVAL;
         ns.u64(nsys::NFTNL_SET_TIMEOUT, timeout.as_millis() as u64);

@@ -316,8 +316,9 @@ impl Nft {
     }
 
     /// Each counter object of a table as the dump gives it: name, packets, bytes, keeping
-    /// nothing (a `/metrics` scrape at 10,000 Services would otherwise hold a map of them,
-    /// about 1 MiB). A missing table has no counters.
+    /// nothing (a `/metrics` scrape would otherwise hold a map of every Service port's
+    /// counters; its size: docs/benchmarks.md, `--bench metrics`). A missing table has no
+    /// counters.
     pub fn each_counter(
         &mut self,
         t: &TableRef,

@@ -312,15 +312,13 @@ thread_local! {
 
 /// A batch's bytes, in pieces sent together (`sendmsg` with one iovec per piece, which the
 /// kernel reads as one datagram, so a message may span two pieces): the batch's heap costs
-/// what it holds, where one vector grew by doubling (8 MiB for a 7 MiB batch at 10,000
-/// Services, and both blocks counted while it grew; in RSS the two measured the same, 68.0
-/// against 68.1 MiB in the latency bench's leader, as glibc grows a mapped block in place).
-/// What a full replace frees while encoding
-/// (each element once encoded) is scattered among live allocations: runs of 4 to 12 KiB
-/// mostly, which the first pieces are sized for; larger pieces still land on fresh memory,
-/// and the agent's RSS grows by about half the batch during the encode (3.8 MiB at
-/// 10,000 x 5). The kernel takes at most 1,024 iovecs: 640 small pieces leave 384 of 120 KiB
-/// (a 47 MiB batch) before a batch is sent from one copy.
+/// what it holds, where one vector grown by doubling would cost up to twice that while it
+/// grows, both blocks counted. What a full replace frees while encoding (each element once
+/// encoded) is scattered among live allocations in small runs, which the first pieces are
+/// sized for, so the batch reuses them; larger pieces still land on fresh memory. The figures
+/// behind this (heap, RSS, the runs' sizes) are in docs/benchmarks.md, "Figures behind
+/// decisions in the code". The kernel takes at most 1,024 iovecs: 640 small pieces leave 384
+/// of 120 KiB (a 47 MiB batch) before a batch is sent from one copy.
 #[derive(Default)]
 pub struct BatchBuf {
     pieces: Vec<Vec<u8>>,
@@ -329,8 +327,7 @@ pub struct BatchBuf {
 impl BatchBuf {
     /// Under glibc's mmap threshold as the agent sets it (128 KiB).
     const PIECE: usize = 120 * 1024;
-    /// The first pieces, sized for the free runs a full replace leaves (see above; measured
-    /// with `malloc_info` at 10,000 x 5).
+    /// The first pieces, sized for the free runs a full replace leaves (see above).
     const SMALL_PIECE: usize = 4 * 1024;
     const SMALL_PIECES: usize = 640;
 

@@ -34,11 +34,11 @@ use tracing::{debug, info, info_span, warn, Instrument};
 /// The pace of the leader's requests, status applies and Events together (client-go's token
 /// bucket, see `rate_limit`). Every status write is sent by the server to every node's Service
 /// watchers (every nodelb agent, every kube-proxy), so the writer's rate is multiplied by the
-/// number of nodes: unpaced, a new leader wrote 10,000 statuses and 10,000 Events in about a
-/// minute (about 190 of each per second, 330 at the peak, on a 2-core test server). 100
-/// requests a second is 50 Services a second, each one apply and one Event: the pace of a
-/// client-go component at kube-scheduler's and kubelet's default of 50 requests a second with
-/// one request per change; a new leader writes 10,000 new statuses in about 3.3 minutes.
+/// number of nodes: unpaced, a new leader sent its writes as fast as the server took them
+/// (how fast: docs/benchmarks.md, the leader's pace). 100 requests a second is 50 Services a
+/// second, each one apply and one Event: the pace of a client-go component at
+/// kube-scheduler's and kubelet's default of 50 requests a second with one request per
+/// change; a new leader writes 10,000 new statuses in about 3.3 minutes.
 pub const REQUESTS_PER_SECOND: f64 = 100.0;
 /// Requests that go at once before the pace applies: a change to up to 100 Services (one
 /// apply and one Event each) is written without waiting.
@@ -67,7 +67,7 @@ pub struct StatusWriter {
 struct Written {
     /// A digest of the desired status written (see [`wrote`]), not the status itself: a
     /// round at 10,000 Services remembers every write until the watch shows it, and the
-    /// ingress and condition kept whole took about 2 MiB.
+    /// ingress and condition kept whole took megabytes (docs/benchmarks.md).
     status: u64,
     resource_version: Option<Str>,
 }

@@ -3,7 +3,7 @@
 //! label. Watch events update it in one place and say which Service they touched, so a sync
 //! replans only those.
 //!
-//! Each object is converted once from what the API sends (`kube/wire.rs`), by the watches'
+//! Each object is converted once from what the API sends (`wire.rs`), by the watches'
 //! inbox or the file reader. Of the metadata only the read fields are kept, under the API's names
 //! and types, plus the two derived facts nodelb asks of the rest: the Service of a slice, and the
 //! managers of a Service's ingress (a watched object must carry a whole `ObjectMeta`, and a slice
@@ -271,8 +271,8 @@ pub struct ServingCondition {
     pub status: Option<Str>,
     pub reason: Option<Str>,
     /// The message's digest ([`crate::vocab::digest`] of the text), not its text: the status
-    /// writer only asks whether it says what nodelb wants, and at 10,000 Services the texts
-    /// took about 1 MiB. A stored message hashing like the one wanted (about one chance in
+    /// writer only asks whether it says what nodelb wants, and every Service's text would be
+    /// kept (docs/benchmarks.md). A stored message hashing like the one wanted (about one chance in
     /// 2^64) would stay until the condition changes again.
     #[serde(default, deserialize_with = "message_digest")]
     pub message: Option<u64>,
@@ -311,8 +311,8 @@ pub struct LoadBalancerStatus {
 }
 
 /// One stored ingress entry, its strings inline (an address and its `ipMode` fit): read as
-/// k8s-openapi's `LoadBalancerIngress`, each entry took two allocations more, about 0.6 MiB
-/// at 10,000 Services.
+/// k8s-openapi's `LoadBalancerIngress`, each entry took two allocations more (what that
+/// cost: docs/benchmarks.md).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StoredIngress {

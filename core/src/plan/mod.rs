@@ -1,7 +1,7 @@
 //! The pure planner: from Services, EndpointSlices, this node and its addresses to netfilter
 //! tables, plus what happened to each Service and what was wrong with the input.
 //!
-//! `plan()` walks DESIGN.md's "What a Service gets" in order: class and namespace, ports,
+//! `plan()` walks docs/design.md's "What a Service gets" in order: class and namespace, ports,
 //! reserved ports, serving node, served addresses per family, endpoints and traffic policy,
 //! then port conflicts on this node (oldest wins), then the tables.
 

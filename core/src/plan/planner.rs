@@ -82,7 +82,7 @@ enum Prep {
     /// A rebuild's (nothing was prepared before): prepared again when it is replanned, so a
     /// rebuild never holds every Service prepared at once. At 10,000 Services that was
     /// several MiB, freed piecemeal among what the rebuild kept, and the resident set kept the
-    /// holes (the latency bench's leader, see README "Sizing").
+    /// holes (the latency bench's leader, see docs/benchmarks.md and docs/sizing.md).
     Again,
 }
 

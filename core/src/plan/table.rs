@@ -1,14 +1,14 @@
 //! Where a Service becomes chains, sets and map elements: one family's `nodelb` table.
 //!
-//! Shape (DESIGN.md, "Netfilter shape"):
+//! Shape (docs/design.md, "The netfilter shape"):
 //! - `map services` (`addr . inet_proto . inet_service : verdict`) is the dispatch: nat
 //!   `prerouting` and `output` look up `daddr . l4proto . th dport` in it, so a packet's cost does
 //!   not grow with the number of Services. A plain Service port's element (no source ranges, no
 //!   affinity, endpoints to forward to) goes (`goto`) straight to the shared chain `endpoints-N`
 //!   for its endpoint count N, which DNATs through `numgen random mod N` and the global `map
 //!   endpoints` (`l4proto . th dport . index : daddr . th dport`). A chain per Service port
-//!   would cost the full install about 40% of its kernel time at 10,000 Services (the
-//!   `install_shapes` bench of `nodelb-integration`), for a new-connection count no metric
+//!   would cost the full install a large part of its kernel time (the `install_shapes` bench
+//!   of `nodelb-integration`, docs/benchmarks.md), for a new-connection count no metric
 //!   reads: the per-Service counters below count its traffic.
 //! - The other Service ports' elements go to the port's own chain
 //!   `svc-<namespace>/<name>-<proto>-<port>`, which drops clients outside
@@ -733,9 +733,8 @@ pub fn skeleton(family: IpFamily, name: &str, local_addresses: &BTreeSet<IpAddr>
 /// then the shared chains and the hairpin elements.
 ///
 /// The shared sets' elements and the counters arrive one Service at a time, in no order of
-/// their keys; inserted so, a map's nodes end about half full (the plan bench of
-/// `nodelb-agent` measured the tables at 14.8 MiB at 10,000 Services x 5 endpoints that way).
-/// They are gathered in [`Packed`] maps instead, whose nodes are full.
+/// their keys; inserted so, a map's nodes end about half full (see `packed`). They are
+/// gathered in [`Packed`] maps instead, whose nodes are full.
 pub struct Assembly {
     table: Table,
     /// By set: the skeleton's sets, the shared ones every Service's elements go in.

@@ -1,5 +1,5 @@
-//! One test per rule of DESIGN.md's "What a Service gets", each built from small YAML fixtures
-//! and named for the rule it proves; then bad input.
+//! One test per rule of docs/design.md's "What a Service gets", each built from small YAML
+//! fixtures and named for the rule it proves; then bad input.
 //!
 //! Assertions read the planned table through its `nft` text (what an operator would read with
 //! `nft list table ip nodelb`) or through the outcome the agent logs and reports.

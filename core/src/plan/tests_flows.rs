@@ -1,4 +1,4 @@
-//! Which conntrack entries an update makes stale (DESIGN.md, "What a Service gets": when an
+//! Which conntrack entries an update makes stale (docs/design.md, "Conntrack cleanup": when an
 //! endpoint stops serving a UDP or SCTP Service port, its entries go, while one that still
 //! serves keeps them; and those made while the port had no endpoint, once it has one). One
 //! test per way an endpoint stops serving, each named for the rule.

@@ -1,8 +1,8 @@
 //! The tests' oracle: the status as it was computed before classes, with an outcomes-only
 //! planner per serving candidate, fed that node's own input, and what each node's planner said
 //! gathered node by node. Exact and simple, but its memory grows with the number of nodes
-//! (4 MiB per node at 10,000 Services). [`super::Status`] must decide exactly as this does
-//! (`tests_classes.rs`).
+//! (the leader bench of `nodelb-agent`: docs/benchmarks.md). [`super::Status`] must decide
+//! exactly as this does (`tests_classes.rs`).
 
 use super::classes::{self, Candidate};
 use super::observed::{self, Gathered};

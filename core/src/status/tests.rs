@@ -1,4 +1,5 @@
-//! One test per rule of DESIGN.md's "Who serves, and status", with the clock as an input.
+//! One test per rule of docs/design.md's "Who serves, and the status", with the clock as an
+//! input.
 
 use super::condition::Serving;
 use super::heartbeat::{self, Heartbeat};

@@ -10,7 +10,7 @@
 //! agent's transaction in each node's namespace: the new leader's and the follower's. Both
 //! agents run with `--resync-interval=30s`, so resyncs fall inside the round, and each node
 //! namespace has an `nft monitor`-like subscriber (the [`KernelWatch`]) listening, as in the
-//! run the issue reported (20-32 s there).
+//! run the issue reported (docs/benchmarks.md, the first-round phase).
 
 use super::*;
 
