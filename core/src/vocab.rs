@@ -158,6 +158,13 @@ impl Protocol {
         }
     }
 
+    /// Whether conntrack keeps this protocol's flows on their endpoint by 5-tuple in a way
+    /// only a deletion ends: UDP and SCTP, not TCP (a TCP connection to an endpoint that left
+    /// ends on its own, and a new one has a new source port and a fresh pick).
+    pub fn kept_by_tuple(self) -> bool {
+        matches!(self, Protocol::Udp | Protocol::Sctp)
+    }
+
     pub fn l4(self) -> L4Proto {
         match self {
             Protocol::Tcp => L4Proto::Tcp,

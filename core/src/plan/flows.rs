@@ -52,11 +52,6 @@ impl std::fmt::Display for ServedPort {
     }
 }
 
-/// Whether conntrack keeps flows of `protocol` on their endpoint by 5-tuple in a way only a
-/// deletion ends: UDP and SCTP, not TCP.
-pub fn kept_by_tuple(protocol: Protocol) -> bool {
-    matches!(protocol, Protocol::Udp | Protocol::Sctp)
-}
 
 /// What one Service's UDP and SCTP ports keep on this node: per served address and port that
 /// DNATs (forwards, or drops but for the node's own clients), every endpoint of the port that
@@ -81,7 +76,7 @@ pub fn of_service(prep: &Prepared, outcome: &ServiceOutcome) -> Vec<(ServedPort,
                 r.result,
                 PortResult::Forwards { .. } | PortResult::DropsNoLocalEndpoint { .. }
             );
-            if !forwards || !kept_by_tuple(r.port.protocol) {
+            if !forwards || !r.port.protocol.kept_by_tuple() {
                 continue;
             }
             let Some(p) = ports

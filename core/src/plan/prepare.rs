@@ -6,7 +6,6 @@
 use super::config::Config;
 use super::diagnosis::{FamilySkip, ObjectRef, ServiceOutcome, Warning};
 use super::endpoints::{self, Endpoint, Selection};
-use super::flows;
 use super::listeners::{HostListeners, Taken};
 use super::node::NodeInfo;
 use super::service::{self, Cidr, ClientIpAffinity, LbService, TrafficPolicy};
@@ -231,7 +230,7 @@ fn ports_stage(
                 port,
                 warnings,
             );
-            let serving = match flows::kept_by_tuple(port.protocol) {
+            let serving = match port.protocol.kept_by_tuple() {
                 true => c.serving().collect(),
                 false => Box::default(),
             };
