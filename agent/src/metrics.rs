@@ -325,56 +325,12 @@ impl Metrics {
         let (leader, lease_transitions, heartbeat_age, status_writes, heartbeats) =
             status_metrics(&mut r);
         let (sync_duration, event_to_kernel) = latency_metrics(&mut r);
-        let syncs = register(
-            &mut r,
-            "syncs",
-            "Syncs by result",
-            Family::<ResultLabel, Counter>::default(),
-        );
-        let sync_objects = register(
-            &mut r,
-            "sync_objects",
-            "Objects (table, chains, rules, sets, elements) in the tables of the last committed sync",
-            Gauge::default(),
-        );
-        let sync_bytes = register(
-            &mut r,
-            "sync_bytes",
-            "Bytes of the netlink batch of the last committed sync",
-            Gauge::default(),
-        );
-        let services_programmed = register(
-            &mut r,
-            "services_programmed",
-            "Services with rules on this node",
-            Gauge::default(),
-        );
-        let endpoints_programmed = register(
-            &mut r,
-            "endpoints_programmed",
-            "Endpoints behind programmed Service ports, summed over families and ports",
-            Gauge::default(),
-        );
-        let topology_hints_ignored = register(
-            &mut r,
-            "topology_hints_ignored",
-            "Service ports (per family) whose endpoints' topology hints this node ignores (every endpoint is used), by reason",
-            Family::<ReasonLabel, Gauge>::default(),
-        );
+        let (syncs, sync_objects, sync_bytes) = sync_metrics(&mut r);
+        let (services_programmed, endpoints_programmed, topology_hints_ignored) =
+            programmed_metrics(&mut r);
         let (drift_repairs, resyncs) = repair_metrics(&mut r);
         let (listener_reads, blocked_ports) = listener_metrics(&mut r);
-        let invalid_objects = register(
-            &mut r,
-            "invalid_objects",
-            "Problems found in input objects, one per new problem",
-            Family::<InvalidLabels, Counter>::default(),
-        );
-        let watch_errors = register(
-            &mut r,
-            "watch_errors",
-            "Errors of the Kubernetes watches",
-            Family::<ResourceLabel, Counter>::default(),
-        );
+        let (invalid_objects, watch_errors) = input_metrics(&mut r);
         let (conntrack_deleted, conntrack_cleanups) = conntrack_metrics(&mut r);
         Metrics {
             registry: r,
@@ -564,6 +520,74 @@ fn latency_metrics(r: &mut Registry) -> (Histogram, Histogram) {
         Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
     );
     (sync_duration, event_to_kernel)
+}
+
+/// Syncs by result, and the objects and bytes of the last committed one.
+fn sync_metrics(r: &mut Registry) -> (Family<ResultLabel, Counter>, Gauge, Gauge) {
+    let syncs = register(
+        r,
+        "syncs",
+        "Syncs by result",
+        Family::<ResultLabel, Counter>::default(),
+    );
+    let sync_objects = register(
+        r,
+        "sync_objects",
+        "Objects (table, chains, rules, sets, elements) in the tables of the last committed sync",
+        Gauge::default(),
+    );
+    let sync_bytes = register(
+        r,
+        "sync_bytes",
+        "Bytes of the netlink batch of the last committed sync",
+        Gauge::default(),
+    );
+    (syncs, sync_objects, sync_bytes)
+}
+
+/// What this node programs: Services, endpoints, and the ports whose hints it ignores.
+fn programmed_metrics(r: &mut Registry) -> (Gauge, Gauge, Family<ReasonLabel, Gauge>) {
+    let services = register(
+        r,
+        "services_programmed",
+        "Services with rules on this node",
+        Gauge::default(),
+    );
+    let endpoints = register(
+        r,
+        "endpoints_programmed",
+        "Endpoints behind programmed Service ports, summed over families and ports",
+        Gauge::default(),
+    );
+    let hints_ignored = register(
+        r,
+        "topology_hints_ignored",
+        "Service ports (per family) whose endpoints' topology hints this node ignores (every endpoint is used), by reason",
+        Family::<ReasonLabel, Gauge>::default(),
+    );
+    (services, endpoints, hints_ignored)
+}
+
+/// Problems in the input: invalid objects and watch errors.
+fn input_metrics(
+    r: &mut Registry,
+) -> (
+    Family<InvalidLabels, Counter>,
+    Family<ResourceLabel, Counter>,
+) {
+    let invalid = register(
+        r,
+        "invalid_objects",
+        "Problems found in input objects, one per new problem",
+        Family::<InvalidLabels, Counter>::default(),
+    );
+    let watch_errors = register(
+        r,
+        "watch_errors",
+        "Errors of the Kubernetes watches",
+        Family::<ResourceLabel, Counter>::default(),
+    );
+    (invalid, watch_errors)
 }
 
 /// Conntrack cleanups: entries deleted, and cleanups by result.

@@ -190,6 +190,89 @@ rules:
   - level: Metadata
 ";
 
+/// Keys, certificates, static tokens and the audit policy of a control plane, written to `dir`.
+fn write_files(dir: &Path, options: &ControlPlaneOptions) -> Result<Pki, String> {
+    let pki = pki(&options.serving_ips).map_err(|e| format!("making certificates: {e}"))?;
+    write(&dir.join("ca.crt"), &pki.ca_pem)?;
+    write(&dir.join("apiserver.crt"), &pki.cert_pem)?;
+    write(&dir.join("apiserver.key"), &pki.key_pem)?;
+    write(&dir.join("sa.key"), &pki.service_account_key_pem)?;
+    write(&dir.join("sa.pub"), &pki.service_account_pub_pem)?;
+    let mut tokens = String::new();
+    for (token, user, groups) in &options.tokens {
+        let _ = writeln!(tokens, "{token},{user},{user},\"{}\"", groups.join(","));
+    }
+    write(&dir.join("tokens.csv"), &tokens)?;
+    write(&dir.join("audit-policy.yaml"), AUDIT_POLICY)?;
+    Ok(pki)
+}
+
+/// etcd's data directory: on tmpfs (`/dev/shm`) when there is one, so a test pays no disk
+/// flush per write.
+fn etcd_data_dir(dir: &Path) -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        return dir.join("etcd");
+    }
+    shm.join(format!(
+        "nodelb-etcd-{}",
+        dir.parent()
+            .and_then(Path::file_name)
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| std::process::id().to_string())
+    ))
+}
+
+fn etcd_command(ns: &Netns, data: &Path) -> Command {
+    let mut etcd = ns.command("etcd");
+    etcd.arg("--name=nodelb-e2e")
+        .arg(format!("--data-dir={}", data.display()))
+        .arg("--listen-client-urls=http://127.0.0.1:2379")
+        .arg("--advertise-client-urls=http://127.0.0.1:2379")
+        .arg("--listen-peer-urls=http://127.0.0.1:2380")
+        .arg("--initial-advertise-peer-urls=http://127.0.0.1:2380")
+        .arg("--initial-cluster=nodelb-e2e=http://127.0.0.1:2380")
+        .arg("--listen-metrics-urls=")
+        .arg("--log-level=warn")
+        .arg("--logger=zap");
+    etcd
+}
+
+fn apiserver_command(
+    ns: &Netns,
+    bins: &Path,
+    dir: &Path,
+    options: &ControlPlaneOptions,
+) -> Command {
+    let d = |f: &str| dir.join(f).display().to_string();
+    let mut api = ns.command(bins.join("kube-apiserver"));
+    api.arg("--etcd-servers=http://127.0.0.1:2379")
+        .arg("--bind-address=0.0.0.0")
+        .arg(format!("--secure-port={API_PORT}"))
+        .arg(format!("--advertise-address={}", options.advertise))
+        .arg(format!("--tls-cert-file={}", d("apiserver.crt")))
+        .arg(format!("--tls-private-key-file={}", d("apiserver.key")))
+        .arg(format!("--token-auth-file={}", d("tokens.csv")))
+        .arg("--authorization-mode=RBAC")
+        .arg("--allow-privileged=true")
+        .arg("--service-account-issuer=https://kubernetes.default.svc")
+        .arg(format!("--service-account-key-file={}", d("sa.pub")))
+        .arg(format!(
+            "--service-account-signing-key-file={}",
+            d("sa.key")
+        ))
+        .arg(format!("--service-cluster-ip-range={SERVICE_CIDRS}"))
+        .arg(format!("--audit-policy-file={}", d("audit-policy.yaml")))
+        .arg(format!("--audit-log-path={}", d("audit.log")))
+        .arg("--audit-log-mode=blocking")
+        .arg("--audit-log-maxsize=0")
+        .arg("--audit-log-maxbackup=0")
+        .arg("--profiling=false")
+        .arg(format!("--cert-dir={}", d("certs")))
+        .arg("--v=1");
+    api
+}
+
 impl ControlPlane {
     /// Starts etcd and kube-apiserver in `ns`, writing keys, logs and the audit log under
     /// `dir`. Returns once both processes are running; [`ControlPlane::wait_ready`] waits for
@@ -198,31 +281,8 @@ impl ControlPlane {
         let bins = binaries_dir()?;
         let dir = dir.join("control-plane");
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let pki = pki(&options.serving_ips).map_err(|e| format!("making certificates: {e}"))?;
-        write(&dir.join("ca.crt"), &pki.ca_pem)?;
-        write(&dir.join("apiserver.crt"), &pki.cert_pem)?;
-        write(&dir.join("apiserver.key"), &pki.key_pem)?;
-        write(&dir.join("sa.key"), &pki.service_account_key_pem)?;
-        write(&dir.join("sa.pub"), &pki.service_account_pub_pem)?;
-        let mut tokens = String::new();
-        for (token, user, groups) in &options.tokens {
-            let _ = writeln!(tokens, "{token},{user},{user},\"{}\"", groups.join(","));
-        }
-        write(&dir.join("tokens.csv"), &tokens)?;
-        write(&dir.join("audit-policy.yaml"), AUDIT_POLICY)?;
-
-        let shm = Path::new("/dev/shm");
-        let etcd_data = if shm.is_dir() {
-            shm.join(format!(
-                "nodelb-etcd-{}",
-                dir.parent()
-                    .and_then(Path::file_name)
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| std::process::id().to_string())
-            ))
-        } else {
-            dir.join("etcd")
-        };
+        let pki = write_files(&dir, options)?;
+        let etcd_data = etcd_data_dir(&dir);
         let _ = std::fs::remove_dir_all(&etcd_data);
         let mut cp = ControlPlane {
             etcd: None,
@@ -233,47 +293,12 @@ impl ControlPlane {
             version: pinned_version(),
         };
 
-        let mut etcd = ns.command("etcd");
-        etcd.arg("--name=nodelb-e2e")
-            .arg(format!("--data-dir={}", etcd_data.display()))
-            .arg("--listen-client-urls=http://127.0.0.1:2379")
-            .arg("--advertise-client-urls=http://127.0.0.1:2379")
-            .arg("--listen-peer-urls=http://127.0.0.1:2380")
-            .arg("--initial-advertise-peer-urls=http://127.0.0.1:2380")
-            .arg("--initial-cluster=nodelb-e2e=http://127.0.0.1:2380")
-            .arg("--listen-metrics-urls=")
-            .arg("--log-level=warn")
-            .arg("--logger=zap");
-        cp.etcd = Some(spawn_logged(etcd, &dir.join("etcd.log")).map_err(|e| {
-            format!("{e} (etcd comes from Debian's etcd-server: scripts/deps.sh installs it)")
-        })?);
-
-        let d = |f: &str| dir.join(f).display().to_string();
-        let mut api = ns.command(bins.join("kube-apiserver"));
-        api.arg("--etcd-servers=http://127.0.0.1:2379")
-            .arg("--bind-address=0.0.0.0")
-            .arg(format!("--secure-port={API_PORT}"))
-            .arg(format!("--advertise-address={}", options.advertise))
-            .arg(format!("--tls-cert-file={}", d("apiserver.crt")))
-            .arg(format!("--tls-private-key-file={}", d("apiserver.key")))
-            .arg(format!("--token-auth-file={}", d("tokens.csv")))
-            .arg("--authorization-mode=RBAC")
-            .arg("--allow-privileged=true")
-            .arg("--service-account-issuer=https://kubernetes.default.svc")
-            .arg(format!("--service-account-key-file={}", d("sa.pub")))
-            .arg(format!(
-                "--service-account-signing-key-file={}",
-                d("sa.key")
-            ))
-            .arg(format!("--service-cluster-ip-range={SERVICE_CIDRS}"))
-            .arg(format!("--audit-policy-file={}", d("audit-policy.yaml")))
-            .arg(format!("--audit-log-path={}", d("audit.log")))
-            .arg("--audit-log-mode=blocking")
-            .arg("--audit-log-maxsize=0")
-            .arg("--audit-log-maxbackup=0")
-            .arg("--profiling=false")
-            .arg(format!("--cert-dir={}", d("certs")))
-            .arg("--v=1");
+        cp.etcd = Some(
+            spawn_logged(etcd_command(ns, &etcd_data), &dir.join("etcd.log")).map_err(|e| {
+                format!("{e} (etcd comes from Debian's etcd-server: scripts/deps.sh installs it)")
+            })?,
+        );
+        let api = apiserver_command(ns, &bins, &dir, options);
         cp.apiserver = Some(spawn_logged(api, &dir.join("kube-apiserver.log"))?);
         Ok(cp)
     }

@@ -1000,16 +1000,8 @@ impl RuleCtx {
                 );
             }
             Stmt::AnonVmap { keys, map } => self.anon_vmap(b, t, nr, keys, map)?,
-            Stmt::Counter { packets, bytes } => nr.add(
-                NlExpr::new("counter")
-                    .u64(nsys::NFTNL_EXPR_CTR_PACKETS, *packets)
-                    .u64(nsys::NFTNL_EXPR_CTR_BYTES, *bytes),
-            ),
-            Stmt::CounterRef(name) => nr.add(
-                NlExpr::new("objref")
-                    .u32(nsys::NFTNL_EXPR_OBJREF_IMM_TYPE, sys::OBJECT_COUNTER)
-                    .str(nsys::NFTNL_EXPR_OBJREF_IMM_NAME, name),
-            ),
+            Stmt::Counter { packets, bytes } => nr.add(counter(*packets, *bytes)),
+            Stmt::CounterRef(name) => nr.add(counter_ref(name)),
             Stmt::CounterMap { keys, map } => {
                 self.load_keys(nr, keys);
                 nr.add(
@@ -1020,46 +1012,70 @@ impl RuleCtx {
             }
             Stmt::SetUpdate { keys, set, timeout } => {
                 self.load_keys(nr, keys);
-                let mut x = NlExpr::new("dynset")
-                    .u32(nsys::NFTNL_EXPR_DYNSET_SREG_KEY, NFT_REG_1)
-                    .u32(nsys::NFTNL_EXPR_DYNSET_OP, NFT_DYNSET_OP_UPDATE)
-                    .str(nsys::NFTNL_EXPR_DYNSET_SET_NAME, set);
-                if let Some(t) = timeout {
-                    x = x.u64(nsys::NFTNL_EXPR_DYNSET_TIMEOUT, t.as_millis() as u64);
-                }
-                nr.add(x);
+                nr.add(set_update(set, *timeout));
             }
             Stmt::Nat { kind, addr, port } => nat_stmt(nr, kind, addr, port),
             Stmt::NatMap { kind, keys, map } => self.nat_map(nr, kind, keys, map),
-            Stmt::Masquerade { fully_random } => {
-                let mut x = NlExpr::new("masq");
-                if *fully_random {
-                    x = x.u32(nsys::NFTNL_EXPR_MASQ_FLAGS, NF_NAT_RANGE_PROTO_RANDOM_FULLY);
-                }
-                nr.add(x);
-            }
+            Stmt::Masquerade { fully_random } => nr.add(masquerade(*fully_random)),
             Stmt::Reject(r) => self.reject(nr, r),
-            Stmt::MarkOr(bits) => {
-                nr.add(meta_load(MetaKey::Mark, NFT_REG_1));
-                nr.add(bitwise(!*bits, *bits));
-                nr.add(
-                    NlExpr::new("meta")
-                        .u32(nsys::NFTNL_EXPR_META_KEY, MetaKey::Mark.number())
-                        .u32(nsys::NFTNL_EXPR_META_SREG, NFT_REG_1),
-                );
-            }
-            Stmt::Verdict(v) => {
-                let mut x = NlExpr::new("immediate")
-                    .u32(nsys::NFTNL_EXPR_IMM_DREG, NFT_REG_VERDICT)
-                    .u32(nsys::NFTNL_EXPR_IMM_VERDICT, verdict_code(v) as u32);
-                if let Some(c) = v.target() {
-                    x = x.str(nsys::NFTNL_EXPR_IMM_CHAIN, c);
-                }
-                nr.add(x);
-            }
+            Stmt::MarkOr(bits) => mark_or(nr, *bits),
+            Stmt::Verdict(v) => nr.add(verdict(v)),
         }
         Ok(())
     }
+}
+
+fn counter(packets: u64, bytes: u64) -> NlExpr {
+    NlExpr::new("counter")
+        .u64(nsys::NFTNL_EXPR_CTR_PACKETS, packets)
+        .u64(nsys::NFTNL_EXPR_CTR_BYTES, bytes)
+}
+
+fn counter_ref(name: &str) -> NlExpr {
+    NlExpr::new("objref")
+        .u32(nsys::NFTNL_EXPR_OBJREF_IMM_TYPE, sys::OBJECT_COUNTER)
+        .str(nsys::NFTNL_EXPR_OBJREF_IMM_NAME, name)
+}
+
+/// Adds the key in register 1 to dynamic set `set`, or refreshes it.
+fn set_update(set: &str, timeout: Option<std::time::Duration>) -> NlExpr {
+    let mut x = NlExpr::new("dynset")
+        .u32(nsys::NFTNL_EXPR_DYNSET_SREG_KEY, NFT_REG_1)
+        .u32(nsys::NFTNL_EXPR_DYNSET_OP, NFT_DYNSET_OP_UPDATE)
+        .str(nsys::NFTNL_EXPR_DYNSET_SET_NAME, set);
+    if let Some(t) = timeout {
+        x = x.u64(nsys::NFTNL_EXPR_DYNSET_TIMEOUT, t.as_millis() as u64);
+    }
+    x
+}
+
+fn masquerade(fully_random: bool) -> NlExpr {
+    let mut x = NlExpr::new("masq");
+    if fully_random {
+        x = x.u32(nsys::NFTNL_EXPR_MASQ_FLAGS, NF_NAT_RANGE_PROTO_RANDOM_FULLY);
+    }
+    x
+}
+
+/// `meta mark set mark | bits`.
+fn mark_or(nr: &NlRule, bits: u32) {
+    nr.add(meta_load(MetaKey::Mark, NFT_REG_1));
+    nr.add(bitwise(!bits, bits));
+    nr.add(
+        NlExpr::new("meta")
+            .u32(nsys::NFTNL_EXPR_META_KEY, MetaKey::Mark.number())
+            .u32(nsys::NFTNL_EXPR_META_SREG, NFT_REG_1),
+    );
+}
+
+fn verdict(v: &Verdict) -> NlExpr {
+    let mut x = NlExpr::new("immediate")
+        .u32(nsys::NFTNL_EXPR_IMM_DREG, NFT_REG_VERDICT)
+        .u32(nsys::NFTNL_EXPR_IMM_VERDICT, verdict_code(v) as u32);
+    if let Some(c) = v.target() {
+        x = x.str(nsys::NFTNL_EXPR_IMM_CHAIN, c);
+    }
+    x
 }
 
 fn nat_stmt(nr: &NlRule, kind: &NatKind, addr: &std::net::IpAddr, port: &Option<u16>) {

@@ -252,25 +252,7 @@ fn stmt_text(family: Family, s: &Stmt) -> String {
             format!("{} {op}@{set}", keys_text(family, keys))
         }
         Stmt::Vmap { keys, map } => format!("{} vmap @{map}", keys_text(family, keys)),
-        Stmt::AnonVmap { keys, map } => {
-            let layout = Layout::of_exprs(keys, family);
-            let elems: Vec<_> = map
-                .elements
-                .iter()
-                .map(|(k, v)| {
-                    format!(
-                        "{} : {}",
-                        values_text(&layout, k.iter().copied()),
-                        verdict_text(v)
-                    )
-                })
-                .collect();
-            format!(
-                "{} vmap {{ {} }}",
-                keys_text(family, keys),
-                elems.join(", ")
-            )
-        }
+        Stmt::AnonVmap { keys, map } => anon_vmap_text(family, keys, map),
         Stmt::Counter { packets, bytes } => format!("counter packets {packets} bytes {bytes}"),
         Stmt::CounterRef(name) => format!("counter name {}", quote(name)),
         Stmt::CounterMap { keys, map } => {
@@ -282,19 +264,7 @@ fn stmt_text(family: Family, s: &Stmt) -> String {
                 .unwrap_or_default();
             format!("update @{set} {{ {}{timeout} }}", keys_text(family, keys))
         }
-        Stmt::Nat { kind, addr, port } => {
-            let k = nat_kind(*kind);
-            let fam = if family == Family::Inet {
-                format!(" {}", nat_family_kw(family, addr.is_ipv6()))
-            } else {
-                String::new()
-            };
-            match (addr, port) {
-                (std::net::IpAddr::V6(a), Some(p)) => format!("{k}{fam} to [{a}]:{p}"),
-                (a, Some(p)) => format!("{k}{fam} to {a}:{p}"),
-                (a, None) => format!("{k}{fam} to {a}"),
-            }
-        }
+        Stmt::Nat { kind, addr, port } => nat_text(family, *kind, addr, *port),
         Stmt::NatMap { kind, keys, map } => format!(
             "{}{} to {} map @{map}",
             nat_kind(*kind),
@@ -309,6 +279,40 @@ fn stmt_text(family: Family, s: &Stmt) -> String {
         Stmt::Reject(Reject::TcpReset) => "reject with tcp reset".into(),
         Stmt::MarkOr(bits) => format!("meta mark set meta mark | 0x{bits:08x}"),
         Stmt::Verdict(v) => verdict_text(v),
+    }
+}
+
+fn anon_vmap_text(family: Family, keys: &[Expr], map: &AnonVmap) -> String {
+    let layout = Layout::of_exprs(keys, family);
+    let elems: Vec<_> = map
+        .elements
+        .iter()
+        .map(|(k, v)| {
+            format!(
+                "{} : {}",
+                values_text(&layout, k.iter().copied()),
+                verdict_text(v)
+            )
+        })
+        .collect();
+    format!(
+        "{} vmap {{ {} }}",
+        keys_text(family, keys),
+        elems.join(", ")
+    )
+}
+
+fn nat_text(family: Family, kind: NatKind, addr: &std::net::IpAddr, port: Option<u16>) -> String {
+    let k = nat_kind(kind);
+    let fam = if family == Family::Inet {
+        format!(" {}", nat_family_kw(family, addr.is_ipv6()))
+    } else {
+        String::new()
+    };
+    match (addr, port) {
+        (std::net::IpAddr::V6(a), Some(p)) => format!("{k}{fam} to [{a}]:{p}"),
+        (a, Some(p)) => format!("{k}{fam} to {a}:{p}"),
+        (a, None) => format!("{k}{fam} to {a}"),
     }
 }
 

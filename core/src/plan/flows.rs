@@ -52,7 +52,6 @@ impl std::fmt::Display for ServedPort {
     }
 }
 
-
 /// What one Service's UDP and SCTP ports keep on this node: per served address and port that
 /// DNATs (forwards, or drops but for the node's own clients), every endpoint of the port that
 /// still serves, used here or not. Ports that reject, or that the Service does not hold here,
