@@ -1,0 +1,412 @@
+//! What one Service port adds to a family's table: its elements of the shared sets and maps,
+//! its own chains and sets, its counters ([`Part`]).
+
+use super::*;
+
+/// What one Service port does on this node and family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    Forward(Vec<Endpoint>),
+    /// `Local` without a local endpoint: drop, except clients on this node, which go to these
+    /// endpoints on other nodes.
+    DropExceptNode(Vec<Endpoint>),
+    Reject,
+}
+
+/// One Service port to program in one family's table.
+#[derive(Clone, Debug)]
+pub struct PortProgram<'a> {
+    pub service: &'a ServiceKey,
+    pub port: &'a ServicePortId,
+    pub policy: TrafficPolicy,
+    /// The node's addresses of this family that serve it.
+    pub addresses: &'a [IpAddr],
+    /// `None`: every source; `Some`: only these prefixes (of any family; others are ignored).
+    pub source_ranges: Option<&'a [Cidr]>,
+    /// `sessionAffinity: ClientIP`: a client keeps its endpoint.
+    pub affinity: Option<ClientIpAffinity>,
+    pub action: Action,
+}
+
+/// What one Service owns in one family's table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Part {
+    /// Elements of the shared sets and maps, by set name and key.
+    pub elements: BTreeMap<(&'static str, Key), Element>,
+    pub chains: SmallMap<Chain>,
+    /// The Service's own sets: its source-range set, and with ClientIP affinity each
+    /// endpoint's set of clients.
+    pub sets: SmallMap<Set>,
+    /// Endpoint addresses for the shared `hairpin` set, with this Service port's comment.
+    pub hairpin: BTreeMap<IpAddr, Arc<str>>,
+    /// The Service's counter objects, by name (equal by name and comment only).
+    pub counters: SmallMap<Counter>,
+    /// Endpoint counts whose shared `endpoints-N` chain this Service goes to.
+    pub endpoint_chains: BTreeSet<usize>,
+}
+
+/// The shared chain that picks one of `n` endpoints of the Service port the packet is for.
+pub(super) fn endpoint_chain(n: usize) -> Chain {
+    Chain::regular(endpoint_chain_name(n)).rule(
+        Rule::new(vec![Stmt::NatMap {
+            kind: NatKind::Dnat,
+            keys: vec![L4, TH_DPORT, Expr::Numgen { modulus: n as u32 }],
+            map: ENDPOINTS_MAP.into(),
+        }])
+        .with_comment(format!("one of {n} endpoints")),
+    )
+}
+
+/// A few named items (a Service's chains or counters: one to three), sorted by name in a
+/// vector; a map would allocate room for eleven per Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SmallMap<V>(pub(super) Vec<(String, V)>);
+
+impl<V> Default for SmallMap<V> {
+    fn default() -> Self {
+        SmallMap(Vec::new())
+    }
+}
+
+impl<V> SmallMap<V> {
+    pub fn insert(&mut self, name: String, v: V) {
+        match self.0.binary_search_by(|(n, _)| n.as_str().cmp(&name)) {
+            Ok(i) => self.0[i].1 = v,
+            Err(i) => self.0.insert(i, (name, v)),
+        }
+    }
+    pub fn get(&self, name: &str) -> Option<&V> {
+        self.0
+            .binary_search_by(|(n, _)| n.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.0[i].1)
+    }
+    pub fn contains_key(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+    pub fn keys(&self) -> impl Iterator<Item = &String> {
+        self.0.iter().map(|(n, _)| n)
+    }
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.0.iter().map(|(_, v)| v)
+    }
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &V)> {
+        self.0.iter().map(|(n, v)| (n, v))
+    }
+}
+
+/// Add one Service port to a Service's Part.
+pub fn add_port(part: &mut Part, family: IpFamily, p: &PortProgram<'_>) {
+    let ip = IpHeader(family);
+    let note: Arc<str> = comment(p.service, p.port).into();
+    // Counted whatever the action, so a port that goes from rejecting to forwarding keeps its
+    // counter and its map elements.
+    let counter = counter_name(CounterKind::Traffic, p.service, p.port);
+    for a in p.addresses {
+        part.elements.insert(
+            (COUNTERS_MAP, service_key(*a, p.port)),
+            element(Some(ElemData::Counter(counter.clone())), &note),
+        );
+    }
+    part.counters.insert(
+        counter.clone(),
+        Counter::new(counter).with_comment(note.to_string()),
+    );
+    let (eps, local_only) = match &p.action {
+        Action::Reject => {
+            add_rejecting_port(part, &ip, p, &note);
+            return;
+        }
+        Action::DropExceptNode(eps) => (eps, true),
+        Action::Forward(eps) => (eps, false),
+    };
+    // Endpoints that serve only this node's own clients are not reached by hairpin traffic.
+    let hairpin = !local_only;
+    let last = match p.affinity {
+        Some(a) => {
+            let sticky = add_affinity_endpoints(part, &ip, p, &note, eps, a, hairpin);
+            Last::Affinity { sticky, local_only }
+        }
+        None => {
+            add_endpoints(part, p, &note, eps, hairpin);
+            match local_only {
+                true => Last::DropExceptNode(eps.len()),
+                false => Last::Dnat(eps.len()),
+            }
+        }
+    };
+    let target = match last {
+        // Nothing to check first: the dispatch goes to the shared chain itself.
+        Last::Dnat(n) if p.source_ranges.is_none() => {
+            part.endpoint_chains.insert(n);
+            endpoint_chain_name(n)
+        }
+        last => service_port_chain(part, &ip, p, &note, last),
+    };
+    for a in p.addresses {
+        let key = service_key(*a, p.port);
+        part.elements.insert(
+            (SERVICES_MAP, key.clone()),
+            element(
+                Some(ElemData::Verdict(Verdict::Goto(target.clone()))),
+                &note,
+            ),
+        );
+        part.elements
+            .insert((LB_SET, key.clone()), element(None, &note));
+        if p.policy == TrafficPolicy::Cluster {
+            part.elements.insert((MASQ_SET, key), element(None, &note));
+        }
+    }
+}
+
+/// A port without endpoints: rejected in the filter hooks. Clients outside the source ranges
+/// are dropped and counted, not told the Service exists: its chain drops them and lets the
+/// others on to the reject.
+pub(super) fn add_rejecting_port(
+    part: &mut Part,
+    ip: &IpHeader,
+    p: &PortProgram<'_>,
+    note: &Arc<str>,
+) {
+    for a in p.addresses {
+        part.elements.insert(
+            (NO_ENDPOINTS_SET, service_key(*a, p.port)),
+            element(None, note),
+        );
+    }
+    if p.source_ranges.is_some() {
+        let chain = service_port_chain(part, ip, p, note, Last::Nothing);
+        for a in p.addresses {
+            part.elements.insert(
+                (SERVICES_MAP, service_key(*a, p.port)),
+                element(Some(ElemData::Verdict(Verdict::Jump(chain.clone()))), note),
+            );
+        }
+    }
+}
+
+/// The endpoint map's elements of one Service port; `hairpin`: its endpoints may reach it
+/// through this node (not for endpoints that serve only this node's own clients).
+pub(super) fn add_endpoints(
+    part: &mut Part,
+    p: &PortProgram<'_>,
+    note: &Arc<str>,
+    eps: &[Endpoint],
+    hairpin: bool,
+) {
+    for (i, e) in eps.iter().enumerate() {
+        part.elements.insert(
+            (
+                ENDPOINTS_MAP,
+                Key::Values(
+                    vec![
+                        Value::Proto(p.port.protocol.l4()),
+                        Value::Port(p.port.port),
+                        Value::U32(i as u32),
+                    ]
+                    .into(),
+                ),
+            ),
+            element(
+                Some(ElemData::Values(
+                    vec![value(e.addr), Value::Port(e.port)].into(),
+                )),
+                note,
+            ),
+        );
+        if hairpin {
+            part.hairpin.entry(e.addr).or_insert_with(|| note.clone());
+        }
+    }
+}
+
+/// With ClientIP affinity, each endpoint's set of clients and its chain, which records the
+/// client there and DNATs. Returns each endpoint's (set, chain), in endpoint order.
+pub(super) fn add_affinity_endpoints(
+    part: &mut Part,
+    ip: &IpHeader,
+    p: &PortProgram<'_>,
+    note: &Arc<str>,
+    eps: &[Endpoint],
+    affinity: ClientIpAffinity,
+    hairpin: bool,
+) -> Vec<(String, String)> {
+    let timeout = Duration::from_secs(affinity.timeout_seconds.into());
+    let mut sticky = Vec::with_capacity(eps.len());
+    for e in eps {
+        let set = affinity_set(p.service, p.port, e);
+        let chain = affinity_endpoint_chain(p.service, p.port, e);
+        part.sets.insert(
+            set.clone(),
+            Set::new(&set, SetType::Type(vec![ip.addr_type()]))
+                .dynamic(timeout)
+                .with_comment(note.to_string()),
+        );
+        // Two rules: a full set stops the update, never the DNAT.
+        let record = Stmt::SetUpdate {
+            keys: vec![ip.saddr()],
+            set: set.clone(),
+            timeout: Some(timeout),
+        };
+        let dnat = Stmt::Nat {
+            kind: NatKind::Dnat,
+            addr: e.addr,
+            port: Some(e.port),
+        };
+        let mut c = Chain::regular(&chain)
+            .rule(Rule::new(vec![record]).with_comment(note.to_string()))
+            .rule(Rule::new(vec![l4_is(p.port.protocol), dnat]).with_comment(note.to_string()));
+        c.rules.shrink_to_fit();
+        part.chains.insert(chain.clone(), c);
+        if hairpin {
+            part.hairpin.entry(e.addr).or_insert_with(|| note.clone());
+        }
+        sticky.push((set, chain));
+    }
+    sticky
+}
+
+/// How a Service port's chain ends, after the source-range check.
+pub(super) enum Last {
+    /// DNAT to one of `n` endpoints.
+    Dnat(usize),
+    /// `Local` policy without a local endpoint: clients on this node DNAT to one of `n`
+    /// endpoints elsewhere, everyone else is dropped.
+    DropExceptNode(usize),
+    /// ClientIP affinity: a client in an endpoint's set goes to that endpoint's chain, the
+    /// others to one picked at random (`sticky`: each endpoint's set and chain, in endpoint
+    /// order); `local_only`: as [`Last::DropExceptNode`], only this node's own clients get
+    /// that far.
+    Affinity {
+        sticky: Vec<(String, String)>,
+        local_only: bool,
+    },
+    /// Nothing: allowed clients go on (to the no-endpoints reject).
+    Nothing,
+}
+
+/// The chain of one Service port: source ranges, then what `last` says. Returns its name.
+pub(super) fn service_port_chain(
+    part: &mut Part,
+    ip: &IpHeader,
+    p: &PortProgram<'_>,
+    note: &str,
+    last: Last,
+) -> String {
+    let name = service_chain(p.service, p.port);
+    let mut chain = Chain::regular(&name);
+    if let Some(ranges) = p.source_ranges {
+        chain.push(source_range_rule(part, ip, p, ranges, note));
+    }
+    chain.rules.extend(last_rules(part, ip, note, last));
+    // The committed table keeps one such chain per Service port: no spare room.
+    chain.rules.shrink_to_fit();
+    part.chains.insert(name.clone(), chain);
+    name
+}
+
+/// The rule that drops (and counts) clients outside the Service's source ranges, with the
+/// Service's source-range set and drop counter.
+pub(super) fn source_range_rule(
+    part: &mut Part,
+    ip: &IpHeader,
+    p: &PortProgram<'_>,
+    ranges: &[Cidr],
+    note: &str,
+) -> Rule {
+    let set_name = source_set(p.service);
+    if !part.sets.contains_key(&set_name) {
+        let mut set = Set::new(&set_name, SetType::Type(vec![ip.addr_type()]))
+            .interval()
+            .with_comment(format!("{}: loadBalancerSourceRanges", p.service));
+        for c in ranges.iter().filter(|c| c.family() == ip.0) {
+            set.insert(
+                Key::Prefix(c.addr, c.len),
+                None,
+                Some(p.service.to_string().into()),
+            );
+        }
+        part.sets.insert(set_name.clone(), set);
+    }
+    let drops = counter_name(CounterKind::SourceRangeDrops, p.service, p.port);
+    part.counters.insert(
+        drops.clone(),
+        Counter::new(&drops).with_comment(format!("{note}: source-range drops")),
+    );
+    Rule::new(vec![
+        Stmt::Lookup {
+            keys: vec![ip.saddr()],
+            set: set_name,
+            negate: true,
+        },
+        Stmt::CounterRef(drops),
+        Stmt::Verdict(Verdict::Drop),
+    ])
+    .with_comment(format!("{note}: source not in loadBalancerSourceRanges"))
+}
+
+/// The rules that end a Service port's chain (noting the shared chains they go to).
+pub(super) fn last_rules(part: &mut Part, ip: &IpHeader, note: &str, last: Last) -> Vec<Rule> {
+    let from_node = || Stmt::Lookup {
+        keys: vec![ip.saddr()],
+        set: LOCAL_ADDRESSES_SET.into(),
+        negate: false,
+    };
+    let count_and = |v: Verdict| vec![Stmt::counter(), Stmt::Verdict(v)];
+    let drop_note = || format!("{note}: Local policy, no endpoint on this node");
+    let drop_rule = || Rule::new(count_and(Verdict::Drop)).with_comment(drop_note());
+    let node_note = || format!("{note}: Local policy, this node's own clients");
+    match last {
+        Last::Dnat(n) => {
+            part.endpoint_chains.insert(n);
+            let goto = Verdict::Goto(endpoint_chain_name(n));
+            vec![Rule::new(count_and(goto)).with_comment(note)]
+        }
+        Last::DropExceptNode(n) => {
+            part.endpoint_chains.insert(n);
+            let mut stmts = vec![from_node()];
+            stmts.extend(count_and(Verdict::Goto(endpoint_chain_name(n))));
+            vec![Rule::new(stmts).with_comment(node_note()), drop_rule()]
+        }
+        Last::Affinity { sticky, local_only } => {
+            let mut rules = Vec::with_capacity(2 * sticky.len() + 1);
+            if local_only {
+                let mut stmts = vec![Stmt::Lookup {
+                    keys: vec![ip.saddr()],
+                    set: LOCAL_ADDRESSES_SET.into(),
+                    negate: true,
+                }];
+                stmts.extend(count_and(Verdict::Drop));
+                rules.push(Rule::new(stmts).with_comment(drop_note()));
+            }
+            for (set, chain) in sticky.iter() {
+                let known = Stmt::Lookup {
+                    keys: vec![ip.saddr()],
+                    set: set.clone(),
+                    negate: false,
+                };
+                let mut stmts = vec![known];
+                stmts.extend(count_and(Verdict::Goto(chain.clone())));
+                rules.push(Rule::new(stmts).with_comment(note));
+            }
+            // Endpoint i of n when a draw of n - i comes up 0: each is picked with chance
+            // 1/n (the first 1/n, the next (n-1)/n * 1/(n-1), ...).
+            let pick_note = if local_only { node_note() } else { note.into() };
+            let n = sticky.len();
+            for (i, (_, chain)) in sticky.iter().enumerate() {
+                let mut stmts = Vec::with_capacity(3);
+                if n - i > 1 {
+                    let draw = Expr::Numgen {
+                        modulus: (n - i) as u32,
+                    };
+                    stmts.push(Stmt::cmp(draw, Value::U32(0)));
+                }
+                stmts.extend(count_and(Verdict::Goto(chain.clone())));
+                rules.push(Rule::new(stmts).with_comment(pick_note.clone()));
+            }
+            rules
+        }
+        Last::Nothing => Vec::new(),
+    }
+}
