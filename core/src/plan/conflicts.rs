@@ -44,7 +44,7 @@ impl Claims {
     }
 
     /// The Service holding a slot.
-    pub fn winner(&self, slot: &Slot) -> Option<&ServiceKey> {
+    pub fn holder(&self, slot: &Slot) -> Option<&ServiceKey> {
         self.slots
             .get(slot)
             .and_then(|c| c.first())

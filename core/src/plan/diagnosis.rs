@@ -159,7 +159,7 @@ pub enum PortResult {
     /// No endpoint at all: clients are rejected (TCP reset, ICMP port unreachable).
     RejectsNoEndpoints,
     /// An older Service holds this (family, protocol, port) on this node: no rules for it.
-    Conflict { winner: ServiceKey },
+    Conflict { holder: ServiceKey },
     /// A process on this node listens on this (protocol, port), on the family's wildcard
     /// address or a served one: the port is the host's, no rules for it (a listener always
     /// wins, also one that started after the Service).
@@ -196,7 +196,7 @@ impl PortResult {
     /// Who holds the port instead of the Service, if it lost it (not when withheld).
     pub fn holder(&self) -> Option<PortHolder> {
         match self {
-            PortResult::Conflict { winner } => Some(PortHolder::Service(winner.clone())),
+            PortResult::Conflict { holder } => Some(PortHolder::Service(holder.clone())),
             PortResult::HostListener { listener } => Some(PortHolder::Listener(listener.clone())),
             _ => None,
         }
@@ -219,13 +219,13 @@ impl ServiceOutcome {
             .map(|(_, _, p)| p)
     }
 
-    /// Every port conflict this Service lost: family, port, winner.
+    /// Every port conflict this Service lost: family, port, holder.
     pub fn conflicts(&self) -> Vec<(IpFamily, &ServicePortId, &ServiceKey)> {
         let mut out = Vec::new();
         for (f, _, ports) in self.served_families() {
             for p in ports {
-                if let PortResult::Conflict { winner } = &p.result {
-                    out.push((f, &p.port, winner));
+                if let PortResult::Conflict { holder } = &p.result {
+                    out.push((f, &p.port, holder));
                 }
             }
         }
@@ -337,7 +337,7 @@ impl fmt::Display for PortResult {
                 )
             }
             PortResult::RejectsNoEndpoints => f.write_str("rejects: no endpoints"),
-            PortResult::Conflict { winner } => write!(f, "port conflict, held by {winner}"),
+            PortResult::Conflict { holder } => write!(f, "port conflict, held by {holder}"),
             PortResult::HostListener { listener } => {
                 write!(f, "no rules: in use on the node by {listener}")
             }

@@ -10,7 +10,6 @@ pub mod conflicts;
 pub mod diagnosis;
 pub mod endpoints;
 pub mod flows;
-pub mod fragment;
 pub mod listeners;
 pub mod node;
 pub mod planner;
@@ -18,6 +17,7 @@ pub mod prepare;
 pub mod reserved;
 pub mod selector;
 pub mod service;
+pub mod settled;
 pub mod table;
 pub mod topology;
 

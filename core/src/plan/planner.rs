@@ -9,8 +9,8 @@
 use super::conflicts::{Claim, Claims, Slot};
 use super::diagnosis::{ServiceOutcome, Warning};
 use super::flows::{self, FlowChange, Flows, Touched};
-use super::fragment::{self, Fragment};
 use super::prepare::{prepare, Context, Prepared, Stage};
+use super::settled::{self, Settled};
 use super::table::{self, HairpinUsers, Shared, SharedBefore};
 use crate::objects::index::Objects;
 use crate::vocab::IpFamily;
@@ -53,7 +53,7 @@ pub struct Planner {
     objects: Objects,
     claims: Claims,
     /// What each Service got (exactly the Services nodelb handles). Parts are rebuilt from the
-    /// prepared Service and this outcome (see [`fragment::recorded_winner`]).
+    /// prepared Service and this outcome (see [`settled::recorded_winner`]).
     outcomes: BTreeMap<ServiceKey, ServiceOutcome>,
     /// The problems found in each Service and its slices, for those that have any.
     warnings: BTreeMap<ServiceKey, Vec<Warning>>,
@@ -292,7 +292,7 @@ impl Planner {
         let mut note = |claims: &Claims, slot: Slot| {
             if let Some(w) = winners_before.as_deref_mut() {
                 w.entry(slot)
-                    .or_insert_with(|| claims.winner(&slot).cloned());
+                    .or_insert_with(|| claims.holder(&slot).cloned());
             }
         };
         for (slot, claim) in claims_of(old) {
@@ -310,14 +310,14 @@ impl Planner {
     fn settle_conflicts(&self, reprepared: &Reprepared) -> BTreeSet<ServiceKey> {
         let mut refresh: BTreeSet<ServiceKey> = reprepared.prepared.keys().cloned().collect();
         for (slot, before) in &reprepared.winners_before {
-            if self.claims.winner(slot) != before.as_ref() {
+            if self.claims.holder(slot) != before.as_ref() {
                 refresh.extend(self.claims.claimants(slot).cloned());
             }
         }
         refresh
     }
 
-    /// New fragments and outcomes for the `refresh` Services, and what they change in each
+    /// New settled Services and outcomes for the `refresh` Services, and what they change in each
     /// table.
     fn replan(
         &mut self,
@@ -342,14 +342,14 @@ impl Planner {
             let claims = &self.claims;
             let new = new_prep
                 .as_ref()
-                .map(|p| fragment::build(p, |s| fragment::holder_now(ctx, claims, s), ctx, tables));
+                .map(|p| settled::build(p, |s| settled::holder_now(ctx, claims, s), ctx, tables));
             // The Service's Parts before this update, rebuilt from what it was prepared as and
             // the holders its outcome recorded (the context is unchanged when not rebuilding,
             // but for its listeners, whose earlier holds the outcome recorded too).
             let old = match (&old_outcome, old_prep, rebuild || !tables) {
-                (Some(outcome), Some(p), false) => Some(fragment::build(
+                (Some(outcome), Some(p), false) => Some(settled::build(
                     &p,
-                    |s| fragment::recorded_holder(outcome, s),
+                    |s| settled::recorded_holder(outcome, s),
                     ctx,
                     true,
                 )),
@@ -377,8 +377,8 @@ impl Planner {
     /// move, and (but in a rebuild) the edits record the change.
     fn replace_parts(
         &mut self,
-        old: Option<&Fragment>,
-        new: Option<&Fragment>,
+        old: Option<&Settled>,
+        new: Option<&Settled>,
         ctx: &Context,
         rebuild: bool,
         out: &mut Replanned,
@@ -413,12 +413,8 @@ impl Planner {
                 let Some(p) = prepare_in(&self.objects, key, ctx) else {
                     continue;
                 };
-                let f = fragment::build(
-                    &p,
-                    |s| fragment::holder_now(ctx, &self.claims, s),
-                    ctx,
-                    true,
-                );
+                let f =
+                    settled::build(&p, |s| settled::holder_now(ctx, &self.claims, s), ctx, true);
                 for (family, part) in f.parts.into_parts() {
                     if let Some((_, a)) = assemblies.iter_mut().find(|(f, _)| *f == family) {
                         a.add(part);

@@ -1581,7 +1581,7 @@ fn port_conflict_is_won_by_the_oldest_service() {
     assert_eq!(
         p.port("b/young", IpFamily::V4),
         &PortResult::Conflict {
-            winner: ServiceKey::new("z", "old")
+            holder: ServiceKey::new("z", "old")
         }
     );
     assert_eq!(p.port("z/old", IpFamily::V4), &forwards(1));
@@ -1602,7 +1602,7 @@ fn port_conflict_between_equal_ages_goes_to_namespace_then_name() {
     assert_eq!(
         p.port("b/x", IpFamily::V4),
         &PortResult::Conflict {
-            winner: ServiceKey::new("a", "y")
+            holder: ServiceKey::new("a", "y")
         }
     );
     assert_eq!(p.port("a/y", IpFamily::V4), &PortResult::RejectsNoEndpoints);
@@ -2203,7 +2203,7 @@ fn a_service_that_loses_one_port_gets_no_rules_in_that_family() {
     assert_eq!(
         v4[0].result,
         PortResult::Conflict {
-            winner: old.clone()
+            holder: old.clone()
         }
     );
     assert_eq!(

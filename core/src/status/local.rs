@@ -7,8 +7,8 @@
 use crate::objects::index::{EndpointSlice, Service};
 use crate::plan::diagnosis::PortResult;
 use crate::plan::endpoints::{self, Candidates};
-use crate::plan::fragment::port_action;
 use crate::plan::service::{self, TrafficPolicy};
+use crate::plan::settled::port_action;
 use crate::plan::topology::Place;
 use crate::plan::Objects;
 use crate::vocab::{IpFamily, Protocol, ServiceKey, ServicePortId, Str};

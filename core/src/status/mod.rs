@@ -65,7 +65,7 @@ pub enum Problem {
     PortConflict {
         protocol: Protocol,
         port: u16,
-        winner: ServiceKey,
+        holder: ServiceKey,
         nodes: Vec<String>,
     },
     /// A process on some nodes listens on one of its ports: the nodes, each with the
@@ -99,10 +99,10 @@ impl Problem {
             Problem::PortConflict {
                 protocol,
                 port,
-                winner,
+                holder,
                 nodes,
             } => format!(
-                "port {port}/{protocol} is held by the older Service {winner} on {}: no rules for this Service there",
+                "port {port}/{protocol} is held by the older Service {holder} on {}: no rules for this Service there",
                 nodes.join(", ")
             ),
             Problem::PortInUseOnNode {
@@ -375,14 +375,14 @@ impl Found<'_> {
                 .problems
                 .push(Problem::ReservedPort { ports: reserved });
         }
-        for ((protocol, port, winner), mut nodes) in gathered.conflicts {
+        for ((protocol, port, holder), mut nodes) in gathered.conflicts {
             // A node that lost the port in both families is named once.
             nodes.sort();
             nodes.dedup();
             desired.problems.push(Problem::PortConflict {
                 protocol,
                 port,
-                winner,
+                holder,
                 nodes,
             });
         }

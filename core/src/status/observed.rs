@@ -310,15 +310,15 @@ impl Verdict {
     ) -> bool {
         let cluster = policy == TrafficPolicy::Cluster;
         match result {
-            PortResult::Conflict { winner } => {
+            PortResult::Conflict { holder } => {
                 self.why_not.get_or_insert_with(|| {
                     Why::Said(format!(
-                        "port {}/{} held by {winner}",
+                        "port {}/{} held by {holder}",
                         port.port, port.protocol
                     ))
                 });
                 self.conflicts
-                    .push((port.protocol, port.port, winner.clone()));
+                    .push((port.protocol, port.port, holder.clone()));
                 false
             }
             PortResult::HostListener { listener } => {

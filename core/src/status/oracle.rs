@@ -163,13 +163,13 @@ impl PerNode {
     fn port(&mut self, node: &str, p: &PortOutcome, why_not: &mut Option<String>) -> bool {
         let cluster = self.policy == TrafficPolicy::Cluster;
         match &p.result {
-            PortResult::Conflict { winner } => {
+            PortResult::Conflict { holder } => {
                 why_not.get_or_insert_with(|| {
-                    format!("port {}/{} held by {winner}", p.port.port, p.port.protocol)
+                    format!("port {}/{} held by {holder}", p.port.port, p.port.protocol)
                 });
                 self.gathered
                     .conflicts
-                    .entry((p.port.protocol, p.port.port, winner.clone()))
+                    .entry((p.port.protocol, p.port.port, holder.clone()))
                     .or_default()
                     .push(node.to_string());
                 false

@@ -406,7 +406,7 @@ fn a_service_that_loses_its_port_everywhere_has_no_address_and_a_conflict_naming
         vec![Problem::PortConflict {
             protocol: Protocol::Tcp,
             port: 80,
-            winner: ServiceKey::new("default", "old"),
+            holder: ServiceKey::new("default", "old"),
             nodes: vec!["node-a".into(), "node-b".into()],
         }]
     );
@@ -1082,7 +1082,7 @@ fn a_port_lost_in_both_families_names_each_node_once() {
         vec![Problem::PortConflict {
             protocol: Protocol::Tcp,
             port: 80,
-            winner: ServiceKey::new("default", "old"),
+            holder: ServiceKey::new("default", "old"),
             nodes: vec!["node-a".into(), "node-b".into()],
         }]
     );

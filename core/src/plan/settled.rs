@@ -14,7 +14,7 @@ use crate::vocab::{ServiceKey, ServicePortId};
 use std::net::IpAddr;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Fragment {
+pub struct Settled {
     pub outcome: ServiceOutcome,
     pub parts: FamilyParts,
 }
@@ -45,7 +45,7 @@ impl FamilyParts {
     }
 }
 
-/// The holder of each slot the Service claims, as an outcome recorded it: the winner of a
+/// The holder of each slot the Service claims, as an outcome recorded it: the holder of a
 /// port in conflict or the host listener that took it, else the Service itself (`None`).
 pub fn recorded_holder(outcome: &ServiceOutcome, slot: &Slot) -> Option<PortHolder> {
     let ServiceOutcome::Served { families } = outcome else {
@@ -67,11 +67,11 @@ pub fn holder_now(ctx: &Context, claims: &Claims, slot: &Slot) -> Option<PortHol
     ctx.taken
         .get(slot)
         .map(PortHolder::Listener)
-        .or_else(|| claims.winner(slot).cloned().map(PortHolder::Service))
+        .or_else(|| claims.holder(slot).cloned().map(PortHolder::Service))
 }
 
 /// `holder` says who holds each slot ([`holder_now`], or [`recorded_holder`] of an earlier
-/// outcome, which rebuilds that earlier fragment: a fragment is a function of the prepared
+/// outcome, which rebuilds that earlier settling: a settled Service is a function of the prepared
 /// Service, the slots' holders and the context, so only outcomes are kept between syncs).
 /// `tables: false` decides outcomes only (for the status writer, which plans for every node).
 pub fn build(
@@ -79,7 +79,7 @@ pub fn build(
     holder: impl Fn(&Slot) -> Option<PortHolder>,
     ctx: &Context,
     tables: bool,
-) -> Fragment {
+) -> Settled {
     let Stage::Ports {
         policy,
         source_ranges,
@@ -92,7 +92,7 @@ pub fn build(
         let Stage::Done(outcome) = &prep.stage else {
             unreachable!()
         };
-        return Fragment {
+        return Settled {
             outcome: outcome.clone(),
             parts: FamilyParts::default(),
         };
@@ -118,7 +118,7 @@ pub fn build(
         outcomes.push(program.outcome(ports, &holder, tables.then_some(&mut parts)));
     }
     outcomes.shrink_to_fit();
-    Fragment {
+    Settled {
         outcome: service_outcome(outcomes),
         parts,
     }
@@ -162,7 +162,7 @@ impl FamilyProgram<'_> {
         let mut results = Vec::new();
         for p in mine() {
             let result = match (lost_to(p), &first_lost) {
-                (Some(PortHolder::Service(winner)), _) => PortResult::Conflict { winner },
+                (Some(PortHolder::Service(holder)), _) => PortResult::Conflict { holder },
                 (Some(PortHolder::Listener(listener)), _) => PortResult::HostListener { listener },
                 (None, Some((lost, h))) => PortResult::Withheld {
                     lost: lost.clone(),
