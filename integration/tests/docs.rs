@@ -5,7 +5,7 @@
 //!
 //! And the documents refer only to what the repository holds: every relative link in a
 //! Markdown file resolves (with its `#anchor`, to a heading), every path a file names from the
-//! repository's top (`core/src/plan/table.rs`, `docs/sizing.md`) exists, every `*.md` a
+//! repository's top (`core/src/plan/settled.rs`, `docs/sizing.md`) exists, every `*.md` a
 //! document names exists, every file a document names in backticks (`committer.rs`) is one of
 //! the repository's, and no file points at a design document outside the repository: the
 //! design is `docs/design.md`.
@@ -309,8 +309,8 @@ fn dir_of(file: &str) -> &str {
 #[test]
 fn reference_readers_parse_what_the_documents_write() {
     assert_eq!(
-        top_paths("see `core/src/plan/table.rs`, and docs/sizing.md. Not <x>/manifests"),
-        vec!["core/src/plan/table.rs", "docs/sizing.md"]
+        top_paths("see `core/src/plan/settled.rs`, and docs/sizing.md. Not <x>/manifests"),
+        vec!["core/src/plan/settled.rs", "docs/sizing.md"]
     );
     assert_eq!(
         md_names("[docs/sizing.md](sizing.md#a) and README.md; not x.mdx or /tmp/a.md"),
