@@ -195,6 +195,9 @@ pub struct ServiceSpec {
     #[serde(rename = "clusterIPs")]
     pub cluster_ips: Option<Vec<Str>>,
     pub external_traffic_policy: Option<Str>,
+    /// The port a `Local` Service's load balancer asks whether this node has its endpoints
+    /// (kube-proxy's health check; nodelb answers it with `--health-check-node-ports`).
+    pub health_check_node_port: Option<i32>,
     pub ip_families: Option<Vec<Str>>,
     pub load_balancer_class: Option<Str>,
     pub load_balancer_source_ranges: Option<Vec<Str>>,

@@ -606,6 +606,7 @@ mod tests {
                 cluster_ip: Some("10.96.0.10".into()),
                 cluster_ips: strings(&["10.96.0.10", "fd00::10"]),
                 external_traffic_policy: Some("Local".into()),
+                health_check_node_port: Some(31000),
                 ip_families: strings(&["IPv4", "IPv6"]),
                 load_balancer_class: Some("nodelb.io/lb".into()),
                 // Raw: the planner warns about the bad range and the bad protocol.

@@ -10,6 +10,7 @@ pub mod conflicts;
 pub mod diagnosis;
 pub mod endpoints;
 pub mod flows;
+pub mod health;
 pub mod listeners;
 pub mod node;
 pub mod planner;
