@@ -1494,3 +1494,45 @@ fn a_service_labelled_for_another_proxy_is_left_alone() {
     }
     assert_rbac(&c);
 }
+
+/// A node the cluster autoscaler is removing (taint `ToBeDeletedByClusterAutoscaler`) leaves
+/// every Service's status within one sync of the leader, and the condition names it; the
+/// taint removed, it comes back.
+#[test]
+fn a_tainted_node_leaves_the_status_within_one_sync() {
+    if !require_root("a_tainted_node_leaves_the_status_within_one_sync") {
+        return;
+    }
+    let _serial = serial();
+    let c = Cluster::start(fast_options(2));
+    apply(&c, service("web", 8030));
+    apply(&c, slice(&c, "web", &[(0, true), (1, true)]));
+    wait_ips(&c, "web", &[addr(&c, 0), addr(&c, 1)], CHANGE);
+    let nodes: Api<Node> = Api::all(c.admin().clone());
+    let taints = |t: Value| {
+        let patch = json!({"spec": {"taints": t}});
+        c.block_on(nodes.patch(
+            c.node_name(1),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        ))
+        .unwrap_or_else(|e| panic!("tainting node-b: {e}"));
+    };
+    taints(
+        json!([{"key": "ToBeDeletedByClusterAutoscaler", "value": "1700000000",
+                   "effect": "NoSchedule"}]),
+    );
+    let took = wait_ips(&c, "web", &[addr(&c, 0)], CHANGE);
+    eprintln!(
+        "measured: a node tainted ToBeDeletedByClusterAutoscaler left the status in {took:?}"
+    );
+    let (_, _, message) = serving_condition(&c, "web").expect("web's condition");
+    assert!(
+        message.contains(c.node_name(1)),
+        "the condition names the node being removed: {message}"
+    );
+    taints(json!(null));
+    let took = wait_ips(&c, "web", &[addr(&c, 0), addr(&c, 1)], CHANGE);
+    eprintln!("measured: the untainted node came back in {took:?}");
+    assert_rbac(&c);
+}
