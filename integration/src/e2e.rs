@@ -406,139 +406,18 @@ impl Cluster {
 
     /// Like [`Cluster::start`] without starting agents.
     pub fn build(options: ClusterOptions) -> Cluster {
-        assert!(
-            (1..=MAX_NODES).contains(&options.nodes),
-            "1..={MAX_NODES} nodes"
-        );
-        assert!(
-            options.nodes * options.backends_per_node <= MAX_BACKENDS,
-            "at most {MAX_BACKENDS} backends"
-        );
+        check_options(&options);
         let real = external_cluster();
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let id = format!("{}-{n}", std::process::id());
-        let dir = std::env::temp_dir().join(format!("nodelb-e2e-{id}"));
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .thread_name("e2e-rt")
-            .build()
-            .expect("a tokio runtime");
-
+        let (id, dir) = cluster_dir();
+        let rt = harness_runtime();
         // Namespaces first: they are deleted on drop even if a later step panics.
-        let api_ns = Netns::new("api");
-        let client = Netns::new("client");
-        let stranger = Netns::new("stranger");
-        let node_nss: Vec<Netns> = (0..options.nodes)
-            .map(|i| Netns::new(&format!("node{i}")))
-            .collect();
-        let backends: Vec<Netns> = (0..options.nodes * options.backends_per_node)
-            .map(|j| Netns::new(&format!("b{j}")))
-            .collect();
+        let (api_ns, client, stranger, node_nss, backends) = create_namespaces(&options);
         wire(&api_ns, &client, &stranger, &node_nss, &backends, &options);
-
         let (backend, admin, node_prefix, namespace) = match &real {
-            None => {
-                let (cp, admin, admin_kubeconfig) = start_control_plane(&rt, &api_ns, &dir);
-                let proxy = options.old_server.map(|old| {
-                    let proxy = OldServerProxy::start(
-                        &api_ns,
-                        OLD_SERVER_PROXY_PORT,
-                        (Ipv4Addr::LOCALHOST, control_plane::API_PORT).into(),
-                        cp.ca_pem(),
-                        old,
-                    )
-                    .unwrap_or_else(|e| panic!("starting the old-server proxy: {e}"));
-                    eprintln!("e2e: agents reach kube-apiserver through {proxy:?}");
-                    proxy
-                });
-                (
-                    ApiBackend::Local {
-                        cp: Box::new(cp),
-                        admin_kubeconfig,
-                        proxy,
-                    },
-                    admin,
-                    String::new(),
-                    "e2e".to_string(),
-                )
-            }
-            Some(path) => {
-                // The relay's listener inside the api namespace.
-                let std_listener = api_ns.run(|| {
-                    let l =
-                        std::net::TcpListener::bind(("0.0.0.0", API_PORT)).unwrap_or_else(|e| {
-                            panic!("binding the API listener in the api namespace: {e}")
-                        });
-                    l.set_nonblocking(true).expect("non-blocking listener");
-                    l
-                });
-                eprintln!(
-                    "e2e: external cluster mode ({REAL_KUBECONFIG_ENV}={})",
-                    path.display()
-                );
-                let kc = Kubeconfig::read_from(path)
-                    .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-                let admin = rt.block_on(client_from(kc.clone()));
-                let (scheme, host, port) = rt.block_on(async {
-                    let cfg = kube::Config::from_custom_kubeconfig(
-                        kc.clone(),
-                        &KubeConfigOptions::default(),
-                    )
-                    .await
-                    .expect("the external cluster's kubeconfig loads");
-                    let url = cfg.cluster_url;
-                    let scheme = url.scheme_str().unwrap_or("https").to_string();
-                    let host = url.host().expect("the cluster URL has a host");
-                    let host = host.trim_matches(|c| c == '[' || c == ']').to_string();
-                    let port = url
-                        .port_u16()
-                        .unwrap_or(if scheme == "http" { 80 } else { 443 });
-                    (scheme, host, port)
-                });
-                let upstream = (host.clone(), port);
-                rt.block_on(async {
-                    let l =
-                        tokio::net::TcpListener::from_std(std_listener).expect("a tokio listener");
-                    tokio::spawn(relay(l, upstream));
-                });
-                let token = match std::env::var("NODELB_E2E_AGENT_TOKEN") {
-                    Ok(t) if !t.is_empty() => t,
-                    _ => rt.block_on(service_account_token(&admin, "nodelb", None)),
-                };
-                for i in 0..node_nss.len() {
-                    let text = relayed_kubeconfig(
-                        &kc,
-                        &format!("{scheme}://{}:{API_PORT}", api_addr(i)),
-                        &host,
-                        &token,
-                    );
-                    std::fs::write(dir.join(format!("kubeconfig-{i}")), text)
-                        .expect("writing an agent kubeconfig");
-                }
-                let prefix = format!("nodelb-e2e-{id}-");
-                (
-                    ApiBackend::External,
-                    admin,
-                    prefix.clone(),
-                    format!("{prefix}test"),
-                )
-            }
+            None => start_local_backend(&rt, &api_ns, &dir, &options),
+            Some(path) => start_external_backend(&rt, &api_ns, &dir, path, &id, node_nss.len()),
         };
-
-        let nodes = node_nss
-            .into_iter()
-            .enumerate()
-            .map(|(i, ns)| NodeHost {
-                name: format!("{node_prefix}node-{}", (b'a' + i as u8) as char),
-                ns,
-                index: i,
-                kubeconfig: dir.join(format!("kubeconfig-{i}")),
-                log: dir.join(format!("agent-{i}.log")),
-                agent: None,
-            })
-            .collect();
+        let nodes = node_hosts(node_nss, &node_prefix, &dir);
         let c = Cluster {
             nodes,
             client,
@@ -1222,6 +1101,184 @@ impl Drop for Cluster {
     }
 }
 
+// ---- building a cluster -----------------------------------------------------------------------
+
+/// Panics unless the node and backend counts fit the addressing plan.
+fn check_options(options: &ClusterOptions) {
+    assert!(
+        (1..=MAX_NODES).contains(&options.nodes),
+        "1..={MAX_NODES} nodes"
+    );
+    assert!(
+        options.nodes * options.backends_per_node <= MAX_BACKENDS,
+        "at most {MAX_BACKENDS} backends"
+    );
+}
+
+/// A unique id for this cluster (pid and counter) and its new temporary directory.
+fn cluster_dir() -> (String, PathBuf) {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let id = format!("{}-{n}", std::process::id());
+    let dir = std::env::temp_dir().join(format!("nodelb-e2e-{id}"));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    (id, dir)
+}
+
+/// The cluster's own runtime, for the admin client and the relays.
+fn harness_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("e2e-rt")
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// The `api`, client and stranger namespaces, one per node and one per backend.
+fn create_namespaces(options: &ClusterOptions) -> (Netns, Netns, Netns, Vec<Netns>, Vec<Netns>) {
+    let api_ns = Netns::new("api");
+    let client = Netns::new("client");
+    let stranger = Netns::new("stranger");
+    let node_nss: Vec<Netns> = (0..options.nodes)
+        .map(|i| Netns::new(&format!("node{i}")))
+        .collect();
+    let backends: Vec<Netns> = (0..options.nodes * options.backends_per_node)
+        .map(|j| Netns::new(&format!("b{j}")))
+        .collect();
+    (api_ns, client, stranger, node_nss, backends)
+}
+
+/// Starts the local control plane and, when asked, the old-server proxy in front of it.
+fn start_local_backend(
+    rt: &tokio::runtime::Runtime,
+    api_ns: &Netns,
+    dir: &Path,
+    options: &ClusterOptions,
+) -> (ApiBackend, Client, String, String) {
+    let (cp, admin, admin_kubeconfig) = start_control_plane(rt, api_ns, dir);
+    let proxy = options
+        .old_server
+        .map(|old| start_old_server_proxy(api_ns, &cp, old));
+    (
+        ApiBackend::Local {
+            cp: Box::new(cp),
+            admin_kubeconfig,
+            proxy,
+        },
+        admin,
+        String::new(),
+        "e2e".to_string(),
+    )
+}
+
+/// The proxy in the `api` namespace that imitates the `old` server in front of `cp`.
+fn start_old_server_proxy(api_ns: &Netns, cp: &ControlPlane, old: OldServer) -> OldServerProxy {
+    let proxy = OldServerProxy::start(
+        api_ns,
+        OLD_SERVER_PROXY_PORT,
+        (Ipv4Addr::LOCALHOST, control_plane::API_PORT).into(),
+        cp.ca_pem(),
+        old,
+    )
+    .unwrap_or_else(|e| panic!("starting the old-server proxy: {e}"));
+    eprintln!("e2e: agents reach kube-apiserver through {proxy:?}");
+    proxy
+}
+
+/// Relays the `api` namespace to the external cluster and writes each node's kubeconfig.
+fn start_external_backend(
+    rt: &tokio::runtime::Runtime,
+    api_ns: &Netns,
+    dir: &Path,
+    path: &Path,
+    id: &str,
+    nodes: usize,
+) -> (ApiBackend, Client, String, String) {
+    let std_listener = bind_api_listener(api_ns);
+    eprintln!(
+        "e2e: external cluster mode ({REAL_KUBECONFIG_ENV}={})",
+        path.display()
+    );
+    let kc =
+        Kubeconfig::read_from(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let admin = rt.block_on(client_from(kc.clone()));
+    let (scheme, host, port) = cluster_endpoint(rt, &kc);
+    let upstream = (host.clone(), port);
+    rt.block_on(async {
+        let l = tokio::net::TcpListener::from_std(std_listener).expect("a tokio listener");
+        tokio::spawn(relay(l, upstream));
+    });
+    let token = agent_token(rt, &admin);
+    for i in 0..nodes {
+        let text = relayed_kubeconfig(
+            &kc,
+            &format!("{scheme}://{}:{API_PORT}", api_addr(i)),
+            &host,
+            &token,
+        );
+        std::fs::write(dir.join(format!("kubeconfig-{i}")), text)
+            .expect("writing an agent kubeconfig");
+    }
+    let prefix = format!("nodelb-e2e-{id}-");
+    (
+        ApiBackend::External,
+        admin,
+        prefix.clone(),
+        format!("{prefix}test"),
+    )
+}
+
+/// The relay's listener inside the api namespace.
+fn bind_api_listener(api_ns: &Netns) -> std::net::TcpListener {
+    api_ns.run(|| {
+        let l = std::net::TcpListener::bind(("0.0.0.0", API_PORT))
+            .unwrap_or_else(|e| panic!("binding the API listener in the api namespace: {e}"));
+        l.set_nonblocking(true).expect("non-blocking listener");
+        l
+    })
+}
+
+/// The scheme, host (without brackets) and port of the kubeconfig's cluster URL.
+fn cluster_endpoint(rt: &tokio::runtime::Runtime, kc: &Kubeconfig) -> (String, String, u16) {
+    rt.block_on(async {
+        let cfg = kube::Config::from_custom_kubeconfig(kc.clone(), &KubeConfigOptions::default())
+            .await
+            .expect("the external cluster's kubeconfig loads");
+        let url = cfg.cluster_url;
+        let scheme = url.scheme_str().unwrap_or("https").to_string();
+        let host = url.host().expect("the cluster URL has a host");
+        let host = host.trim_matches(|c| c == '[' || c == ']').to_string();
+        let port = url
+            .port_u16()
+            .unwrap_or(if scheme == "http" { 80 } else { 443 });
+        (scheme, host, port)
+    })
+}
+
+/// `NODELB_E2E_AGENT_TOKEN` when set, else a token of the `nodelb` ServiceAccount.
+fn agent_token(rt: &tokio::runtime::Runtime, admin: &Client) -> String {
+    match std::env::var("NODELB_E2E_AGENT_TOKEN") {
+        Ok(t) if !t.is_empty() => t,
+        _ => rt.block_on(service_account_token(admin, "nodelb", None)),
+    }
+}
+
+/// One host per node namespace, named `<prefix>node-a`, `<prefix>node-b`, …
+fn node_hosts(node_nss: Vec<Netns>, node_prefix: &str, dir: &Path) -> Vec<NodeHost> {
+    node_nss
+        .into_iter()
+        .enumerate()
+        .map(|(i, ns)| NodeHost {
+            name: format!("{node_prefix}node-{}", (b'a' + i as u8) as char),
+            ns,
+            index: i,
+            kubeconfig: dir.join(format!("kubeconfig-{i}")),
+            log: dir.join(format!("agent-{i}.log")),
+            agent: None,
+        })
+        .collect()
+}
+
 fn describe(doc: &Value) -> String {
     format!(
         "{} {}",
@@ -1512,79 +1569,98 @@ fn wire(
     }
     for (i, node) in nodes.iter().enumerate() {
         node.enable_forwarding();
-        link(
-            api_ns,
-            &format!("eth-n{i}"),
-            &[&format!("{}/30", api_net(i, 1))],
-            node,
-            "eth-api",
-            &[&format!("{}/30", api_net(i, 2))],
-        );
-        link(
-            client,
-            &format!("eth-n{i}"),
-            &[
-                &format!("{}/28", client_net_v4(i, 2)),
-                &format!("{}/64", client_net_v6(i, 2)),
-            ],
-            node,
-            "eth-client",
-            &[
-                &format!("{}/28", client_net_v4(i, 1)),
-                &format!("{}/64", client_net_v6(i, 1)),
-            ],
-        );
-        link(
-            stranger,
-            &format!("eth-n{i}"),
-            &[
-                &format!("{}/28", stranger_net_v4(i, 2)),
-                &format!("{}/64", stranger_net_v6(i, 2)),
-            ],
-            node,
-            "eth-stranger",
-            &[
-                &format!("{}/28", stranger_net_v4(i, 1)),
-                &format!("{}/64", stranger_net_v6(i, 1)),
-            ],
-        );
-        // The stranger reaches the node's served addresses over its own link.
-        route(
-            stranger,
-            &format!("{}/28", client_net_v4(i, 0)),
-            &stranger_net_v4(i, 1).to_string(),
-        );
-        route(
-            stranger,
-            &format!("{}/64", client_net_v6(i, 0)),
-            &stranger_net_v6(i, 1).to_string(),
-        );
+        wire_api(api_ns, i, node);
+        wire_client(client, i, node);
+        wire_stranger(stranger, i, node);
     }
     for (j, backend) in backends.iter().enumerate() {
-        let node = &nodes[j / options.backends_per_node];
-        let node_v4 = Ipv4Addr::new(198, 51, 100, (j * 16 + 1) as u8);
-        let node_v6 = Ipv6Addr::new(0x2001, 0xdb8, 0xb, j as u16, 0, 0, 0, 1);
-        link(
-            backend,
-            "eth-node",
-            &[
-                &format!("{}/28", Ipv4Addr::new(198, 51, 100, (j * 16 + 2) as u8)),
-                &format!(
-                    "{}/64",
-                    Ipv6Addr::new(0x2001, 0xdb8, 0xb, j as u16, 0, 0, 0, 2)
-                ),
-            ],
-            node,
-            &format!("eth-b{j}"),
-            &[&format!("{node_v4}/28"), &format!("{node_v6}/64")],
-        );
-        for (prefix, via) in [
-            ("203.0.113.0/24", node_v4.to_string()),
-            ("192.0.2.128/25", node_v4.to_string()),
-            ("2001:db8:c::/48", node_v6.to_string()),
-            ("2001:db8:d::/48", node_v6.to_string()),
-        ] {
-            route(backend, prefix, &via);
-        }
+        wire_backend(backend, j, &nodes[j / options.backends_per_node]);
+    }
+}
+
+/// The `api` namespace's link to node `i`.
+fn wire_api(api_ns: &Netns, i: usize, node: &Netns) {
+    link(
+        api_ns,
+        &format!("eth-n{i}"),
+        &[&format!("{}/30", api_net(i, 1))],
+        node,
+        "eth-api",
+        &[&format!("{}/30", api_net(i, 2))],
+    );
+}
+
+/// The client's dual-stack link to node `i`.
+fn wire_client(client: &Netns, i: usize, node: &Netns) {
+    link(
+        client,
+        &format!("eth-n{i}"),
+        &[
+            &format!("{}/28", client_net_v4(i, 2)),
+            &format!("{}/64", client_net_v6(i, 2)),
+        ],
+        node,
+        "eth-client",
+        &[
+            &format!("{}/28", client_net_v4(i, 1)),
+            &format!("{}/64", client_net_v6(i, 1)),
+        ],
+    );
+}
+
+/// The stranger's dual-stack link to node `i` and its routes to the node's client subnets.
+fn wire_stranger(stranger: &Netns, i: usize, node: &Netns) {
+    link(
+        stranger,
+        &format!("eth-n{i}"),
+        &[
+            &format!("{}/28", stranger_net_v4(i, 2)),
+            &format!("{}/64", stranger_net_v6(i, 2)),
+        ],
+        node,
+        "eth-stranger",
+        &[
+            &format!("{}/28", stranger_net_v4(i, 1)),
+            &format!("{}/64", stranger_net_v6(i, 1)),
+        ],
+    );
+    // The stranger reaches the node's served addresses over its own link.
+    route(
+        stranger,
+        &format!("{}/28", client_net_v4(i, 0)),
+        &stranger_net_v4(i, 1).to_string(),
+    );
+    route(
+        stranger,
+        &format!("{}/64", client_net_v6(i, 0)),
+        &stranger_net_v6(i, 1).to_string(),
+    );
+}
+
+/// Backend `j`'s dual-stack link to its node and its routes back to every client subnet.
+fn wire_backend(backend: &Netns, j: usize, node: &Netns) {
+    let node_v4 = Ipv4Addr::new(198, 51, 100, (j * 16 + 1) as u8);
+    let node_v6 = Ipv6Addr::new(0x2001, 0xdb8, 0xb, j as u16, 0, 0, 0, 1);
+    link(
+        backend,
+        "eth-node",
+        &[
+            &format!("{}/28", Ipv4Addr::new(198, 51, 100, (j * 16 + 2) as u8)),
+            &format!(
+                "{}/64",
+                Ipv6Addr::new(0x2001, 0xdb8, 0xb, j as u16, 0, 0, 0, 2)
+            ),
+        ],
+        node,
+        &format!("eth-b{j}"),
+        &[&format!("{node_v4}/28"), &format!("{node_v6}/64")],
+    );
+    for (prefix, via) in [
+        ("203.0.113.0/24", node_v4.to_string()),
+        ("192.0.2.128/25", node_v4.to_string()),
+        ("2001:db8:c::/48", node_v6.to_string()),
+        ("2001:db8:d::/48", node_v6.to_string()),
+    ] {
+        route(backend, prefix, &via);
     }
 }
