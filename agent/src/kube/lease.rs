@@ -182,46 +182,62 @@ async fn release(api: &Api<Lease>, me: &str) -> Result<(), kube::Error> {
         .map(|_| ())
 }
 
-#[allow(clippy::too_many_arguments)]
-/// Renew this node's heartbeat every `period` once the first sync committed, with the families
-/// programmed and the Service ports host listeners hold (from `report`, published by the sync
-/// loop), until `stop`.
-pub async fn heartbeat(
-    client: Client,
-    namespace: String,
-    node: String,
-    holder: String,
-    period: Duration,
-    mut report: watch::Receiver<Option<Report>>,
-    metrics: Arc<Metrics>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let api: Api<Lease> = Api::namespaced(client, &namespace);
-    let name = lease_name(&node);
-    async {
-        loop {
-            let current = report.borrow_and_update().clone();
-            if let Some(f) = current {
-                let r = renew(&api, &name, &node, &holder, &f, period).await;
-                let result = if r.is_ok() { "ok" } else { "error" };
-                metrics
-                    .heartbeats
-                    .get_or_create(&ResultLabel { result })
-                    .inc();
-                if let Err(e) = r {
-                    warn!(error = %e, lease = %name, "heartbeat not renewed");
+/// This node's heartbeat Lease, and how it is renewed.
+pub struct Heartbeat {
+    pub client: Client,
+    /// Where the Lease lives.
+    pub namespace: String,
+    pub node: String,
+    /// The agent's Pod.
+    pub holder: String,
+    pub period: Duration,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Heartbeat {
+    /// Renew the heartbeat every `period` once the first sync committed, with the families
+    /// programmed and the Service ports host listeners hold (from `report`, published by the
+    /// sync loop), until `stop`.
+    pub async fn run(
+        self,
+        mut report: watch::Receiver<Option<Report>>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let Heartbeat {
+            client,
+            namespace,
+            node,
+            holder,
+            period,
+            metrics,
+        } = self;
+        let api: Api<Lease> = Api::namespaced(client, &namespace);
+        let name = lease_name(&node);
+        async {
+            loop {
+                let current = report.borrow_and_update().clone();
+                if let Some(f) = current {
+                    let r = renew(&api, &name, &node, &holder, &f, period).await;
+                    let result = if r.is_ok() { "ok" } else { "error" };
+                    metrics
+                        .heartbeats
+                        .get_or_create(&ResultLabel { result })
+                        .inc();
+                    if let Err(e) = r {
+                        warn!(error = %e, lease = %name, "heartbeat not renewed");
+                    }
+                }
+                tokio::select! {
+                    _ = stop.wait_for(|s| *s) => break,
+                    _ = tokio::time::sleep(period) => {}
+                    // Families or held ports changed: say so at once.
+                    r = report.changed() => if r.is_err() { break },
                 }
             }
-            tokio::select! {
-                _ = stop.wait_for(|s| *s) => break,
-                _ = tokio::time::sleep(period) => {}
-                // Families or held ports changed: say so at once.
-                r = report.changed() => if r.is_err() { break },
-            }
         }
+        .instrument(info_span!("heartbeat"))
+        .await
     }
-    .instrument(info_span!("heartbeat"))
-    .await
 }
 
 async fn renew(

@@ -347,8 +347,9 @@ impl StatusWriter {
             } => {
                 let want = want.expect("apply only for handled Services");
                 let event = ingress_changed.then_some(first);
-                self.write(memory, key, svc, want, body, event, recorder)
-                    .await
+                if let Some(w) = self.write(key, svc, want, body, event, recorder).await {
+                    memory.written.insert(key.clone(), w);
+                }
             }
             Write::Clear { body } => match recorder.apply(key, body).await {
                 Ok(_) => {
@@ -361,33 +362,28 @@ impl StatusWriter {
         }
     }
 
-    /// Apply the ingress and condition nodelb decided, remember them, and say so in an Event
-    /// when the ingress changed (`event`: `Some(first)`).
-    #[allow(clippy::too_many_arguments)]
+    /// Apply the ingress and condition nodelb decided, and say so in an Event when the ingress
+    /// changed (`event`: `Some(first)`). Returns what was written, to remember.
     async fn write(
         &mut self,
-        memory: &mut Memory,
         key: &ServiceKey,
         svc: &Service,
         want: &Desired,
         body: serde_json::Value,
         event: Option<bool>,
         recorder: &Requests,
-    ) {
+    ) -> Option<Written> {
         match recorder.apply(key, body).await {
             Ok(rv) => {
                 self.count("ok");
-                memory.written.insert(
-                    key.clone(),
-                    Written {
-                        status: wrote(want),
-                        resource_version: rv.map(Str::from),
-                    },
-                );
+                let written = Written {
+                    status: wrote(want),
+                    resource_version: rv.map(Str::from),
+                };
                 let list: Vec<String> = want.ingress.iter().map(|a| a.to_string()).collect();
                 info!(service = %key, ingress = ?list, serving = want.serving.reason, "status written");
                 let Some(first) = event else {
-                    return;
+                    return Some(written);
                 };
                 let (reason, verb) = if first {
                     ("EnsuredLoadBalancer", "Ensured")
@@ -400,8 +396,12 @@ impl StatusWriter {
                     format!("{verb} load balancer: {}", list.join(", "))
                 };
                 publish(recorder, svc, EventType::Normal, reason, &note).await;
+                Some(written)
             }
-            Err(e) => self.failed(key, e),
+            Err(e) => {
+                self.failed(key, e);
+                None
+            }
         }
     }
 

@@ -323,16 +323,15 @@ impl StatusTasks {
             metrics.clone(),
             stop.clone(),
         ));
-        let heartbeat = tokio::spawn(lease::heartbeat(
-            client.clone(),
-            settings.namespace.clone(),
-            settings.node_name.clone(),
-            settings.pod_name.clone(),
-            (settings.node_lease_duration / 3).max(Duration::from_secs(1)),
-            report,
-            metrics.clone(),
-            stop.clone(),
-        ));
+        let heartbeat = lease::Heartbeat {
+            client: client.clone(),
+            namespace: settings.namespace.clone(),
+            node: settings.node_name.clone(),
+            holder: settings.pod_name.clone(),
+            period: (settings.node_lease_duration / 3).max(Duration::from_secs(1)),
+            metrics: metrics.clone(),
+        };
+        let heartbeat = tokio::spawn(heartbeat.run(report, stop.clone()));
         let writer = status_writer::StatusWriter {
             client,
             namespace: settings.namespace.clone(),
