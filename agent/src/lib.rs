@@ -4,8 +4,9 @@
 //! node's tables; its `status`: → each Service's status). This crate is the I/O around them,
 //! each in its room: `kube` (the API: watches, Leases, status writes, Events),
 //! `host` (sysctls, addresses, foreign forward policies), `run` (the agent: the sync loop,
-//! health and metrics HTTP), `metrics`; `object_files` reads objects from files for `render`
-//! and `apply`; `cli`, `check` and `oneshot` are the binary's faces.
+//! the kernel actor that owns nodelb's netfilter state, health and metrics HTTP), `metrics`;
+//! `object_files` reads objects from files for `render` and `apply`; `cli`, `check` and
+//! `oneshot` are the binary's faces.
 
 pub mod check;
 pub mod cli;

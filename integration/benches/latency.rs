@@ -756,9 +756,13 @@ fn run() -> Res<()> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         AGENT_RESYNC.as_secs()
     );
-    // The agent's per-sync timings come from its debug log.
+    // The agent's per-sync timings come from its debug log ("synced", where each sync's
+    // outcome is recorded; `run::sync` for agents built before `run::record` existed).
     if std::env::var_os("NODELB_E2E_LOG").is_none() {
-        std::env::set_var("NODELB_E2E_LOG", "info,nodelb_agent::run::sync=debug");
+        std::env::set_var(
+            "NODELB_E2E_LOG",
+            "info,nodelb_agent::run::record=debug,nodelb_agent::run::sync=debug",
+        );
     }
     let mut results = Vec::new();
     for &(n, follower) in &cfg.runs {
@@ -1242,7 +1246,7 @@ fn one_size(n: usize, follower: bool, takeover: Option<Takeover>, cfg: &Config) 
         ("agent sync: plan (debug log)", durs(|s| s.plan)),
         ("agent sync: encode", durs(|s| s.encode)),
         ("agent sync: kernel commit", durs(|s| s.commit)),
-        ("agent sync: whole sync_once (took)", durs(|s| s.took)),
+        ("agent sync: whole sync (took)", durs(|s| s.took)),
     ] {
         if !v.is_empty() {
             print_row(label, &stats(&v));

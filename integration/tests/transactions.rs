@@ -309,7 +309,7 @@ fn a_read_back_beside_the_committer_tells_its_commits_and_drift_apart() {
     if !require_root("a_read_back_beside_the_committer_tells_its_commits_and_drift_apart") {
         return;
     }
-    use nodelb_agent::run::resync::{difference, read};
+    use nodelb_agent::run::verify::{difference, read};
     let ns = Netns::new("resync");
     let t = kitchen_sink(Fam::V4, "nodelb");
     let tr = TableRef::of(&t);

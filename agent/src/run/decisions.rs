@@ -1,6 +1,7 @@
-//! The sync loop's small pure decisions: which families to program, which warnings are new,
-//! how long to wait after a failure, what a resync's read-back says, what to count. Plain data
-//! in, plain data out.
+//! The sync loop's and the kernel actor's small pure decisions: which families to program,
+//! which warnings are new, how long to wait after a failure, when a commit replaces the tables
+//! whole, what a verify's read-back says and what follows it, what to count. Plain data in,
+//! plain data out.
 
 use crate::host::sysctl::Forwarding;
 use crate::kube::node_events::NodeProblem;
@@ -90,8 +91,8 @@ impl Pacer {
     }
 }
 
-/// What a periodic resync concludes from reading the tables back while the sync loop kept
-/// committing (see `run::resync`).
+/// What a verify concludes from reading the tables back while commits went on (see
+/// [`Verifier`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ResyncVerdict {
     /// The kernel holds what was committed.
@@ -137,6 +138,84 @@ impl ReadbackJudge {
         };
         verdict
     }
+}
+
+/// The kernel actor's verify path (see `run::kernel`), as plain bookkeeping: whether a verify
+/// reads at all, and what follows a read. A read runs beside the commits on a socket of its
+/// own, so a change keeps reaching the kernel meanwhile; what it found is judged against the
+/// models as committed when it is done (see [`ReadbackJudge`]). After reads that say nothing
+/// certain it is held: read again with commits waiting, which is always conclusive.
+#[derive(Debug, Default)]
+pub struct Verifier {
+    judge: ReadbackJudge,
+    /// Commits that sent something, counted.
+    commits: u64,
+    /// The commit count when the read in flight beside the commits started.
+    reading: Option<u64>,
+}
+
+/// What follows a read beside the commits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AfterRead {
+    /// Conclusive: the tables are as committed (`None`) or drifted (why).
+    Report(Option<String>),
+    /// Start another read beside the commits.
+    ReadBeside,
+    /// Read now with commits held.
+    ReadHeld,
+}
+
+impl Verifier {
+    /// A commit is done; `sent`: it sent something.
+    pub fn committed(&mut self, sent: bool) {
+        if sent {
+            self.commits += 1;
+        }
+    }
+
+    /// A verify is asked for: start a read beside the commits, unless one is in flight or no
+    /// model is committed (the next commit replaces the tables whole anyway).
+    pub fn begin(&mut self, has_models: bool) -> bool {
+        if self.reading.is_some() || !has_models {
+            return false;
+        }
+        self.reading = Some(self.commits);
+        true
+    }
+
+    /// The read in flight did not start or is of no use (the models it was read for are gone).
+    pub fn abandon(&mut self) {
+        self.reading = None;
+    }
+
+    /// The read in flight is done; `difference`: how it differs from the models committed now.
+    pub fn read_beside(&mut self, difference: Option<String>) -> AfterRead {
+        let at = self.reading.take();
+        let meanwhile = at != Some(self.commits);
+        match self.judge.judge(difference, meanwhile) {
+            ResyncVerdict::Unchanged => AfterRead::Report(None),
+            ResyncVerdict::Drifted(why) => AfterRead::Report(Some(why)),
+            ResyncVerdict::ReadAgain => {
+                self.reading = Some(self.commits);
+                AfterRead::ReadBeside
+            }
+            ResyncVerdict::Hold => AfterRead::ReadHeld,
+        }
+    }
+
+    /// A read with commits held is done: what drifted, if anything.
+    pub fn read_held(&mut self, difference: Option<String>) -> Option<String> {
+        match self.judge.judge(difference, false) {
+            ResyncVerdict::Drifted(why) => Some(why),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a commit replaces the tables whole: when no model is committed (the first commit,
+/// or any after a failure), when drift was reported, or when the planner rebuilt its tables.
+pub fn replaces_whole(has_models: bool, drift: bool, rebuilt: bool) -> bool {
+    !has_models || drift || rebuilt
 }
 
 /// Which enabled families can be programmed, and why the others cannot.
@@ -325,6 +404,71 @@ mod tests {
             ResyncVerdict::Drifted("set endpoints has 4 elements, expected 5".into())
         );
         assert_eq!(j.judge(diff(), true), ResyncVerdict::ReadAgain);
+    }
+
+    #[test]
+    fn a_verify_reads_only_with_models_and_one_read_at_a_time() {
+        let mut v = Verifier::default();
+        assert!(!v.begin(false), "no model: the next commit replaces whole");
+        assert!(v.begin(true));
+        assert!(!v.begin(true), "a read is in flight");
+        assert_eq!(v.read_beside(None), AfterRead::Report(None));
+        assert!(v.begin(true), "the read is done: a new one may start");
+        v.abandon();
+        assert!(v.begin(true), "an abandoned read is no longer in flight");
+    }
+
+    #[test]
+    fn a_difference_without_commits_meanwhile_is_drift() {
+        let mut v = Verifier::default();
+        v.committed(true);
+        assert!(v.begin(true));
+        // A commit that sent nothing does not make the read uncertain.
+        v.committed(false);
+        assert_eq!(
+            v.read_beside(Some("chain forward has 3 rules, expected 2".into())),
+            AfterRead::Report(Some("chain forward has 3 rules, expected 2".into()))
+        );
+    }
+
+    #[test]
+    fn a_difference_read_while_committing_reads_again_then_holds() {
+        let mut v = Verifier::default();
+        let diff = || Some("set endpoints has 4 elements, expected 5".to_string());
+        assert!(v.begin(true));
+        v.committed(true);
+        assert_eq!(v.read_beside(diff()), AfterRead::ReadBeside);
+        assert!(!v.begin(true), "the read again is in flight");
+        v.committed(true);
+        assert_eq!(v.read_beside(diff()), AfterRead::ReadBeside);
+        v.committed(true);
+        assert_eq!(v.read_beside(diff()), AfterRead::ReadHeld);
+        // Held, commits wait: the read is conclusive either way.
+        assert_eq!(v.read_held(diff()), diff());
+        assert_eq!(v.read_held(None), None);
+        // The uncertain reads are counted again from the start.
+        assert!(v.begin(true));
+        v.committed(true);
+        assert_eq!(v.read_beside(diff()), AfterRead::ReadBeside);
+    }
+
+    #[test]
+    fn a_read_again_after_commits_stop_is_conclusive() {
+        let mut v = Verifier::default();
+        assert!(v.begin(true));
+        v.committed(true);
+        let diff = Some("set ports has 2 elements, expected 3".to_string());
+        assert_eq!(v.read_beside(diff.clone()), AfterRead::ReadBeside);
+        // No commit while the second read ran: what it found is drift.
+        assert_eq!(v.read_beside(diff.clone()), AfterRead::Report(diff));
+    }
+
+    #[test]
+    fn a_commit_replaces_whole_without_models_after_drift_or_a_rebuild() {
+        assert!(!replaces_whole(true, false, false), "edits of the models");
+        assert!(replaces_whole(false, false, false), "nothing committed yet");
+        assert!(replaces_whole(true, true, false), "drift reported");
+        assert!(replaces_whole(true, false, true), "the planner rebuilt");
     }
 
     /// The loop's timing with sync time `took`: a change arriving at each of `arrivals` wakes

@@ -1,15 +1,18 @@
 //! `run`: the agent. Watches feed caches, rtnetlink feeds local addresses, sock_diag the
-//! host's listeners, nftables events report foreign changes; all of them wake one sync loop
-//! (see `sync`). HTTP serves health, readiness and metrics. SIGTERM/SIGINT stop the agent and
-//! leave its rules in place.
+//! host's listeners, nftables events report foreign changes, a timer asks for the periodic
+//! resync; all of them wake one sync loop (see `sync`), which plans and has the kernel actor
+//! (see `kernel`), the one owner of nodelb's netfilter state, commit and verify. HTTP serves
+//! health, readiness and metrics. SIGTERM/SIGINT stop the agent and leave its rules in place.
 
 pub mod decisions;
 pub mod http;
+pub mod kernel;
 pub mod listeners;
 pub mod logging;
 pub mod malloc;
-pub mod resync;
+mod record;
 pub mod sync;
+pub mod verify;
 
 use crate::host::addresses;
 use crate::host::sysctl::{Forwarding, Sysctls};
@@ -31,8 +34,15 @@ pub enum Trigger {
     Object(inbox::ObjectEvent, std::time::Instant),
     /// The Node or a local address changed.
     Changed,
-    /// Another process changed nodelb's tables (or change events were lost).
+    /// Another process changed nodelb's tables (or change events were lost), or the kernel
+    /// actor lost track of them.
     Drift(String),
+    /// The periodic resync is due.
+    Resync,
+    /// The kernel actor verified the tables.
+    Verified(kernel::Verified),
+    /// This agent started or stopped leading (the status writer wants the objects, or not).
+    Leading,
 }
 
 /// Made by the watch task as it receives the event: the time is the agent's receipt.
@@ -152,26 +162,7 @@ pub struct Settings {
 /// The agent, until SIGTERM/SIGINT.
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let config = settings.config.clone();
-    info!(node = %settings.node_name, ipv4 = config.ipv4, ipv6 = config.ipv6,
-          lb_class = %config.lb_class, default_class = config.default_class,
-          reserved_ports = %config.reserved_ports, "nodelb-agent starting");
-    if settings.masquerade_bit {
-        info!("--masquerade-bit is accepted for compatibility and not used: masquerading follows conntrack state");
-    }
-    let metrics = new_metrics(&config);
-    let readiness: http::SharedReadiness = Default::default();
-    let sysctls = Sysctls::default();
-    if settings.set_sysctls {
-        set_forwarding(&sysctls, &config);
-    }
-    let _http = http::serve(
-        settings.health_addr,
-        settings.metrics_addr,
-        readiness.clone(),
-        metrics.clone(),
-    )
-    .await?;
-
+    let (metrics, readiness, sysctls, _http) = start(&settings).await?;
     let client = crate::kube::client(settings.kubeconfig.as_deref()).await?;
     let (tx, rx) = mpsc::unbounded_channel();
     let (caches, _watches) =
@@ -179,31 +170,38 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let addrs = addresses::watch(settings.resync_interval)
         .await
         .context("following the host's addresses over rtnetlink")?;
-    let (host_listeners, watch_pause) = wake_sources(&addrs.rx, &config, &metrics, tx);
-
+    let (report_tx, report_rx) = watch::channel(None);
+    let (objects_tx, objects_rx) = watch::channel(None);
+    let (leading_tx, leading_rx) = watch::channel(false);
+    let (listeners, watch_pause) =
+        wake_sources(&settings, &addrs.rx, &leading_rx, &metrics, tx.clone());
+    let kernel = kernel::Kernel::spawn(config.clone(), watch_pause, tx)
+        .context("starting the kernel actor's thread")?;
+    let ctx = sync::Context {
+        node_name: settings.node_name.clone(),
+        config,
+        debounce: settings.sync_debounce,
+        sources: sync::Sources {
+            caches,
+            addresses: addrs.rx.clone(),
+            listeners,
+            sysctls,
+        },
+        outputs: record::Outputs {
+            metrics: metrics.clone(),
+            readiness,
+            report: report_tx,
+            objects: objects_tx,
+            leading: leading_rx.clone(),
+        },
+        kernel,
+    };
     let node_events = node_events::NodeEvents::new(
         Some(client.clone()),
         &settings.node_name,
         settings.pod_name_given.then(|| settings.pod_name.clone()),
     );
-    let (report_tx, report_rx) = watch::channel(None);
-    let (objects_tx, objects_rx) = watch::channel(None);
-    let (leading_tx, leading_rx) = watch::channel(false);
-    let sync = sync::SyncLoop::new(
-        caches,
-        addrs.rx.clone(),
-        settings.node_name.clone(),
-        config,
-        sysctls,
-        metrics.clone(),
-        readiness,
-        node_events,
-        settings.sync_debounce,
-        settings.resync_interval,
-    )
-    .with_status(report_tx, objects_tx, leading_rx.clone())
-    .with_watch_pause(watch_pause)
-    .with_listeners(host_listeners);
+    let sync = sync::SyncLoop::new(ctx, node_events);
     let (stop_tx, stop_rx) = watch::channel(false);
     let status = StatusTasks::spawn(
         &settings,
@@ -228,6 +226,39 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     }
     info!("stopped; nodelb's rules stay in the kernel");
     Ok(())
+}
+
+/// Say what the agent runs with, turn forwarding on when asked, and serve health, readiness
+/// and metrics.
+async fn start(
+    settings: &Settings,
+) -> anyhow::Result<(
+    Arc<metrics::Metrics>,
+    http::SharedReadiness,
+    Sysctls,
+    Vec<tokio::task::JoinHandle<()>>,
+)> {
+    let config = &settings.config;
+    info!(node = %settings.node_name, ipv4 = config.ipv4, ipv6 = config.ipv6,
+          lb_class = %config.lb_class, default_class = config.default_class,
+          reserved_ports = %config.reserved_ports, "nodelb-agent starting");
+    if settings.masquerade_bit {
+        info!("--masquerade-bit is accepted for compatibility and not used: masquerading follows conntrack state");
+    }
+    let metrics = new_metrics(config);
+    let readiness: http::SharedReadiness = Default::default();
+    let sysctls = Sysctls::default();
+    if settings.set_sysctls {
+        set_forwarding(&sysctls, config);
+    }
+    let http = http::serve(
+        settings.health_addr,
+        settings.metrics_addr,
+        readiness.clone(),
+        metrics.clone(),
+    )
+    .await?;
+    Ok((metrics, readiness, sysctls, http))
 }
 
 /// The agent's metrics, with the per-Service counters read from its tables.
@@ -268,28 +299,47 @@ fn set_forwarding(sysctls: &Sysctls, config: &Config) {
 }
 
 /// Start what wakes the sync loop besides the watches: the host's addresses, its listeners
-/// (returned, for the sync loop to read them too) and foreign changes to nodelb's tables (the
-/// drift watch's pause handle, returned).
+/// (returned, for the sync loop to read them too), leadership, the periodic resync and foreign
+/// changes to nodelb's tables (the drift watch's pause handle, returned for the kernel actor).
 fn wake_sources(
+    settings: &Settings,
     addresses: &watch::Receiver<addresses::Snapshot>,
-    config: &Config,
+    leading: &watch::Receiver<bool>,
     metrics: &Arc<metrics::Metrics>,
     tx: mpsc::UnboundedSender<Trigger>,
 ) -> (listeners::Listeners, Option<nodelb_netfilter::WatchPause>) {
-    forward_address_changes(addresses.clone(), tx.clone());
+    forward_changes(addresses.clone(), tx.clone(), || Trigger::Changed);
+    forward_changes(leading.clone(), tx.clone(), || Trigger::Leading);
+    resync_ticks(settings.resync_interval, tx.clone());
     let host_listeners = listeners::Listeners::new(metrics.clone());
     host_listeners.clone().follow(tx.clone());
-    (host_listeners, spawn_drift_watch(config, tx))
+    (host_listeners, spawn_drift_watch(&settings.config, tx))
 }
 
-/// Each change of the host's addresses wakes the sync loop.
-fn forward_address_changes(
-    mut rx: watch::Receiver<addresses::Snapshot>,
+/// Each change of `rx` wakes the sync loop with `trigger()`.
+fn forward_changes<T: Send + Sync + 'static>(
+    mut rx: watch::Receiver<T>,
     tx: mpsc::UnboundedSender<Trigger>,
+    trigger: fn() -> Trigger,
 ) {
     tokio::spawn(async move {
         while rx.changed().await.is_ok() {
-            if tx.send(Trigger::Changed).is_err() {
+            if tx.send(trigger()).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// The periodic resync: every `interval` (the first one `interval` from now), until the sync
+/// loop is gone.
+fn resync_ticks(interval: Duration, tx: mpsc::UnboundedSender<Trigger>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if tx.send(Trigger::Resync).is_err() {
                 return;
             }
         }

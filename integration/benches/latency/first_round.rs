@@ -509,7 +509,7 @@ fn report(c: &Cluster, r: &RoundResult, sampled: &Sampled, after: &[String; 2], 
         let took: Vec<f64> = syncs.iter().filter_map(|s| s.took).map(ms).collect();
         if !took.is_empty() {
             print_row(
-                &format!("{} agent: whole sync_once (took)", role_of(i)),
+                &format!("{} agent: whole sync (took)", role_of(i)),
                 &stats(&took),
             );
         }
