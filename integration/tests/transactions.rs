@@ -559,3 +559,107 @@ fn a_consuming_replace_installs_what_a_replace_installs() {
     let stats = consumed.run(|| sync(&mut c, vec![t.clone()])).unwrap();
     assert_eq!(stats.messages, 0, "nothing differs from the adopted model");
 }
+
+/// The kernel actor in a namespace of its own (its thread, and the threads it reads back on,
+/// are started there): the first commit replaces the tables whole and the next edits them; a
+/// verify of the tables as committed reports no drift, a chain another process adds is
+/// reported as drift, and the commit asked to repair it replaces the tables whole, after which
+/// a verify finds them as committed again.
+#[test]
+fn the_kernel_actor_commits_edits_verifies_and_repairs_drift() {
+    if !require_root("the_kernel_actor_commits_edits_verifies_and_repairs_drift") {
+        return;
+    }
+    use nodelb_agent::run::kernel::{Commit, Kernel, Verified};
+    use nodelb_agent::run::Trigger;
+    use nodelb_core::plan::config::Config;
+    use nodelb_core::plan::node::{AddressKind, NodeInfo};
+    use nodelb_core::plan::{Context, Objects, Planner};
+    use nodelb_core::vocab::Families;
+
+    let ns = Netns::new("actor");
+    let families = Families {
+        v4: true,
+        v6: false,
+    };
+    let info = NodeInfo {
+        name: "node-a".into(),
+        addresses: vec![(AddressKind::InternalIP, node())],
+        ..NodeInfo::default()
+    };
+    let ctx = Context::new(info, [node()].into(), families, Config::default());
+    let mut objects = Objects::default();
+    let mut planner = Planner::new();
+    let mut plan = |endpoint: &str, planner: &mut Planner| {
+        let yaml = format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: web, creationTimestamp: \"2024-01-01T00:00:00Z\"}}\nspec:\n  type: LoadBalancer\n  ipFamilyPolicy: SingleStack\n  ipFamilies: [IPv4]\n  ports: [{{name: http, port: 8080, protocol: TCP}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{namespace: default, name: web-1, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nports: [{{name: http, port: 8443, protocol: TCP}}]\nendpoints:\n- {{addresses: [\"{endpoint}\"]}}\n"
+        );
+        let files = nodelb_agent::object_files::ObjectFiles::from_text(
+            std::path::Path::new("web.yaml"),
+            &yaml,
+        )
+        .expect("the test's YAML reads");
+        let mut dirty = std::collections::BTreeSet::new();
+        for s in files.services {
+            dirty.extend(objects.put_service(std::sync::Arc::new(s)));
+        }
+        for s in files.slices {
+            dirty.extend(objects.put_slice(std::sync::Arc::new(s)));
+        }
+        planner.update(&objects, &ctx, Some(&dirty)).change
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (tell, mut told) = tokio::sync::mpsc::unbounded_channel();
+    let kernel = ns
+        .run(|| Kernel::spawn(Config::default(), None, tell))
+        .expect("the kernel actor's thread");
+    let commit = |change, drift, planner: &mut Planner| {
+        let c = Commit {
+            change,
+            families,
+            drift,
+            planner: std::mem::take(planner),
+            flows: Default::default(),
+        };
+        let (back, done) = rt.block_on(kernel.commit(c));
+        *planner = back;
+        done.result.expect("the commit")
+    };
+    let mut verified = |kernel: &Kernel| -> Verified {
+        kernel.verify();
+        // The timer needs the runtime: made inside it.
+        let told =
+            rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), told.recv()).await });
+        match told {
+            Ok(Some(Trigger::Verified(v))) => v,
+            other => panic!("expected a verdict, got {other:?}"),
+        }
+    };
+
+    let change = plan("198.51.100.2", &mut planner);
+    assert!(commit(change, false, &mut planner).whole, "no model yet");
+    let change = plan("198.51.100.3", &mut planner);
+    let sent = commit(change, false, &mut planner);
+    assert!(!sent.whole && sent.stats.messages > 0, "an edit: {sent:?}");
+    assert!(ns.sh("nft list table ip nodelb").contains("198.51.100.3"));
+    assert_eq!(verified(&kernel).drift, None, "as committed");
+
+    nft_f(&ns, "add chain ip nodelb intruder").unwrap();
+    let drift = verified(&kernel).drift.expect("a foreign chain is drift");
+    assert!(drift.contains("chain intruder is not nodelb's"), "{drift}");
+
+    let nothing = nodelb_core::plan::TableChange::Edit(Vec::new());
+    assert!(
+        commit(nothing, true, &mut planner).whole,
+        "drift is repaired whole"
+    );
+    let table = ns.sh("nft list table ip nodelb");
+    assert!(
+        !table.contains("intruder") && table.contains("198.51.100.3"),
+        "{table}"
+    );
+    assert_eq!(verified(&kernel).drift, None, "repaired");
+}
