@@ -18,12 +18,38 @@ fn verdict(v: Verdict) -> Stmt {
     Stmt::Verdict(v)
 }
 
+/// `th dport`: the destination port whatever the transport.
+const TH_DPORT: Expr = Expr::Payload(Payload::ThDport);
+/// `meta l4proto`.
+const L4: Expr = Expr::Meta(MetaKey::L4Proto);
+
 /// A table that uses every expression, statement and object kind the model has, in one family.
 pub fn kitchen_sink(f: Fam, name: &str) -> Table {
     let mut t = Table::new(f.family, name);
-    let th_dport = Expr::Payload(Payload::ThDport);
-    let l4 = Expr::Meta(MetaKey::L4Proto);
+    add_address_sets(&mut t, f);
+    add_dispatch_maps(&mut t, f);
+    add_client_sets(&mut t, f);
+    add_lookup_sets(&mut t, f);
+    t.add_chain(prerouting(f));
+    add_service_chains(&mut t, f);
+    t.add_chain(output());
+    t.add_chain(postrouting(f));
+    add_named_counters(&mut t, f);
+    t.add_chain(forward(f));
+    t.add_chain(Chain::regular("count").rule(rule(vec![
+        Stmt::Counter {
+            packets: 7,
+            bytes: 700,
+        },
+        verdict(Verdict::Return),
+    ])));
+    t.add_chain(input());
+    t
+}
 
+/// Interval sets of addresses: `allowed` by type (a prefix with a comment, a single host),
+/// `sources` by typeof.
+fn add_address_sets(t: &mut Table, f: Fam) {
     let mut allowed = Set::new("allowed", SetType::Type(vec![f.addr_type()])).interval();
     allowed.insert(
         Key::Prefix(f.addr(0, 0), f.prefix_len()),
@@ -46,7 +72,12 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
         None,
     );
     t.add_set(sources);
+}
 
+/// The maps a load balancer dispatches through: `services` (address . protocol . port to a
+/// verdict), `endpoints` (protocol . port . random index to address . port) and `pick` (a
+/// typeof verdict map, ClientIP affinity's random pick).
+fn add_dispatch_maps(t: &mut Table, f: Fam) {
     let mut services = Set::map(
         "services",
         SetType::Type(vec![
@@ -71,8 +102,8 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
 
     let mut endpoints = Set::map(
         "endpoints",
-        SetType::Typeof(vec![l4, th_dport, Expr::Numgen { modulus: 2 }]),
-        MapData::Value(SetType::Typeof(vec![f.daddr(), th_dport])),
+        SetType::Typeof(vec![L4, TH_DPORT, Expr::Numgen { modulus: 2 }]),
+        MapData::Value(SetType::Typeof(vec![f.daddr(), TH_DPORT])),
     );
     for i in 0..2u32 {
         endpoints.insert(
@@ -88,7 +119,7 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
     // A verdict map declared with typeof, with elements (ClientIP affinity's random pick).
     let mut pick = Set::map(
         "pick",
-        SetType::Typeof(vec![l4, th_dport, Expr::Numgen { modulus: 1 }]),
+        SetType::Typeof(vec![L4, TH_DPORT, Expr::Numgen { modulus: 1 }]),
         MapData::Verdict,
     )
     .with_comment("protocol . port . random index: the endpoint's chain");
@@ -100,7 +131,10 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
         );
     }
     t.add_set(pick);
+}
 
+/// Sets filled by packets, with timeouts.
+fn add_client_sets(t: &mut Table, f: Fam) {
     // Filled by packets: ClientIP session affinity's per-endpoint client sets.
     t.add_set(
         Set::new("clients", SetType::Type(vec![f.addr_type()]))
@@ -111,12 +145,16 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
         Set::new("clients-brief", SetType::Typeof(vec![f.saddr()]))
             .dynamic(std::time::Duration::from_millis(2_500)),
     );
+}
 
+/// Sets and maps over marks, ports and addresses: `marks`, `ports`, `portmap` (port to
+/// verdict), `addrmap` (address to address).
+fn add_lookup_sets(t: &mut Table, f: Fam) {
     let mut marks = Set::new("marks", SetType::Type(vec![DataType::Mark]));
     marks.insert(Key::Values(vec![Value::U32(1)].into()), None, None);
     t.add_set(marks);
 
-    let mut ports = Set::new("ports", SetType::Typeof(vec![th_dport]));
+    let mut ports = Set::new("ports", SetType::Typeof(vec![TH_DPORT]));
     ports.insert(
         Key::Values(vec![Value::Port(22)].into()),
         None,
@@ -153,7 +191,11 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
         None,
     );
     t.add_set(addrmap);
+}
 
+/// The nat prerouting base chain: a verdict-map dispatch, a negated lookup, DNAT with and
+/// without a port, a `!=` comparison and `return`.
+fn prerouting(f: Fam) -> Chain {
     let mut pre = Chain::base(
         "prerouting",
         ChainType::Nat,
@@ -163,7 +205,7 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
     );
     pre.push(
         rule(vec![Stmt::Vmap {
-            keys: vec![f.daddr(), l4, th_dport],
+            keys: vec![f.daddr(), L4, TH_DPORT],
             map: "services".into(),
         }])
         .with_comment("dispatch by destination"),
@@ -209,13 +251,18 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
         },
         verdict(Verdict::Return),
     ]));
-    t.add_chain(pre);
+    pre
+}
 
+/// Regular chains the others jump and go to: a NAT map (`svc-a`), ClientIP affinity's
+/// lookup, set updates and random draws (`sticky`), a typeof verdict map (`pick-2`) and DNAT
+/// (`svc-b`).
+fn add_service_chains(t: &mut Table, f: Fam) {
     t.add_chain(
         Chain::regular("svc-a").rule(
             rule(vec![Stmt::NatMap {
                 kind: NatKind::Dnat,
-                keys: vec![l4, th_dport, Expr::Numgen { modulus: 2 }],
+                keys: vec![L4, TH_DPORT, Expr::Numgen { modulus: 2 }],
                 map: "endpoints".into(),
             }])
             .with_comment("default/web:http"),
@@ -258,18 +305,21 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
             .rule(rule(vec![verdict(Verdict::Goto("svc-b".into()))])),
     );
     t.add_chain(Chain::regular("pick-2").rule(rule(vec![Stmt::Vmap {
-        keys: vec![l4, th_dport, Expr::Numgen { modulus: 2 }],
+        keys: vec![L4, TH_DPORT, Expr::Numgen { modulus: 2 }],
         map: "pick".into(),
     }])));
     t.add_chain(Chain::regular("svc-b").rule(rule(vec![
-        Stmt::cmp(l4, Value::Proto(L4Proto::Udp)),
+        Stmt::cmp(L4, Value::Proto(L4Proto::Udp)),
         Stmt::Nat {
             kind: NatKind::Dnat,
             addr: f.addr(1, 3),
             port: Some(5353),
         },
     ])));
+}
 
+/// The nat output base chain: a source port of each protocol.
+fn output() -> Chain {
     let mut out = Chain::base("output", ChainType::Nat, Hook::Output, -100, Policy::Accept);
     out.push(rule(vec![
         Stmt::Cmp {
@@ -295,8 +345,12 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
         },
         verdict(Verdict::Accept),
     ]));
-    t.add_chain(out);
+    out
+}
 
+/// The nat postrouting base chain: masquerade by conntrack status and by mark (fully
+/// random), SNAT by conntrack mark.
+fn postrouting(f: Fam) -> Chain {
     let mut post = Chain::base(
         "postrouting",
         ChainType::Nat,
@@ -323,15 +377,18 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
     ]));
     post.push(rule(vec![
         Stmt::cmp(Expr::Ct(CtKey::Mark), Value::U32(1)),
-        Stmt::cmp(l4, Value::Proto(L4Proto::Tcp)),
+        Stmt::cmp(L4, Value::Proto(L4Proto::Tcp)),
         Stmt::Nat {
             kind: NatKind::Snat,
             addr: f.addr(2, 1),
             port: Some(1000),
         },
     ]));
-    t.add_chain(post);
+    post
+}
 
+/// The filter forward base chain: conntrack and rejects, lookups and maps, and counting.
+fn forward(f: Fam) -> Chain {
     let mut fwd = Chain::base(
         "forward",
         ChainType::Filter,
@@ -339,6 +396,14 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
         0,
         Policy::Accept,
     );
+    forward_conntrack_and_marks(&mut fwd, f);
+    forward_lookups(&mut fwd, f);
+    forward_counting(&mut fwd, f);
+    fwd
+}
+
+/// Conntrack state and original destination, rejects of each kind, and marks.
+fn forward_conntrack_and_marks(fwd: &mut Chain, f: Fam) {
     fwd.push(rule(vec![
         Stmt::AnyBits {
             left: Expr::Ct(CtKey::State),
@@ -347,14 +412,14 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
         verdict(Verdict::Accept),
     ]));
     fwd.push(rule(vec![
-        Stmt::cmp(l4, Value::Proto(L4Proto::Tcp)),
+        Stmt::cmp(L4, Value::Proto(L4Proto::Tcp)),
         Stmt::cmp(Expr::Ct(CtKey::OriginalDaddr), v(f.addr(2, 1))),
         Stmt::cmp(Expr::Ct(CtKey::OriginalProtoDst), Value::Port(80)),
         Stmt::counter(),
         verdict(Verdict::Accept),
     ]));
     fwd.push(rule(vec![
-        Stmt::cmp(l4, Value::Proto(L4Proto::Udp)),
+        Stmt::cmp(L4, Value::Proto(L4Proto::Udp)),
         Stmt::Reject(Reject::PortUnreachable),
     ]));
     fwd.push(rule(vec![
@@ -366,6 +431,11 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
         Stmt::cmp(Expr::Meta(MetaKey::Mark), Value::U32(0x10)),
         verdict(Verdict::Drop),
     ]));
+}
+
+/// Lookups in named sets, a named and two anonymous verdict maps, and comparisons of
+/// addresses.
+fn forward_lookups(fwd: &mut Chain, f: Fam) {
     fwd.push(rule(vec![
         Stmt::Lookup {
             keys: vec![Expr::Meta(MetaKey::Mark)],
@@ -376,7 +446,7 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
     ]));
     fwd.push(rule(vec![
         Stmt::Lookup {
-            keys: vec![th_dport],
+            keys: vec![TH_DPORT],
             set: "ports".into(),
             negate: false,
         },
@@ -391,7 +461,7 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
         verdict(Verdict::Goto("count".into())),
     ]));
     fwd.push(rule(vec![Stmt::Vmap {
-        keys: vec![th_dport],
+        keys: vec![TH_DPORT],
         map: "portmap".into(),
     }]));
     fwd.push(rule(vec![
@@ -407,7 +477,7 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
         },
     ]));
     fwd.push(rule(vec![Stmt::AnonVmap {
-        keys: vec![f.daddr(), th_dport],
+        keys: vec![f.daddr(), TH_DPORT],
         map: AnonVmap {
             elements: vec![(vec![v(f.addr(1, 9)), Value::Port(9)], Verdict::Drop)],
         },
@@ -421,8 +491,10 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
         },
         verdict(Verdict::Drop),
     ]));
-    // Named counters: seeded values, a comment, a counter map naming them, and rules counting
-    // into one by name and into the map's by key.
+}
+
+/// Named counters: seeded values, a comment, and a counter map naming them.
+fn add_named_counters(t: &mut Table, f: Fam) {
     let mut web = Counter::new("svc/default/web/http").with_comment("default/web:http");
     web.packets = 42;
     web.bytes = 4200;
@@ -449,9 +521,13 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
         None,
     );
     t.add_set(counters);
+}
+
+/// Rules counting into a named counter by name and into the counter map's by key.
+fn forward_counting(fwd: &mut Chain, f: Fam) {
     fwd.push(
         rule(vec![
-            Stmt::cmp(l4, Value::Proto(L4Proto::Tcp)),
+            Stmt::cmp(L4, Value::Proto(L4Proto::Tcp)),
             Stmt::AnyBits {
                 left: Expr::Ct(CtKey::Status),
                 bits: ct_status::DNAT,
@@ -459,7 +535,7 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
             Stmt::CounterMap {
                 keys: vec![
                     Expr::Ct(CtKey::OriginalDaddr),
-                    l4,
+                    L4,
                     Expr::Ct(CtKey::OriginalProtoDst),
                 ],
                 map: "svc-counters".into(),
@@ -476,23 +552,16 @@ pub fn kitchen_sink(f: Fam, name: &str) -> Table {
         Stmt::CounterRef("drops/default/web/http".into()),
         verdict(Verdict::Drop),
     ]));
-    t.add_chain(fwd);
+}
 
-    t.add_chain(Chain::regular("count").rule(rule(vec![
-        Stmt::Counter {
-            packets: 7,
-            bytes: 700,
-        },
-        verdict(Verdict::Return),
-    ])));
-
+/// The filter input base chain, policy drop: `th sport`.
+fn input() -> Chain {
     let mut input = Chain::base("input", ChainType::Filter, Hook::Input, 10, Policy::Drop);
     input.push(rule(vec![
         Stmt::cmp(Expr::Payload(Payload::ThSport), Value::Port(7)),
         verdict(Verdict::Accept),
     ]));
-    t.add_chain(input);
-    t
+    input
 }
 
 /// An `inet` table for what only `inet` can say (`meta nfproto`, ICMPX reject).
