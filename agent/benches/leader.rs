@@ -23,12 +23,13 @@ mod heap;
 
 use heap::{mib, peak_above, peak_from_now};
 use k8s_openapi::api::core::v1::Node;
+use nodelb_core::fixtures::{self, heartbeat, Ep, Slice, Svc};
 use nodelb_core::objects::wire::{EndpointSlice, Service};
 use nodelb_core::plan::config::Config;
 use nodelb_core::plan::{Objects, Planner};
 use nodelb_core::status::classes::{candidates, node_context};
-use nodelb_core::status::heartbeat::{BlockedPorts, Heartbeat};
-use nodelb_core::status::{parse_families, Status, StatusConfig};
+use nodelb_core::status::heartbeat::Heartbeat;
+use nodelb_core::status::{Status, StatusConfig};
 use nodelb_core::vocab::Protocol;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -56,24 +57,24 @@ fn node_name(i: usize) -> String {
     format!("node-{i:04}")
 }
 
+/// Node `i`: in zone `i % 3`, excluded from load balancers when `i % 10 == 9`.
 fn node(i: usize) -> Node {
-    let mut labels = json!({
-        "kubernetes.io/hostname": node_name(i),
-        "kubernetes.io/os": "linux",
-        "topology.kubernetes.io/zone": ZONES[i % 3],
-        "node.kubernetes.io/instance-type": "m5.large",
-    });
-    if i % 10 == 9 {
-        labels["node.kubernetes.io/exclude-from-external-load-balancers"] = json!("true");
+    let name = node_name(i);
+    let n = fixtures::node(&name)
+        .label("kubernetes.io/hostname", &name)
+        .label("kubernetes.io/os", "linux")
+        .label("topology.kubernetes.io/zone", ZONES[i % 3])
+        .label("node.kubernetes.io/instance-type", "m5.large")
+        .address("InternalIP", format!("2001:db8:1::{:x}", i + 1))
+        .address("Hostname", &name);
+    match i % 10 {
+        9 => n.label(
+            "node.kubernetes.io/exclude-from-external-load-balancers",
+            "true",
+        ),
+        _ => n,
     }
-    serde_json::from_value(json!({
-        "metadata": {"name": node_name(i), "labels": labels},
-        "status": {"addresses": [
-            {"type": "InternalIP", "address": format!("2001:db8:1::{:x}", i + 1)},
-            {"type": "Hostname", "address": node_name(i)},
-        ]},
-    }))
-    .unwrap()
+    .k8s()
 }
 
 /// The Service ports, in order: TCP, none reserved; Service `i` reuses its predecessor's port
@@ -95,36 +96,37 @@ fn ports(n: usize, cfg: &Config) -> Vec<u16> {
     out
 }
 
+/// Service `i`: created one second after `i - 1`, Local when `i % 10 < 3`, with a node
+/// selector on the zone when `i % 10 == 0`.
 fn service(i: usize, port: u16) -> Service {
-    let mut meta = json!({
-        "namespace": "bench",
-        "name": format!("svc-{i}"),
-        "creationTimestamp": format!("2024-01-01T{:02}:{:02}:{:02}Z", i / 3600 % 24, i / 60 % 60, i % 60),
-    });
-    match i % 20 {
-        0 => {
-            meta["annotations"] =
-                json!({"nodelb.io/node-selector": "topology.kubernetes.io/zone=zone-a"})
-        }
-        10 => {
-            meta["annotations"] =
-                json!({"nodelb.io/node-selector": "topology.kubernetes.io/zone in (zone-b,zone-c)"})
-        }
-        _ => {}
-    }
+    let created = format!(
+        "2024-01-01T{:02}:{:02}:{:02}Z",
+        i / 3600 % 24,
+        i / 60 % 60,
+        i % 60
+    );
     let policy = if i % 10 < 3 { "Local" } else { "Cluster" };
-    serde_json::from_value(json!({
-        "metadata": meta,
-        "spec": {"type": "LoadBalancer", "externalTrafficPolicy": policy, "ipFamilies": ["IPv6"],
-                 "ports": [{"name": "http", "port": port, "protocol": "TCP"}]},
-    }))
-    .unwrap()
+    let s = Svc::lb("bench", &format!("svc-{i}"))
+        .created(&created)
+        .spec("externalTrafficPolicy", policy)
+        .spec("ipFamilies", json!(["IPv6"]))
+        .port("http", port, "TCP");
+    let selector = match i % 20 {
+        0 => Some("topology.kubernetes.io/zone=zone-a"),
+        10 => Some("topology.kubernetes.io/zone in (zone-b,zone-c)"),
+        _ => None,
+    };
+    match selector {
+        Some(sel) => s.annotation("nodelb.io/node-selector", sel),
+        None => s,
+    }
+    .wire()
 }
 
-/// The ports host listeners hold on node `i`, as its heartbeat says: daemons of its own on
-/// ports no Service uses (the Services' are below 12,000), and on node 3 (at every N) one on
-/// the port `held` of a Service.
-fn blocked(i: usize, held: u16) -> BlockedPorts {
+/// The ports host listeners hold on node `i`, as its heartbeat lists them: daemons of its own
+/// on ports no Service uses (the Services' are below 12,000), and on node 3 (at every N) one
+/// on the port `held` of a Service.
+fn blocked(i: usize, held: u16) -> String {
     let mut list = format!(
         "IPv6/TCP/{}=agent-{},IPv6/UDP/{}=dnsd-{i}",
         20_000 + i % 997,
@@ -137,32 +139,26 @@ fn blocked(i: usize, held: u16) -> BlockedPorts {
     if i == 3 {
         list.push_str(&format!(",IPv6/TCP/{held}=socat"));
     }
-    BlockedPorts::parse(&list)
+    list
 }
 
 /// Service `i`'s endpoints, on nodes spread over the cluster (`shift` moves them).
 fn slice(i: usize, nodes: usize, shift: usize) -> EndpointSlice {
-    let eps: Vec<_> = (0..ENDPOINTS)
-        .map(|e| {
-            let k = i * ENDPOINTS + e;
-            let node = (k * 7919 + shift) % nodes;
-            // One in fifty Services has an endpoint on its way out.
-            let terminating = i.is_multiple_of(50) && e == 0;
-            json!({
-                "addresses": [format!("2001:db8:2::{:x}", k % 60_000 + 1)],
-                "nodeName": node_name(node),
-                "conditions": {"ready": !terminating, "serving": true, "terminating": terminating},
-            })
-        })
-        .collect();
-    serde_json::from_value(json!({
-        "metadata": {"namespace": "bench", "name": format!("svc-{i}-1"),
-                     "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
-        "addressType": "IPv6",
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-        "endpoints": eps,
-    }))
-    .unwrap()
+    let eps = (0..ENDPOINTS).map(|e| {
+        let k = i * ENDPOINTS + e;
+        let node = (k * 7919 + shift) % nodes;
+        // One in fifty Services has an endpoint on its way out.
+        let terminating = i.is_multiple_of(50) && e == 0;
+        Ep::at(format!("2001:db8:2::{:x}", k % 60_000 + 1))
+            .node(&node_name(node))
+            .ready(!terminating)
+            .serving(true)
+            .terminating(terminating)
+    });
+    Slice::ipv6("bench", &format!("svc-{i}-1"), &format!("svc-{i}"))
+        .port("http", 8080, "TCP")
+        .endpoints(eps)
+        .wire()
 }
 
 impl Cluster {
@@ -181,18 +177,12 @@ impl Cluster {
             (0..services).map(|i| service(i, ports[i]).into()),
             slices.iter().cloned().map(Into::into),
         );
-        let renewed = "2026-01-01T12:00:00Z".parse().unwrap();
         let beats: BTreeMap<String, Heartbeat> = (0..nodes)
             .map(|i| {
-                let beat = Heartbeat {
-                    node: node_name(i),
-                    holder: Some(format!("nodelb-{i}")),
-                    renewed,
-                    families: parse_families("IPv6"),
-                    blocked: blocked(i, ports[3]),
-                    unhealthy: None,
-                };
-                (node_name(i), beat)
+                let beat = heartbeat(&node_name(i))
+                    .families("IPv6")
+                    .blocked(&blocked(i, ports[3]));
+                (node_name(i), beat.heartbeat())
             })
             .collect();
         let ages = beats

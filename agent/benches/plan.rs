@@ -6,11 +6,10 @@
 //! `nodelb-integration`.
 //! `cargo bench -p nodelb-agent --bench plan`; NODELB_BENCH_SERVICES / NODELB_BENCH_ENDPOINTS.
 
+use nodelb_core::fixtures::{self, Ep, Slice, Svc};
 use nodelb_core::objects::index;
 use nodelb_core::objects::wire::{EndpointSlice, Service};
-use nodelb_core::plan::{
-    config::Config, node, plan, Context, Input, Objects, Planner, TableChange,
-};
+use nodelb_core::plan::{config::Config, plan, Context, Input, Objects, Planner, TableChange};
 use nodelb_core::vocab::Families;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -28,40 +27,31 @@ fn env(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+fn port(p: usize) -> u16 {
+    u16::try_from(p).expect("NODELB_BENCH_SERVICES stays below 64,512")
+}
+
 fn main() {
     let n = env("NODELB_BENCH_SERVICES", 10_000);
     let m = env("NODELB_BENCH_ENDPOINTS", 5);
     let mut services: Vec<Service> = Vec::new();
     let mut slices: Vec<EndpointSlice> = Vec::new();
     for i in 0..n {
-        services.push(
-            serde_json::from_value(serde_json::json!({
-                "metadata": {"namespace": "bench", "name": format!("svc-{i}"), "creationTimestamp": "2024-01-01T00:00:00Z"},
-                "spec": {"type": "LoadBalancer", "ports": [{"name": "http", "port": 1024 + i, "protocol": "TCP"}]}
-            }))
-            .unwrap(),
-        );
-        let eps: Vec<_> = (0..m)
-            .map(|e| serde_json::json!({"addresses": [format!("198.51.100.{}", (i * m + e) % 250 + 2)], "nodeName": "node-a"}))
-            .collect();
-        slices.push(
-            serde_json::from_value(serde_json::json!({
-                "metadata": {"namespace": "bench", "name": format!("svc-{i}-1"), "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
-                "addressType": "IPv4",
-                "ports": [{"name": "http", "port": 8080 + (i % 7), "protocol": "TCP"}],
-                "endpoints": eps,
-            }))
-            .unwrap(),
-        );
+        let name = format!("svc-{i}");
+        let service = Svc::lb("bench", &name)
+            .created("2024-01-01T00:00:00Z")
+            .port("http", port(1024 + i), "TCP");
+        services.push(service.wire());
+        let eps =
+            (0..m).map(|e| Ep::at(format!("198.51.100.{}", (i * m + e) % 250 + 2)).node("node-a"));
+        let slice = Slice::ipv4("bench", &format!("{name}-1"), &name)
+            .port("http", port(8080 + i % 7), "TCP")
+            .endpoints(eps);
+        slices.push(slice.wire());
     }
-    let node = node::NodeInfo {
-        name: "node-a".into(),
-        labels: Default::default(),
-        addresses: vec![(
-            node::AddressKind::InternalIP,
-            "203.0.113.1".parse().unwrap(),
-        )],
-    };
+    let node = fixtures::node("node-a")
+        .address("InternalIP", "203.0.113.1")
+        .info();
     let local: BTreeSet<IpAddr> = ["203.0.113.1".parse().unwrap()].into();
     let config = Config::default();
     // As the index keeps them (the file reader and the watches convert each object once).

@@ -18,7 +18,7 @@
 
 use nodelb_core::plan::{Context, Objects, Planner, TableChange};
 use nodelb_integration::bench::{env_usize, goal};
-use nodelb_integration::models::{bench_objects_with, bench_planner, bench_slice};
+use nodelb_integration::models::{bench_endpoints, bench_planner, bench_slice};
 use nodelb_integration::netns::Netns;
 use nodelb_netfilter::{Commit, Committer, Drift, Nft, Table};
 use std::collections::BTreeSet;
@@ -241,7 +241,7 @@ fn change(
     mut planner: Planner,
     mut objects: Objects,
     ctx: Context,
-    (n, eps, affinity): (usize, usize, bool),
+    (n, eps, _): (usize, usize, bool),
     iterations: usize,
     shape: &mut Shape,
 ) -> Res<()> {
@@ -249,9 +249,9 @@ fn change(
     let variants: Vec<_> = VARIANT_ADDRESSES
         .iter()
         .map(|a| {
-            let (_, mut slice) = bench_objects_with(n, eps, affinity).swap_remove(svc);
-            slice["endpoints"][0]["addresses"] = serde_json::json!([a]);
-            std::sync::Arc::new(bench_slice(slice))
+            let mut addresses = bench_endpoints(svc, eps);
+            addresses[0] = a.parse().expect("a variant address");
+            std::sync::Arc::new(bench_slice(svc, &addresses).index())
         })
         .collect();
     let ns = Netns::new("bench-aff-sync");

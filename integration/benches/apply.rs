@@ -150,12 +150,15 @@ fn write_files(dir: &Path, services: usize, endpoints: usize) -> Res<[(&'static 
     let objects = bench_objects(services, endpoints);
     let mut yaml = String::new();
     for (service, slice) in &objects {
-        for o in [service, slice] {
-            yaml += "---\n";
-            yaml += &serde_yaml_ng::to_string(o).map_err(|e| e.to_string())?;
-        }
+        yaml += "---\n";
+        yaml += &service.yaml();
+        yaml += "---\n";
+        yaml += &slice.yaml();
     }
-    let items: Vec<&serde_json::Value> = objects.iter().flat_map(|(s, e)| [s, e]).collect();
+    let items: Vec<serde_json::Value> = objects
+        .iter()
+        .flat_map(|(s, e)| [s.json(), e.json()])
+        .collect();
     // Keys in kubectl's order: `items` before `kind`.
     let list = format!(
         "{{\n  \"apiVersion\": \"v1\",\n  \"items\": {},\n  \"kind\": \"List\",\n  \"metadata\": {{\"resourceVersion\": \"\"}}\n}}\n",

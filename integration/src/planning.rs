@@ -1,15 +1,17 @@
-//! Kubernetes objects planned as the agent plans them, for tests that trace or send packets
-//! through the result: the golden fixtures planned for their fixed node (`fixtures/README.md`),
-//! and Services and EndpointSlices written as small YAML for the node of a [`Topology`].
+//! Kubernetes objects planned as the agent plans them, for tests that compare, trace or send
+//! packets through the result: the golden fixtures planned for their fixed node
+//! (`fixtures/README.md`), and a [`Topology`]'s Services and EndpointSlices, built with
+//! `nodelb_core::fixtures`, planned for its node.
 //!
-//! The YAML shapes are `tests/planned_dataplane.rs`'s (every Service dual stack, every port
-//! named `<proto>-<port>`, every endpoint on [`BACKEND_PORT`]), so the tracer's kernel test
-//! and the dataplane tests speak of the same tables.
+//! A topology's objects have one shape (every Service dual stack, every port named
+//! `<proto>-<port>`, every endpoint on [`BACKEND_PORT`]), so the golden tests, the tracer's
+//! kernel test and the dataplane tests speak of the same tables.
 
 use crate::netns::{route, Topology};
 use nodelb_agent::object_files::ObjectFiles;
+use nodelb_core::fixtures::{node, Ep, Slice, Svc};
 use nodelb_core::plan::config::Config;
-use nodelb_core::plan::node::{AddressKind, NodeInfo};
+use nodelb_core::plan::node::NodeInfo;
 use nodelb_core::plan::{plan, Input, Plan};
 use nodelb_core::vocab::{Families, IpFamily};
 use nodelb_netfilter::{L4Proto, Table};
@@ -32,38 +34,46 @@ pub fn fixtures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
 }
 
-/// `fixtures/<name>.yaml` planned for the fixture node, both families, default config: the
-/// plan whose tables `golden/<name>.nft` holds.
-pub fn plan_fixture(name: &str) -> Plan {
-    let path = fixtures_dir().join(format!("{name}.yaml"));
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let objects = ObjectFiles::from_text(&path, &text)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let addresses: Vec<IpAddr> = FIXTURE_ADDRESSES
-        .iter()
-        .map(|a| a.parse().expect("a fixture address"))
-        .collect();
-    let node = NodeInfo {
-        name: FIXTURE_NODE.into(),
-        labels: FIXTURE_LABELS
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        addresses: addresses
-            .iter()
-            .map(|a| (AddressKind::InternalIP, *a))
-            .collect(),
-    };
-    plan_objects(&objects, &node, &addresses.into_iter().collect())
+/// `fixtures/<name>.yaml` as the agent's file reader reads it.
+pub fn read_fixture(path: &Path) -> ObjectFiles {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    ObjectFiles::from_text(path, &text)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
-/// `objects` planned for `node`, whose host holds `local`, both families, default config.
-pub fn plan_objects(objects: &ObjectFiles, node: &NodeInfo, local: &BTreeSet<IpAddr>) -> Plan {
+/// `fixtures/<name>.yaml` planned for the fixture node: the plan whose tables
+/// `golden/<name>.nft` holds.
+pub fn plan_fixture(name: &str) -> Plan {
+    plan_for_fixture_node(&read_fixture(&fixtures_dir().join(format!("{name}.yaml"))))
+}
+
+/// `objects` planned for the fixture node (`FIXTURE_NODE` with its labels, its addresses its
+/// InternalIPs and the host's only addresses), both families, default config.
+pub fn plan_for_fixture_node(objects: &ObjectFiles) -> Plan {
+    let node = FIXTURE_LABELS
+        .iter()
+        .fold(node(FIXTURE_NODE), |n, (k, v)| n.label(k, v));
+    let node = FIXTURE_ADDRESSES
+        .iter()
+        .fold(node, |n, a| n.address("InternalIP", a))
+        .info();
+    let local = node.addresses.iter().map(|(_, a)| *a).collect();
+    plan_objects(&objects.services, &objects.slices, &node, &local)
+}
+
+/// Services and slices, as the index keeps them, planned for `node`, whose host holds
+/// `local`, both families, default config.
+pub fn plan_objects(
+    services: &[nodelb_core::objects::index::Service],
+    slices: &[nodelb_core::objects::index::EndpointSlice],
+    node: &NodeInfo,
+    local: &BTreeSet<IpAddr>,
+) -> Plan {
     let config = Config::default();
     plan(&Input {
-        services: objects.services.iter().collect(),
-        slices: objects.slices.iter().collect(),
+        services: services.iter().collect(),
+        slices: slices.iter().collect(),
         node,
         local_addresses: local,
         families: Families { v4: true, v6: true },
@@ -77,8 +87,9 @@ pub const TOPOLOGY_NODE: &str = "node-a";
 /// The port every backend listens on (the slices' target port).
 pub const BACKEND_PORT: u16 = 8080;
 pub const FAMILIES: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
-/// The topology client's subnets, both families, as a Service spec's source ranges.
-pub const CLIENT_RANGES: &str = "  loadBalancerSourceRanges: [203.0.113.0/24, 2001:db8:c::/64]\n";
+/// The topology client's subnets, both families: a Service's `loadBalancerSourceRanges`
+/// that admit it.
+pub const CLIENT_RANGES: [&str; 2] = ["203.0.113.0/24", "2001:db8:c::/64"];
 
 /// The protocols a topology's namespaces have sockets for (this kernel has no SCTP).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -93,6 +104,11 @@ impl Proto {
             Proto::Tcp => "TCP",
             Proto::Udp => "UDP",
         }
+    }
+
+    /// The name its ports get: `tcp-80`.
+    pub fn port_name(self, port: u16) -> String {
+        format!("{}-{port}", self.k8s().to_lowercase())
     }
 
     pub fn l4(self) -> L4Proto {
@@ -154,27 +170,16 @@ pub fn topology_with_stranger(backends: usize) -> (Topology, usize) {
     (topo, other)
 }
 
-/// A dual-stack LoadBalancer Service `default/<name>` with ports `(protocol, port)`, each named
-/// `<proto>-<port>`; `extra` is appended to the spec (indented two spaces already).
-pub fn service(name: &str, policy: &str, ports: &[(Proto, u16)], extra: &str) -> String {
-    let mut y = format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: {name}, creationTimestamp: \"2024-01-01T00:00:00Z\"}}\nspec:\n  type: LoadBalancer\n  externalTrafficPolicy: {policy}\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  ports:\n"
-    );
-    for (proto, port) in ports {
-        y += &format!(
-            "  - {{name: {}-{port}, port: {port}, protocol: {}}}\n",
-            proto.k8s().to_lowercase(),
-            proto.k8s()
-        );
-    }
-    y + extra + "---\n"
-}
-
-/// Spec lines of `sessionAffinity: ClientIP` with `timeoutSeconds`, for [`service`].
-pub fn client_ip_affinity(timeout: u32) -> String {
-    format!(
-        "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {{clientIP: {{timeoutSeconds: {timeout}}}}}\n"
-    )
+/// A dual-stack LoadBalancer Service `default/<name>` with `externalTrafficPolicy: policy` and
+/// ports `(protocol, port)`, each named `<proto>-<port>`.
+pub fn service(name: &str, policy: &str, ports: &[(Proto, u16)]) -> Svc {
+    let s = Svc::lb("default", name)
+        .created("2024-01-01T00:00:00Z")
+        .spec("externalTrafficPolicy", policy)
+        .dual_stack();
+    ports.iter().fold(s, |s, (proto, port)| {
+        s.port(&proto.port_name(*port), *port, proto.k8s())
+    })
 }
 
 /// An IPv4 and an IPv6 EndpointSlice of `default/<service>`: every port of the Service maps to
@@ -184,58 +189,52 @@ pub fn slices(
     service: &str,
     ports: &[(Proto, u16)],
     endpoints: &[(usize, &str)],
-) -> String {
-    let mut y = String::new();
-    for f in FAMILIES {
-        let suffix = if f == IpFamily::V4 { "v4" } else { "v6" };
-        y += &format!(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: default\n  name: {service}-{suffix}\n  labels: {{kubernetes.io/service-name: {service}}}\naddressType: {f}\nports:\n"
-        );
-        for (proto, port) in ports {
-            y += &format!(
-                "- {{name: {}-{port}, port: {BACKEND_PORT}, protocol: {}}}\n",
-                proto.k8s().to_lowercase(),
-                proto.k8s()
+) -> Vec<Slice> {
+    FAMILIES
+        .iter()
+        .map(|f| {
+            let suffix = if *f == IpFamily::V4 { "v4" } else { "v6" };
+            let name = format!("{service}-{suffix}");
+            let s = ports.iter().fold(
+                Slice::of("default", &name, service, &f.to_string()),
+                |s, (proto, port)| s.port(&proto.port_name(*port), BACKEND_PORT, proto.k8s()),
             );
-        }
-        y += if endpoints.is_empty() {
-            "endpoints: []\n"
-        } else {
-            "endpoints:\n"
-        };
-        for (i, node) in endpoints {
-            let addr = backend_addr(topo, f, *i);
-            y += &format!("- {{addresses: [\"{addr}\"], nodeName: {node}}}\n");
-        }
-        y += "---\n";
-    }
-    y
+            s.endpoints(
+                endpoints
+                    .iter()
+                    .map(|(i, node)| Ep::at(backend_addr(topo, *f, *i)).node(node)),
+            )
+        })
+        .collect()
 }
 
 /// The topology's node as its Node object says: its client-facing addresses as InternalIPs.
 pub fn topology_node(topo: &Topology) -> NodeInfo {
-    NodeInfo {
-        name: TOPOLOGY_NODE.into(),
-        labels: [(
-            "kubernetes.io/hostname".to_string(),
-            TOPOLOGY_NODE.to_string(),
-        )]
-        .into(),
-        addresses: FAMILIES
-            .iter()
-            .map(|f| (AddressKind::InternalIP, node_addr(topo, *f)))
-            .collect(),
-    }
+    let n = node(TOPOLOGY_NODE).label("kubernetes.io/hostname", TOPOLOGY_NODE);
+    FAMILIES
+        .iter()
+        .fold(n, |n, f| n.address("InternalIP", node_addr(topo, *f)))
+        .info()
 }
 
-/// Plans `yaml` for the topology's node, whose host addresses are whatever the node
-/// namespace holds now. The YAML must be clean: a skipped document or a planner warning
-/// panics.
-pub fn plan_topology(topo: &Topology, yaml: &str) -> Vec<Table> {
-    let objects =
-        ObjectFiles::from_text(Path::new("test.yaml"), yaml).expect("the test's YAML reads");
-    assert!(objects.skipped.is_empty(), "{:?}", objects.skipped);
-    let p = plan_objects(&objects, &topology_node(topo), &topo.node.addresses());
+/// Fixture `services` and `slices` planned for `node`, whose host holds `local`, both
+/// families, default config.
+pub fn plan_built(
+    services: &[Svc],
+    slices: &[Slice],
+    node: &NodeInfo,
+    local: &BTreeSet<IpAddr>,
+) -> Plan {
+    let services: Vec<_> = services.iter().map(Svc::index).collect();
+    let slices: Vec<_> = slices.iter().map(Slice::index).collect();
+    plan_objects(&services, &slices, node, local)
+}
+
+/// Plans `services` and `slices` for the topology's node, whose host addresses are whatever
+/// the node namespace holds now. They must plan cleanly: a planner warning panics.
+pub fn plan_topology(topo: &Topology, services: &[Svc], slices: &[Slice]) -> Vec<Table> {
+    let local = topo.node.addresses();
+    let p = plan_built(services, slices, &topology_node(topo), &local);
     assert!(p.warnings.is_empty(), "planner warnings: {:?}", p.warnings);
     assert_eq!(p.tables.len(), 2, "one table per family");
     p.tables

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nodelb_agent::host::conntrack::{delete_stale, Cleaned};
-use nodelb_agent::object_files::ObjectFiles;
+use nodelb_core::fixtures::{Ep, Slice, Svc};
 use nodelb_core::plan::config::Config;
 use nodelb_core::plan::flows::FlowChange;
 use nodelb_core::plan::node::{AddressKind, NodeInfo};
@@ -85,18 +85,15 @@ impl Node {
         }
     }
 
-    /// Puts the Services and slices of `yaml` (and deletes the Services named in `gone`),
-    /// plans, commits; returns the flows the update made stale (not yet deleted).
-    fn apply(&mut self, yaml: &str) -> FlowChange {
-        let files = ObjectFiles::from_text(std::path::Path::new("test.yaml"), yaml)
-            .expect("the test's YAML reads");
-        assert!(files.skipped.is_empty(), "{:?}", files.skipped);
+    /// Puts `services` and `slices`, plans, commits; returns the flows the update made stale
+    /// (not yet deleted).
+    fn apply(&mut self, services: &[Svc], slices: &[Slice]) -> FlowChange {
         let mut dirty: BTreeSet<ServiceKey> = BTreeSet::new();
-        for s in files.services {
-            dirty.extend(self.objects.put_service(Arc::new(s)));
+        for s in services {
+            dirty.extend(self.objects.put_service(Arc::new(s.index())));
         }
-        for s in files.slices {
-            dirty.extend(self.objects.put_slice(Arc::new(s)));
+        for s in slices {
+            dirty.extend(self.objects.put_slice(Arc::new(s.index())));
         }
         let update = self.planner.update(&self.objects, &self.ctx, Some(&dirty));
         match update.change {
@@ -164,31 +161,26 @@ impl Node {
 }
 
 /// A dual-stack LoadBalancer Service `default/<name>` with one port `p` of `protocol`.
-fn service(name: &str, protocol: &str, port: u16) -> String {
-    format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: {name}, creationTimestamp: \"2024-01-01T00:00:00Z\"}}\nspec:\n  type: LoadBalancer\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  ports: [{{name: p, port: {port}, protocol: {protocol}}}]\n---\n"
-    )
+fn service(name: &str, protocol: &str, port: u16) -> Svc {
+    Svc::lb("default", name)
+        .created("2024-01-01T00:00:00Z")
+        .dual_stack()
+        .port("p", port, protocol)
 }
 
 /// The IPv4 and IPv6 slices of `default/<name>`: port `p` → `BACKEND_PORT` on these backends.
-fn slices(n: &Node, name: &str, protocol: &str, backends: &[usize]) -> String {
-    let mut y = String::new();
-    for f in [IpFamily::V4, IpFamily::V6] {
-        let eps: String = backends
-            .iter()
-            .map(|i| {
-                format!(
-                    "- {{addresses: [\"{}\"], nodeName: {NODE}}}\n",
-                    n.backend_addr(f, *i)
-                )
-            })
-            .collect();
-        y += &format!(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: default\n  name: {name}-{f}\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: {f}\nports: [{{name: p, port: {BACKEND_PORT}, protocol: {protocol}}}]\nendpoints:{}---\n",
-            if eps.is_empty() { " []\n".to_string() } else { format!("\n{eps}") }
-        );
-    }
-    y
+fn slices(n: &Node, name: &str, protocol: &str, backends: &[usize]) -> Vec<Slice> {
+    [IpFamily::V4, IpFamily::V6]
+        .into_iter()
+        .map(|f| {
+            let endpoints = backends
+                .iter()
+                .map(|i| Ep::at(n.backend_addr(f, *i)).node(NODE));
+            Slice::of("default", &format!("{name}-{f}"), name, &f.to_string())
+                .port("p", BACKEND_PORT, protocol)
+                .endpoints(endpoints)
+        })
+        .collect()
 }
 
 /// UDP servers `b<i>` on every backend, both families.
@@ -251,10 +243,12 @@ fn a_udp_client_keeping_its_port_reaches_the_other_endpoint_once_the_removed_one
     let _servers = udp_backends(&n);
     // `dns` on UDP 53 and `other` on UDP 54, both on b0.
     let start = n.apply(
-        &(service("dns", "UDP", 53)
-            + &slices(&n, "dns", "UDP", &[0])
-            + &service("other", "UDP", 54)
-            + &slices(&n, "other", "UDP", &[0])),
+        &[service("dns", "UDP", 53), service("other", "UDP", 54)],
+        &[
+            slices(&n, "dns", "UDP", &[0]),
+            slices(&n, "other", "UDP", &[0]),
+        ]
+        .concat(),
     );
     assert!(
         n.clean(&start).iter().all(|c| c.deleted == 0),
@@ -295,7 +289,7 @@ fn a_udp_client_keeping_its_port_reaches_the_other_endpoint_once_the_removed_one
     assert_eq!(other_ids.len(), 1, "one entry for `other`'s flow");
 
     // b0 leaves `dns` (b1 replaces it): the rules change, but conntrack keeps the flow on b0.
-    let change = n.apply(&slices(&n, "dns", "UDP", &[1]));
+    let change = n.apply(&[], &slices(&n, "dns", "UDP", &[1]));
     let committed = Instant::now();
     std::thread::sleep(A_WHILE);
     for (f, dns, _) in &flows {
@@ -361,7 +355,7 @@ fn a_udp_port_that_gets_endpoints_deletes_the_entries_made_before() {
     }
     let mut n = Node::new(1);
     let _servers = udp_backends(&n);
-    n.apply("");
+    n.apply(&[], &[]);
     let dst = SocketAddr::new(n.node_addr(IpFamily::V4), 55);
     let flow = UdpFlow::start(
         &n.topo.client,
@@ -381,7 +375,10 @@ fn a_udp_port_that_gets_endpoints_deletes_the_entries_made_before() {
 
     // The Service appears without endpoints (nodelb rejects), then gets one. A flow that
     // starts while nodelb rejects leaves no entry: the reject comes before conntrack confirms.
-    let rejecting = n.apply(&(service("late", "UDP", 55) + &slices(&n, "late", "UDP", &[])));
+    let rejecting = n.apply(
+        &[service("late", "UDP", 55)],
+        &slices(&n, "late", "UDP", &[]),
+    );
     assert!(rejecting.stale().is_empty(), "{rejecting:?}");
     let rejected = UdpFlow::start(
         &n.topo.client,
@@ -402,7 +399,7 @@ fn a_udp_port_that_gets_endpoints_deletes_the_entries_made_before() {
         "{entries:?}"
     );
     drop(rejected);
-    let change = n.apply(&slices(&n, "late", "UDP", &[0]));
+    let change = n.apply(&[], &slices(&n, "late", "UDP", &[0]));
     let committed = Instant::now();
     std::thread::sleep(A_WHILE);
     assert!(
@@ -436,13 +433,16 @@ fn an_established_tcp_connection_to_a_removed_endpoint_is_not_cut() {
         let addr = SocketAddr::new(n.backend_addr(IpFamily::V4, i), BACKEND_PORT);
         servers.push(tcp_echo_server(ns, addr, &format!("b{i}")));
     }
-    n.apply(&(service("web", "TCP", 80) + &slices(&n, "web", "TCP", &[0])));
+    n.apply(
+        &[service("web", "TCP", 80)],
+        &slices(&n, "web", "TCP", &[0]),
+    );
     let dst = SocketAddr::new(n.node_addr(IpFamily::V4), 80);
     let mut session = TcpSession::connect(&n.topo.client, dst, ANSWER).expect("connect");
     assert_eq!(name_of(&session.ask().expect("first answer")), "b0");
 
     // b0 leaves; whatever the cleanup is handed, TCP is not in it.
-    let change = n.apply(&slices(&n, "web", "TCP", &[1]));
+    let change = n.apply(&[], &slices(&n, "web", "TCP", &[1]));
     assert!(change.stale().is_empty(), "{change:?}");
     let cleaned = n.clean(&change);
     assert!(cleaned.is_empty(), "{cleaned:?}");
@@ -506,7 +506,10 @@ fn an_sctp_association_keeping_its_port_reaches_the_other_endpoint_once_the_remo
             )
         })
         .collect();
-    n.apply(&(service("assoc", "SCTP", 9132) + &slices(&n, "assoc", "SCTP", &[0])));
+    n.apply(
+        &[service("assoc", "SCTP", 9132)],
+        &slices(&n, "assoc", "SCTP", &[0]),
+    );
     let client = SctpClient::start(
         &n.topo.client,
         SocketAddrV4::new(n.topo.client_v4(), 40132),
@@ -521,7 +524,7 @@ fn an_sctp_association_keeping_its_port_reaches_the_other_endpoint_once_the_remo
     );
 
     // b0 leaves: the association's entry keeps it on b0.
-    let change = n.apply(&slices(&n, "assoc", "SCTP", &[1]));
+    let change = n.apply(&[], &slices(&n, "assoc", "SCTP", &[1]));
     let committed = Instant::now();
     std::thread::sleep(A_WHILE);
     let acks = client.acks_since(committed);

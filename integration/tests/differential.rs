@@ -123,45 +123,46 @@ fn inet_only_expressions_list_identically() {
     assert_same_listing(&inet_sink("nodelb"));
 }
 
+/// The planner's tables (both families) for one Service of each shape: a Cluster TCP port
+/// with two endpoints, a Local UDP port behind source ranges with one endpoint here, and an
+/// SCTP port without endpoints, on a node with two addresses per family.
 #[test]
 fn load_balancer_shape_lists_identically_v4_and_v6() {
-    use nodelb_integration::models::{lb_table, LbService};
-    use nodelb_netfilter::L4Proto;
+    use nodelb_core::fixtures::{node, Ep, Slice, Svc};
+    use nodelb_integration::planning::plan_built;
     if !require_root("load_balancer_shape_lists_identically_v4_and_v6") {
         return;
     }
-    for f in [Fam::V4, Fam::V6] {
-        let services = vec![
-            LbService {
-                key: "default/web:http".into(),
-                proto: L4Proto::Tcp,
-                port: 80,
-                endpoints: vec![(f.addr(1, 2), 8080), (f.addr(1, 3), 8080)],
-                masquerade: true,
-                source_ranges: vec![],
-            },
-            LbService {
-                key: "default/dns:dns".into(),
-                proto: L4Proto::Udp,
-                port: 53,
-                endpoints: vec![(f.addr(1, 2), 5353)],
-                masquerade: false,
-                source_ranges: vec![(f.addr(2, 0), f.prefix_len())],
-            },
-            LbService {
-                key: "default/empty:x".into(),
-                proto: L4Proto::Sctp,
-                port: 9,
-                endpoints: vec![],
-                masquerade: true,
-                source_ranges: vec![],
-            },
-        ];
-        assert_same_listing(&lb_table(
-            f,
-            "nodelb",
-            &[f.addr(2, 1), f.addr(0, 1)],
-            &services,
-        ));
+    let families = [Fam::V4, Fam::V6];
+    let services = [
+        Svc::lb("default", "web").port("http", 80, "TCP"),
+        Svc::lb("default", "dns")
+            .port("dns", 53, "UDP")
+            .spec("externalTrafficPolicy", "Local")
+            .spec(
+                "loadBalancerSourceRanges",
+                families.map(|f| format!("{}/{}", f.addr(2, 0), f.prefix_len())),
+            ),
+        Svc::lb("default", "empty").port("x", 9, "SCTP"),
+    ]
+    .map(|s| s.created("2024-01-01T00:00:00Z").dual_stack());
+    let mut slices = Vec::new();
+    for (f, family) in families.iter().zip(["IPv4", "IPv6"]) {
+        let slice = |name: &str| Slice::of("default", &format!("{name}-{family}"), name, family);
+        let web = [f.addr(1, 2), f.addr(1, 3)].map(|a| Ep::at(a).node("node-a"));
+        slices.push(slice("web").port("http", 8080, "TCP").endpoints(web));
+        let dns = Ep::at(f.addr(1, 2)).node("node-a");
+        slices.push(slice("dns").port("dns", 5353, "UDP").endpoint(dns));
+    }
+    let addresses = families.map(|f| [f.addr(2, 1), f.addr(0, 1)]).concat();
+    let node = addresses
+        .iter()
+        .fold(node("node-a"), |n, a| n.address("InternalIP", a))
+        .info();
+    let plan = plan_built(&services, &slices, &node, &addresses.into_iter().collect());
+    assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
+    assert_eq!(plan.tables.len(), 2);
+    for t in &plan.tables {
+        assert_same_listing(t);
     }
 }

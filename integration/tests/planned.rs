@@ -7,35 +7,21 @@
 //! - applied through nodelb's netlink batch in one namespace and through `nft -f` of the render
 //!   in another: `nft list table` must read the same.
 //!
-//! The node is what `fixtures/README.md` gives as `render` flags: `node-a`, 203.0.113.10 and
+//! The node is what `fixtures/README.md` gives as `render` flags (`nodelb_integration::planning`
+//! plans for it): `node-a`, 203.0.113.10 and
 //! 2001:db8:1::10 (also its only host addresses), both families, default config.
 //!
 //! Run: `cargo test -p nodelb-integration --test planned` (the kernel tests need root).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use nodelb_agent::object_files::{ObjectFiles, Skipped};
-use nodelb_core::plan::config::Config;
-use nodelb_core::plan::node::{AddressKind, NodeInfo};
-use nodelb_core::plan::{plan, Input, Plan};
-use nodelb_core::vocab::Families;
+use nodelb_core::plan::Plan;
 use nodelb_integration::netns::{require_root, Netns};
 use nodelb_integration::nft::{list_table, nft_check, nft_f, nodelb_replace};
-
-const NODE_NAME: &str = "node-a";
-const NODE_ADDRESSES: [&str; 2] = ["203.0.113.10", "2001:db8:1::10"];
-const NODE_LABELS: [(&str, &str); 3] = [
-    ("kubernetes.io/hostname", "node-a"),
-    ("nodelb.io/pool", "edge"),
-    ("topology.kubernetes.io/zone", "zone-a"),
-];
-
-fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
-}
+use nodelb_integration::planning::{fixtures_dir, plan_for_fixture_node, read_fixture};
 
 /// Every `fixtures/*.yaml`, by stem, sorted.
 fn fixtures() -> Vec<(String, PathBuf)> {
@@ -63,11 +49,8 @@ struct Planned {
 
 impl Planned {
     fn load(name: &str, path: &Path) -> Planned {
-        let text = std::fs::read_to_string(path)
-            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-        let objects = ObjectFiles::from_text(path, &text)
-            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-        let plan = plan_for_fixed_node(&objects);
+        let objects = read_fixture(path);
+        let plan = plan_for_fixture_node(&objects);
         Planned {
             name: name.to_string(),
             objects,
@@ -115,32 +98,6 @@ fn skipped_line(s: &Skipped) -> String {
             s.document, s.kind
         ),
     }
-}
-
-fn plan_for_fixed_node(objects: &ObjectFiles) -> Plan {
-    let addresses: Vec<IpAddr> = NODE_ADDRESSES.iter().map(|a| a.parse().unwrap()).collect();
-    let node = NodeInfo {
-        name: NODE_NAME.into(),
-        labels: NODE_LABELS
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        addresses: addresses
-            .iter()
-            .map(|a| (AddressKind::InternalIP, *a))
-            .collect(),
-    };
-    let local: BTreeSet<IpAddr> = addresses.into_iter().collect();
-    let config = Config::default();
-    plan(&Input {
-        services: objects.services.iter().collect(),
-        slices: objects.slices.iter().collect(),
-        node: &node,
-        local_addresses: &local,
-        families: Families { v4: true, v6: true },
-        config: &config,
-        listeners: &Default::default(),
-    })
 }
 
 fn all_planned() -> Vec<Planned> {

@@ -15,79 +15,32 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use nodelb_agent::metrics::{service_counter_samples, CounterSource, KernelCounters};
-use nodelb_agent::object_files::ObjectFiles;
+use nodelb_core::fixtures::Svc;
 use nodelb_core::plan::config::Config;
-use nodelb_core::plan::node::{AddressKind, NodeInfo};
-use nodelb_core::plan::{plan, Input};
 use nodelb_core::vocab::{Families, IpFamily};
 use nodelb_integration::commit::{replace, replace_carrying, sync};
-use nodelb_integration::netns::{require_root, route, Netns, Topology};
+use nodelb_integration::netns::{require_root, Netns, Topology};
+use nodelb_integration::planning::*;
 use nodelb_integration::traffic::{tcp_request, tcp_server, udp_request, udp_server, Outcome};
 use nodelb_netfilter::{Committer, CounterValues, Nft, Table};
 
 const ANSWER: Duration = Duration::from_secs(2);
 const SILENCE: Duration = Duration::from_secs(1);
-const BACKEND_PORT: u16 = 8080;
-const NODE: &str = "node-a";
-const FAMILIES: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
 /// Requests per family and protocol.
 const N: u64 = 5;
+/// `default/web`'s ports.
+const WEB: [(Proto, u16); 2] = [(Proto::Tcp, 80), (Proto::Udp, 53)];
 
-fn node_addr(topo: &Topology, f: IpFamily) -> IpAddr {
-    match f {
-        IpFamily::V4 => topo.node_v4().into(),
-        IpFamily::V6 => topo.node_v6().into(),
-    }
+/// Backend 0's address: the one endpoint.
+fn backend(topo: &Topology, f: IpFamily) -> IpAddr {
+    backend_addr(topo, f, 0)
 }
 
-fn backend_addr(topo: &Topology, f: IpFamily) -> IpAddr {
-    match f {
-        IpFamily::V4 => topo.backend_v4(0).into(),
-        IpFamily::V6 => topo.backend_v6(0).into(),
-    }
-}
-
-/// Dual-stack `default/web` with ports `tcp-80` and `udp-53`, one endpoint (backend 0) on
-/// this node, `extra` appended to the spec.
-fn objects(topo: &Topology, extra: &str) -> String {
-    let mut y = format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: web, creationTimestamp: \"2024-01-01T00:00:00Z\"}}\nspec:\n  type: LoadBalancer\n  externalTrafficPolicy: Cluster\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  ports:\n  - {{name: tcp-80, port: 80, protocol: TCP}}\n  - {{name: udp-53, port: 53, protocol: UDP}}\n{extra}---\n"
-    );
-    for f in FAMILIES {
-        y += &format!(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: default\n  name: web-{}\n  labels: {{kubernetes.io/service-name: web}}\naddressType: {f}\nports:\n- {{name: tcp-80, port: {BACKEND_PORT}, protocol: TCP}}\n- {{name: udp-53, port: {BACKEND_PORT}, protocol: UDP}}\nendpoints:\n- {{addresses: [\"{}\"], nodeName: {NODE}}}\n---\n",
-            if f == IpFamily::V4 { "v4" } else { "v6" },
-            backend_addr(topo, f)
-        );
-    }
-    y
-}
-
-fn plan_tables(topo: &Topology, yaml: &str) -> Vec<Table> {
-    let objects = ObjectFiles::from_text(std::path::Path::new("test.yaml"), yaml)
-        .expect("the test's YAML reads");
-    assert!(objects.skipped.is_empty(), "{:?}", objects.skipped);
-    let node = NodeInfo {
-        name: NODE.into(),
-        labels: Default::default(),
-        addresses: FAMILIES
-            .iter()
-            .map(|f| (AddressKind::InternalIP, node_addr(topo, *f)))
-            .collect(),
-    };
-    let local = topo.node.addresses();
-    let p = plan(&Input {
-        services: objects.services.iter().collect(),
-        slices: objects.slices.iter().collect(),
-        node: &node,
-        local_addresses: &local,
-        families: Families { v4: true, v6: true },
-        config: &Config::default(),
-        listeners: &Default::default(),
-    });
-    assert!(p.warnings.is_empty(), "planner warnings: {:?}", p.warnings);
-    assert_eq!(p.tables.len(), 2);
-    p.tables
+/// The planner's tables for `web` (dual-stack `default/web` with ports `tcp-80` and `udp-53`)
+/// with one endpoint, backend 0, on this node.
+fn planned(topo: &Topology, web: Svc) -> Vec<Table> {
+    let endpoints = slices(topo, "web", &WEB, &[(0, TOPOLOGY_NODE)]);
+    plan_topology(topo, &[web], &endpoints)
 }
 
 /// The node's counters per family, as the agent reads them for `/metrics`.
@@ -131,11 +84,11 @@ fn service_counters_count_every_packet_and_survive_a_full_replace() {
     let topo = Topology::new(1);
     let mut _servers = Vec::new();
     for f in FAMILIES {
-        let addr = SocketAddr::new(backend_addr(&topo, f), BACKEND_PORT);
+        let addr = SocketAddr::new(backend(&topo, f), BACKEND_PORT);
         _servers.push(tcp_server(&topo.backends[0], addr, "b0"));
         _servers.push(udp_server(&topo.backends[0], addr, "b0"));
     }
-    let tables = plan_tables(&topo, &objects(&topo, ""));
+    let tables = planned(&topo, service("web", "Cluster", &WEB));
     topo.node
         .run(|| replace(&mut Committer::new(Nft::open().unwrap()), tables.clone()).unwrap());
     let zero = read(&topo.node);
@@ -253,28 +206,16 @@ fn a_blocked_source_counts_into_the_drop_counter_only() {
     if !require_root("a_blocked_source_counts_into_the_drop_counter_only") {
         return;
     }
-    let mut topo = Topology::new(1);
-    let other = topo.add_client("stranger", "192.0.2.0/24", "2001:db8:d::/64");
-    let ns = topo.extra_client(other);
-    route(
-        ns,
-        "203.0.113.0/24",
-        &topo.node_v4_toward_extra_client(other).to_string(),
-    );
-    route(
-        ns,
-        "2001:db8:c::/64",
-        &topo.node_v6_toward_extra_client(other).to_string(),
-    );
+    let (topo, other) = topology_with_stranger(1);
     let mut _servers = Vec::new();
     for f in FAMILIES {
-        let addr = SocketAddr::new(backend_addr(&topo, f), BACKEND_PORT);
+        let addr = SocketAddr::new(backend(&topo, f), BACKEND_PORT);
         _servers.push(tcp_server(&topo.backends[0], addr, "b0"));
         _servers.push(udp_server(&topo.backends[0], addr, "b0"));
     }
     // Only the first client's subnets.
-    let ranges = "  loadBalancerSourceRanges: [203.0.113.0/24, 2001:db8:c::/64]\n";
-    let tables = plan_tables(&topo, &objects(&topo, ranges));
+    let web = service("web", "Cluster", &WEB).spec("loadBalancerSourceRanges", CLIENT_RANGES);
+    let tables = planned(&topo, web);
     topo.node
         .run(|| replace(&mut Committer::new(Nft::open().unwrap()), tables.clone()).unwrap());
 

@@ -1,5 +1,6 @@
-//! Real traffic through the tables the planner builds: Services and EndpointSlices written as
-//! small YAML here, planned with `nodelb_core::plan::plan` for the `Topology`'s node (its
+//! Real traffic through the tables the planner builds: Services and EndpointSlices built with
+//! the fixtures (`nodelb_integration::planning`), planned with `nodelb_core::plan::plan` for
+//! the `Topology`'s node (its
 //! client-facing addresses as the Node's InternalIPs, every address in the node namespace as the
 //! host's addresses), programmed with nodelb's own netlink batch, and exercised with TCP and UDP
 //! over IPv4 and IPv6 from client namespaces through the node to backend namespaces.
@@ -19,15 +20,15 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use nodelb_agent::object_files::ObjectFiles;
+use nodelb_core::fixtures::{Slice, Svc};
 use nodelb_core::plan::config::Config;
-use nodelb_core::plan::node::{AddressKind, NodeInfo};
 use nodelb_core::plan::table::{HAIRPIN_SET, LOCAL_ADDRESSES_SET};
-use nodelb_core::plan::{plan, Context, Input, Objects, Planner, TableChange};
+use nodelb_core::plan::{Context, Objects, Planner, TableChange};
 use nodelb_core::vocab::{Families, IpFamily};
 use nodelb_integration::commit::{replace, sync};
-use nodelb_integration::netns::{require_root, route, Netns, Topology};
+use nodelb_integration::netns::{require_root, Netns, Topology};
 use nodelb_integration::nft::{list_ruleset, nft_f, nodelb_replace};
+use nodelb_integration::planning::*;
 use nodelb_integration::traffic::{
     tcp_request, tcp_request_from, tcp_server, udp_request, udp_server, IcmpError, Outcome, Server,
 };
@@ -39,66 +40,11 @@ use nodelb_netfilter::{
 const ANSWER: Duration = Duration::from_secs(2);
 /// Deadline for a request that is expected to get nothing back.
 const SILENCE: Duration = Duration::from_secs(1);
-/// The port every backend server listens on (the slices' target port).
-const BACKEND_PORT: u16 = 8080;
 /// Tries allowed for numgen to pick every one of three backends; the chance that a fair pick
 /// misses one of them is 3 * (2/3)^64, about 2e-11.
 const SPREAD_TRIES: usize = 64;
 /// This node's name; endpoints with this `nodeName` are local.
-const NODE: &str = "node-a";
-const FAMILIES: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Proto {
-    Tcp,
-    Udp,
-}
-
-impl Proto {
-    fn k8s(self) -> &'static str {
-        match self {
-            Proto::Tcp => "TCP",
-            Proto::Udp => "UDP",
-        }
-    }
-}
-
-// ---- addresses per family ----------------------------------------------------------------
-
-fn node_addr(topo: &Topology, f: IpFamily) -> IpAddr {
-    match f {
-        IpFamily::V4 => topo.node_v4().into(),
-        IpFamily::V6 => topo.node_v6().into(),
-    }
-}
-
-fn client_addr(topo: &Topology, f: IpFamily) -> IpAddr {
-    match f {
-        IpFamily::V4 => topo.client_v4().into(),
-        IpFamily::V6 => topo.client_v6().into(),
-    }
-}
-
-fn backend_addr(topo: &Topology, f: IpFamily, i: usize) -> IpAddr {
-    match f {
-        IpFamily::V4 => topo.backend_v4(i).into(),
-        IpFamily::V6 => topo.backend_v6(i).into(),
-    }
-}
-
-fn node_toward_backend(topo: &Topology, f: IpFamily, i: usize) -> IpAddr {
-    match f {
-        IpFamily::V4 => topo.node_v4_toward_backend(i).into(),
-        IpFamily::V6 => topo.node_v6_toward_backend(i).into(),
-    }
-}
-
-fn extra_client_addr(topo: &Topology, f: IpFamily, i: usize) -> IpAddr {
-    match f {
-        IpFamily::V4 => topo.extra_client_v4(i).into(),
-        IpFamily::V6 => topo.extra_client_v6(i).into(),
-    }
-}
+const NODE: &str = TOPOLOGY_NODE;
 
 fn port_unreachable(f: IpFamily) -> IcmpError {
     match f {
@@ -107,102 +53,7 @@ fn port_unreachable(f: IpFamily) -> IcmpError {
     }
 }
 
-// ---- Kubernetes objects --------------------------------------------------------------------
-
-/// A dual-stack LoadBalancer Service `default/<name>` with ports `(protocol, port)`, each named
-/// `<proto>-<port>`; `extra` is appended to the spec (indented two spaces already).
-fn service(name: &str, policy: &str, ports: &[(Proto, u16)], extra: &str) -> String {
-    let mut y = format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: {name}, creationTimestamp: \"2024-01-01T00:00:00Z\"}}\nspec:\n  type: LoadBalancer\n  externalTrafficPolicy: {policy}\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  ports:\n"
-    );
-    for (proto, port) in ports {
-        y += &format!(
-            "  - {{name: {}-{port}, port: {port}, protocol: {}}}\n",
-            proto.k8s().to_lowercase(),
-            proto.k8s()
-        );
-    }
-    y + extra + "---\n"
-}
-
-/// An IPv4 and an IPv6 EndpointSlice of `default/<service>`: every port of the Service maps to
-/// `BACKEND_PORT`; `endpoints` are `(backend index, nodeName)`.
-fn slices(
-    topo: &Topology,
-    service: &str,
-    ports: &[(Proto, u16)],
-    endpoints: &[(usize, &str)],
-) -> String {
-    let mut y = String::new();
-    for f in FAMILIES {
-        y += &format!(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: default\n  name: {service}-{}\n  labels: {{kubernetes.io/service-name: {service}}}\naddressType: {f}\nports:\n",
-            if f == IpFamily::V4 { "v4" } else { "v6" }
-        );
-        for (proto, port) in ports {
-            y += &format!(
-                "- {{name: {}-{port}, port: {BACKEND_PORT}, protocol: {}}}\n",
-                proto.k8s().to_lowercase(),
-                proto.k8s()
-            );
-        }
-        y += if endpoints.is_empty() {
-            "endpoints: []\n"
-        } else {
-            "endpoints:\n"
-        };
-        for (i, node) in endpoints {
-            y += &format!(
-                "- {{addresses: [\"{}\"], nodeName: {node}}}\n",
-                backend_addr(topo, f, *i)
-            );
-        }
-        y += "---\n";
-    }
-    y
-}
-
-/// Plans `yaml` for the topology's node: the Node lists the node's client-facing addresses as
-/// InternalIPs; the host's addresses are whatever the node namespace holds right now.
-/// The test's YAML must be clean: any skipped document or planner warning fails the test.
-fn plan_tables(topo: &Topology, yaml: &str) -> Vec<Table> {
-    let objects = read_objects(yaml);
-    let node = node_info(topo);
-    let local = topo.node.addresses();
-    let config = Config::default();
-    let p = plan(&Input {
-        services: objects.services.iter().collect(),
-        slices: objects.slices.iter().collect(),
-        node: &node,
-        local_addresses: &local,
-        families: Families { v4: true, v6: true },
-        config: &config,
-        listeners: &Default::default(),
-    });
-    assert!(p.warnings.is_empty(), "planner warnings: {:?}", p.warnings);
-    assert_eq!(p.tables.len(), 2, "one table per family");
-    p.tables
-}
-
-/// The test's YAML, which must be clean: any skipped document fails the test.
-fn read_objects(yaml: &str) -> ObjectFiles {
-    let objects = ObjectFiles::from_text(std::path::Path::new("test.yaml"), yaml)
-        .expect("the test's YAML reads");
-    assert!(objects.skipped.is_empty(), "{:?}", objects.skipped);
-    objects
-}
-
-/// The topology's node as its Node object says: its client-facing addresses as InternalIPs.
-fn node_info(topo: &Topology) -> NodeInfo {
-    NodeInfo {
-        name: NODE.into(),
-        labels: [("kubernetes.io/hostname".to_string(), NODE.to_string())].into(),
-        addresses: FAMILIES
-            .iter()
-            .map(|f| (AddressKind::InternalIP, node_addr(topo, *f)))
-            .collect(),
-    }
-}
+// ---- tables ----------------------------------------------------------------------------------
 
 /// Replaces the node's nodelb tables through nodelb's netlink batch.
 fn program(node: &Netns, tables: &[Table]) {
@@ -361,8 +212,11 @@ fn cluster_policy_spreads_over_every_endpoint_and_masquerades() {
 
     // Endpoints on three nodes: Cluster policy uses all of them.
     let eps = [(0, NODE), (1, "node-b"), (2, "node-c")];
-    let yaml = service("web", "Cluster", &WEB, "") + &slices(&topo, "web", &WEB, &eps);
-    program(&topo.node, &plan_tables(&topo, &yaml));
+    let web = [service("web", "Cluster", &WEB)];
+    program(
+        &topo.node,
+        &plan_topology(&topo, &web, &slices(&topo, "web", &WEB, &eps)),
+    );
 
     let all: BTreeSet<usize> = [0, 1, 2].into();
     for f in FAMILIES {
@@ -395,8 +249,11 @@ fn local_policy_keeps_client_address_and_uses_only_this_nodes_endpoint() {
     // b0 and b1 run here, b2 and b3 elsewhere. If the planner ignored nodeName, 12 more
     // requests would all stay on b0/b1 with chance 2^-12.
     let eps = [(0, NODE), (1, NODE), (2, "node-b"), (3, "node-c")];
-    let yaml = service("web", "Local", &WEB, "") + &slices(&topo, "web", &WEB, &eps);
-    program(&topo.node, &plan_tables(&topo, &yaml));
+    let web = [service("web", "Local", &WEB)];
+    program(
+        &topo.node,
+        &plan_topology(&topo, &web, &slices(&topo, "web", &WEB, &eps)),
+    );
 
     let here: BTreeSet<usize> = [0, 1].into();
     for f in FAMILIES {
@@ -446,11 +303,15 @@ fn local_policy_with_endpoints_only_on_other_nodes_is_silent() {
     // Control: the same endpoints under Cluster policy answer, so they are reachable and it is
     // the Local policy that keeps this node from using them.
     let control = [(Proto::Tcp, 81)];
-    let yaml = service("remote", "Local", &WEB, "")
-        + &slices(&topo, "remote", &WEB, &elsewhere)
-        + &service("control", "Cluster", &control, "")
-        + &slices(&topo, "control", &control, &elsewhere);
-    program(&topo.node, &plan_tables(&topo, &yaml));
+    let services = [
+        service("remote", "Local", &WEB),
+        service("control", "Cluster", &control),
+    ];
+    let eps = [
+        slices(&topo, "remote", &WEB, &elsewhere),
+        slices(&topo, "control", &control, &elsewhere),
+    ];
+    program(&topo.node, &plan_topology(&topo, &services, &eps.concat()));
 
     for f in FAMILIES {
         let node = node_addr(&topo, f);
@@ -514,10 +375,11 @@ fn service_without_endpoints_resets_tcp_and_answers_udp_with_port_unreachable() 
     // One Service with an empty slice, one with no slice at all.
     let tcp = [(Proto::Tcp, 80)];
     let udp = [(Proto::Udp, 53)];
-    let yaml = service("empty", "Cluster", &tcp, "")
-        + &slices(&topo, "empty", &tcp, &[])
-        + &service("unscheduled", "Local", &udp, "");
-    let tables = plan_tables(&topo, &yaml);
+    let services = [
+        service("empty", "Cluster", &tcp),
+        service("unscheduled", "Local", &udp),
+    ];
+    let tables = plan_topology(&topo, &services, &slices(&topo, "empty", &tcp, &[]));
     program(&topo.node, &tables);
 
     for f in FAMILIES {
@@ -661,8 +523,8 @@ fn a_reply_to_the_nodes_own_connection_from_a_port_without_endpoints_gets_throug
         }
     }
     let pinned = [(Proto::Tcp, PINNED), (Proto::Udp, PINNED)];
-    let yaml = service("idle", "Cluster", &pinned, "") + &slices(&topo, "idle", &pinned, &[]);
-    let tables = plan_tables(&topo, &yaml);
+    let idle = [service("idle", "Cluster", &pinned)];
+    let tables = plan_topology(&topo, &idle, &slices(&topo, "idle", &pinned, &[]));
 
     let outbound = |port: u16, timeout: Duration| -> Vec<(IpFamily, Proto, Outcome)> {
         let mut out = Vec::new();
@@ -715,28 +577,6 @@ fn a_reply_to_the_nodes_own_connection_from_a_port_without_endpoints_gets_throug
 
 // ---- loadBalancerSourceRanges ----------------------------------------------------------------
 
-/// A topology with a second client ("stranger", 192.0.2.0/24 and 2001:db8:d::/64) that talks to
-/// the same node addresses as the first client, so the source is the only difference.
-fn topology_with_stranger(backends: usize) -> (Topology, usize) {
-    let mut topo = Topology::new(backends);
-    let other = topo.add_client("stranger", "192.0.2.0/24", "2001:db8:d::/64");
-    let ns = topo.extra_client(other);
-    route(
-        ns,
-        "203.0.113.0/24",
-        &topo.node_v4_toward_extra_client(other).to_string(),
-    );
-    route(
-        ns,
-        "2001:db8:c::/64",
-        &topo.node_v6_toward_extra_client(other).to_string(),
-    );
-    (topo, other)
-}
-
-/// The first client's subnets, both families.
-const CLIENT_RANGES: &str = "  loadBalancerSourceRanges: [203.0.113.0/24, 2001:db8:c::/64]\n";
-
 #[test]
 fn source_ranges_admit_the_allowed_client_and_drop_another() {
     if !require_root("source_ranges_admit_the_allowed_client_and_drop_another") {
@@ -748,11 +588,15 @@ fn source_ranges_admit_the_allowed_client_and_drop_another() {
     // Control: the same backends without a range, so the stranger is shown to have a working
     // path to them.
     let open = [(Proto::Tcp, 81)];
-    let yaml = service("restricted", "Local", &WEB, CLIENT_RANGES)
-        + &slices(&topo, "restricted", &WEB, &eps)
-        + &service("open", "Local", &open, "")
-        + &slices(&topo, "open", &open, &eps);
-    program(&topo.node, &plan_tables(&topo, &yaml));
+    let services = [
+        service("restricted", "Local", &WEB).spec("loadBalancerSourceRanges", CLIENT_RANGES),
+        service("open", "Local", &open),
+    ];
+    let eps = [
+        slices(&topo, "restricted", &WEB, &eps),
+        slices(&topo, "open", &open, &eps),
+    ];
+    program(&topo.node, &plan_topology(&topo, &services, &eps.concat()));
 
     let stranger = topo.extra_client(other);
     for f in FAMILIES {
@@ -789,9 +633,10 @@ fn source_ranges_drop_strangers_of_a_service_without_endpoints() {
         return;
     }
     let (topo, other) = topology_with_stranger(1);
-    let yaml = service("restricted", "Cluster", &WEB, CLIENT_RANGES)
-        + &slices(&topo, "restricted", &WEB, &[]);
-    program(&topo.node, &plan_tables(&topo, &yaml));
+    let restricted =
+        [service("restricted", "Cluster", &WEB).spec("loadBalancerSourceRanges", CLIENT_RANGES)];
+    let eps = slices(&topo, "restricted", &WEB, &[]);
+    program(&topo.node, &plan_topology(&topo, &restricted, &eps));
 
     let stranger = topo.extra_client(other);
     for f in FAMILIES {
@@ -834,8 +679,8 @@ fn hairpin_endpoint_reaches_its_own_service_through_the_node() {
     let topo = Topology::new(1);
     let _servers = start_backends(&topo);
     // Local policy, so the Cluster masquerade cannot be what makes hairpin work.
-    let yaml = service("self", "Local", &WEB, "") + &slices(&topo, "self", &WEB, &[(0, NODE)]);
-    let tables = plan_tables(&topo, &yaml);
+    let itself = [service("self", "Local", &WEB)];
+    let tables = plan_topology(&topo, &itself, &slices(&topo, "self", &WEB, &[(0, NODE)]));
     let backend = &topo.backends[0];
 
     // Before: the planner's tables without the hairpin pairs. DNAT sends b0's packets back to
@@ -889,11 +734,15 @@ fn node_local_client_is_answered_under_local_and_cluster_policy() {
         }
     }
     let eps = [(0, NODE)];
-    let yaml = service("local", "Local", &local, "")
-        + &slices(&topo, "local", &local, &eps)
-        + &service("cluster", "Cluster", &cluster, "")
-        + &slices(&topo, "cluster", &cluster, &eps);
-    let tables = plan_tables(&topo, &yaml);
+    let services = [
+        service("local", "Local", &local),
+        service("cluster", "Cluster", &cluster),
+    ];
+    let eps = [
+        slices(&topo, "local", &local, &eps),
+        slices(&topo, "cluster", &cluster, &eps),
+    ];
+    let tables = plan_topology(&topo, &services, &eps.concat());
 
     // Without the host's addresses in `local-addresses`, a node-local client of the Local
     // Service is answered but not masqueraded: b0 sees the node's client-facing address.
@@ -937,8 +786,8 @@ fn endpoint_changes_through_incremental_sync_move_traffic() {
     let _servers = start_backends(&topo);
     let both = [(0, NODE), (1, "node-b")];
     let web = |eps: &[(usize, &str)]| {
-        let yaml = service("web", "Cluster", &WEB, "") + &slices(&topo, "web", &WEB, eps);
-        plan_tables(&topo, &yaml)
+        let web = [service("web", "Cluster", &WEB)];
+        plan_topology(&topo, &web, &slices(&topo, "web", &WEB, eps))
     };
     // One committer for the whole test: its socket lives in the node namespace, and it keeps
     // what it committed so each later sync sends only the difference.
@@ -1076,8 +925,8 @@ fn a_foreign_dstnat_chain_for_the_same_address_and_port_never_wins() {
     let topo = Topology::new(2);
     let _servers = start_backends(&topo);
     let web = [(Proto::Tcp, 80)];
-    let yaml = service("web", "Cluster", &web, "") + &slices(&topo, "web", &web, &[(0, NODE)]);
-    let tables = plan_tables(&topo, &yaml);
+    let services = [service("web", "Cluster", &web)];
+    let tables = plan_topology(&topo, &services, &slices(&topo, "web", &web, &[(0, NODE)]));
 
     // The foreign rule alone works: it sends port 80 to backend 1.
     add_foreign_dnat(&topo);
@@ -1096,13 +945,6 @@ fn a_foreign_dstnat_chain_for_the_same_address_and_port_never_wins() {
 }
 
 // ---- session affinity ----------------------------------------------------------------------
-
-/// Spec lines of `sessionAffinity: ClientIP` with `timeoutSeconds`, for [`service`].
-fn client_ip_affinity(timeout: u32) -> String {
-    format!(
-        "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {{clientIP: {{timeoutSeconds: {timeout}}}}}\n"
-    )
-}
 
 /// `n` more addresses for the client namespace in family `f` (203.0.113.100 + k,
 /// 2001:db8:c::100 + k), each a client of its own for ClientIP affinity.
@@ -1182,14 +1024,17 @@ fn client_ip_affinity_keeps_a_client_on_one_endpoint_until_its_timeout() {
     assert_only_dnat_reaches_backends(&topo, 80);
     let eps = [(0, NODE), (1, "node-b"), (2, "node-c"), (3, "node-d")];
     let all: BTreeSet<usize> = [0, 1, 2, 3].into();
-    let objects = |extra: &str, brief: &str| {
-        service("sticky", "Cluster", &STICKY, extra)
-            + &slices(&topo, "sticky", &STICKY, &eps)
-            + &service("brief", "Cluster", &BRIEF, brief)
-            + &slices(&topo, "brief", &BRIEF, &eps)
-    };
+    let services = [
+        service("sticky", "Cluster", &STICKY),
+        service("brief", "Cluster", &BRIEF),
+    ];
+    let eps = [
+        slices(&topo, "sticky", &STICKY, &eps),
+        slices(&topo, "brief", &BRIEF, &eps),
+    ]
+    .concat();
     // Without affinity, one client's connections spread over every endpoint.
-    program(&topo.node, &plan_tables(&topo, &objects("", "")));
+    program(&topo.node, &plan_topology(&topo, &services, &eps));
     let t = &topo;
     for f in FAMILIES {
         let dst = SocketAddr::new(node_addr(t, f), 80);
@@ -1197,8 +1042,9 @@ fn client_ip_affinity_keeps_a_client_on_one_endpoint_until_its_timeout() {
         assert_spread(t, Proto::Tcp, dst, &all, masq, &format!("{f} no affinity"));
     }
 
-    let yaml = objects(&client_ip_affinity(60), &client_ip_affinity(2));
-    program(&topo.node, &plan_tables(&topo, &yaml));
+    let [sticky, brief] = services;
+    let sticky = [sticky.client_ip_affinity(60), brief.client_ip_affinity(2)];
+    program(&topo.node, &plan_topology(&topo, &sticky, &eps));
     let tables = [IpFamily::V4, IpFamily::V6].map(|f| Config::default().table_ref(f));
     let mut watcher = topo
         .node
@@ -1269,17 +1115,19 @@ struct Agent {
 }
 
 impl Agent {
-    fn start(topo: &Topology, yaml: &str) -> Agent {
-        let files = read_objects(yaml);
+    fn start(topo: &Topology, services: &[Svc], slices: &[Slice]) -> Agent {
         let ctx = Context::new(
-            node_info(topo),
+            topology_node(topo),
             topo.node.addresses(),
             Families { v4: true, v6: true },
             Config::default(),
         );
         let mut agent = Agent {
             planner: Planner::new(),
-            objects: Objects::from_lists(files.services, files.slices),
+            objects: Objects::from_lists(
+                services.iter().map(Svc::index),
+                slices.iter().map(Slice::index),
+            ),
             ctx,
             committer: topo
                 .node
@@ -1301,12 +1149,11 @@ impl Agent {
             .expect("whole replace")
     }
 
-    /// The slices in `yaml` changed: the planner's edit, committed.
-    fn slices_changed(&mut self, yaml: &str) -> Vec<(TableRef, Edit)> {
-        let files = read_objects(yaml);
+    /// `slices` changed: the planner's edit, committed.
+    fn slices_changed(&mut self, slices: &[Slice]) -> Vec<(TableRef, Edit)> {
         let mut dirty = BTreeSet::new();
-        for s in files.slices {
-            dirty.extend(self.objects.put_slice(std::sync::Arc::new(s)));
+        for s in slices {
+            dirty.extend(self.objects.put_slice(std::sync::Arc::new(s.index())));
         }
         let u = self.planner.update(&self.objects, &self.ctx, Some(&dirty));
         let TableChange::Edit(edits) = u.change else {
@@ -1328,9 +1175,8 @@ fn client_ip_affinity_survives_an_incremental_sync_and_a_full_replace() {
     let _servers = start_backends(&topo);
     let t = &topo;
     let sticky = |eps: &[(usize, &str)]| slices(t, "sticky", &STICKY, eps);
-    let yaml = service("sticky", "Cluster", &STICKY, &client_ip_affinity(60))
-        + &sticky(&[(0, NODE), (1, "node-b")]);
-    let mut agent = Agent::start(&topo, &yaml);
+    let services = [service("sticky", "Cluster", &STICKY).client_ip_affinity(60)];
+    let mut agent = Agent::start(&topo, &services, &sticky(&[(0, NODE), (1, "node-b")]));
 
     // Twelve clients per family, each on the endpoint it was first sent to.
     let clients: Vec<(IpAddr, SocketAddr)> = FAMILIES

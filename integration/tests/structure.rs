@@ -198,7 +198,8 @@ fn modules(krate: &str) -> BTreeMap<Vec<String>, PathBuf> {
 }
 
 /// Files that are test modules of their own (`plan/tests.rs`, `status/tests_classes.rs`, the
-/// status oracle) or test data (`fixtures.rs`, behind the `test-fixtures` feature).
+/// status oracle) or test data (`fixtures.rs` or a `fixtures/` room, behind the `test-fixtures`
+/// feature).
 fn is_test_file(rel: &Path) -> bool {
     rel.iter().any(|p| {
         let p = p.to_string_lossy();
@@ -207,6 +208,7 @@ fn is_test_file(rel: &Path) -> bool {
             || p.starts_with("tests_")
             || p == "oracle.rs"
             || p == "fixtures.rs"
+            || p == "fixtures"
     })
 }
 

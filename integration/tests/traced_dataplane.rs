@@ -10,8 +10,9 @@
 //!
 //! The tables: the planner's (Cluster and Local policy, Local with endpoints only elsewhere,
 //! no endpoints, source ranges with and without endpoints, ClientIP affinity, hairpin, the
-//! node's own clients, masquerade), `models::lb_table` (the load-balancer shape by hand), and
-//! the planner's reject for new connections only with and without its `ct state new`.
+//! node's own clients, masquerade), a smaller set of them (the load-balancer model: one Service
+//! port of each kind), and the planner's reject for new connections only with and without its
+//! `ct state new`.
 //! Topologies and YAML as `planned_dataplane.rs`'s (`nodelb_integration::planning`).
 //!
 //! Run as root: `cargo test -p nodelb-integration --test traced_dataplane -- --nocapture`
@@ -23,7 +24,6 @@ use std::time::Duration;
 
 use nodelb_core::plan::table::{HAIRPIN_SET, LOCAL_ADDRESSES_SET};
 use nodelb_core::vocab::IpFamily;
-use nodelb_integration::models::{lb_table, Fam, LbService};
 use nodelb_integration::netns::{require_root, Netns, Topology};
 use nodelb_integration::nft::{list_ruleset, nodelb_replace};
 use nodelb_integration::planning::*;
@@ -292,48 +292,36 @@ const STICKY: [(Proto, u16); 2] = [(Proto::Tcp, 86), (Proto::Udp, 59)];
 const SELF: [(Proto, u16); 2] = [(Proto::Tcp, 87), (Proto::Udp, 60)];
 const UNUSED: [(Proto, u16); 2] = [(Proto::Tcp, PLAIN), (Proto::Udp, PLAIN)];
 
-/// Every Service of the planner test, as YAML for the topology (four backends).
-fn planner_services(topo: &Topology) -> String {
+/// Every Service of the planner test, planned for the topology (four backends).
+fn planner_tables(topo: &Topology) -> Vec<Table> {
     let n = TOPOLOGY_NODE;
-    let svc =
-        |name: &str, policy: &str, ports: &[(Proto, u16)], extra: &str, eps: &[(usize, &str)]| {
-            service(name, policy, ports, extra) + &slices(topo, name, ports, eps)
-        };
-    [
-        svc(
-            "web",
-            "Cluster",
-            &WEB,
-            "",
-            &[(0, n), (1, "node-b"), (2, "node-c")],
-        ),
-        svc(
-            "local",
-            "Local",
-            &LOCAL,
-            "",
-            &[(0, n), (1, n), (3, "node-b")],
-        ),
-        svc(
-            "remote",
-            "Local",
-            &REMOTE,
-            "",
-            &[(2, "node-b"), (3, "node-c")],
-        ),
-        svc("empty", "Cluster", &EMPTY, "", &[]),
-        svc("ranged", "Local", &RANGED, CLIENT_RANGES, &[(0, n)]),
-        svc("ranged-empty", "Cluster", &RANGED_EMPTY, CLIENT_RANGES, &[]),
-        svc(
+    let services = [
+        service("web", "Cluster", &WEB),
+        service("local", "Local", &LOCAL),
+        service("remote", "Local", &REMOTE),
+        service("empty", "Cluster", &EMPTY),
+        service("ranged", "Local", &RANGED).spec("loadBalancerSourceRanges", CLIENT_RANGES),
+        service("ranged-empty", "Cluster", &RANGED_EMPTY)
+            .spec("loadBalancerSourceRanges", CLIENT_RANGES),
+        service("sticky", "Cluster", &STICKY).client_ip_affinity(60),
+        service("self", "Local", &SELF),
+    ];
+    let endpoints = [
+        slices(topo, "web", &WEB, &[(0, n), (1, "node-b"), (2, "node-c")]),
+        slices(topo, "local", &LOCAL, &[(0, n), (1, n), (3, "node-b")]),
+        slices(topo, "remote", &REMOTE, &[(2, "node-b"), (3, "node-c")]),
+        slices(topo, "empty", &EMPTY, &[]),
+        slices(topo, "ranged", &RANGED, &[(0, n)]),
+        slices(topo, "ranged-empty", &RANGED_EMPTY, &[]),
+        slices(
+            topo,
             "sticky",
-            "Cluster",
             &STICKY,
-            &client_ip_affinity(60),
             &[(0, n), (1, "node-b"), (2, "node-c"), (3, "node-d")],
         ),
-        svc("self", "Local", &SELF, "", &[(0, n)]),
-    ]
-    .concat()
+        slices(topo, "self", &SELF, &[(0, n)]),
+    ];
+    plan_topology(topo, &services, &endpoints.concat())
 }
 
 #[test]
@@ -355,7 +343,7 @@ fn the_tracer_agrees_with_the_kernel_on_the_planners_tables() {
     ]
     .concat();
     let _servers = start_servers(&topo, &every_port);
-    let tables = plan_topology(&topo, &planner_services(&topo));
+    let tables = planner_tables(&topo);
     let mut lab = Lab::new(&topo, &tables);
     let t = &topo;
     let stranger = topo.extra_client(other);
@@ -438,43 +426,25 @@ fn the_tracer_agrees_with_the_kernel_on_the_load_balancer_model() {
     ];
     let _servers = start_servers(&topo, &ports);
     let t = &topo;
-    let tables: Vec<Table> = [(Fam::V4, IpFamily::V4), (Fam::V6, IpFamily::V6)]
-        .into_iter()
-        .map(|(fam, f)| {
-            let eps = |n: usize| {
-                (0..n)
-                    .map(|i| (backend_addr(t, f, i), BACKEND_PORT))
-                    .collect()
-            };
-            let client_net = match f {
-                IpFamily::V4 => ("203.0.113.0".parse().unwrap(), 24),
-                IpFamily::V6 => ("2001:db8:c::".parse().unwrap(), 64),
-            };
-            let lb =
-                |key: &str, proto: Proto, port, endpoints, masquerade, source_ranges| LbService {
-                    key: key.into(),
-                    proto: proto.l4(),
-                    port,
-                    endpoints,
-                    masquerade,
-                    source_ranges,
-                };
-            let services = [
-                lb("default/web:http", Proto::Tcp, 80, eps(3), true, vec![]),
-                lb(
-                    "default/dns:dns",
-                    Proto::Udp,
-                    53,
-                    eps(1),
-                    false,
-                    vec![client_net],
-                ),
-                lb("default/empty:tcp", Proto::Tcp, 83, vec![], true, vec![]),
-                lb("default/empty:udp", Proto::Udp, 56, vec![], true, vec![]),
-            ];
-            lb_table(fam, "nodelb", &[node_addr(t, f)], &services)
-        })
-        .collect();
+    let n = TOPOLOGY_NODE;
+    // The masqueraded Cluster TCP port with three endpoints, the Local UDP port (not
+    // masqueraded) behind source ranges with its endpoint here, and a TCP and a UDP port
+    // without endpoints.
+    let services = [
+        service("web", "Cluster", &ports[..1]),
+        service("dns", "Local", &ports[1..2]).spec("loadBalancerSourceRanges", CLIENT_RANGES),
+        service("empty", "Cluster", &ports[2..]),
+    ];
+    let endpoints = [
+        slices(
+            t,
+            "web",
+            &ports[..1],
+            &[(0, n), (1, "node-b"), (2, "node-c")],
+        ),
+        slices(t, "dns", &ports[1..2], &[(0, n)]),
+    ];
+    let tables = plan_topology(t, &services, &endpoints.concat());
     let mut lab = Lab::new(&topo, &tables);
     let stranger = topo.extra_client(other);
     for f in FAMILIES {
@@ -535,8 +505,8 @@ fn the_tracer_agrees_with_the_kernel_on_replies_to_the_nodes_own_connections() {
         "sysctl -qw net.ipv4.ip_local_port_range='{PINNED} {PINNED}'"
     ));
     let pinned = [(Proto::Tcp, PINNED), (Proto::Udp, PINNED)];
-    let yaml = service("idle", "Cluster", &pinned, "") + &slices(&topo, "idle", &pinned, &[]);
-    let planned = plan_topology(&topo, &yaml);
+    let idle = [service("idle", "Cluster", &pinned)];
+    let planned = plan_topology(&topo, &idle, &slices(&topo, "idle", &pinned, &[]));
     let variants = [
         ("new connections only", planned.clone(), 9000),
         ("every packet", rejects_on_every_packet(&planned), 9001),

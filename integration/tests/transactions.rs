@@ -1,18 +1,45 @@
 //! Transactions against the kernel: atomic failure, incremental syncs, foreign state left
 //! alone, reading back, and watching for other writers.
 
+use nodelb_core::fixtures::{node, Ep, Slice, Svc};
 use nodelb_integration::commit::{replace, replace_carrying, sync};
-use nodelb_integration::models::{
-    bench_table, kitchen_sink, lb_table, move_bench_endpoint, Fam, LbService,
-};
+use nodelb_integration::models::{bench_table, kitchen_sink, move_bench_endpoint, Fam};
 use nodelb_integration::netns::{require_root, Netns};
 use nodelb_integration::nft::{list_ruleset, list_table, nft_f, nodelb_replace};
+use nodelb_integration::planning::plan_built;
 use nodelb_netfilter::*;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-fn node() -> IpAddr {
-    "203.0.113.1".parse().unwrap()
+/// The node's one address.
+const NODE: IpAddr = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1));
+
+/// The planner's IPv4 table for Services `default/s<port>`, each `(port, endpoints,
+/// masquerade)`: TCP `port` named `p` with that many endpoints on this node (198.51.100.10
+/// up), masqueraded under Cluster policy, not under Local.
+fn planned(services: &[(u16, u16, bool)]) -> Table {
+    let (mut svcs, mut slices) = (Vec::new(), Vec::new());
+    for (port, eps, masquerade) in services {
+        let name = format!("s{port}");
+        let policy = if *masquerade { "Cluster" } else { "Local" };
+        svcs.push(
+            Svc::lb("default", &name)
+                .created("2024-01-01T00:00:00Z")
+                .port("p", *port, "TCP")
+                .spec("externalTrafficPolicy", policy),
+        );
+        let eps = (0..*eps).map(|i| Ep::at(Fam::V4.addr(1, 10 + i)).node("node-a"));
+        slices.push(
+            Slice::ipv4("default", &format!("{name}-1"), &name)
+                .port("p", 8080, "TCP")
+                .endpoints(eps),
+        );
+    }
+    let node = node("node-a").address("InternalIP", NODE).info();
+    let plan = plan_built(&svcs, &slices, &node, &[NODE].into());
+    assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
+    let ip = plan.tables.into_iter().find(|t| t.family == Family::Ip);
+    ip.expect("the ip table")
 }
 
 #[test]
@@ -101,29 +128,10 @@ fn sync_sends_only_the_difference_and_the_kernel_follows() {
         return;
     }
     let ns = Netns::new("sync");
-    let f = Fam::V4;
-    let svc = |port: u16, eps: usize, masq: bool| LbService {
-        key: format!("default/s{port}:p"),
-        proto: L4Proto::Tcp,
-        port,
-        endpoints: (0..eps).map(|i| (f.addr(1, 10 + i as u16), 8080)).collect(),
-        masquerade: masq,
-        source_ranges: vec![],
-    };
-    let a = lb_table(
-        f,
-        "nodelb",
-        &[node()],
-        &[svc(80, 2, true), svc(81, 3, false)],
-    );
+    let a = planned(&[(80, 2, true), (81, 3, false)]);
     // b: endpoint counts change (chain endpoints-2 goes away, endpoints-4 comes), masquerade
     // flips, a Service is added.
-    let b = lb_table(
-        f,
-        "nodelb",
-        &[node()],
-        &[svc(80, 4, false), svc(81, 3, true), svc(82, 1, true)],
-    );
+    let b = planned(&[(80, 4, false), (81, 3, true), (82, 1, true)]);
     let mut c = ns.run(|| Committer::new(Nft::open().unwrap()));
     sync(&mut c, vec![a.clone()]).unwrap();
     let full = ns.run(|| Batch::encode(1, &full_replace(&b)).unwrap().len());

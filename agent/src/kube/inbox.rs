@@ -157,6 +157,7 @@ impl Kept for index::EndpointSlice {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nodelb_core::fixtures::{Slice, Svc};
 
     /// The watches read objects through kube's `DeserializeGuard`: a Service read as nodelb's
     /// wire type and as kube's guard of it is the same Service.
@@ -185,29 +186,23 @@ mod tests {
         assert_eq!(invalid.metadata.namespace.as_deref(), Some("shop"));
     }
 
+    /// Service `ns/<name>` on port 80, as the watch delivers it.
     fn svc(name: &str) -> DeserializeGuard<Service> {
-        DeserializeGuard(Ok(serde_json::from_value(serde_json::json!({
-            "metadata": {"namespace": "ns", "name": name},
-            "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]},
-        }))
-        .unwrap()))
+        DeserializeGuard(Ok(Svc::lb("ns", name).bare_port(80).wire()))
     }
 
+    /// Slice `ns/<name>` of Service `service`, without endpoints, as the watch delivers it.
     fn slice(name: &str, service: &str) -> DeserializeGuard<EndpointSlice> {
-        DeserializeGuard(Ok(serde_json::from_value(serde_json::json!({
-            "metadata": {"namespace": "ns", "name": name, "labels": {"kubernetes.io/service-name": service}},
-            "addressType": "IPv4", "endpoints": [],
-        }))
-        .unwrap()))
+        DeserializeGuard(Ok(Slice::ipv4("ns", name, service).wire()))
     }
 
+    /// [`svc`] at `version` with `ip` in its stored status: the leader's status write.
     fn with_status(name: &str, ip: &str, version: &str) -> DeserializeGuard<Service> {
-        DeserializeGuard(Ok(serde_json::from_value(serde_json::json!({
-            "metadata": {"namespace": "ns", "name": name, "resourceVersion": version},
-            "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]},
-            "status": {"loadBalancer": {"ingress": [{"ip": ip}]}},
-        }))
-        .unwrap()))
+        let s = Svc::lb("ns", name)
+            .meta("resourceVersion", version)
+            .bare_port(80)
+            .status(serde_json::json!({"loadBalancer": {"ingress": [{"ip": ip}]}}));
+        DeserializeGuard(Ok(s.wire()))
     }
 
     #[test]

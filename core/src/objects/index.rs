@@ -666,23 +666,17 @@ impl Objects {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::objects::wire;
+    use crate::fixtures::{Slice, Svc};
+    use serde_json::json;
 
+    /// Service `ns/<name>` as the watch hands it to the index.
     fn svc(name: &str) -> Arc<Service> {
-        let s: wire::Service = serde_json::from_value(
-            serde_json::json!({"metadata": {"namespace": "ns", "name": name}}),
-        )
-        .unwrap();
-        Arc::new(s.into())
+        Arc::new(Svc::lb("ns", name).index())
     }
 
+    /// Slice `ns/<name>` of Service `service` as the watch hands it to the index.
     fn slice(name: &str, service: &str) -> Arc<EndpointSlice> {
-        let s: wire::EndpointSlice = serde_json::from_value(serde_json::json!({
-            "metadata": {"namespace": "ns", "name": name,
-                         "labels": {"kubernetes.io/service-name": service}},
-        }))
-        .unwrap();
-        Arc::new(s.into())
+        Arc::new(Slice::ipv4("ns", name, service).index())
     }
 
     fn key(name: &str) -> ServiceKey {
@@ -696,34 +690,34 @@ mod tests {
             .collect()
     }
 
-    fn service(v: serde_json::Value) -> Service {
-        serde_json::from_value::<wire::Service>(v).unwrap().into()
-    }
-
-    fn web() -> serde_json::Value {
-        serde_json::json!({
-            "metadata": {"namespace": "ns", "name": "web", "uid": "u1", "resourceVersion": "7",
-                         "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z",
-                         "annotations": {"nodelb.io/node-selector": "pool=a"}},
-            "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]},
-        })
+    fn web() -> Svc {
+        Svc::lb("ns", "web")
+            .meta("uid", "u1")
+            .meta("resourceVersion", "7")
+            .meta("generation", 1)
+            .created("2026-01-01T00:00:00Z")
+            .annotation("nodelb.io/node-selector", "pool=a")
+            .bare_port(80)
     }
 
     #[test]
     fn a_status_write_needs_no_replan() {
-        let before = service(web());
-        let mut v = web();
-        v["metadata"]["resourceVersion"] = "8".into();
-        v["metadata"]["managedFields"] = serde_json::json!([{
-            "manager": "nodelb", "operation": "Apply", "subresource": "status",
-            "fieldsType": "FieldsV1",
-            "fieldsV1": {"f:status": {"f:loadBalancer": {"f:ingress": {}}}},
-        }]);
-        v["status"] = serde_json::json!({
-            "loadBalancer": {"ingress": [{"ip": "203.0.113.1", "ipMode": "Proxy"}]},
-            "conditions": [{"type": "nodelb.io/Serving", "status": "True", "reason": "Serving"}],
-        });
-        let after = service(v);
+        let before = web().index();
+        let after = web()
+            .meta("resourceVersion", "8")
+            .meta(
+                "managedFields",
+                json!([{
+                    "manager": "nodelb", "operation": "Apply", "subresource": "status",
+                    "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:status": {"f:loadBalancer": {"f:ingress": {}}}},
+                }]),
+            )
+            .status(json!({
+                "loadBalancer": {"ingress": [{"ip": "203.0.113.1", "ipMode": "Proxy"}]},
+                "conditions": [{"type": "nodelb.io/Serving", "status": "True", "reason": "Serving"}],
+            }))
+            .index();
         assert_ne!(after, before, "the writer sees the new status and version");
         assert!(!after.metadata.ingress_owners.is_empty());
         assert!(after.plans_like(&before));
@@ -731,20 +725,16 @@ mod tests {
 
     #[test]
     fn a_change_of_spec_or_planned_metadata_is_replanned() {
-        let before = service(web());
-        let changed = |path: &[&str], to: serde_json::Value| {
-            let mut v = web();
-            let mut at = &mut v;
-            for p in &path[..path.len() - 1] {
-                at = &mut at[*p];
-            }
-            at[path[path.len() - 1]] = to;
-            service(v)
+        let before = web().index();
+        let changed = |path: &[&str], to: serde_json::Value| match path {
+            ["spec", field] => web().spec(field, to).index(),
+            ["metadata", field] => web().meta(field, to).index(),
+            _ => unreachable!("{path:?}"),
         };
         for (path, to) in [
-            (&["spec", "ports"][..], serde_json::json!([{"port": 81}])),
+            (&["spec", "ports"][..], json!([{"port": 81}])),
             (&["spec", "externalTrafficPolicy"], "Local".into()),
-            (&["metadata", "annotations"], serde_json::json!({})),
+            (&["metadata", "annotations"], json!({})),
             (
                 &["metadata", "creationTimestamp"],
                 "2026-01-02T00:00:00Z".into(),
@@ -753,7 +743,7 @@ mod tests {
             (&["metadata", "generation"], 2.into()),
             (
                 &["metadata", "labels"],
-                serde_json::json!({"service.kubernetes.io/service-proxy-name": "other"}),
+                json!({"service.kubernetes.io/service-proxy-name": "other"}),
             ),
             (&["spec", "trafficDistribution"], "PreferClose".into()),
         ] {

@@ -96,28 +96,21 @@ fn local_endpoints(outcome: &ServiceOutcome) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::objects::index::{ServiceMeta, ServiceSpec};
+    use crate::fixtures::Svc;
     use crate::plan::config::Config;
     use crate::plan::diagnosis::{FamilyOutcome, NotServed, PortOutcome};
     use crate::plan::topology::Topology;
     use crate::vocab::{IpFamily, Protocol, ServicePortId};
 
+    /// LoadBalancer Service `default/<name>` with `externalTrafficPolicy: policy` and, if
+    /// given, `healthCheckNodePort`.
     fn lb(name: &str, policy: &str, health_port: Option<i32>) -> (ServiceKey, Service) {
-        let svc = Service {
-            metadata: ServiceMeta {
-                name: Some(name.into()),
-                namespace: Some("default".into()),
-                ..ServiceMeta::default()
-            },
-            spec: Some(ServiceSpec {
-                type_: Some("LoadBalancer".into()),
-                external_traffic_policy: Some(policy.into()),
-                health_check_node_port: health_port,
-                ..ServiceSpec::default()
-            }),
-            status: None,
+        let svc = Svc::lb("default", name).spec("externalTrafficPolicy", policy);
+        let svc = match health_port {
+            Some(port) => svc.spec("healthCheckNodePort", port),
+            None => svc,
         };
-        (ServiceKey::new("default", name), svc)
+        (ServiceKey::new("default", name), svc.index())
     }
 
     fn served(results: &[PortResult]) -> ServiceOutcome {
@@ -175,7 +168,10 @@ mod tests {
         let hc = &c[&31000];
         assert_eq!(hc.local_endpoints, 2);
         assert!(hc.healthy(true));
-        assert!(!hc.healthy(false), "a node whose last sync failed is not healthy");
+        assert!(
+            !hc.healthy(false),
+            "a node whose last sync failed is not healthy"
+        );
     }
 
     #[test]

@@ -9,9 +9,10 @@ use super::diagnosis::*;
 use super::node::{AddressKind, NodeInfo};
 use super::topology::{Ignored, Topology};
 use super::*;
+use crate::fixtures::{node, Ep, Slice, Svc};
 use crate::objects::index::{EndpointSlice, Service};
-use crate::objects::wire;
 use crate::vocab::{IpFamily, Protocol, ServiceKey};
+use serde_json::json;
 use std::collections::BTreeSet;
 
 const NODE: &str = "node-a";
@@ -30,14 +31,11 @@ struct World {
 
 impl World {
     fn new() -> World {
-        let node = NodeInfo {
-            name: NODE.into(),
-            labels: [("kubernetes.io/hostname".to_string(), NODE.to_string())].into(),
-            addresses: vec![
-                (AddressKind::InternalIP, NODE_V4.parse().unwrap()),
-                (AddressKind::InternalIP, NODE_V6.parse().unwrap()),
-            ],
-        };
+        let node = node(NODE)
+            .label("kubernetes.io/hostname", NODE)
+            .address("InternalIP", NODE_V4)
+            .address("InternalIP", NODE_V6)
+            .info();
         let local = [NODE_V4, NODE_V6, "192.0.2.254"]
             .iter()
             .map(|a| a.parse().unwrap())
@@ -59,21 +57,13 @@ impl World {
         self
     }
 
-    fn service(mut self, yaml: &str) -> World {
-        self.services.push(
-            serde_yaml_ng::from_str::<wire::Service>(yaml)
-                .expect("Service fixture")
-                .into(),
-        );
+    fn service(mut self, s: Svc) -> World {
+        self.services.push(s.index());
         self
     }
 
-    fn slice(mut self, yaml: &str) -> World {
-        self.slices.push(
-            serde_yaml_ng::from_str::<wire::EndpointSlice>(yaml)
-                .expect("EndpointSlice fixture")
-                .into(),
-        );
+    fn slice(mut self, s: Slice) -> World {
+        self.slices.push(s.index());
         self
     }
 
@@ -119,96 +109,19 @@ impl Plan {
     }
 }
 
-/// A LoadBalancer Service `default/web` on TCP port 80 (`http`), extra spec lines appended.
-fn web(extra_spec: &str) -> String {
-    svc(
-        "default",
-        "web",
-        "2024-01-01T00:00:00Z",
-        "- {name: http, port: 80, protocol: TCP}",
-        extra_spec,
-    )
+/// The LoadBalancer Service `default/web` on TCP port 80 (`http`).
+fn web() -> Svc {
+    Svc::lb("default", "web")
+        .created("2024-01-01T00:00:00Z")
+        .port("http", 80, "TCP")
 }
 
-fn svc(ns: &str, name: &str, created: &str, ports: &str, extra_spec: &str) -> String {
-    let ports = ports
-        .lines()
-        .map(|l| format!("    {l}\n"))
-        .collect::<String>();
-    let extra = extra_spec
-        .lines()
-        .map(|l| format!("  {l}\n"))
-        .collect::<String>();
-    format!(
-        "apiVersion: v1\nkind: Service\nmetadata:\n  namespace: {ns}\n  name: {name}\n  creationTimestamp: \"{created}\"\nspec:\n  type: LoadBalancer\n  ports:\n{ports}{extra}"
-    )
-}
-
-/// `{name: a}, {name: b}` of `a,b`.
-fn names(list: &str) -> String {
-    list.split(',')
-        .map(|n| format!("{{name: {n}}}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// An IPv4 slice of `default/web` with port `http` → 8080 and the given endpoints, one per
-/// line: `address [node] [ready=false] [serving=true] [terminating=true] [for-zones=a,b]
-/// [for-nodes=n] [hints=<raw YAML>]`.
-fn web_slice(name: &str, endpoints: &[&str]) -> String {
-    slice(
-        "default",
-        "web",
-        name,
-        "IPv4",
-        "- {name: http, port: 8080, protocol: TCP}",
-        endpoints,
-    )
-}
-
-fn slice(
-    ns: &str,
-    service: &str,
-    name: &str,
-    family: &str,
-    ports: &str,
-    endpoints: &[&str],
-) -> String {
-    let ports = ports
-        .lines()
-        .map(|l| format!("  {l}\n"))
-        .collect::<String>();
-    let mut eps = String::new();
-    for e in endpoints {
-        let mut parts = e.split_whitespace();
-        let addr = parts.next().unwrap();
-        eps.push_str(&format!("- addresses: [\"{addr}\"]\n"));
-        let mut cond = Vec::new();
-        let mut hints = Vec::new();
-        for p in parts {
-            match p.split_once('=') {
-                // Topology hints: `for-zones=a,b`, `for-nodes=node-a`, `hints=<raw YAML>`.
-                Some(("for-zones", v)) => hints.push(format!("forZones: [{}]", names(v))),
-                Some(("for-nodes", v)) => hints.push(format!("forNodes: [{}]", names(v))),
-                Some(("hints", v)) => eps.push_str(&format!("  hints: {v}\n")),
-                Some((k, v)) => cond.push(format!("{k}: {v}")),
-                None => eps.push_str(&format!("  nodeName: {p}\n")),
-            }
-        }
-        if !cond.is_empty() {
-            eps.push_str(&format!("  conditions: {{{}}}\n", cond.join(", ")));
-        }
-        if !hints.is_empty() {
-            eps.push_str(&format!("  hints: {{{}}}\n", hints.join(", ")));
-        }
-    }
-    if endpoints.is_empty() {
-        eps.push_str("[]\n");
-    }
-    format!(
-        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: {ns}\n  name: {name}\n  labels:\n    kubernetes.io/service-name: {service}\naddressType: {family}\nports:\n{ports}endpoints:\n{}",
-        if endpoints.is_empty() { eps } else { eps.lines().map(|l| format!("{l}\n")).collect() }
-    )
+/// An IPv4 slice of `default/web` with port `http` → 8080 and the given endpoints, in
+/// [`Ep::parse`]'s short form.
+fn web_slice(name: &str, endpoints: &[&str]) -> Slice {
+    Slice::ipv4("default", name, "web")
+        .port("http", 8080, "TCP")
+        .endpoints(endpoints)
 }
 
 fn forwards(n: usize) -> PortResult {
@@ -224,8 +137,8 @@ fn forwards(n: usize) -> PortResult {
 #[test]
 fn handled_when_class_is_nodelb() {
     let p = World::new()
-        .service(&web("loadBalancerClass: nodelb.io/nodelb"))
-        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .service(web().spec("loadBalancerClass", "nodelb.io/nodelb"))
+        .slice(web_slice("web-1", &["198.51.100.10"]))
         .plan();
     assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
     assert!(
@@ -239,8 +152,8 @@ fn handled_when_class_is_nodelb() {
 #[test]
 fn other_class_is_ignored() {
     let p = World::new()
-        .service(&web("loadBalancerClass: example.com/other"))
-        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .service(web().spec("loadBalancerClass", "example.com/other"))
+        .slice(web_slice("web-1", &["198.51.100.10"]))
         .plan();
     assert!(p.services.is_empty());
     assert!(!p.v4().contains("default/web"));
@@ -249,8 +162,8 @@ fn other_class_is_ignored() {
 #[test]
 fn unset_class_is_handled_only_with_default_class() {
     let mut w = World::new()
-        .service(&web(""))
-        .slice(&web_slice("web-1", &["198.51.100.10"]));
+        .service(web())
+        .slice(web_slice("web-1", &["198.51.100.10"]));
     assert_eq!(w.plan().port("default/web", IpFamily::V4), &forwards(1));
     w.config.default_class = false;
     let p = w.plan();
@@ -261,8 +174,8 @@ fn unset_class_is_handled_only_with_default_class() {
 #[test]
 fn non_loadbalancer_services_are_ignored() {
     let p = World::new()
-        .service(&web("").replace("type: LoadBalancer", "type: ClusterIP"))
-        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .service(web().spec("type", "ClusterIP"))
+        .slice(web_slice("web-1", &["198.51.100.10"]))
         .plan();
     assert!(p.services.is_empty());
     assert!(!p.v4().contains("default/web"));
@@ -270,16 +183,11 @@ fn non_loadbalancer_services_are_ignored() {
 
 #[test]
 fn service_proxy_name_label_is_left_alone() {
-    let labelled = |value: &str| {
-        web("").replace(
-            "  creationTimestamp",
-            &format!("  labels: {{service.kubernetes.io/service-proxy-name: \"{value}\"}}\n  creationTimestamp"),
-        )
-    };
+    let labelled = |value: &str| web().label("service.kubernetes.io/service-proxy-name", value);
     for value in ["other-proxy", ""] {
         let p = World::new()
-            .service(&labelled(value))
-            .slice(&web_slice("web-1", &["198.51.100.10"]))
+            .service(labelled(value))
+            .slice(web_slice("web-1", &["198.51.100.10"]))
             .plan();
         assert!(p.services.is_empty(), "{value:?}: {:?}", p.services);
         assert!(!p.v4().contains("default/web"), "{}", p.v4());
@@ -287,8 +195,8 @@ fn service_proxy_name_label_is_left_alone() {
     }
     // Without the label the same Service is nodelb's.
     let p = World::new()
-        .service(&web(""))
-        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .service(web())
+        .slice(web_slice("web-1", &["198.51.100.10"]))
         .plan();
     assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
 }
@@ -296,8 +204,8 @@ fn service_proxy_name_label_is_left_alone() {
 #[test]
 fn allowed_namespaces_limit_which_services_are_programmed() {
     let mut w = World::new()
-        .service(&web(""))
-        .slice(&web_slice("web-1", &["198.51.100.10"]));
+        .service(web())
+        .slice(web_slice("web-1", &["198.51.100.10"]));
     w.config.allowed_namespaces = Some(["prod".to_string()].into());
     let p = w.plan();
     assert_eq!(
@@ -312,8 +220,8 @@ fn allowed_namespaces_limit_which_services_are_programmed() {
 #[test]
 fn node_with_exclusion_label_does_not_serve() {
     let mut w = World::new()
-        .service(&web(""))
-        .slice(&web_slice("web-1", &["198.51.100.10"]));
+        .service(web())
+        .slice(web_slice("web-1", &["198.51.100.10"]));
     w.node.labels.insert(
         "node.kubernetes.io/exclude-from-external-load-balancers".into(),
         "".into(),
@@ -328,21 +236,16 @@ fn node_with_exclusion_label_does_not_serve() {
 
 #[test]
 fn node_selector_annotation_limits_serving_nodes() {
-    let annotated = |sel: &str| {
-        web("").replace(
-            "  creationTimestamp",
-            &format!("  annotations:\n    nodelb.io/node-selector: \"{sel}\"\n  creationTimestamp"),
-        )
-    };
+    let annotated = |sel: &str| web().annotation("nodelb.io/node-selector", sel);
     let serve = World::new()
-        .service(&annotated("kubernetes.io/hostname in (node-a,node-b)"))
-        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .service(annotated("kubernetes.io/hostname in (node-a,node-b)"))
+        .slice(web_slice("web-1", &["198.51.100.10"]))
         .plan();
     assert_eq!(serve.port("default/web", IpFamily::V4), &forwards(1));
 
     let skip = World::new()
-        .service(&annotated("kubernetes.io/hostname=node-b"))
-        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .service(annotated("kubernetes.io/hostname=node-b"))
+        .slice(web_slice("web-1", &["198.51.100.10"]))
         .plan();
     assert!(matches!(
         skip.outcome("default/web"),
@@ -354,11 +257,8 @@ fn node_selector_annotation_limits_serving_nodes() {
 #[test]
 fn invalid_node_selector_serves_nowhere_with_a_warning() {
     let p = World::new()
-        .service(&web("").replace(
-            "  creationTimestamp",
-            "  annotations:\n    nodelb.io/node-selector: \"a in (b\"\n  creationTimestamp",
-        ))
-        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .service(web().annotation("nodelb.io/node-selector", "a in (b"))
+        .slice(web_slice("web-1", &["198.51.100.10"]))
         .plan();
     assert!(matches!(
         p.outcome("default/web"),
@@ -373,8 +273,8 @@ fn invalid_node_selector_serves_nowhere_with_a_warning() {
 #[test]
 fn only_node_addresses_assigned_on_the_host_are_served() {
     let mut w = World::new()
-        .service(&web(""))
-        .slice(&web_slice("web-1", &["198.51.100.10"]));
+        .service(web())
+        .slice(web_slice("web-1", &["198.51.100.10"]));
     // Listed on the Node but not on the host: not served.
     w.node
         .addresses
@@ -397,8 +297,8 @@ fn only_node_addresses_assigned_on_the_host_are_served() {
 #[test]
 fn no_served_address_means_no_rules() {
     let mut w = World::new()
-        .service(&web(""))
-        .slice(&web_slice("web-1", &["198.51.100.10"]));
+        .service(web())
+        .slice(web_slice("web-1", &["198.51.100.10"]));
     w.local.clear();
     let p = w.plan();
     assert!(matches!(
@@ -413,10 +313,8 @@ fn no_served_address_means_no_rules() {
 #[test]
 fn an_endpoint_forwards_to_its_first_address_only() {
     let p = World::new()
-        .service(&web(""))
-        .slice(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {namespace: default, name: web-1, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\nendpoints:\n- addresses: [198.51.100.10, 198.51.100.11]\n",
-        )
+        .service(web())
+        .slice(web_slice("web-1", &[]).endpoint(Ep::at("198.51.100.10").address("198.51.100.11")))
         .plan();
     assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
     let t = p.v4();
@@ -427,21 +325,20 @@ fn an_endpoint_forwards_to_its_first_address_only() {
 #[test]
 fn slice_port_is_matched_by_name_and_protocol() {
     let p = World::new()
-        .service(&svc(
-            "default",
-            "web",
-            "2024-01-01T00:00:00Z",
-            "- {name: http, port: 80, protocol: TCP}\n- {name: dns, port: 53, protocol: UDP}",
-            "",
-        ))
-        .slice(&slice(
-            "default",
-            "web",
-            "web-1",
-            "IPv4",
-            "- {name: dns, port: 5353, protocol: TCP}\n- {name: dns, port: 1053, protocol: UDP}\n- {name: http, port: 8080, protocol: TCP}\n- {name: other, port: 9999, protocol: TCP}",
-            &["198.51.100.10"],
-        ))
+        .service(
+            Svc::lb("default", "web")
+                .created("2024-01-01T00:00:00Z")
+                .port("http", 80, "TCP")
+                .port("dns", 53, "UDP"),
+        )
+        .slice(
+            Slice::ipv4("default", "web-1", "web")
+                .port("dns", 5353, "TCP")
+                .port("dns", 1053, "UDP")
+                .port("http", 8080, "TCP")
+                .port("other", 9999, "TCP")
+                .endpoint("198.51.100.10"),
+        )
         .plan();
     let t = p.v4();
     assert!(
@@ -458,8 +355,8 @@ fn slice_port_is_matched_by_name_and_protocol() {
 #[test]
 fn unset_ready_counts_as_ready() {
     let p = World::new()
-        .service(&web(""))
-        .slice(&web_slice(
+        .service(web())
+        .slice(web_slice(
             "web-1",
             &[
                 "198.51.100.10",
@@ -480,15 +377,12 @@ fn unset_ready_counts_as_ready() {
 #[test]
 fn fqdn_slices_are_skipped() {
     let p = World::new()
-        .service(&web(""))
-        .slice(&slice(
-            "default",
-            "web",
-            "web-fqdn",
-            "FQDN",
-            "- {name: http, port: 8080, protocol: TCP}",
-            &["backend.example.com"],
-        ))
+        .service(web())
+        .slice(
+            Slice::of("default", "web-fqdn", "web", "FQDN")
+                .port("http", 8080, "TCP")
+                .endpoint("backend.example.com"),
+        )
         .plan();
     assert_eq!(
         p.port("default/web", IpFamily::V4),
@@ -499,7 +393,7 @@ fn fqdn_slices_are_skipped() {
 
 #[test]
 fn serving_terminating_endpoints_stand_in_when_none_is_ready() {
-    let w = World::new().service(&web("")).slice(&web_slice(
+    let w = World::new().service(web()).slice(web_slice(
         "web-1",
         &[
             "198.51.100.10 ready=false serving=true terminating=true",
@@ -518,7 +412,7 @@ fn serving_terminating_endpoints_stand_in_when_none_is_ready() {
     assert!(p.v4().contains("198.51.100.10 . 8080"));
     assert!(!p.v4().contains("198.51.100.11 . 8080"));
     // Once one is ready, terminating ones are not used.
-    let p = w.slice(&web_slice("web-2", &["198.51.100.20"])).plan();
+    let p = w.slice(web_slice("web-2", &["198.51.100.20"])).plan();
     assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
     assert!(!p.v4().contains("198.51.100.10 . 8080"));
 }
@@ -526,17 +420,14 @@ fn serving_terminating_endpoints_stand_in_when_none_is_ready() {
 #[test]
 fn endpoints_from_every_slice_of_the_service_are_used() {
     let p = World::new()
-        .service(&web(""))
-        .slice(&web_slice("web-1", &["198.51.100.10"]))
-        .slice(&web_slice("web-2", &["198.51.100.11"]))
-        .slice(&slice(
-            "default",
-            "other",
-            "other-1",
-            "IPv4",
-            "- {name: http, port: 8080, protocol: TCP}",
-            &["198.51.100.99"],
-        ))
+        .service(web())
+        .slice(web_slice("web-1", &["198.51.100.10"]))
+        .slice(web_slice("web-2", &["198.51.100.11"]))
+        .slice(
+            Slice::ipv4("default", "other-1", "other")
+                .port("http", 8080, "TCP")
+                .endpoint("198.51.100.99"),
+        )
         .plan();
     assert_eq!(p.port("default/web", IpFamily::V4), &forwards(2));
     assert!(p.v4().contains("numgen random mod 2"), "{}", p.v4());
@@ -548,8 +439,8 @@ fn endpoints_from_every_slice_of_the_service_are_used() {
 #[test]
 fn cluster_policy_uses_every_endpoint_and_masquerades_clients() {
     let p = World::new()
-        .service(&web("externalTrafficPolicy: Cluster"))
-        .slice(&web_slice(
+        .service(web().spec("externalTrafficPolicy", "Cluster"))
+        .slice(web_slice(
             "web-1",
             &["198.51.100.10 node-a", "198.51.100.11 node-b"],
         ))
@@ -562,8 +453,8 @@ fn cluster_policy_uses_every_endpoint_and_masquerades_clients() {
 #[test]
 fn every_masquerade_is_fully_random() {
     let p = World::new()
-        .service(&web(""))
-        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .service(web())
+        .slice(web_slice("web-1", &["198.51.100.10"]))
         .plan();
     for family in [IpFamily::V4, IpFamily::V6] {
         let post = chain_block(&p.text(family), "postrouting");
@@ -581,8 +472,8 @@ fn every_masquerade_is_fully_random() {
 #[test]
 fn local_policy_uses_only_this_nodes_endpoints_and_keeps_client_address() {
     let p = World::new()
-        .service(&web("externalTrafficPolicy: Local"))
-        .slice(&web_slice(
+        .service(web().spec("externalTrafficPolicy", "Local"))
+        .slice(web_slice(
             "web-1",
             &[
                 "198.51.100.10 node-a",
@@ -604,8 +495,8 @@ fn local_policy_uses_only_this_nodes_endpoints_and_keeps_client_address() {
 #[test]
 fn local_policy_without_local_endpoint_drops() {
     let p = World::new()
-        .service(&web("externalTrafficPolicy: Local"))
-        .slice(&web_slice("web-1", &["198.51.100.11 node-b"]))
+        .service(web().spec("externalTrafficPolicy", "Local"))
+        .slice(web_slice("web-1", &["198.51.100.11 node-b"]))
         .plan();
     assert_eq!(
         p.port("default/web", IpFamily::V4),
@@ -623,8 +514,8 @@ fn local_policy_without_local_endpoint_drops() {
 #[test]
 fn local_policy_without_local_endpoint_still_answers_the_nodes_own_clients() {
     let p = World::new()
-        .service(&web("externalTrafficPolicy: Local"))
-        .slice(&web_slice("web-1", &["198.51.100.11 node-b"]))
+        .service(web().spec("externalTrafficPolicy", "Local"))
+        .slice(web_slice("web-1", &["198.51.100.11 node-b"]))
         .plan();
     let t = p.v4();
     let chain = chain_block(&t, "svc-default/web-tcp-80");
@@ -647,8 +538,8 @@ fn local_policy_without_local_endpoint_still_answers_the_nodes_own_clients() {
 fn node_and_hairpin_clients_are_masqueraded_under_both_policies() {
     for policy in ["Cluster", "Local"] {
         let p = World::new()
-            .service(&web(&format!("externalTrafficPolicy: {policy}")))
-            .slice(&web_slice("web-1", &["198.51.100.10 node-a"]))
+            .service(web().spec("externalTrafficPolicy", policy))
+            .slice(web_slice("web-1", &["198.51.100.10 node-a"]))
             .plan();
         let t = p.v4();
         assert!(
@@ -672,7 +563,7 @@ fn node_and_hairpin_clients_are_masqueraded_under_both_policies() {
 
 #[test]
 fn service_without_endpoints_rejects() {
-    let p = World::new().service(&web("")).plan();
+    let p = World::new().service(web()).plan();
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &PortResult::RejectsNoEndpoints
@@ -694,7 +585,7 @@ fn service_without_endpoints_rejects() {
 #[test]
 fn no_endpoint_reject_matches_new_connections_only() {
     use nodelb_netfilter::{ct_state, ChainType, CtKey, Expr, Payload, Stmt};
-    let p = World::new().service(&web("")).plan();
+    let p = World::new().service(web()).plan();
     for t in &p.tables {
         let mut keyed = 0;
         // Every rule of a filter chain that looks up the packet's destination address and port
@@ -765,12 +656,11 @@ fn in_zone(mut w: World, zone: &str) -> World {
     w
 }
 
-/// The plan of `node-a` in `zone` for Service `web` (`spec` added to its spec) and one slice
-/// `web-1` of `endpoints`.
-fn zoned(zone: &str, spec: &str, endpoints: &[&str]) -> Plan {
+/// The plan of `node-a` in `zone` for Service `web` and one slice `web-1` of `endpoints`.
+fn zoned(zone: &str, web: Svc, endpoints: &[&str]) -> Plan {
     in_zone(World::new(), zone)
-        .service(&web(spec))
-        .slice(&web_slice("web-1", endpoints))
+        .service(web)
+        .slice(web_slice("web-1", endpoints))
         .plan()
 }
 
@@ -784,18 +674,26 @@ const ZONED: [&str; 3] = [
 
 #[test]
 fn prefer_close_uses_only_zone_hinted_endpoints() {
-    let p = zoned("zone-a", "trafficDistribution: PreferClose", &ZONED);
+    let p = zoned(
+        "zone-a",
+        web().spec("trafficDistribution", "PreferClose"),
+        &ZONED,
+    );
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &forwards_by(2, Topology::SameZone)
     );
     assert_eq!(endpoint_hosts(&p), ["198.51.100.10", "198.51.100.12"]);
     // In zone-b, zone-b's.
-    let p = zoned("zone-b", "trafficDistribution: PreferClose", &ZONED);
+    let p = zoned(
+        "zone-b",
+        web().spec("trafficDistribution", "PreferClose"),
+        &ZONED,
+    );
     assert_eq!(endpoint_hosts(&p), ["198.51.100.11"]);
     // The hints decide, as in kube-proxy, also without trafficDistribution (the older
     // topology-mode annotation makes the same hints).
-    let p = zoned("zone-a", "", &ZONED);
+    let p = zoned("zone-a", web(), &ZONED);
     assert_eq!(endpoint_hosts(&p), ["198.51.100.10", "198.51.100.12"]);
 }
 
@@ -806,7 +704,11 @@ fn prefer_same_node_uses_only_node_hinted_endpoints_and_else_its_zones() {
         "198.51.100.11 for-zones=zone-b for-nodes=node-b",
         "198.51.100.12 for-zones=zone-a for-nodes=node-c",
     ];
-    let p = zoned("zone-a", "trafficDistribution: PreferSameNode", &hinted);
+    let p = zoned(
+        "zone-a",
+        web().spec("trafficDistribution", "PreferSameNode"),
+        &hinted,
+    );
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &forwards_by(1, Topology::SameNode)
@@ -814,8 +716,8 @@ fn prefer_same_node_uses_only_node_hinted_endpoints_and_else_its_zones() {
     assert_eq!(endpoint_hosts(&p), ["198.51.100.10"]);
     // No endpoint for this node: this zone's.
     let mut w = in_zone(World::new(), "zone-a")
-        .service(&web("trafficDistribution: PreferSameNode"))
-        .slice(&web_slice("web-1", &hinted));
+        .service(web().spec("trafficDistribution", "PreferSameNode"))
+        .slice(web_slice("web-1", &hinted));
     w.node.name = "node-d".into();
     assert_eq!(
         endpoint_hosts(&w.plan()),
@@ -827,27 +729,35 @@ fn prefer_same_node_uses_only_node_hinted_endpoints_and_else_its_zones() {
 fn hints_missing_on_one_endpoint_fall_back_to_all() {
     let mut eps = ZONED.to_vec();
     eps.push("198.51.100.13 node-d");
-    let p = zoned("zone-a", "trafficDistribution: PreferClose", &eps);
+    let p = zoned(
+        "zone-a",
+        web().spec("trafficDistribution", "PreferClose"),
+        &eps,
+    );
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &forwards_by(4, Topology::Ignored(Ignored::MissingHint))
     );
     // A terminating endpoint without hints does not count: only ready ones are looked at.
     eps[3] = "198.51.100.13 node-d ready=false serving=true terminating=true";
-    let p = zoned("zone-a", "trafficDistribution: PreferClose", &eps);
+    let p = zoned(
+        "zone-a",
+        web().spec("trafficDistribution", "PreferClose"),
+        &eps,
+    );
     assert_eq!(endpoint_hosts(&p), ["198.51.100.10", "198.51.100.12"]);
 }
 
 #[test]
 fn hints_for_no_endpoint_of_this_zone_or_a_node_without_a_zone_fall_back_to_all() {
-    let p = zoned("zone-c", "", &ZONED);
+    let p = zoned("zone-c", web(), &ZONED);
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &forwards_by(3, Topology::Ignored(Ignored::NotForThisZone))
     );
     let p = World::new()
-        .service(&web(""))
-        .slice(&web_slice("web-1", &ZONED))
+        .service(web())
+        .slice(web_slice("web-1", &ZONED))
         .plan();
     assert_eq!(
         p.port("default/web", IpFamily::V4),
@@ -861,7 +771,11 @@ fn only_terminating_endpoints_left_ignore_their_hints() {
         "198.51.100.10 ready=false serving=true terminating=true for-zones=zone-a",
         "198.51.100.11 ready=false serving=true terminating=true for-zones=zone-b",
     ];
-    let p = zoned("zone-a", "trafficDistribution: PreferClose", &eps);
+    let p = zoned(
+        "zone-a",
+        web().spec("trafficDistribution", "PreferClose"),
+        &eps,
+    );
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &PortResult::Forwards {
@@ -880,7 +794,9 @@ fn topology_hints_do_not_narrow_local_policy() {
     ];
     let p = zoned(
         "zone-a",
-        "externalTrafficPolicy: Local\ntrafficDistribution: PreferClose",
+        web()
+            .spec("externalTrafficPolicy", "Local")
+            .spec("trafficDistribution", "PreferClose"),
         &eps,
     );
     assert_eq!(
@@ -894,8 +810,8 @@ fn topology_hints_do_not_narrow_local_policy() {
 fn a_node_whose_zone_label_changes_uses_the_new_zones_endpoints() {
     // The zone is part of the planner's context: a change replans every Service.
     let w = in_zone(World::new(), "zone-a")
-        .service(&web(""))
-        .slice(&web_slice("web-1", &ZONED));
+        .service(web())
+        .slice(web_slice("web-1", &ZONED));
     let node_b = in_zone(World::new(), "zone-b").node;
     let objects = Objects::from_lists(w.services.clone(), w.slices.clone());
     let ctx =
@@ -919,7 +835,7 @@ fn a_node_whose_zone_label_changes_uses_the_new_zones_endpoints() {
 fn malformed_hints_are_warned_about_and_fall_back_to_all() {
     let mut eps = ZONED.to_vec();
     eps[1] = r#"198.51.100.11 node-b hints={"forZones":[{}]}"#;
-    let p = zoned("zone-a", "", &eps);
+    let p = zoned("zone-a", web(), &eps);
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &forwards_by(3, Topology::Ignored(Ignored::MalformedHint))
@@ -931,7 +847,7 @@ fn malformed_hints_are_warned_about_and_fall_back_to_all() {
     );
     // A hint list that is not a list at all reads the same way.
     eps[1] = r#"198.51.100.11 node-b hints={"forZones":"zone-b"}"#;
-    let p = zoned("zone-a", "", &eps);
+    let p = zoned("zone-a", web(), &eps);
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &forwards_by(3, Topology::Ignored(Ignored::MalformedHint))
@@ -940,7 +856,11 @@ fn malformed_hints_are_warned_about_and_fall_back_to_all() {
 
 #[test]
 fn an_unknown_traffic_distribution_is_warned_about_and_the_hints_still_decide() {
-    let p = zoned("zone-a", "trafficDistribution: PreferFarAway", &ZONED);
+    let p = zoned(
+        "zone-a",
+        web().spec("trafficDistribution", "PreferFarAway"),
+        &ZONED,
+    );
     assert!(
         p.warned("trafficDistribution is not PreferClose, PreferSameZone or PreferSameNode"),
         "{:?}",
@@ -956,7 +876,7 @@ fn an_unknown_traffic_distribution_is_warned_about_and_the_hints_still_decide() 
 fn a_distribution_without_hints_says_they_are_missing() {
     let p = zoned(
         "zone-a",
-        "trafficDistribution: PreferClose",
+        web().spec("trafficDistribution", "PreferClose"),
         &["198.51.100.10", "198.51.100.11"],
     );
     assert_eq!(
@@ -975,18 +895,22 @@ fn a_distribution_without_hints_says_they_are_missing() {
 // ---- session affinity --------------------------------------------------------------------
 
 /// `default/web` with `sessionAffinity: ClientIP` and the given timeout (none: the default).
-fn sticky_web(timeout: Option<i64>) -> String {
-    let config = timeout
-        .map(|t| format!("\nsessionAffinityConfig: {{clientIP: {{timeoutSeconds: {t}}}}}"))
-        .unwrap_or_default();
-    web(&format!("sessionAffinity: ClientIP{config}"))
+fn sticky_web(timeout: Option<i64>) -> Svc {
+    let web = web().spec("sessionAffinity", "ClientIP");
+    match timeout {
+        Some(t) => web.spec(
+            "sessionAffinityConfig",
+            json!({"clientIP": {"timeoutSeconds": t}}),
+        ),
+        None => web,
+    }
 }
 
 #[test]
 fn client_ip_affinity_keeps_a_client_on_its_endpoint() {
     let p = World::new()
-        .service(&sticky_web(Some(60)))
-        .slice(&web_slice("web-1", &["198.51.100.10", "198.51.100.11"]))
+        .service(sticky_web(Some(60)))
+        .slice(web_slice("web-1", &["198.51.100.10", "198.51.100.11"]))
         .plan();
     assert_eq!(p.port("default/web", IpFamily::V4), &forwards(2));
     let t = p.v4();
@@ -1042,13 +966,10 @@ fn client_ip_affinity_keeps_a_client_on_its_endpoint() {
 fn a_plain_service_port_dispatches_straight_to_the_shared_endpoint_chain() {
     // No source ranges, no affinity, endpoints to forward to: no chain of its own, under
     // either policy; its counter object and counter-map element stay.
-    for policy in [
-        "externalTrafficPolicy: Cluster",
-        "externalTrafficPolicy: Local",
-    ] {
+    for policy in ["Cluster", "Local"] {
         let t = World::new()
-            .service(&web(policy))
-            .slice(&web_slice(
+            .service(web().spec("externalTrafficPolicy", policy))
+            .slice(web_slice(
                 "web-1",
                 &["198.51.100.10 node-a", "198.51.100.11 node-a"],
             ))
@@ -1069,8 +990,8 @@ fn a_plain_service_port_dispatches_straight_to_the_shared_endpoint_chain() {
     }
     // With source ranges the port keeps its chain: the check comes before the pick.
     let t = World::new()
-        .service(&web("loadBalancerSourceRanges: [\"192.0.2.0/24\"]"))
-        .slice(&web_slice("web-1", &["198.51.100.10", "198.51.100.11"]))
+        .service(web().spec("loadBalancerSourceRanges", json!(["192.0.2.0/24"])))
+        .slice(web_slice("web-1", &["198.51.100.10", "198.51.100.11"]))
         .plan()
         .v4();
     assert!(
@@ -1086,11 +1007,11 @@ fn a_plain_service_port_dispatches_straight_to_the_shared_endpoint_chain() {
 #[test]
 fn services_without_affinity_keep_the_shared_endpoint_chains() {
     let plain = World::new()
-        .service(&web(""))
-        .slice(&web_slice("web-1", &["198.51.100.10", "198.51.100.11"]));
+        .service(web())
+        .slice(web_slice("web-1", &["198.51.100.10", "198.51.100.11"]));
     let none = World::new()
-        .service(&web("sessionAffinity: None"))
-        .slice(&web_slice("web-1", &["198.51.100.10", "198.51.100.11"]));
+        .service(web().spec("sessionAffinity", "None"))
+        .slice(web_slice("web-1", &["198.51.100.10", "198.51.100.11"]));
     let t = plain.plan().v4();
     // `None` said aloud changes nothing, and no affinity object appears.
     assert_eq!(t, none.plan().v4());
@@ -1103,21 +1024,17 @@ fn services_without_affinity_keep_the_shared_endpoint_chains() {
     );
     // Beside an affinity Service, a plain one keeps that shape.
     let mixed = plain
-        .service(&svc(
-            "default",
-            "sticky",
-            "2024-01-01T00:00:00Z",
-            "- {name: http, port: 81, protocol: TCP}",
-            "sessionAffinity: ClientIP",
-        ))
-        .slice(&slice(
-            "default",
-            "sticky",
-            "sticky-1",
-            "IPv4",
-            "- {name: http, port: 8080, protocol: TCP}",
-            &["198.51.100.20", "198.51.100.21"],
-        ))
+        .service(
+            Svc::lb("default", "sticky")
+                .created("2024-01-01T00:00:00Z")
+                .port("http", 81, "TCP")
+                .spec("sessionAffinity", "ClientIP"),
+        )
+        .slice(
+            Slice::ipv4("default", "sticky-1", "sticky")
+                .port("http", 8080, "TCP")
+                .endpoints(["198.51.100.20", "198.51.100.21"]),
+        )
         .plan()
         .v4();
     assert!(
@@ -1140,20 +1057,20 @@ fn services_without_affinity_keep_the_shared_endpoint_chains() {
 #[test]
 fn affinity_timeout_defaults_to_three_hours_and_bad_values_are_warned_about() {
     let timeout_of = |w: World| {
-        let p = w.slice(&web_slice("web-1", &["198.51.100.10"])).plan();
+        let p = w.slice(web_slice("web-1", &["198.51.100.10"])).plan();
         let set = set_block(&p.v4(), "affinity-default/web-tcp-80-198.51.100.10-8080");
         let line = set
             .lines()
             .find(|l| l.contains("timeout ") && !l.contains("flags"));
         (line.unwrap_or_default().trim().to_string(), p)
     };
-    let (t, p) = timeout_of(World::new().service(&sticky_web(None)));
+    let (t, p) = timeout_of(World::new().service(sticky_web(None)));
     assert_eq!(t, "timeout 3h");
     assert!(p.warnings.is_empty(), "{:?}", p.warnings);
-    let (t, _) = timeout_of(World::new().service(&sticky_web(Some(86_400))));
+    let (t, _) = timeout_of(World::new().service(sticky_web(Some(86_400))));
     assert_eq!(t, "timeout 1d");
     for bad in [0, -5, 86_401] {
-        let (t, p) = timeout_of(World::new().service(&sticky_web(Some(bad))));
+        let (t, p) = timeout_of(World::new().service(sticky_web(Some(bad))));
         assert_eq!(t, "timeout 3h", "{bad}");
         assert!(
             p.warned(&format!(
@@ -1164,8 +1081,8 @@ fn affinity_timeout_defaults_to_three_hours_and_bad_values_are_warned_about() {
         );
     }
     let p = World::new()
-        .service(&web("sessionAffinity: Sticky"))
-        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .service(web().spec("sessionAffinity", "Sticky"))
+        .slice(web_slice("web-1", &["198.51.100.10"]))
         .plan();
     assert!(p.warned("sessionAffinity \"Sticky\" is not None or ClientIP; no affinity"));
     assert!(!p.v4().contains("affinity"), "{}", p.v4());
@@ -1174,15 +1091,10 @@ fn affinity_timeout_defaults_to_three_hours_and_bad_values_are_warned_about() {
 #[test]
 fn client_ip_affinity_in_both_families() {
     let p = World::new()
-        .service(&sticky_web(Some(10)).replacen(
-            "sessionAffinity",
-            "ipFamilies: [IPv4, IPv6]\n  ipFamilyPolicy: RequireDualStack\n  sessionAffinity",
-            1,
-        ))
-        .slice(&web_slice("web-1", &["198.51.100.10"]))
-        .slice(&v6_web_slice(
+        .service(sticky_web(Some(10)).dual_stack())
+        .slice(web_slice("web-1", &["198.51.100.10"]))
+        .slice(v6_web_slice(
             "web-6",
-            8080,
             &["2001:db8:b::10".into(), "2001:db8:0:1::a".into()],
         ))
         .plan();
@@ -1269,12 +1181,8 @@ fn endpoint_names_never_read_the_same_for_two_addresses() {
 #[test]
 fn local_policy_affinity_without_local_endpoint_serves_only_the_nodes_own_clients() {
     let p = World::new()
-        .service(&sticky_web(None).replacen(
-            "sessionAffinity",
-            "externalTrafficPolicy: Local\n  sessionAffinity",
-            1,
-        ))
-        .slice(&web_slice("web-1", &["198.51.100.11 node-b"]))
+        .service(sticky_web(None).spec("externalTrafficPolicy", "Local"))
+        .slice(web_slice("web-1", &["198.51.100.11 node-b"]))
         .plan();
     assert_eq!(
         p.port("default/web", IpFamily::V4),
@@ -1300,9 +1208,21 @@ fn local_policy_affinity_without_local_endpoint_serves_only_the_nodes_own_client
 #[test]
 fn source_ranges_admit_only_listed_clients_per_family() {
     let p = World::new()
-        .service(&web("ipFamilies: [IPv4, IPv6]\nipFamilyPolicy: RequireDualStack\nloadBalancerSourceRanges: [\"192.0.2.0/24\", \"2001:db8:c::/64\"]"))
-        .slice(&web_slice("web-1", &["198.51.100.10"]))
-        .slice(&slice("default", "web", "web-6", "IPv6", "- {name: http, port: 8080, protocol: TCP}", &["2001:db8:b::10"]))
+        .service(
+            web()
+                .spec("ipFamilies", json!(["IPv4", "IPv6"]))
+                .spec("ipFamilyPolicy", "RequireDualStack")
+                .spec(
+                    "loadBalancerSourceRanges",
+                    json!(["192.0.2.0/24", "2001:db8:c::/64"]),
+                ),
+        )
+        .slice(web_slice("web-1", &["198.51.100.10"]))
+        .slice(
+            Slice::ipv6("default", "web-6", "web")
+                .port("http", 8080, "TCP")
+                .endpoint("2001:db8:b::10"),
+        )
         .plan();
     let v4 = p.v4();
     let src = set_block(&v4, "src-default/web");
@@ -1327,8 +1247,8 @@ fn source_ranges_admit_only_listed_clients_per_family() {
     );
     // Without source ranges there is no filter.
     let open = World::new()
-        .service(&web(""))
-        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .service(web())
+        .slice(web_slice("web-1", &["198.51.100.10"]))
         .plan();
     assert!(!open.v4().contains("src-default/web"));
     assert!(!open.v4().contains("drops/default/web"));
@@ -1339,9 +1259,18 @@ fn source_ranges_admit_only_listed_clients_per_family() {
 #[test]
 fn a_family_without_source_ranges_is_not_filtered() {
     let p = World::new()
-        .service(&web("ipFamilies: [IPv4, IPv6]\nipFamilyPolicy: RequireDualStack\nloadBalancerSourceRanges: [\"192.0.2.0/24\"]"))
-        .slice(&web_slice("web-1", &["198.51.100.10"]))
-        .slice(&slice("default", "web", "web-6", "IPv6", "- {name: http, port: 8080, protocol: TCP}", &["2001:db8:b::10"]))
+        .service(
+            web()
+                .spec("ipFamilies", json!(["IPv4", "IPv6"]))
+                .spec("ipFamilyPolicy", "RequireDualStack")
+                .spec("loadBalancerSourceRanges", json!(["192.0.2.0/24"])),
+        )
+        .slice(web_slice("web-1", &["198.51.100.10"]))
+        .slice(
+            Slice::ipv6("default", "web-6", "web")
+                .port("http", 8080, "TCP")
+                .endpoint("2001:db8:b::10"),
+        )
         .plan();
     let v4 = p.v4();
     assert!(
@@ -1361,8 +1290,8 @@ fn a_family_without_source_ranges_is_not_filtered() {
 #[test]
 fn every_service_port_has_a_counter_reached_from_each_served_address() {
     let p = World::new()
-        .service(&web(""))
-        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .service(web())
+        .slice(web_slice("web-1", &["198.51.100.10"]))
         .plan();
     let v4 = p.v4();
     assert!(
@@ -1395,10 +1324,10 @@ fn every_service_port_has_a_counter_reached_from_each_served_address() {
 
 #[test]
 fn a_port_keeps_its_counter_whatever_it_does() {
-    let reject = World::new().service(&web("")).plan();
+    let reject = World::new().service(web()).plan();
     let forward = World::new()
-        .service(&web(""))
-        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .service(web())
+        .slice(web_slice("web-1", &["198.51.100.10"]))
         .plan();
     let counters = |p: &Plan| {
         let t = &p.tables[0];
@@ -1439,21 +1368,20 @@ fn counter_names_parse_back_to_their_service_port() {
 #[test]
 fn tcp_udp_and_sctp_ports_are_programmed() {
     let p = World::new()
-        .service(&svc(
-            "default",
-            "web",
-            "2024-01-01T00:00:00Z",
-            "- {name: a, port: 80, protocol: TCP}\n- {name: b, port: 80, protocol: UDP}\n- {name: c, port: 80, protocol: SCTP}",
-            "",
-        ))
-        .slice(&slice(
-            "default",
-            "web",
-            "web-1",
-            "IPv4",
-            "- {name: a, port: 8080, protocol: TCP}\n- {name: b, port: 8081, protocol: UDP}\n- {name: c, port: 8082, protocol: SCTP}",
-            &["198.51.100.10"],
-        ))
+        .service(
+            Svc::lb("default", "web")
+                .created("2024-01-01T00:00:00Z")
+                .port("a", 80, "TCP")
+                .port("b", 80, "UDP")
+                .port("c", 80, "SCTP"),
+        )
+        .slice(
+            Slice::ipv4("default", "web-1", "web")
+                .port("a", 8080, "TCP")
+                .port("b", 8081, "UDP")
+                .port("c", 8082, "SCTP")
+                .endpoint("198.51.100.10"),
+        )
         .plan();
     let t = p.v4();
     for (proto, target) in [("tcp", 8080), ("udp", 8081), ("sctp", 8082)] {
@@ -1474,16 +1402,13 @@ fn tcp_udp_and_sctp_ports_are_programmed() {
 #[test]
 fn ip_families_decide_which_tables_carry_the_service() {
     let w = World::new()
-        .service(&web("ipFamilies: [IPv6]"))
-        .slice(&slice(
-            "default",
-            "web",
-            "web-6",
-            "IPv6",
-            "- {name: http, port: 8080, protocol: TCP}",
-            &["2001:db8:b::10"],
-        ))
-        .slice(&web_slice("web-4", &["198.51.100.10"]));
+        .service(web().spec("ipFamilies", json!(["IPv6"])))
+        .slice(
+            Slice::ipv6("default", "web-6", "web")
+                .port("http", 8080, "TCP")
+                .endpoint("2001:db8:b::10"),
+        )
+        .slice(web_slice("web-4", &["198.51.100.10"]));
     let p = w.plan();
     assert!(!p.v4().contains("default/web"), "{}", p.v4());
     let v6 = p.text(IpFamily::V6);
@@ -1496,8 +1421,8 @@ fn ip_families_decide_which_tables_carry_the_service() {
 #[test]
 fn disabled_or_non_forwarding_family_gets_no_table() {
     let mut w = World::new()
-        .service(&web("ipFamilies: [IPv4, IPv6]"))
-        .slice(&web_slice("web-4", &["198.51.100.10"]));
+        .service(web().spec("ipFamilies", json!(["IPv4", "IPv6"])))
+        .slice(web_slice("web-4", &["198.51.100.10"]));
     w.families = Families {
         v4: true,
         v6: false,
@@ -1528,15 +1453,12 @@ fn disabled_or_non_forwarding_family_gets_no_table() {
 #[test]
 fn missing_ip_families_follow_the_cluster_ip() {
     let p = World::new()
-        .service(&web("clusterIP: 2001:db8:ffff::10"))
-        .slice(&slice(
-            "default",
-            "web",
-            "web-6",
-            "IPv6",
-            "- {name: http, port: 8080, protocol: TCP}",
-            &["2001:db8:b::10"],
-        ))
+        .service(web().spec("clusterIP", "2001:db8:ffff::10"))
+        .slice(
+            Slice::ipv6("default", "web-6", "web")
+                .port("http", 8080, "TCP")
+                .endpoint("2001:db8:b::10"),
+        )
         .plan();
     assert!(p.text(IpFamily::V6).contains("2001:db8::1 . tcp . 80"));
     assert!(!p.v4().contains("default/web"));
@@ -1547,36 +1469,26 @@ fn missing_ip_families_follow_the_cluster_ip() {
 #[test]
 fn port_conflict_is_won_by_the_oldest_service() {
     let p = World::new()
-        .service(&svc(
-            "b",
-            "young",
-            "2024-06-01T00:00:00Z",
-            "- {name: http, port: 80, protocol: TCP}",
-            "",
-        ))
-        .service(&svc(
-            "z",
-            "old",
-            "2023-01-01T00:00:00Z",
-            "- {name: http, port: 80, protocol: TCP}",
-            "",
-        ))
-        .slice(&slice(
-            "b",
-            "young",
-            "y-1",
-            "IPv4",
-            "- {name: http, port: 8080, protocol: TCP}",
-            &["198.51.100.20"],
-        ))
-        .slice(&slice(
-            "z",
-            "old",
-            "o-1",
-            "IPv4",
-            "- {name: http, port: 8080, protocol: TCP}",
-            &["198.51.100.10"],
-        ))
+        .service(
+            Svc::lb("b", "young")
+                .created("2024-06-01T00:00:00Z")
+                .port("http", 80, "TCP"),
+        )
+        .service(
+            Svc::lb("z", "old")
+                .created("2023-01-01T00:00:00Z")
+                .port("http", 80, "TCP"),
+        )
+        .slice(
+            Slice::ipv4("b", "y-1", "young")
+                .port("http", 8080, "TCP")
+                .endpoint("198.51.100.20"),
+        )
+        .slice(
+            Slice::ipv4("z", "o-1", "old")
+                .port("http", 8080, "TCP")
+                .endpoint("198.51.100.10"),
+        )
         .plan();
     assert_eq!(
         p.port("b/young", IpFamily::V4),
@@ -1596,8 +1508,16 @@ fn port_conflict_is_won_by_the_oldest_service() {
 #[test]
 fn port_conflict_between_equal_ages_goes_to_namespace_then_name() {
     let p = World::new()
-        .service(&svc("b", "x", "2024-01-01T00:00:00Z", "- {port: 80}", ""))
-        .service(&svc("a", "y", "2024-01-01T00:00:00Z", "- {port: 80}", ""))
+        .service(
+            Svc::lb("b", "x")
+                .created("2024-01-01T00:00:00Z")
+                .bare_port(80),
+        )
+        .service(
+            Svc::lb("a", "y")
+                .created("2024-01-01T00:00:00Z")
+                .bare_port(80),
+        )
         .plan();
     assert_eq!(
         p.port("b/x", IpFamily::V4),
@@ -1611,27 +1531,24 @@ fn port_conflict_between_equal_ages_goes_to_namespace_then_name() {
 #[test]
 fn conflicts_are_per_family_and_protocol() {
     let p = World::new()
-        .service(&svc(
-            "default",
-            "tcp",
-            "2024-01-01T00:00:00Z",
-            "- {port: 53, protocol: TCP}",
-            "ipFamilies: [IPv4]",
-        ))
-        .service(&svc(
-            "default",
-            "udp",
-            "2024-02-01T00:00:00Z",
-            "- {port: 53, protocol: UDP}",
-            "ipFamilies: [IPv4]",
-        ))
-        .service(&svc(
-            "default",
-            "six",
-            "2024-03-01T00:00:00Z",
-            "- {port: 53, protocol: TCP}",
-            "ipFamilies: [IPv6]",
-        ))
+        .service(
+            Svc::lb("default", "tcp")
+                .created("2024-01-01T00:00:00Z")
+                .raw_port(json!({"port": 53, "protocol": "TCP"}))
+                .spec("ipFamilies", json!(["IPv4"])),
+        )
+        .service(
+            Svc::lb("default", "udp")
+                .created("2024-02-01T00:00:00Z")
+                .raw_port(json!({"port": 53, "protocol": "UDP"}))
+                .spec("ipFamilies", json!(["IPv4"])),
+        )
+        .service(
+            Svc::lb("default", "six")
+                .created("2024-03-01T00:00:00Z")
+                .raw_port(json!({"port": 53, "protocol": "TCP"}))
+                .spec("ipFamilies", json!(["IPv6"])),
+        )
         .plan();
     assert_eq!(
         p.port("default/tcp", IpFamily::V4),
@@ -1652,11 +1569,17 @@ fn a_service_on_other_nodes_does_not_conflict_here() {
     // The older Service is limited to node-b by its selector: it is not served here, so the
     // younger one keeps the port on this node.
     let p = World::new()
-        .service(&svc("default", "old", "2023-01-01T00:00:00Z", "- {port: 80}", "").replace(
-            "  creationTimestamp",
-            "  annotations:\n    nodelb.io/node-selector: kubernetes.io/hostname=node-b\n  creationTimestamp",
-        ))
-        .service(&svc("default", "young", "2024-01-01T00:00:00Z", "- {port: 80}", ""))
+        .service(
+            Svc::lb("default", "old")
+                .created("2023-01-01T00:00:00Z")
+                .bare_port(80)
+                .annotation("nodelb.io/node-selector", "kubernetes.io/hostname=node-b"),
+        )
+        .service(
+            Svc::lb("default", "young")
+                .created("2024-01-01T00:00:00Z")
+                .bare_port(80),
+        )
         .plan();
     assert_eq!(
         p.port("default/young", IpFamily::V4),
@@ -1667,21 +1590,18 @@ fn a_service_on_other_nodes_does_not_conflict_here() {
 #[test]
 fn reserved_ports_are_refused() {
     let p = World::new()
-        .service(&svc(
-            "default",
-            "ssh",
-            "2024-01-01T00:00:00Z",
-            "- {name: ssh, port: 22}\n- {name: web, port: 80}",
-            "",
-        ))
-        .slice(&slice(
-            "default",
-            "ssh",
-            "ssh-1",
-            "IPv4",
-            "- {name: ssh, port: 22, protocol: TCP}\n- {name: web, port: 80, protocol: TCP}",
-            &["198.51.100.10"],
-        ))
+        .service(
+            Svc::lb("default", "ssh")
+                .created("2024-01-01T00:00:00Z")
+                .raw_port(json!({"name": "ssh", "port": 22}))
+                .raw_port(json!({"name": "web", "port": 80})),
+        )
+        .slice(
+            Slice::ipv4("default", "ssh-1", "ssh")
+                .port("ssh", 22, "TCP")
+                .port("web", 80, "TCP")
+                .endpoint("198.51.100.10"),
+        )
         .plan();
     assert_eq!(
         p.outcome("default/ssh"),
@@ -1698,34 +1618,26 @@ fn reserved_ports_are_refused() {
 #[test]
 fn overlay_and_routing_ports_are_reserved_per_protocol() {
     let p = World::new()
-        .service(&svc(
-            "default",
-            "vxlan",
-            "2024-01-01T00:00:00Z",
-            "- {port: 8472, protocol: UDP}",
-            "",
-        ))
-        .service(&svc(
-            "default",
-            "bgp",
-            "2024-01-01T00:00:00Z",
-            "- {port: 179, protocol: TCP}",
-            "",
-        ))
-        .service(&svc(
-            "default",
-            "tcp-8472",
-            "2024-01-01T00:00:00Z",
-            "- {port: 8472, protocol: TCP}",
-            "",
-        ))
-        .service(&svc(
-            "default",
-            "udp-179",
-            "2024-01-01T00:00:00Z",
-            "- {port: 179, protocol: UDP}",
-            "",
-        ))
+        .service(
+            Svc::lb("default", "vxlan")
+                .created("2024-01-01T00:00:00Z")
+                .raw_port(json!({"port": 8472, "protocol": "UDP"})),
+        )
+        .service(
+            Svc::lb("default", "bgp")
+                .created("2024-01-01T00:00:00Z")
+                .raw_port(json!({"port": 179, "protocol": "TCP"})),
+        )
+        .service(
+            Svc::lb("default", "tcp-8472")
+                .created("2024-01-01T00:00:00Z")
+                .raw_port(json!({"port": 8472, "protocol": "TCP"})),
+        )
+        .service(
+            Svc::lb("default", "udp-179")
+                .created("2024-01-01T00:00:00Z")
+                .raw_port(json!({"port": 179, "protocol": "UDP"})),
+        )
         .plan();
     assert_eq!(
         p.outcome("default/vxlan"),
@@ -1753,20 +1665,16 @@ fn overlay_and_routing_ports_are_reserved_per_protocol() {
 #[test]
 fn reserved_ports_flag_replaces_the_list() {
     let mut w = World::new()
-        .service(&svc(
-            "default",
-            "ssh",
-            "2024-01-01T00:00:00Z",
-            "- {port: 22}",
-            "",
-        ))
-        .service(&svc(
-            "default",
-            "web",
-            "2024-01-01T00:00:00Z",
-            "- {port: 8443}",
-            "",
-        ));
+        .service(
+            Svc::lb("default", "ssh")
+                .created("2024-01-01T00:00:00Z")
+                .bare_port(22),
+        )
+        .service(
+            Svc::lb("default", "web")
+                .created("2024-01-01T00:00:00Z")
+                .bare_port(8443),
+        );
     w.config.reserved_ports = "8443".parse().unwrap();
     let p = w.plan();
     assert_eq!(
@@ -1782,20 +1690,17 @@ fn reserved_ports_flag_replaces_the_list() {
 #[test]
 fn a_reserved_service_does_not_win_conflicts() {
     let p = World::new()
-        .service(&svc(
-            "default",
-            "old",
-            "2023-01-01T00:00:00Z",
-            "- {port: 80}\n- {port: 22}",
-            "",
-        ))
-        .service(&svc(
-            "default",
-            "young",
-            "2024-01-01T00:00:00Z",
-            "- {port: 80}",
-            "",
-        ))
+        .service(
+            Svc::lb("default", "old")
+                .created("2023-01-01T00:00:00Z")
+                .bare_port(80)
+                .bare_port(22),
+        )
+        .service(
+            Svc::lb("default", "young")
+                .created("2024-01-01T00:00:00Z")
+                .bare_port(80),
+        )
         .plan();
     assert_eq!(
         p.port("default/young", IpFamily::V4),
@@ -1808,8 +1713,8 @@ fn a_reserved_service_does_not_win_conflicts() {
 #[test]
 fn every_rule_and_element_of_a_service_carries_its_comment() {
     let p = World::new()
-        .service(&web("loadBalancerSourceRanges: [\"192.0.2.0/24\"]"))
-        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .service(web().spec("loadBalancerSourceRanges", json!(["192.0.2.0/24"])))
+        .slice(web_slice("web-1", &["198.51.100.10"]))
         .plan();
     let t = p.v4();
     let chain = chain_block(&t, "svc-default/web-tcp-80");
@@ -1837,15 +1742,13 @@ fn every_rule_and_element_of_a_service_carries_its_comment() {
 #[test]
 fn the_plan_is_deterministic() {
     let w = World::new()
-        .service(&web(""))
-        .service(&svc(
-            "default",
-            "b",
-            "2024-01-01T00:00:00Z",
-            "- {port: 81}",
-            "",
-        ))
-        .slice(&web_slice(
+        .service(web())
+        .service(
+            Svc::lb("default", "b")
+                .created("2024-01-01T00:00:00Z")
+                .bare_port(81),
+        )
+        .slice(web_slice(
             "web-1",
             &["198.51.100.12", "198.51.100.10", "198.51.100.11"],
         ));
@@ -1863,8 +1766,8 @@ fn the_plan_is_deterministic() {
 #[test]
 fn invalid_endpoint_addresses_are_skipped_with_a_warning() {
     let p = World::new()
-        .service(&web(""))
-        .slice(&web_slice(
+        .service(web())
+        .slice(web_slice(
             "web-1",
             &["198.51.100.10", "not-an-ip", "198.51.100.300"],
         ))
@@ -1877,8 +1780,8 @@ fn invalid_endpoint_addresses_are_skipped_with_a_warning() {
 #[test]
 fn ipv6_address_in_an_ipv4_slice_is_skipped_with_a_warning() {
     let p = World::new()
-        .service(&web(""))
-        .slice(&web_slice("web-1", &["198.51.100.10", "2001:db8:b::10"]))
+        .service(web())
+        .slice(web_slice("web-1", &["198.51.100.10", "2001:db8:b::10"]))
         .plan();
     assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
     assert!(p.warned("address 2001:db8:b::10 is not IPv4"));
@@ -1888,21 +1791,18 @@ fn ipv6_address_in_an_ipv4_slice_is_skipped_with_a_warning() {
 #[test]
 fn out_of_range_and_missing_ports_are_skipped_with_a_warning() {
     let p = World::new()
-        .service(&svc(
-            "default",
-            "web",
-            "2024-01-01T00:00:00Z",
-            "- {name: zero, port: 0}\n- {name: big, port: 70000}\n- {name: ok, port: 80}",
-            "",
-        ))
-        .slice(&slice(
-            "default",
-            "web",
-            "web-1",
-            "IPv4",
-            "- {name: ok, port: 0, protocol: TCP}",
-            &["198.51.100.10"],
-        ))
+        .service(
+            Svc::lb("default", "web")
+                .created("2024-01-01T00:00:00Z")
+                .raw_port(json!({"name": "zero", "port": 0}))
+                .raw_port(json!({"name": "big", "port": 70000}))
+                .raw_port(json!({"name": "ok", "port": 80})),
+        )
+        .slice(
+            Slice::ipv4("default", "web-1", "web")
+                .raw_port(json!({"name": "ok", "port": 0, "protocol": "TCP"}))
+                .endpoint("198.51.100.10"),
+        )
         .plan();
     assert!(p.warned("port \"zero\" (0): port must be 1-65535"));
     assert!(p.warned("port \"big\" (70000): port must be 1-65535"));
@@ -1915,8 +1815,8 @@ fn out_of_range_and_missing_ports_are_skipped_with_a_warning() {
 #[test]
 fn service_without_ports_gets_no_rules_and_a_warning() {
     let p = World::new()
-        .service("apiVersion: v1\nkind: Service\nmetadata: {namespace: default, name: empty}\nspec: {type: LoadBalancer}\n")
-        .service(&web(""))
+        .service(Svc::lb("default", "empty"))
+        .service(web())
         .plan();
     assert_eq!(p.outcome("default/empty"), &ServiceOutcome::NoValidPorts);
     assert!(p.warned("Service default/empty: no valid port"));
@@ -1929,14 +1829,13 @@ fn service_without_ports_gets_no_rules_and_a_warning() {
 #[test]
 fn unknown_protocols_are_skipped_with_a_warning() {
     let p = World::new()
-        .service(&svc(
-            "default",
-            "web",
-            "2024-01-01T00:00:00Z",
-            "- {name: q, port: 443, protocol: QUIC}\n- {name: http, port: 80}",
-            "",
-        ))
-        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .service(
+            Svc::lb("default", "web")
+                .created("2024-01-01T00:00:00Z")
+                .port("q", 443, "QUIC")
+                .raw_port(json!({"name": "http", "port": 80})),
+        )
+        .slice(web_slice("web-1", &["198.51.100.10"]))
         .plan();
     assert!(p.warned("protocol \"QUIC\" is not TCP, UDP or SCTP"));
     assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
@@ -1952,9 +1851,9 @@ fn duplicate_endpoint_ready_copy_wins() {
     let new = "198.51.100.10 node-a";
     for (first, second) in [(old, new), (new, old)] {
         let p = World::new()
-            .service(&web("externalTrafficPolicy: Local"))
-            .slice(&web_slice("web-a", &[first]))
-            .slice(&web_slice("web-b", &[second]))
+            .service(web().spec("externalTrafficPolicy", "Local"))
+            .slice(web_slice("web-a", &[first]))
+            .slice(web_slice("web-b", &[second]))
             .plan();
         assert_eq!(
             p.port("default/web", IpFamily::V4),
@@ -1965,9 +1864,9 @@ fn duplicate_endpoint_ready_copy_wins() {
     }
     // Two copies not terminating: the first in slice name order.
     let p = World::new()
-        .service(&web("externalTrafficPolicy: Local"))
-        .slice(&web_slice("web-a", &["198.51.100.10 node-b"]))
-        .slice(&web_slice("web-b", &["198.51.100.10 node-a"]))
+        .service(web().spec("externalTrafficPolicy", "Local"))
+        .slice(web_slice("web-a", &["198.51.100.10 node-b"]))
+        .slice(web_slice("web-b", &["198.51.100.10 node-a"]))
         .plan();
     assert_eq!(
         p.port("default/web", IpFamily::V4),
@@ -1976,9 +1875,9 @@ fn duplicate_endpoint_ready_copy_wins() {
     // A copy not ready and not terminating (the new pod starting) wins too, as in kube-proxy:
     // the address is not used until that pod is ready.
     let p = World::new()
-        .service(&web(""))
-        .slice(&web_slice("web-a", &[old]))
-        .slice(&web_slice("web-b", &["198.51.100.10 node-a ready=false"]))
+        .service(web())
+        .slice(web_slice("web-a", &[old]))
+        .slice(web_slice("web-b", &["198.51.100.10 node-a ready=false"]))
         .plan();
     assert_eq!(
         p.port("default/web", IpFamily::V4),
@@ -1989,24 +1888,19 @@ fn duplicate_endpoint_ready_copy_wins() {
 #[test]
 fn duplicate_endpoints_count_once_with_a_warning() {
     let p = World::new()
-        .service(&web(""))
-        .slice(&web_slice("web-1", &["198.51.100.10", "198.51.100.10"]))
-        .slice(&web_slice("web-2", &["198.51.100.10", "198.51.100.11"]))
+        .service(web())
+        .slice(web_slice("web-1", &["198.51.100.10", "198.51.100.10"]))
+        .slice(web_slice("web-2", &["198.51.100.10", "198.51.100.11"]))
         .plan();
     assert_eq!(p.port("default/web", IpFamily::V4), &forwards(2));
     assert!(p.warned("endpoint 198.51.100.10 port 8080 is listed more than once"));
 }
 
-fn v6_web_slice(name: &str, target: u16, endpoints: &[String]) -> String {
-    let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
-    slice(
-        "default",
-        "web",
-        name,
-        "IPv6",
-        &format!("- {{name: http, port: {target}, protocol: TCP}}"),
-        &eps,
-    )
+/// An IPv6 slice of `default/web` with port `http` → 8080 and the given endpoints.
+fn v6_web_slice(name: &str, endpoints: &[String]) -> Slice {
+    Slice::ipv6("default", name, "web")
+        .port("http", 8080, "TCP")
+        .endpoints(endpoints)
 }
 
 #[test]
@@ -2015,8 +1909,8 @@ fn a_thousand_endpoint_slice_is_programmed_whole() {
         .map(|i| format!("2001:db8:b::{:x}", i + 1))
         .collect();
     let p = World::new()
-        .service(&web("ipFamilies: [IPv6]"))
-        .slice(&v6_web_slice("web-1", 8080, &eps))
+        .service(web().spec("ipFamilies", json!(["IPv6"])))
+        .slice(v6_web_slice("web-1", &eps))
         .plan();
     assert_eq!(p.port("default/web", IpFamily::V6), &forwards(1000));
     assert!(p.text(IpFamily::V6).contains("numgen random mod 1000"));
@@ -2030,12 +1924,12 @@ fn a_thousand_endpoint_slice_is_programmed_whole() {
 
 #[test]
 fn endpoints_beyond_the_cap_are_left_out_with_a_warning() {
-    let mut w = World::new().service(&web("ipFamilies: [IPv6]"));
+    let mut w = World::new().service(web().spec("ipFamilies", json!(["IPv6"])));
     for s in 0..11u16 {
         let eps: Vec<String> = (0..1000)
             .map(|i| format!("2001:db8:b:{s:x}::{:x}", i + 1))
             .collect();
-        w = w.slice(&v6_web_slice(&format!("web-{s}"), 8080, &eps));
+        w = w.slice(v6_web_slice(&format!("web-{s}"), &eps));
     }
     let p = w.plan();
     assert_eq!(
@@ -2047,20 +1941,27 @@ fn endpoints_beyond_the_cap_are_left_out_with_a_warning() {
 
 #[test]
 fn a_slice_before_its_service_is_harmless_and_used_once_the_service_arrives() {
-    let w = World::new().slice(&web_slice("web-1", &["198.51.100.10"]));
+    let w = World::new().slice(web_slice("web-1", &["198.51.100.10"]));
     let p = w.plan();
     assert!(p.services.is_empty() && p.warnings.is_empty());
     assert!(!p.v4().contains("198.51.100.10"));
-    let p = w.service(&web("")).plan();
+    let p = w.service(web()).plan();
     assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
 }
 
 #[test]
 fn a_bad_service_does_not_disturb_others() {
     let p = World::new()
-        .service(&svc("default", "bad", "2024-01-01T00:00:00Z", "- {port: 0, protocol: ICMP}", "externalTrafficPolicy: Sometimes\nloadBalancerSourceRanges: [\"nonsense\"]\nipFamilies: [IPv5]"))
-        .service(&web(""))
-        .slice(&web_slice("web-1", &["198.51.100.10"]))
+        .service(
+            Svc::lb("default", "bad")
+                .created("2024-01-01T00:00:00Z")
+                .raw_port(json!({"port": 0, "protocol": "ICMP"}))
+                .spec("externalTrafficPolicy", "Sometimes")
+                .spec("loadBalancerSourceRanges", json!(["nonsense"]))
+                .spec("ipFamilies", json!(["IPv5"])),
+        )
+        .service(web())
+        .slice(web_slice("web-1", &["198.51.100.10"]))
         .plan();
     assert_eq!(p.outcome("default/bad"), &ServiceOutcome::NoValidPorts);
     assert!(p.warned("externalTrafficPolicy \"Sometimes\""));
@@ -2072,20 +1973,16 @@ fn a_bad_service_does_not_disturb_others() {
 #[test]
 fn names_that_are_not_dns_labels_are_skipped_with_a_warning() {
     let p = World::new()
-        .service(&svc(
-            "default",
-            "Bad_Name",
-            "2024-01-01T00:00:00Z",
-            "- {port: 80}",
-            "",
-        ))
-        .service(&svc(
-            "default",
-            "web",
-            "2024-01-01T00:00:00Z",
-            "- {port: 81}",
-            "",
-        ))
+        .service(
+            Svc::lb("default", "Bad_Name")
+                .created("2024-01-01T00:00:00Z")
+                .bare_port(80),
+        )
+        .service(
+            Svc::lb("default", "web")
+                .created("2024-01-01T00:00:00Z")
+                .bare_port(81),
+        )
         .plan();
     assert!(p.warned("Service default/Bad_Name: namespace or name is not a DNS label"));
     assert_eq!(
@@ -2097,15 +1994,12 @@ fn names_that_are_not_dns_labels_are_skipped_with_a_warning() {
 #[test]
 fn unknown_slice_address_types_are_skipped_with_a_warning() {
     let p = World::new()
-        .service(&web(""))
-        .slice(&slice(
-            "default",
-            "web",
-            "web-x",
-            "IPX",
-            "- {name: http, port: 8080, protocol: TCP}",
-            &["198.51.100.10"],
-        ))
+        .service(web())
+        .slice(
+            Slice::of("default", "web-x", "web", "IPX")
+                .port("http", 8080, "TCP")
+                .endpoint("198.51.100.10"),
+        )
         .plan();
     assert!(p.warned("addressType \"IPX\""));
     assert_eq!(
@@ -2149,13 +2043,11 @@ fn block(table: &str, header: &str) -> Option<String> {
 #[test]
 fn dispatch_runs_before_every_other_dstnat_chain() {
     let p = World::new()
-        .service(&svc(
-            "default",
-            "web",
-            "2024-01-01T00:00:00Z",
-            "- {port: 80}",
-            "",
-        ))
+        .service(
+            Svc::lb("default", "web")
+                .created("2024-01-01T00:00:00Z")
+                .bare_port(80),
+        )
         .plan();
     for family in [IpFamily::V4, IpFamily::V6] {
         let t = p
@@ -2183,20 +2075,20 @@ fn dispatch_runs_before_every_other_dstnat_chain() {
 fn a_service_that_loses_one_port_gets_no_rules_in_that_family() {
     // `old` holds TCP 8081 in IPv4 only; `both` asks TCP and UDP 8081 in both families.
     let p = World::new()
-        .service(&svc(
-            "default",
-            "old",
-            "2023-01-01T00:00:00Z",
-            "- {name: tcp, port: 8081, protocol: TCP}",
-            "ipFamilies: [IPv4]",
-        ))
-        .service(&svc(
-            "default",
-            "both",
-            "2024-01-01T00:00:00Z",
-            "- {name: tcp, port: 8081, protocol: TCP}\n- {name: udp, port: 8081, protocol: UDP}",
-            "ipFamilies: [IPv4, IPv6]\nipFamilyPolicy: RequireDualStack",
-        ))
+        .service(
+            Svc::lb("default", "old")
+                .created("2023-01-01T00:00:00Z")
+                .port("tcp", 8081, "TCP")
+                .spec("ipFamilies", json!(["IPv4"])),
+        )
+        .service(
+            Svc::lb("default", "both")
+                .created("2024-01-01T00:00:00Z")
+                .port("tcp", 8081, "TCP")
+                .port("udp", 8081, "UDP")
+                .spec("ipFamilies", json!(["IPv4", "IPv6"]))
+                .spec("ipFamilyPolicy", "RequireDualStack"),
+        )
         .plan();
     let v4 = p.outcome("default/both").ports(IpFamily::V4).unwrap();
     let old = ServiceKey::new("default", "old");
@@ -2240,31 +2132,22 @@ fn listener(spec: &str) -> crate::vocab::Listener {
 /// A dual-stack LoadBalancer Service `default/<name>` on `ports` (name, port, protocol), with
 /// one ready endpoint per family.
 fn dual(w: World, name: &str, ports: &[(&str, u16, &str)]) -> World {
-    let spec = |target: bool| {
-        ports
-            .iter()
-            .map(|(n, p, proto)| {
-                let p = if target { 10000 + p } else { *p };
-                format!("{{name: {n}, port: {p}, protocol: {proto}}}")
-            })
-            .collect::<Vec<_>>()
-    };
+    let mut svc = Svc::lb("default", name)
+        .created("2024-01-01T00:00:00Z")
+        .dual_stack();
+    for (n, p, proto) in ports {
+        svc = svc.port(n, *p, proto);
+    }
     let slice = |fam: &str, addr: &str| {
-        format!(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: default\n  name: {name}-{fam}\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: {fam}\nports: [{}]\nendpoints:\n- addresses: [\"{addr}\"]\n",
-            spec(true).join(", ")
-        )
+        let s = Slice::of("default", &format!("{name}-{fam}"), name, fam);
+        let s = ports
+            .iter()
+            .fold(s, |s, (n, p, proto)| s.port(n, 10000 + p, proto));
+        s.endpoint(addr)
     };
-    let lines: Vec<String> = spec(false).iter().map(|p| format!("- {p}")).collect();
-    w.service(&svc(
-        "default",
-        name,
-        "2024-01-01T00:00:00Z",
-        &lines.join("\n"),
-        "ipFamilies: [IPv4, IPv6]\nipFamilyPolicy: RequireDualStack",
-    ))
-    .slice(&slice("IPv4", "198.51.100.10"))
-    .slice(&slice("IPv6", "2001:db8:b::10"))
+    w.service(svc)
+        .slice(slice("IPv4", "198.51.100.10"))
+        .slice(slice("IPv6", "2001:db8:b::10"))
 }
 
 const TCP_7000: &[(&str, u16, &str)] = &[("tcp", 7000, "TCP")];
@@ -2335,20 +2218,16 @@ fn a_listener_on_another_address_does_not_block() {
 #[test]
 fn a_udp_listener_does_not_block_tcp() {
     let p = World::new()
-        .service(&svc(
-            "default",
-            "tcp",
-            "2024-01-01T00:00:00Z",
-            "- {port: 53, protocol: TCP}",
-            "",
-        ))
-        .service(&svc(
-            "default",
-            "udp",
-            "2024-01-01T00:00:00Z",
-            "- {port: 53, protocol: UDP}",
-            "",
-        ))
+        .service(
+            Svc::lb("default", "tcp")
+                .created("2024-01-01T00:00:00Z")
+                .raw_port(json!({"port": 53, "protocol": "TCP"})),
+        )
+        .service(
+            Svc::lb("default", "udp")
+                .created("2024-01-01T00:00:00Z")
+                .raw_port(json!({"port": 53, "protocol": "UDP"})),
+        )
         .listener("UDP 0.0.0.0 53 dnsmasq")
         .plan();
     assert_eq!(
@@ -2411,20 +2290,16 @@ fn a_held_port_withholds_the_services_other_ports_in_that_family() {
 #[test]
 fn a_host_listener_wins_over_the_oldest_service() {
     let p = World::new()
-        .service(&svc(
-            "default",
-            "old",
-            "2023-01-01T00:00:00Z",
-            "- {port: 7000}",
-            "",
-        ))
-        .service(&svc(
-            "default",
-            "new",
-            "2024-01-01T00:00:00Z",
-            "- {port: 7000}",
-            "",
-        ))
+        .service(
+            Svc::lb("default", "old")
+                .created("2023-01-01T00:00:00Z")
+                .bare_port(7000),
+        )
+        .service(
+            Svc::lb("default", "new")
+                .created("2024-01-01T00:00:00Z")
+                .bare_port(7000),
+        )
         .listener("TCP 0.0.0.0 7000 socat")
         .plan();
     for s in ["default/old", "default/new"] {
@@ -2439,13 +2314,11 @@ fn a_host_listener_wins_over_the_oldest_service() {
 
 #[test]
 fn a_listener_that_appears_later_takes_the_port_back() {
-    let w = dual(World::new(), "web", TCP_7000).service(&svc(
-        "default",
-        "other",
-        "2024-01-01T00:00:00Z",
-        "- {name: tcp, port: 8000}",
-        "",
-    ));
+    let w = dual(World::new(), "web", TCP_7000).service(
+        Svc::lb("default", "other")
+            .created("2024-01-01T00:00:00Z")
+            .raw_port(json!({"name": "tcp", "port": 8000})),
+    );
     let objects = Objects::from_lists(w.services.clone(), w.slices.clone());
     let bare = Context::new(
         w.node.clone(),

@@ -10,10 +10,11 @@ use super::config::Config;
 use super::endpoints::Endpoint;
 use super::flows::{ServedPort, StaleFlows};
 use super::listeners::HostListeners;
-use super::node::{AddressKind, NodeInfo};
+use super::node::NodeInfo;
 use super::*;
-use crate::objects::wire;
+use crate::fixtures::{node, Ep, Slice, Svc};
 use crate::vocab::{Listener, Protocol, ServiceKey};
+use serde_json::json;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -30,14 +31,11 @@ struct Node {
 impl Node {
     /// `node-a` with an IPv4 and an IPv6 address, both families programmed; nothing planned.
     fn new() -> Node {
-        let info = NodeInfo {
-            name: "node-a".into(),
-            labels: [("kubernetes.io/hostname".to_string(), "node-a".to_string())].into(),
-            addresses: vec![
-                (AddressKind::InternalIP, NODE_V4.parse().unwrap()),
-                (AddressKind::InternalIP, NODE_V6.parse().unwrap()),
-            ],
-        };
+        let info = node("node-a")
+            .label("kubernetes.io/hostname", "node-a")
+            .address("InternalIP", NODE_V4)
+            .address("InternalIP", NODE_V6)
+            .info();
         let local = info.addresses.iter().map(|a| a.1).collect();
         let ctx = Context::new(
             info,
@@ -52,11 +50,14 @@ impl Node {
         }
     }
 
-    /// Puts Services and slices (YAML documents) and plans once from nothing, as the agent
-    /// does at start; returns what that start deletes.
-    fn start(&mut self, docs: &[String]) -> Vec<StaleFlows> {
-        for d in docs {
-            self.put(d);
+    /// Puts `services` and `slices` and plans once from nothing, as the agent does at start;
+    /// returns what that start deletes.
+    fn start(&mut self, services: &[Svc], slices: &[Slice]) -> Vec<StaleFlows> {
+        for s in services {
+            self.put_service(s);
+        }
+        for s in slices {
+            self.put_slice(s);
         }
         self.planner
             .update(&self.objects, &self.ctx, None)
@@ -64,21 +65,20 @@ impl Node {
             .stale()
     }
 
-    /// Puts one Service or EndpointSlice; returns the Services it touched.
-    fn put(&mut self, yaml: &str) -> BTreeSet<ServiceKey> {
-        if yaml.contains("kind: Service\n") {
-            let s: wire::Service = serde_yaml_ng::from_str(yaml).expect("Service fixture");
-            self.objects
-                .put_service(Arc::new(s.into()))
-                .into_iter()
-                .collect()
-        } else {
-            let s: wire::EndpointSlice = serde_yaml_ng::from_str(yaml).expect("slice fixture");
-            self.objects
-                .put_slice(Arc::new(s.into()))
-                .into_iter()
-                .collect()
-        }
+    /// Puts one Service; returns the Services it touched.
+    fn put_service(&mut self, s: &Svc) -> BTreeSet<ServiceKey> {
+        self.objects
+            .put_service(Arc::new(s.index()))
+            .into_iter()
+            .collect()
+    }
+
+    /// Puts one EndpointSlice; returns the Services it touched.
+    fn put_slice(&mut self, s: &Slice) -> BTreeSet<ServiceKey> {
+        self.objects
+            .put_slice(Arc::new(s.index()))
+            .into_iter()
+            .collect()
     }
 
     /// One step: the objects changed, planned incrementally and (from a copy of the planner of
@@ -133,56 +133,31 @@ impl Node {
     }
 }
 
-/// A dual-stack LoadBalancer Service `default/<name>` with one port `dns` of `protocol` on
-/// port 53; `extra` lines are appended to the spec.
-fn svc(name: &str, created: &str, protocol: &str, extra: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Service\nmetadata:\n  namespace: default\n  name: {name}\n  creationTimestamp: \"{created}\"\nspec:\n  type: LoadBalancer\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  ports:\n  - {{name: dns, port: 53, protocol: {protocol}}}\n{extra}"
-    )
+/// The dual-stack LoadBalancer Service `default/dns`, one port `dns` of `protocol` on port 53.
+fn dns(protocol: &str) -> Svc {
+    Svc::lb("default", "dns")
+        .created("2024-01-01T00:00:00Z")
+        .dual_stack()
+        .port("dns", 53, protocol)
 }
 
-fn dns(protocol: &str) -> String {
-    svc("dns", "2024-01-01T00:00:00Z", protocol, "")
-}
-
-/// An IPv4 slice `<service>-v4` with port `dns` → 8053, one endpoint per entry:
-/// `host [node] [ready=..] [serving=..] [terminating=..] [for-zones=zone]`, host in
-/// 198.51.100.0/24.
-fn slice(service: &str, protocol: &str, endpoints: &[&str]) -> String {
-    let mut eps = String::new();
-    for e in endpoints {
-        let mut parts = e.split_whitespace();
-        let host = parts.next().unwrap();
-        eps += &format!("- addresses: [\"198.51.100.{host}\"]\n");
-        let mut cond = Vec::new();
-        for p in parts {
-            match p.split_once('=') {
-                Some(("for-zones", z)) => {
-                    eps += &format!("  hints: {{forZones: [{{name: {z}}}]}}\n")
-                }
-                Some((k, v)) => cond.push(format!("{k}: {v}")),
-                None => eps += &format!("  nodeName: {p}\n"),
-            }
-        }
-        if !cond.is_empty() {
-            eps += &format!("  conditions: {{{}}}\n", cond.join(", "));
-        }
-    }
-    let eps = if endpoints.is_empty() {
-        " []\n".to_string()
-    } else {
-        format!("\n{eps}")
-    };
-    format!(
-        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: default\n  name: {service}-v4\n  labels:\n    kubernetes.io/service-name: {service}\naddressType: IPv4\nports:\n- {{name: dns, port: 8053, protocol: {protocol}}}\nendpoints:{eps}"
-    )
+/// The IPv4 slice `<service>-v4`, port `dns` → 8053, one endpoint per entry in
+/// [`Ep::parse`]'s short form but for the address, a host in 198.51.100.0/24:
+/// `host [node] [ready=..] [serving=..] [terminating=..] [for-zones=zone]`.
+fn slice(service: &str, protocol: &str, endpoints: &[&str]) -> Slice {
+    let eps = endpoints
+        .iter()
+        .map(|e| Ep::parse(&format!("198.51.100.{e}")));
+    Slice::ipv4("default", &format!("{service}-v4"), service)
+        .port("dns", 8053, protocol)
+        .endpoints(eps)
 }
 
 /// The IPv6 slice `<service>-v6`: one endpoint, 2001:db8:b::<host>.
-fn slice6(service: &str, protocol: &str, host: u8) -> String {
-    format!(
-        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: default\n  name: {service}-v6\n  labels:\n    kubernetes.io/service-name: {service}\naddressType: IPv6\nports:\n- {{name: dns, port: 8053, protocol: {protocol}}}\nendpoints:\n- addresses: [\"2001:db8:b::{host}\"]\n"
-    )
+fn slice6(service: &str, protocol: &str, host: u8) -> Slice {
+    Slice::ipv6("default", &format!("{service}-v6"), service)
+        .port("dns", 8053, protocol)
+        .endpoint(Ep::at(format!("2001:db8:b::{host}")))
 }
 
 fn served(protocol: Protocol, address: &str) -> ServedPort {
@@ -226,26 +201,25 @@ fn every_endpoint_left() -> Vec<StaleFlows> {
 /// A UDP Service `dns` with endpoints .2 and .3 (IPv4) and ::2 (IPv6), planned.
 fn dns_node() -> Node {
     let mut n = Node::new();
-    n.start(&[
-        dns("UDP"),
-        slice("dns", "UDP", &["2", "3"]),
-        slice6("dns", "UDP", 2),
-    ]);
+    n.start(
+        &[dns("UDP")],
+        &[slice("dns", "UDP", &["2", "3"]), slice6("dns", "UDP", 2)],
+    );
     n
 }
 
 #[test]
 fn a_udp_endpoint_that_leaves_has_its_flows_deleted() {
     let mut n = dns_node();
-    let d = n.put(&slice("dns", "UDP", &["3"]));
+    let d = n.put_slice(&slice("dns", "UDP", &["3"]));
     assert_eq!(n.step(d), vec![left(NODE_V4, ep(2))]);
 }
 
 #[test]
 fn an_sctp_endpoint_that_leaves_has_its_flows_deleted() {
     let mut n = Node::new();
-    n.start(&[dns("SCTP"), slice("dns", "SCTP", &["2", "3"])]);
-    let d = n.put(&slice("dns", "SCTP", &["3"]));
+    n.start(&[dns("SCTP")], &[slice("dns", "SCTP", &["2", "3"])]);
+    let d = n.put_slice(&slice("dns", "SCTP", &["3"]));
     assert_eq!(
         n.step(d),
         vec![StaleFlows::Left {
@@ -258,17 +232,17 @@ fn an_sctp_endpoint_that_leaves_has_its_flows_deleted() {
 #[test]
 fn tcp_endpoints_that_leave_keep_their_flows() {
     let mut n = Node::new();
-    n.start(&[dns("TCP"), slice("dns", "TCP", &["2", "3"])]);
-    let d = n.put(&slice("dns", "TCP", &["3"]));
+    n.start(&[dns("TCP")], &[slice("dns", "TCP", &["2", "3"])]);
+    let d = n.put_slice(&slice("dns", "TCP", &["3"]));
     assert_eq!(n.step(d), vec![]);
-    let d = n.put(&slice("dns", "TCP", &[]));
+    let d = n.put_slice(&slice("dns", "TCP", &[]));
     assert_eq!(n.step(d), vec![], "not even the last one");
 }
 
 #[test]
 fn an_endpoint_no_longer_ready_has_its_flows_deleted() {
     let mut n = dns_node();
-    let d = n.put(&slice("dns", "UDP", &["2 ready=false serving=false", "3"]));
+    let d = n.put_slice(&slice("dns", "UDP", &["2 ready=false serving=false", "3"]));
     assert_eq!(n.step(d), vec![left(NODE_V4, ep(2))]);
 }
 
@@ -279,26 +253,26 @@ fn serving_terminating_endpoint_keeps_its_udp_flows() {
     // stops serving, or leaves the slice.
     let draining = "2 ready=false serving=true terminating=true";
     let mut n = dns_node();
-    let d = n.put(&slice("dns", "UDP", &[draining, "3"]));
+    let d = n.put_slice(&slice("dns", "UDP", &[draining, "3"]));
     assert_eq!(n.step(d), vec![]);
-    let d = n.put(&slice(
+    let d = n.put_slice(&slice(
         "dns",
         "UDP",
         &["2 ready=false serving=false terminating=true", "3"],
     ));
     assert_eq!(n.step(d), vec![left(NODE_V4, ep(2))], "stops serving");
     let mut n = dns_node();
-    let d = n.put(&slice("dns", "UDP", &[draining, "3"]));
+    let d = n.put_slice(&slice("dns", "UDP", &[draining, "3"]));
     assert_eq!(n.step(d), vec![]);
-    let d = n.put(&slice("dns", "UDP", &["3"]));
+    let d = n.put_slice(&slice("dns", "UDP", &["3"]));
     assert_eq!(n.step(d), vec![left(NODE_V4, ep(2))], "leaves the slice");
 }
 
 #[test]
 fn a_serving_terminating_sctp_endpoint_keeps_its_association() {
     let mut n = Node::new();
-    n.start(&[dns("SCTP"), slice("dns", "SCTP", &["2", "3"])]);
-    let d = n.put(&slice(
+    n.start(&[dns("SCTP")], &[slice("dns", "SCTP", &["2", "3"])]);
+    let d = n.put_slice(&slice(
         "dns",
         "SCTP",
         &["2 ready=false serving=true terminating=true", "3"],
@@ -315,14 +289,14 @@ fn an_endpoint_used_only_elsewhere_keeps_its_flows_until_it_stops_serving() {
         node.labels
             .insert("topology.kubernetes.io/zone".into(), "zone-a".into());
     });
-    n.start(&[dns("UDP"), slice("dns", "UDP", &["2", "3"])]);
-    let d = n.put(&slice(
+    n.start(&[dns("UDP")], &[slice("dns", "UDP", &["2", "3"])]);
+    let d = n.put_slice(&slice(
         "dns",
         "UDP",
         &["2 for-zones=zone-a", "3 for-zones=zone-b"],
     ));
     assert_eq!(n.step(d), vec![], "narrowed by topology, nothing stale");
-    let d = n.put(&slice(
+    let d = n.put_slice(&slice(
         "dns",
         "UDP",
         &[
@@ -336,8 +310,8 @@ fn an_endpoint_used_only_elsewhere_keeps_its_flows_until_it_stops_serving() {
 #[test]
 fn a_udp_port_that_gets_endpoints_deletes_flows_made_while_rejecting() {
     let mut n = Node::new();
-    n.start(&[dns("UDP"), slice("dns", "UDP", &[])]);
-    let d = n.put(&slice("dns", "UDP", &["2", "3"]));
+    n.start(&[dns("UDP")], &[slice("dns", "UDP", &[])]);
+    let d = n.put_slice(&slice("dns", "UDP", &["2", "3"]));
     assert_eq!(
         n.step(d),
         vec![StaleFlows::Opened {
@@ -350,16 +324,16 @@ fn a_udp_port_that_gets_endpoints_deletes_flows_made_while_rejecting() {
 #[test]
 fn a_udp_port_that_loses_its_last_endpoint_deletes_its_flows() {
     let mut n = dns_node();
-    let d = n.put(&slice("dns", "UDP", &[]));
+    let d = n.put_slice(&slice("dns", "UDP", &[]));
     assert_eq!(n.step(d), vec![left(NODE_V4, ep(2)), left(NODE_V4, ep(3))]);
 }
 
 #[test]
 fn a_new_udp_service_deletes_the_flows_its_address_and_port_had_before() {
     let mut n = Node::new();
-    n.start(&[]);
-    let mut d = n.put(&slice("dns", "UDP", &["2"]));
-    d.extend(n.put(&dns("UDP")));
+    n.start(&[], &[]);
+    let mut d = n.put_slice(&slice("dns", "UDP", &["2"]));
+    d.extend(n.put_service(&dns("UDP")));
     assert_eq!(
         n.step(d),
         vec![StaleFlows::Opened {
@@ -372,11 +346,10 @@ fn a_new_udp_service_deletes_the_flows_its_address_and_port_had_before() {
 #[test]
 fn at_start_every_udp_port_deletes_the_flows_none_of_its_endpoints_answers() {
     let mut n = Node::new();
-    let stale = n.start(&[
-        dns("UDP"),
-        slice("dns", "UDP", &["2", "3"]),
-        slice6("dns", "UDP", 2),
-    ]);
+    let stale = n.start(
+        &[dns("UDP")],
+        &[slice("dns", "UDP", &["2", "3"]), slice6("dns", "UDP", 2)],
+    );
     assert_eq!(
         stale,
         vec![
@@ -395,40 +368,39 @@ fn at_start_every_udp_port_deletes_the_flows_none_of_its_endpoints_answers() {
 #[test]
 fn a_change_that_keeps_the_endpoints_deletes_nothing() {
     let mut n = dns_node();
-    let d = n.put(&svc(
-        "dns",
-        "2024-01-01T00:00:00Z",
-        "UDP",
-        "  loadBalancerSourceRanges: [192.0.2.0/24, 2001:db8:c::/64]\n",
-    ));
+    let ranges = json!(["192.0.2.0/24", "2001:db8:c::/64"]);
+    let d = n.put_service(&dns("UDP").spec("loadBalancerSourceRanges", ranges));
     assert_eq!(n.step(d), vec![]);
 }
 
 #[test]
 fn a_removed_port_has_its_flows_deleted() {
     let mut n = dns_node();
-    let d = n.put(&dns("UDP").replace(
-        "  - {name: dns, port: 53, protocol: UDP}",
-        "  - {name: web, port: 80, protocol: TCP}",
-    ));
+    let web = Svc::lb("default", "dns")
+        .created("2024-01-01T00:00:00Z")
+        .dual_stack()
+        .port("web", 80, "TCP");
+    let d = n.put_service(&web);
     assert_eq!(n.step(d), every_endpoint_left());
 }
 
 #[test]
 fn a_deleted_service_has_its_flows_deleted() {
     let mut n = dns_node();
-    let gone: wire::Service = serde_yaml_ng::from_str(&dns("UDP")).unwrap();
-    let d = n.objects.delete_service(&gone.into()).into_iter().collect();
+    let d = n
+        .objects
+        .delete_service(&dns("UDP").index())
+        .into_iter()
+        .collect();
     assert_eq!(n.step(d), every_endpoint_left());
 }
 
 #[test]
 fn a_node_selector_that_no_longer_matches_deletes_the_flows() {
     let mut n = dns_node();
-    let d = n.put(&dns("UDP").replace(
-        "  creationTimestamp",
-        "  annotations:\n    nodelb.io/node-selector: kubernetes.io/hostname=node-b\n  creationTimestamp",
-    ));
+    let d = n.put_service(
+        &dns("UDP").annotation("nodelb.io/node-selector", "kubernetes.io/hostname=node-b"),
+    );
     assert_eq!(n.step(d), every_endpoint_left());
 }
 
@@ -475,8 +447,12 @@ fn a_served_address_gone_from_the_host_deletes_its_flows() {
 fn a_lost_port_conflict_deletes_the_flows_to_the_losers_endpoints() {
     let mut n = dns_node();
     // An older Service takes UDP 53 on this node (named to be replanned before the loser).
-    let mut d = n.put(&slice("apex", "UDP", &["9"]));
-    d.extend(n.put(&svc("apex", "2023-01-01T00:00:00Z", "UDP", "")));
+    let mut d = n.put_slice(&slice("apex", "UDP", &["9"]));
+    let apex = Svc::lb("default", "apex")
+        .created("2023-01-01T00:00:00Z")
+        .dual_stack()
+        .port("dns", 53, "UDP");
+    d.extend(n.put_service(&apex));
     assert_eq!(
         n.step(d),
         vec![
@@ -491,14 +467,13 @@ fn a_lost_port_conflict_deletes_the_flows_to_the_losers_endpoints() {
 #[test]
 fn a_local_endpoint_that_leaves_has_its_flows_deleted_and_the_nodes_own_clients_keep_theirs() {
     let mut n = Node::new();
-    let local = "  externalTrafficPolicy: Local\n";
-    n.start(&[
-        svc("dns", "2024-01-01T00:00:00Z", "UDP", local),
-        slice("dns", "UDP", &["2 node-a", "3 node-b"]),
-    ]);
+    n.start(
+        &[dns("UDP").spec("externalTrafficPolicy", "Local")],
+        &[slice("dns", "UDP", &["2 node-a", "3 node-b"])],
+    );
     // Only the endpoint elsewhere is left: outside clients are dropped, the node's own go
     // there, so its flows are kept.
-    let d = n.put(&slice("dns", "UDP", &["3 node-b"]));
+    let d = n.put_slice(&slice("dns", "UDP", &["3 node-b"]));
     assert_eq!(n.step(d), vec![left(NODE_V4, ep(2))]);
 }
 
@@ -533,11 +508,10 @@ fn a_udp_port_a_host_listener_takes_deletes_its_flows() {
 #[test]
 fn a_udp_port_withheld_for_a_listener_on_another_port_deletes_its_flows() {
     let mut n = Node::new();
-    let tcp = "  - {name: admin, port: 5380, protocol: TCP}\n";
-    n.start(&[
-        svc("dns", "2024-01-01T00:00:00Z", "UDP", tcp),
-        slice("dns", "UDP", &["2", "3"]),
-    ]);
+    n.start(
+        &[dns("UDP").port("admin", 5380, "TCP")],
+        &[slice("dns", "UDP", &["2", "3"])],
+    );
     // A host process takes the Service's TCP port on IPv4: all or nothing, its UDP port
     // there has no rules either, and its flows go.
     assert_eq!(

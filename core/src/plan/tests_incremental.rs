@@ -4,10 +4,11 @@
 //! it makes stale are those a rebuild from the same planner makes stale.
 
 use super::config::Config;
-use super::node::{AddressKind, NodeInfo};
 use super::*;
+use crate::fixtures::{node, Ep, Slice, Svc};
 use crate::objects::wire::{EndpointSlice, Service};
 use crate::vocab::ServiceKey;
+use serde_json::json;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -29,53 +30,50 @@ fn service(i: u64, rng: &mut Lcg) -> Service {
     let port = 80 + rng.next(4); // few ports: many conflicts
     let proto = ["TCP", "UDP"][rng.next(2) as usize];
     let fams = [vec!["IPv4"], vec!["IPv6"], vec!["IPv4", "IPv6"]][rng.next(3) as usize].clone();
-    let mut spec = serde_json::json!({
-        "type": "LoadBalancer",
-        "externalTrafficPolicy": policy,
-        "ipFamilies": fams,
-        "ports": [{"name": "p", "port": port, "protocol": proto}, {"name": "q", "port": 90 + rng.next(2), "protocol": "TCP"}],
-    });
-    if rng.next(3) == 0 {
-        spec["loadBalancerSourceRanges"] = serde_json::json!(["192.0.2.0/24", "2001:db8:c::/64"]);
+    let q = 90 + rng.next(2);
+    let ranges = rng.next(3) == 0;
+    let port = if rng.next(10) == 0 { 22 } else { port }; // reserved
+    let mut s = Svc::lb("ns", &format!("s{i}"))
+        .spec("externalTrafficPolicy", policy)
+        .spec("ipFamilies", fams)
+        .port("p", port as u16, proto)
+        .port("q", q as u16, "TCP");
+    if ranges {
+        s = s.spec(
+            "loadBalancerSourceRanges",
+            json!(["192.0.2.0/24", "2001:db8:c::/64"]),
+        );
     }
-    if rng.next(10) == 0 {
-        spec["ports"][0]["port"] = serde_json::json!(22); // reserved
-    }
     if rng.next(3) == 0 {
-        spec["trafficDistribution"] =
-            serde_json::json!(["PreferClose", "PreferSameNode"][rng.next(2) as usize]);
+        s = s.spec(
+            "trafficDistribution",
+            ["PreferClose", "PreferSameNode"][rng.next(2) as usize],
+        );
     }
     if rng.next(3) == 0 {
         // ClientIP affinity, its timeout changing now and then (the sets are declared anew).
-        spec["sessionAffinity"] = serde_json::json!("ClientIP");
-        let timeout = [10, 60][rng.next(2) as usize];
-        spec["sessionAffinityConfig"] =
-            serde_json::json!({"clientIP": {"timeoutSeconds": timeout}});
+        s = s.client_ip_affinity([10, 60][rng.next(2) as usize]);
     }
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"namespace": "ns", "name": format!("s{i}"),
-                      "creationTimestamp": format!("2024-01-{:02}T00:00:00Z", 1 + rng.next(3))},
-        "spec": spec,
-    }))
-    .unwrap()
+    s.created(&format!("2024-01-{:02}T00:00:00Z", 1 + rng.next(3)))
+        .wire()
 }
 
-/// An endpoint's topology hints as the EndpointSlice controller writes them for the slice's
+/// An endpoint with the topology hints the EndpointSlice controller writes for the slice's
 /// `style` (0: none, 1: zones, 2: zones and nodes), now and then missing or malformed.
-fn hints(style: u64, node: &str, rng: &mut Lcg) -> serde_json::Value {
+fn hinted(ep: Ep, style: u64, node: &str, rng: &mut Lcg) -> Ep {
     let zone = ["zone-a", "zone-b"][rng.next(2) as usize];
     match (style, rng.next(8)) {
-        (0, _) | (_, 0) => serde_json::Value::Null,
-        (_, 1) => serde_json::json!({"forZones": [{}]}),
-        (1, _) => serde_json::json!({"forZones": [{"name": zone}]}),
-        _ => serde_json::json!({"forZones": [{"name": zone}], "forNodes": [{"name": node}]}),
+        (0, _) | (_, 0) => ep,
+        (_, 1) => ep.hints(json!({"forZones": [{}]})),
+        (1, _) => ep.for_zones(&[zone]),
+        _ => ep.for_zones(&[zone]).for_nodes(&[node]),
     }
 }
 
 fn slice(i: u64, name: &str, family: &str, rng: &mut Lcg) -> EndpointSlice {
     let n = rng.next(4);
     let style = rng.next(3);
-    let eps: Vec<_> = (0..n)
+    let eps: Vec<Ep> = (0..n)
         .map(|_| {
             // Few hosts: the same address in two slices of a Service, or twice in one.
             let host = 10 + rng.next(6);
@@ -88,33 +86,29 @@ fn slice(i: u64, name: &str, family: &str, rng: &mut Lcg) -> EndpointSlice {
             // Ready, serving-and-terminating, or neither.
             let ready = rng.next(4) != 0;
             let serving = ready || rng.next(2) == 0;
-            serde_json::json!({
-                "addresses": [addr],
-                "nodeName": node,
-                "conditions": {"ready": ready, "serving": serving, "terminating": rng.next(2) == 0},
-                "hints": hints(style, node, rng),
-            })
+            let ep = Ep::at(addr)
+                .node(node)
+                .ready(ready)
+                .serving(serving)
+                .terminating(rng.next(2) == 0);
+            hinted(ep, style, node, rng)
         })
         .collect();
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"namespace": "ns", "name": name, "labels": {"kubernetes.io/service-name": format!("s{i}")}},
-        "addressType": family,
-        "ports": [{"name": "p", "port": 8080, "protocol": "TCP"}, {"name": "p", "port": 8081, "protocol": "UDP"}, {"name": "q", "port": 9090, "protocol": "TCP"}],
-        "endpoints": eps,
-    }))
-    .unwrap()
+    Slice::of("ns", name, &format!("s{i}"), family)
+        .port("p", 8080, "TCP")
+        .port("p", 8081, "UDP")
+        .port("q", 9090, "TCP")
+        .endpoints(eps)
+        .wire()
 }
 
 #[test]
 fn incremental_updates_equal_planning_from_scratch() {
-    let node = NodeInfo {
-        name: "node-a".into(),
-        labels: [(topology::ZONE_LABEL.to_string(), "zone-a".to_string())].into(),
-        addresses: vec![
-            (AddressKind::InternalIP, "203.0.113.1".parse().unwrap()),
-            (AddressKind::InternalIP, "2001:db8::1".parse().unwrap()),
-        ],
-    };
+    let node = node("node-a")
+        .label(topology::ZONE_LABEL, "zone-a")
+        .address("InternalIP", "203.0.113.1")
+        .address("InternalIP", "2001:db8::1")
+        .info();
     let local: BTreeSet<IpAddr> = node.addresses.iter().map(|a| a.1).collect();
     let config = Config::default();
     let families = Families { v4: true, v6: true };
@@ -380,11 +374,7 @@ fn incremental_updates_equal_planning_from_scratch() {
 
 /// `node-a` with 203.0.113.1, IPv4 only.
 fn ipv4_node() -> Context {
-    let node = NodeInfo {
-        name: "node-a".into(),
-        labels: Default::default(),
-        addresses: vec![(AddressKind::InternalIP, "203.0.113.1".parse().unwrap())],
-    };
+    let node = node("node-a").address("InternalIP", "203.0.113.1").info();
     let local: BTreeSet<IpAddr> = node.addresses.iter().map(|a| a.1).collect();
     let families = Families {
         v4: true,
@@ -394,14 +384,10 @@ fn ipv4_node() -> Context {
 }
 
 /// A slice of Service `service` in namespace `ns` with one endpoint, 198.51.100.10:8080/TCP.
-fn one_endpoint_slice(name: &str, service: &str) -> EndpointSlice {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"namespace": "ns", "name": name, "labels": {"kubernetes.io/service-name": service}},
-        "addressType": "IPv4",
-        "ports": [{"port": 8080, "protocol": "TCP"}],
-        "endpoints": [{"addresses": ["198.51.100.10"]}],
-    }))
-    .unwrap()
+fn one_endpoint_slice(name: &str, service: &str) -> Slice {
+    Slice::ipv4("ns", name, service)
+        .raw_port(json!({"port": 8080, "protocol": "TCP"}))
+        .endpoint("198.51.100.10")
 }
 
 #[test]
@@ -409,17 +395,18 @@ fn one_endpoint_change_replans_one_service() {
     let ctx = ipv4_node();
     let mut objects = Objects::default();
     for i in 0..200u16 {
-        let s: Service = serde_json::from_value(serde_json::json!({
-            "metadata": {"namespace": "ns", "name": format!("s{i}"), "creationTimestamp": "2024-01-01T00:00:00Z"},
-            "spec": {"type": "LoadBalancer", "ports": [{"port": 1000 + i}]},
-        }))
-        .unwrap();
-        objects.put_service(Arc::new(s.into()));
+        let s = Svc::lb("ns", &format!("s{i}"))
+            .created("2024-01-01T00:00:00Z")
+            .bare_port(1000 + i);
+        objects.put_service(Arc::new(s.index()));
     }
     let mut planner = Planner::new();
     planner.update(&objects, &ctx, None);
     let sl = one_endpoint_slice("s7-1", "s7");
-    let dirty: BTreeSet<ServiceKey> = objects.put_slice(Arc::new(sl.into())).into_iter().collect();
+    let dirty: BTreeSet<ServiceKey> = objects
+        .put_slice(Arc::new(sl.index()))
+        .into_iter()
+        .collect();
     let u = planner.update(&objects, &ctx, Some(&dirty));
     assert_eq!(u.replanned, 1);
     assert_eq!(u.changed, dirty);
@@ -453,33 +440,24 @@ fn one_endpoint_change_replans_one_service() {
 #[test]
 fn an_endpoint_added_to_or_removed_from_an_affinity_service_changes_only_its_own_chain_and_set() {
     let ctx = ipv4_node();
-    let service: Service = serde_json::from_value(serde_json::json!({
-        "metadata": {"namespace": "ns", "name": "s", "creationTimestamp": "2024-01-01T00:00:00Z"},
-        "spec": {"type": "LoadBalancer", "ports": [{"port": 80}], "sessionAffinity": "ClientIP"},
-    }))
-    .unwrap();
-    let slice = |hosts: &[u8]| -> EndpointSlice {
-        let eps: Vec<_> = hosts
-            .iter()
-            .map(|h| serde_json::json!({"addresses": [format!("198.51.100.{h}")]}))
-            .collect();
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"namespace": "ns", "name": "s-1", "labels": {"kubernetes.io/service-name": "s"}},
-            "addressType": "IPv4",
-            "ports": [{"port": 8080, "protocol": "TCP"}],
-            "endpoints": eps,
-        }))
-        .unwrap()
+    let service = Svc::lb("ns", "s")
+        .created("2024-01-01T00:00:00Z")
+        .bare_port(80)
+        .spec("sessionAffinity", "ClientIP");
+    let slice = |hosts: &[u8]| {
+        Slice::ipv4("ns", "s-1", "s")
+            .raw_port(json!({"port": 8080, "protocol": "TCP"}))
+            .endpoints(hosts.iter().map(|h| Ep::at(format!("198.51.100.{h}"))))
     };
     let mut objects = Objects::default();
-    objects.put_service(Arc::new(service.into()));
-    objects.put_slice(Arc::new(slice(&[10, 11]).into()));
+    objects.put_service(Arc::new(service.index()));
+    objects.put_slice(Arc::new(slice(&[10, 11]).index()));
     let mut planner = Planner::new();
     planner.update(&objects, &ctx, None);
     let mut table = planner.tables().remove(0);
     let mut step = |hosts: &[u8]| -> nodelb_netfilter::Edit {
         let dirty: BTreeSet<ServiceKey> = objects
-            .put_slice(Arc::new(slice(hosts).into()))
+            .put_slice(Arc::new(slice(hosts).index()))
             .into_iter()
             .collect();
         let TableChange::Edit(mut edits) = planner.update(&objects, &ctx, Some(&dirty)).change
@@ -530,17 +508,17 @@ fn a_planner_follows_status_writes_but_no_other_change() {
     let ctx = ipv4_node();
     let svc =
         |name: &str, port: u16, status: Option<&str>| -> Arc<crate::objects::index::Service> {
-            let mut v = serde_json::json!({
-                "metadata": {"namespace": "ns", "name": name, "resourceVersion": "1",
-                             "creationTimestamp": "2024-01-01T00:00:00Z"},
-                "spec": {"type": "LoadBalancer", "ports": [{"port": port}]},
-            });
-            if let Some(ip) = status {
-                v["metadata"]["resourceVersion"] = "2".into();
-                v["status"] = serde_json::json!({"loadBalancer": {"ingress": [{"ip": ip}]}});
-            }
-            let s: Service = serde_json::from_value(v).unwrap();
-            Arc::new(s.into())
+            let s = Svc::lb("ns", name)
+                .meta("resourceVersion", "1")
+                .created("2024-01-01T00:00:00Z")
+                .bare_port(port);
+            let s = match status {
+                Some(ip) => s
+                    .meta("resourceVersion", "2")
+                    .status(json!({"loadBalancer": {"ingress": [{"ip": ip}]}})),
+                None => s,
+            };
+            Arc::new(s.index())
         };
     let mut objects = Objects::default();
     let first = svc("a", 1000, None);
@@ -569,7 +547,7 @@ fn a_planner_follows_status_writes_but_no_other_change() {
     assert!(!planner.follow(&objects));
     let sl = one_endpoint_slice("a-1", "a");
     let mut slices = objects.clone();
-    slices.put_slice(Arc::new(sl.into()));
+    slices.put_slice(Arc::new(sl.index()));
     assert!(!slices.plans_like(&before), "a new slice is planned");
     assert!(!planner.follow(&slices));
     let dirty: BTreeSet<ServiceKey> =

@@ -5,79 +5,33 @@ use super::condition::Serving;
 use super::heartbeat::{self, Heartbeat};
 use super::ingress::{self, Write};
 use super::*;
-use crate::objects::index::{EndpointSlice, Service};
-use crate::objects::wire;
+use crate::fixtures::{heartbeat, node, Slice, Svc, NOW};
+use crate::objects::index::Service;
 use crate::vocab::ServiceKey;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::SignedDuration;
 use k8s_openapi::jiff::Timestamp;
+use serde_json::json;
 use std::sync::Arc;
 use std::time::Instant;
-
-const NOW: &str = "2026-01-01T12:00:00Z";
 
 fn now() -> Timestamp {
     NOW.parse().unwrap()
 }
 
-pub(super) fn node(name: &str, addrs: &[(&str, &str)], labels: &[(&str, &str)]) -> Node {
-    let addresses: Vec<_> = addrs
-        .iter()
-        .map(|(t, a)| serde_json::json!({"type": t, "address": a}))
-        .collect();
-    let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "labels": labels},
-        "status": {"addresses": addresses},
-    }))
-    .unwrap()
+/// A LoadBalancer Service `default/<name>` created 2024-01-01 with one TCP port `http`.
+fn lb(name: &str, port: u16) -> Svc {
+    Svc::lb("default", name)
+        .created("2024-01-01T00:00:00Z")
+        .port("http", port, "TCP")
 }
 
-fn beat(node: &str, age_secs: i64, families: &str) -> Lease {
-    let renewed = now() - SignedDuration::from_secs(age_secs);
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("nodelb-node-{node}"), "namespace": "nodelb-system",
-                     "annotations": {"nodelb.io/families": families}},
-        "spec": {"holderIdentity": format!("nodelb-{node}"), "renewTime": renewed.to_string(),
-                 "leaseDurationSeconds": 15},
-    }))
-    .unwrap()
-}
-
-use k8s_openapi::jiff::SignedDuration;
-
-fn svc(name: &str, created: &str, port: u16, extra: serde_json::Value) -> Service {
-    let mut spec =
-        serde_json::json!({"type": "LoadBalancer", "ports": [{"name": "http", "port": port}]});
-    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
-        for (k, v) in e {
-            s.insert(k.clone(), v.clone());
-        }
-    }
-    let mut meta =
-        serde_json::json!({"namespace": "default", "name": name, "creationTimestamp": created});
-    if let Some(sel) = extra.get("__selector") {
-        meta["annotations"] = serde_json::json!({"nodelb.io/node-selector": sel});
-        spec.as_object_mut().unwrap().remove("__selector");
-    }
-    serde_json::from_value::<wire::Service>(serde_json::json!({"metadata": meta, "spec": spec}))
-        .unwrap()
-        .into()
-}
-
-fn slice(service: &str, eps: &[(&str, &str)]) -> EndpointSlice {
-    let endpoints: Vec<_> = eps
-        .iter()
-        .map(|(a, n)| serde_json::json!({"addresses": [a], "nodeName": n}))
-        .collect();
-    serde_json::from_value::<wire::EndpointSlice>(serde_json::json!({
-        "metadata": {"namespace": "default", "name": format!("{service}-1"),
-                     "labels": {"kubernetes.io/service-name": service}},
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-        "endpoints": endpoints,
-    }))
-    .unwrap()
-    .into()
+/// The IPv4 slice `<service>-1` of `default/<service>`, port `http` → 8080, with `endpoints`
+/// in [`crate::fixtures::Ep::parse`]'s short form (`address node`).
+fn slice_of(service: &str, endpoints: &[&str]) -> Slice {
+    Slice::ipv4("default", &format!("{service}-1"), service)
+        .port("http", 8080, "TCP")
+        .endpoints(endpoints)
 }
 
 struct World {
@@ -92,23 +46,26 @@ impl World {
         World {
             objects: Objects::default(),
             nodes: vec![
-                node(
-                    "node-a",
-                    &[
-                        ("InternalIP", "203.0.113.10"),
-                        ("InternalIP", "2001:db8::a"),
-                    ],
-                    &[("zone", "a")],
-                ),
-                node(
-                    "node-b",
-                    &[("InternalIP", "203.0.113.9"), ("InternalIP", "2001:db8::b")],
-                    &[("zone", "b")],
-                ),
+                node("node-a")
+                    .address("InternalIP", "203.0.113.10")
+                    .address("InternalIP", "2001:db8::a")
+                    .label("zone", "a")
+                    .k8s(),
+                node("node-b")
+                    .address("InternalIP", "203.0.113.9")
+                    .address("InternalIP", "2001:db8::b")
+                    .label("zone", "b")
+                    .k8s(),
             ],
             leases: vec![
-                beat("node-a", 1, "IPv4,IPv6"),
-                beat("node-b", 1, "IPv4,IPv6"),
+                heartbeat("node-a")
+                    .renewed_ago(1)
+                    .families("IPv4,IPv6")
+                    .k8s(),
+                heartbeat("node-b")
+                    .renewed_ago(1)
+                    .families("IPv4,IPv6")
+                    .k8s(),
             ],
             cfg: StatusConfig {
                 planner: Config::default(),
@@ -117,13 +74,13 @@ impl World {
         }
     }
 
-    fn service(mut self, s: Service) -> World {
-        self.objects.put_service(Arc::new(s));
+    fn service(mut self, s: Svc) -> World {
+        self.objects.put_service(Arc::new(s.index()));
         self
     }
 
-    fn slice(mut self, s: EndpointSlice) -> World {
-        self.objects.put_slice(Arc::new(s));
+    fn slice(mut self, s: Slice) -> World {
+        self.objects.put_slice(Arc::new(s.index()));
         self
     }
 
@@ -163,24 +120,23 @@ impl World {
     }
 }
 
-fn none() -> serde_json::Value {
-    serde_json::json!({})
-}
-
 #[test]
 fn every_node_with_a_fresh_heartbeat_serves_sorted_numerically() {
-    let w = World::two_nodes().service(svc("web", "2024-01-01T00:00:00Z", 80, none()));
+    let w = World::two_nodes().service(lb("web", 80));
     // 203.0.113.9 sorts before 203.0.113.10 as a number, not as text.
     assert_eq!(w.ingress("web"), vec!["203.0.113.9", "203.0.113.10"]);
 }
 
 #[test]
 fn a_stale_heartbeat_takes_its_node_out() {
-    let mut w = World::two_nodes().service(svc("web", "2024-01-01T00:00:00Z", 80, none()));
-    w.leases = vec![beat("node-a", 1, "IPv4"), beat("node-b", 16, "IPv4")];
+    let mut w = World::two_nodes().service(lb("web", 80));
+    w.leases = vec![
+        heartbeat("node-a").renewed_ago(1).families("IPv4").k8s(),
+        heartbeat("node-b").renewed_ago(16).families("IPv4").k8s(),
+    ];
     assert_eq!(w.ingress("web"), vec!["203.0.113.10"]);
     // Younger than the duration is fresh; at 14 s it still counts.
-    w.leases[1] = beat("node-b", 14, "IPv4");
+    w.leases[1] = heartbeat("node-b").renewed_ago(14).families("IPv4").k8s();
     assert_eq!(w.ingress("web"), vec!["203.0.113.9", "203.0.113.10"]);
     // No heartbeat at all: not serving.
     w.leases.truncate(1);
@@ -189,13 +145,15 @@ fn a_stale_heartbeat_takes_its_node_out() {
 
 #[test]
 fn a_node_serves_only_the_families_its_heartbeat_names() {
-    let mut w = World::two_nodes().service(svc(
-        "web",
-        "2024-01-01T00:00:00Z",
-        80,
-        serde_json::json!({"ipFamilies": ["IPv4", "IPv6"]}),
-    ));
-    w.leases = vec![beat("node-a", 1, "IPv4,IPv6"), beat("node-b", 1, "IPv4")];
+    let mut w =
+        World::two_nodes().service(lb("web", 80).spec("ipFamilies", json!(["IPv4", "IPv6"])));
+    w.leases = vec![
+        heartbeat("node-a")
+            .renewed_ago(1)
+            .families("IPv4,IPv6")
+            .k8s(),
+        heartbeat("node-b").renewed_ago(1).families("IPv4").k8s(),
+    ];
     assert_eq!(
         w.ingress("web"),
         vec!["203.0.113.9", "203.0.113.10", "2001:db8::a"]
@@ -204,12 +162,7 @@ fn a_node_serves_only_the_families_its_heartbeat_names() {
 
 #[test]
 fn ip_families_order_the_addresses() {
-    let w = World::two_nodes().service(svc(
-        "web",
-        "2024-01-01T00:00:00Z",
-        80,
-        serde_json::json!({"ipFamilies": ["IPv6", "IPv4"]}),
-    ));
+    let w = World::two_nodes().service(lb("web", 80).spec("ipFamilies", json!(["IPv6", "IPv4"])));
     assert_eq!(
         w.ingress("web"),
         vec!["2001:db8::a", "2001:db8::b", "203.0.113.9", "203.0.113.10"]
@@ -218,38 +171,27 @@ fn ip_families_order_the_addresses() {
 
 #[test]
 fn external_ips_are_published_before_internal_ones() {
-    let mut w = World::two_nodes().service(svc("web", "2024-01-01T00:00:00Z", 80, none()));
-    w.nodes[0] = node(
-        "node-a",
-        &[
-            ("InternalIP", "203.0.113.10"),
-            ("ExternalIP", "198.51.100.1"),
-        ],
-        &[],
-    );
+    let mut w = World::two_nodes().service(lb("web", 80));
+    w.nodes[0] = node("node-a")
+        .address("InternalIP", "203.0.113.10")
+        .address("ExternalIP", "198.51.100.1")
+        .k8s();
     assert_eq!(w.ingress("web"), vec!["198.51.100.1", "203.0.113.9"]);
 }
 
 #[test]
 fn node_selector_and_exclusion_label_limit_serving_nodes() {
-    let mut w = World::two_nodes().service(svc(
-        "web",
-        "2024-01-01T00:00:00Z",
-        80,
-        serde_json::json!({"__selector": "zone=b"}),
-    ));
+    let mut w =
+        World::two_nodes().service(lb("web", 80).annotation("nodelb.io/node-selector", "zone=b"));
     assert_eq!(w.ingress("web"), vec!["203.0.113.9"]);
-    w.nodes[1] = node(
-        "node-b",
-        &[("InternalIP", "203.0.113.9")],
-        &[
-            ("zone", "b"),
-            (
-                "node.kubernetes.io/exclude-from-external-load-balancers",
-                "",
-            ),
-        ],
-    );
+    w.nodes[1] = node("node-b")
+        .address("InternalIP", "203.0.113.9")
+        .label("zone", "b")
+        .label(
+            "node.kubernetes.io/exclude-from-external-load-balancers",
+            "",
+        )
+        .k8s();
     assert!(w.ingress("web").is_empty());
     assert!(matches!(
         w.problems("web")[0],
@@ -260,19 +202,25 @@ fn node_selector_and_exclusion_label_limit_serving_nodes() {
 #[test]
 fn a_node_joining_excluded_changes_no_status() {
     let mut w = World::two_nodes()
-        .service(svc("web", "2024-01-01T00:00:00Z", 80, none()))
-        .slice(slice("web", &[("198.51.100.20", "node-a")]));
+        .service(lb("web", 80))
+        .slice(slice_of("web", &["198.51.100.20 node-a"]));
     let before = w.compute()[&ServiceKey::new("default", "web")].clone();
     assert_eq!(before.serving.message, "served on 2 of 2 nodes");
-    w.nodes.push(node(
-        "node-c",
-        &[("InternalIP", "203.0.113.11")],
-        &[(
-            "node.kubernetes.io/exclude-from-external-load-balancers",
-            "",
-        )],
-    ));
-    w.leases.push(beat("node-c", 1, "IPv4,IPv6"));
+    w.nodes.push(
+        node("node-c")
+            .address("InternalIP", "203.0.113.11")
+            .label(
+                "node.kubernetes.io/exclude-from-external-load-balancers",
+                "",
+            )
+            .k8s(),
+    );
+    w.leases.push(
+        heartbeat("node-c")
+            .renewed_ago(1)
+            .families("IPv4,IPv6")
+            .k8s(),
+    );
     // Neither counted nor named: the condition, like the ingress, is what it was.
     assert_eq!(w.compute()[&ServiceKey::new("default", "web")], before);
     // Every node excluded: none serves, and the condition says why.
@@ -301,8 +249,8 @@ fn a_node_joining_excluded_changes_no_status() {
 /// `NoServingNodes` problem says why for each.
 fn node_b_leaves_the_status(change: impl Fn(&mut World, usize), why: &str) {
     let mut w = World::two_nodes()
-        .service(svc("web", "2024-01-01T00:00:00Z", 80, none()))
-        .slice(slice("web", &[("198.51.100.20", "node-a")]));
+        .service(lb("web", 80))
+        .slice(slice_of("web", &["198.51.100.20 node-a"]));
     assert_eq!(w.ingress("web"), vec!["203.0.113.9", "203.0.113.10"]);
     change(&mut w, 1);
     let d = w.compute()[&ServiceKey::new("default", "web")].clone();
@@ -364,15 +312,11 @@ fn a_node_whose_agent_keeps_failing_to_sync_leaves_every_status() {
     node_b_leaves_the_status(
         |w, i| {
             let node = if i == 0 { "node-a" } else { "node-b" };
-            let mut l = beat(node, 1, "");
-            l.metadata
-                .annotations
-                .get_or_insert_with(Default::default)
-                .insert(
-                    heartbeat::UNHEALTHY_ANNOTATION.into(),
-                    "committing: Operation not permitted (EPERM)".into(),
-                );
-            w.leases[i] = l;
+            w.leases[i] = heartbeat(node)
+                .renewed_ago(1)
+                .families("")
+                .unhealthy("committing: Operation not permitted (EPERM)")
+                .k8s();
         },
         "its agent's syncs keep failing: committing: Operation not permitted (EPERM)",
     );
@@ -380,25 +324,24 @@ fn a_node_whose_agent_keeps_failing_to_sync_leaves_every_status() {
 
 #[test]
 fn local_policy_publishes_only_nodes_with_a_ready_endpoint_and_follows_it() {
-    let local = serde_json::json!({"externalTrafficPolicy": "Local"});
     let w = World::two_nodes()
-        .service(svc("web", "2024-01-01T00:00:00Z", 80, local.clone()))
-        .slice(slice("web", &[("198.51.100.20", "node-b")]));
+        .service(lb("web", 80).spec("externalTrafficPolicy", "Local"))
+        .slice(slice_of("web", &["198.51.100.20 node-b"]));
     assert_eq!(w.ingress("web"), vec!["203.0.113.9"]);
-    let w = w.slice(slice("web", &[("198.51.100.20", "node-a")]));
+    let w = w.slice(slice_of("web", &["198.51.100.20 node-a"]));
     assert_eq!(w.ingress("web"), vec!["203.0.113.10"]);
-    let w = w.slice(slice("web", &[]));
+    let w = w.slice(slice_of("web", &[]));
     assert!(w.ingress("web").is_empty());
     // Cluster: every node serves, endpoints or not (it answers, with a reset if need be).
-    let w = World::two_nodes().service(svc("web", "2024-01-01T00:00:00Z", 80, none()));
+    let w = World::two_nodes().service(lb("web", 80));
     assert_eq!(w.ingress("web").len(), 2);
 }
 
 #[test]
 fn a_service_that_loses_its_port_everywhere_has_no_address_and_a_conflict_naming_the_winner() {
     let w = World::two_nodes()
-        .service(svc("old", "2023-01-01T00:00:00Z", 80, none()))
-        .service(svc("young", "2024-01-01T00:00:00Z", 80, none()));
+        .service(lb("old", 80).created("2023-01-01T00:00:00Z"))
+        .service(lb("young", 80));
     assert_eq!(w.ingress("old").len(), 2);
     assert!(w.ingress("young").is_empty());
     assert_eq!(
@@ -417,18 +360,12 @@ fn a_service_that_loses_its_port_everywhere_has_no_address_and_a_conflict_naming
 #[test]
 fn disjoint_node_selectors_share_a_port() {
     let w = World::two_nodes()
-        .service(svc(
-            "a",
-            "2023-01-01T00:00:00Z",
-            80,
-            serde_json::json!({"__selector": "zone=a"}),
-        ))
-        .service(svc(
-            "b",
-            "2024-01-01T00:00:00Z",
-            80,
-            serde_json::json!({"__selector": "zone=b"}),
-        ));
+        .service(
+            lb("a", 80)
+                .created("2023-01-01T00:00:00Z")
+                .annotation("nodelb.io/node-selector", "zone=a"),
+        )
+        .service(lb("b", 80).annotation("nodelb.io/node-selector", "zone=b"));
     assert_eq!(w.ingress("a"), vec!["203.0.113.10"]);
     assert_eq!(w.ingress("b"), vec!["203.0.113.9"]);
     assert!(w.problems("b").is_empty());
@@ -436,7 +373,7 @@ fn disjoint_node_selectors_share_a_port() {
 
 #[test]
 fn a_reserved_port_is_a_problem_and_gets_no_address() {
-    let w = World::two_nodes().service(svc("ssh", "2024-01-01T00:00:00Z", 22, none()));
+    let w = World::two_nodes().service(lb("ssh", 22));
     assert!(w.ingress("ssh").is_empty());
     assert_eq!(
         w.problems("ssh"),
@@ -448,7 +385,7 @@ fn a_reserved_port_is_a_problem_and_gets_no_address() {
 
 #[test]
 fn no_fresh_heartbeat_means_no_serving_nodes() {
-    let mut w = World::two_nodes().service(svc("web", "2024-01-01T00:00:00Z", 80, none()));
+    let mut w = World::two_nodes().service(lb("web", 80));
     w.leases.clear();
     assert!(w.ingress("web").is_empty());
     let p = w.problems("web");
@@ -457,18 +394,17 @@ fn no_fresh_heartbeat_means_no_serving_nodes() {
 
 #[test]
 fn other_classes_are_not_ours() {
-    let w = World::two_nodes().service(svc(
-        "web",
-        "2024-01-01T00:00:00Z",
-        80,
-        serde_json::json!({"loadBalancerClass": "example.com/other"}),
-    ));
+    let w =
+        World::two_nodes().service(lb("web", 80).spec("loadBalancerClass", "example.com/other"));
     assert!(!w.compute().contains_key(&ServiceKey::new("default", "web")));
 }
 
 #[test]
 fn heartbeats_are_read_with_their_families() {
-    let beats = heartbeat::read(&[beat("node-a", 3, "IPv6"), beat("node-b", 3, "")]);
+    let beats = heartbeat::read(&[
+        heartbeat("node-a").renewed_ago(3).families("IPv6").k8s(),
+        heartbeat("node-b").renewed_ago(3).families("").k8s(),
+    ]);
     assert_eq!(
         beats["node-a"].families,
         Families {
@@ -498,20 +434,8 @@ fn ages_at(beats: &BTreeMap<String, Heartbeat>, at: Timestamp) -> BTreeMap<Strin
 }
 
 fn beat_at(node: &str, renewed: Timestamp) -> (String, Heartbeat) {
-    (
-        node.to_string(),
-        Heartbeat {
-            node: node.into(),
-            holder: None,
-            renewed,
-            families: Families {
-                v4: true,
-                v6: false,
-            },
-            blocked: Default::default(),
-            unhealthy: None,
-        },
-    )
+    let beat = heartbeat(node).renewed(renewed).families("IPv4");
+    (node.to_string(), beat.heartbeat())
 }
 
 #[test]
@@ -556,7 +480,7 @@ fn a_new_leader_gives_every_node_one_lease_duration_of_grace() {
     let t0 = Instant::now();
     let beats: BTreeMap<_, _> = [beat_at("node-a", now() - SignedDuration::from_hours(1))].into();
     assert_eq!(o.ages(&beats, t0)["node-a"], Duration::ZERO);
-    let w = World::two_nodes().service(svc("web", "2024-01-01T00:00:00Z", 80, none()));
+    let w = World::two_nodes().service(lb("web", 80));
     let mut s = Status::default();
     let lease = Duration::from_secs(15);
     let all = heartbeat::read(&w.leases);
@@ -599,13 +523,10 @@ fn stored(ingress: &[&str], managers: &[&str]) -> Service {
             "lastTransitionTime": "2026-01-01T00:00:00Z"})
         })
         .collect();
-    serde_json::from_value::<wire::Service>(serde_json::json!({
-        "metadata": {"namespace": "default", "name": "web", "managedFields": mf},
-        "spec": {"type": "LoadBalancer"},
-        "status": {"loadBalancer": {"ingress": ing}, "conditions": conditions},
-    }))
-    .unwrap()
-    .into()
+    Svc::lb("default", "web")
+        .meta("managedFields", mf)
+        .status(json!({"loadBalancer": {"ingress": ing}, "conditions": conditions}))
+        .index()
 }
 
 fn desired(ips: &[&str]) -> Desired {
@@ -726,15 +647,14 @@ fn a_service_no_longer_ours_loses_only_what_nodelb_wrote() {
 #[test]
 fn recomputing_after_a_change_touches_only_what_changed_and_equals_a_fresh_computation() {
     let mut w = World::two_nodes()
-        .service(svc(
-            "a",
-            "2023-01-01T00:00:00Z",
-            80,
-            serde_json::json!({"externalTrafficPolicy": "Local"}),
-        ))
-        .service(svc("b", "2024-01-01T00:00:00Z", 81, none()))
-        .service(svc("c", "2024-01-01T00:00:00Z", 82, none()))
-        .slice(slice("a", &[("198.51.100.20", "node-b")]));
+        .service(
+            lb("a", 80)
+                .created("2023-01-01T00:00:00Z")
+                .spec("externalTrafficPolicy", "Local"),
+        )
+        .service(lb("b", 81))
+        .service(lb("c", 82))
+        .slice(slice_of("a", &["198.51.100.20 node-b"]));
     let mut s = Status::default();
     let beats = heartbeat::read(&w.leases);
     let first = s.compute(
@@ -757,7 +677,7 @@ fn recomputing_after_a_change_touches_only_what_changed_and_equals_a_fresh_compu
         "nothing changed"
     );
     // The endpoint moves to node-a: only `a` changes.
-    w = w.slice(slice("a", &[("198.51.100.20", "node-a")]));
+    w = w.slice(slice_of("a", &["198.51.100.20 node-a"]));
     let changed = s.compute(
         &w.objects,
         &w.nodes,
@@ -803,15 +723,10 @@ fn recomputing_after_a_change_touches_only_what_changed_and_equals_a_fresh_compu
 #[test]
 fn invalid_parts_of_a_service_are_problems_worth_an_event() {
     let w = World::two_nodes()
-        .service(svc(
+        .service(lb("web", 80).spec("externalTrafficPolicy", "Sometimes"))
+        .slice(slice_of(
             "web",
-            "2024-01-01T00:00:00Z",
-            80,
-            serde_json::json!({"externalTrafficPolicy": "Sometimes"}),
-        ))
-        .slice(slice(
-            "web",
-            &[("not-an-ip", "node-a"), ("198.51.100.20", "node-a")],
+            &["not-an-ip node-a", "198.51.100.20 node-a"],
         ));
     let p = w.problems("web");
     assert_eq!(w.ingress("web").len(), 2, "the valid parts still serve");
@@ -844,13 +759,8 @@ impl World {
 #[test]
 fn a_served_service_is_serving_and_names_the_nodes_that_do_not_serve_it() {
     let w = World::two_nodes()
-        .service(svc(
-            "web",
-            "2024-01-01T00:00:00Z",
-            80,
-            serde_json::json!({"__selector": "zone=a"}),
-        ))
-        .slice(slice("web", &[("198.51.100.20", "node-a")]));
+        .service(lb("web", 80).annotation("nodelb.io/node-selector", "zone=a"))
+        .slice(slice_of("web", &["198.51.100.20 node-a"]));
     let c = w.serving("web");
     assert!(c.status);
     assert_eq!(c.reason, "Serving");
@@ -862,7 +772,7 @@ fn a_served_service_is_serving_and_names_the_nodes_that_do_not_serve_it() {
 
 #[test]
 fn a_service_without_endpoints_says_no_endpoints() {
-    let w = World::two_nodes().service(svc("web", "2024-01-01T00:00:00Z", 80, none()));
+    let w = World::two_nodes().service(lb("web", 80));
     assert_eq!(
         w.ingress("web").len(),
         2,
@@ -876,7 +786,7 @@ fn a_service_without_endpoints_says_no_endpoints() {
 
 #[test]
 fn a_reserved_port_says_reserved_port_and_what_to_do() {
-    let w = World::two_nodes().service(svc("ssh", "2024-01-01T00:00:00Z", 22, none()));
+    let w = World::two_nodes().service(lb("ssh", 22));
     let c = w.serving("ssh");
     assert_eq!((c.status, c.reason), (false, "ReservedPort"));
     assert!(c.message.contains("22/TCP"), "{}", c.message);
@@ -886,10 +796,10 @@ fn a_reserved_port_says_reserved_port_and_what_to_do() {
 #[test]
 fn a_conflict_loser_everywhere_says_port_conflict_and_names_the_winner() {
     let w = World::two_nodes()
-        .service(svc("old", "2023-01-01T00:00:00Z", 80, none()))
-        .slice(slice("old", &[("198.51.100.20", "node-a")]))
-        .service(svc("new", "2024-01-01T00:00:00Z", 80, none()))
-        .slice(slice("new", &[("198.51.100.21", "node-a")]));
+        .service(lb("old", 80).created("2023-01-01T00:00:00Z"))
+        .slice(slice_of("old", &["198.51.100.20 node-a"]))
+        .service(lb("new", 80))
+        .slice(slice_of("new", &["198.51.100.21 node-a"]));
     let c = w.serving("new");
     assert_eq!((c.status, c.reason), (false, "PortConflict"));
     assert!(c.message.contains("default/old"), "{}", c.message);
@@ -899,15 +809,14 @@ fn a_conflict_loser_everywhere_says_port_conflict_and_names_the_winner() {
 #[test]
 fn a_conflict_loser_on_some_nodes_is_serving_and_names_them() {
     let w = World::two_nodes()
-        .service(svc(
-            "old",
-            "2023-01-01T00:00:00Z",
-            80,
-            serde_json::json!({"__selector": "zone=b"}),
-        ))
-        .slice(slice("old", &[("198.51.100.20", "node-b")]))
-        .service(svc("new", "2024-01-01T00:00:00Z", 80, none()))
-        .slice(slice("new", &[("198.51.100.21", "node-a")]));
+        .service(
+            lb("old", 80)
+                .created("2023-01-01T00:00:00Z")
+                .annotation("nodelb.io/node-selector", "zone=b"),
+        )
+        .slice(slice_of("old", &["198.51.100.20 node-b"]))
+        .service(lb("new", 80))
+        .slice(slice_of("new", &["198.51.100.21 node-a"]));
     let c = w.serving("new");
     assert!(c.status);
     assert_eq!(
@@ -918,7 +827,7 @@ fn a_conflict_loser_on_some_nodes_is_serving_and_names_them() {
 
 #[test]
 fn no_fresh_heartbeat_says_no_serving_nodes() {
-    let mut w = World::two_nodes().service(svc("web", "2024-01-01T00:00:00Z", 80, none()));
+    let mut w = World::two_nodes().service(lb("web", 80));
     w.leases.clear();
     let c = w.serving("web");
     assert_eq!((c.status, c.reason), (false, "NoServingNodes"));
@@ -931,7 +840,7 @@ fn no_fresh_heartbeat_says_no_serving_nodes() {
 
 #[test]
 fn a_namespace_left_out_says_namespace_not_allowed() {
-    let mut w = World::two_nodes().service(svc("web", "2024-01-01T00:00:00Z", 80, none()));
+    let mut w = World::two_nodes().service(lb("web", 80));
     w.cfg.planner.allowed_namespaces = Some(["shop".to_string()].into());
     let c = w.serving("web");
     assert_eq!((c.status, c.reason), (false, "NamespaceNotAllowed"));
@@ -940,11 +849,9 @@ fn a_namespace_left_out_says_namespace_not_allowed() {
 
 #[test]
 fn a_service_without_a_valid_port_says_invalid_service() {
-    let w = World::two_nodes().service(svc(
-        "web",
-        "2024-01-01T00:00:00Z",
-        80,
-        serde_json::json!({"ports": [{"name": "x", "port": 80, "protocol": "ICMP"}]}),
+    let w = World::two_nodes().service(lb("web", 80).spec(
+        "ports",
+        json!([{"name": "x", "port": 80, "protocol": "ICMP"}]),
     ));
     let c = w.serving("web");
     assert_eq!((c.status, c.reason), (false, "InvalidService"));
@@ -954,21 +861,18 @@ fn a_service_without_a_valid_port_says_invalid_service() {
 #[test]
 fn a_message_names_a_few_nodes_then_how_many_more() {
     let mut w = World::two_nodes()
-        .service(svc(
-            "web",
-            "2024-01-01T00:00:00Z",
-            80,
-            serde_json::json!({"__selector": "zone=a"}),
-        ))
-        .slice(slice("web", &[("198.51.100.20", "node-a")]));
+        .service(lb("web", 80).annotation("nodelb.io/node-selector", "zone=a"))
+        .slice(slice_of("web", &["198.51.100.20 node-a"]));
     for i in 0..6 {
         let name = format!("node-x{i}");
-        w.nodes.push(node(
-            &name,
-            &[("InternalIP", &format!("203.0.113.{}", 20 + i))],
-            &[("zone", "x")],
-        ));
-        w.leases.push(beat(&name, 1, "IPv4"));
+        w.nodes.push(
+            node(&name)
+                .address("InternalIP", format!("203.0.113.{}", 20 + i))
+                .label("zone", "x")
+                .k8s(),
+        );
+        w.leases
+            .push(heartbeat(&name).renewed_ago(1).families("IPv4").k8s());
     }
     let c = w.serving("web");
     assert!(
@@ -1042,8 +946,8 @@ fn a_service_labelled_for_another_proxy_is_neither_written_nor_cleared() {
     };
     // Handled but for the label: no desired status at all.
     let w = World::two_nodes()
-        .service(labelled(svc("web", "2024-01-01T00:00:00Z", 80, none())))
-        .service(svc("api", "2024-01-01T00:00:00Z", 81, none()));
+        .service(lb("web", 80).label("service.kubernetes.io/service-proxy-name", "other"))
+        .service(lb("api", 81));
     let desired = w.compute();
     assert!(!desired.contains_key(&ServiceKey::new("default", "web")));
     assert!(desired.contains_key(&ServiceKey::new("default", "api")));
@@ -1068,10 +972,10 @@ fn a_service_that_carries_only_nodelbs_condition_is_cleared_when_no_longer_ours(
 
 #[test]
 fn a_port_lost_in_both_families_names_each_node_once() {
-    let dual = || serde_json::json!({"ipFamilies": ["IPv4", "IPv6"]});
+    let dual = |name: &str| lb(name, 80).spec("ipFamilies", json!(["IPv4", "IPv6"]));
     let w = World::two_nodes()
-        .service(svc("old", "2023-01-01T00:00:00Z", 80, dual()))
-        .service(svc("new", "2024-01-01T00:00:00Z", 80, dual()));
+        .service(dual("old").created("2023-01-01T00:00:00Z"))
+        .service(dual("new"));
     let conflicts: Vec<Problem> = w
         .problems("new")
         .into_iter()
@@ -1090,31 +994,23 @@ fn a_port_lost_in_both_families_names_each_node_once() {
 
 // ---- host listeners --------------------------------------------------------------------------
 
-/// A heartbeat whose agent reports `blocked` (the annotation's value) as held by host
-/// listeners.
-fn beat_blocked(node: &str, blocked: &str) -> Lease {
-    let mut l = beat(node, 1, "IPv4,IPv6");
-    l.metadata
-        .annotations
-        .as_mut()
-        .unwrap()
-        .insert(heartbeat::BLOCKED_ANNOTATION.into(), blocked.into());
-    l
-}
-
 /// `web` on TCP 7000 and `other` on TCP 8000, each with an endpoint.
 fn listened() -> World {
     World::two_nodes()
-        .service(svc("web", "2024-01-01T00:00:00Z", 7000, none()))
-        .slice(slice("web", &[("198.51.100.20", "node-b")]))
-        .service(svc("other", "2024-01-01T00:00:00Z", 8000, none()))
-        .slice(slice("other", &[("198.51.100.21", "node-b")]))
+        .service(lb("web", 7000))
+        .slice(slice_of("web", &["198.51.100.20 node-b"]))
+        .service(lb("other", 8000))
+        .slice(slice_of("other", &["198.51.100.21 node-b"]))
 }
 
 #[test]
 fn a_node_whose_heartbeat_says_a_port_is_blocked_is_left_out_for_that_service_only() {
     let mut w = listened();
-    w.leases[0] = beat_blocked("node-a", "IPv4/TCP/7000=socat");
+    w.leases[0] = heartbeat("node-a")
+        .renewed_ago(1)
+        .families("IPv4,IPv6")
+        .blocked("IPv4/TCP/7000=socat")
+        .k8s();
     assert_eq!(w.ingress("web"), vec!["203.0.113.9"], "node-a left out");
     assert_eq!(
         w.ingress("other"),
@@ -1153,23 +1049,30 @@ fn a_listener_that_starts_or_stops_changes_only_the_services_on_its_port() {
         )
     };
     step(&w);
-    w.leases[0] = beat_blocked("node-a", "IPv4/TCP/7000=socat");
+    w.leases[0] = heartbeat("node-a")
+        .renewed_ago(1)
+        .families("IPv4,IPv6")
+        .blocked("IPv4/TCP/7000=socat")
+        .k8s();
     assert_eq!(step(&w), [ServiceKey::new("default", "web")].into());
-    w.leases[0] = beat("node-a", 1, "IPv4,IPv6");
+    w.leases[0] = heartbeat("node-a")
+        .renewed_ago(1)
+        .families("IPv4,IPv6")
+        .k8s();
     assert_eq!(step(&w), [ServiceKey::new("default", "web")].into());
     assert_eq!(w.ingress("web").len(), 2, "node-a is back");
 }
 
 #[test]
 fn a_port_blocked_in_one_family_leaves_the_other_published() {
-    let mut w = World::two_nodes().service(svc(
-        "web",
-        "2024-01-01T00:00:00Z",
-        7000,
-        serde_json::json!({"ipFamilies": ["IPv4", "IPv6"]}),
-    ));
+    let mut w =
+        World::two_nodes().service(lb("web", 7000).spec("ipFamilies", json!(["IPv4", "IPv6"])));
     // An IPv4-only listener on node-a: its IPv6 address still serves.
-    w.leases[0] = beat_blocked("node-a", "IPv4/TCP/7000=socat");
+    w.leases[0] = heartbeat("node-a")
+        .renewed_ago(1)
+        .families("IPv4,IPv6")
+        .blocked("IPv4/TCP/7000=socat")
+        .k8s();
     assert_eq!(
         w.ingress("web"),
         vec!["203.0.113.9", "2001:db8::a", "2001:db8::b"]
@@ -1180,8 +1083,16 @@ fn a_port_blocked_in_one_family_leaves_the_other_published() {
 fn a_port_blocked_everywhere_says_port_in_use_on_node_and_names_the_nodes() {
     let mut w = listened();
     w.leases = vec![
-        beat_blocked("node-a", "IPv4/TCP/7000=socat"),
-        beat_blocked("node-b", "IPv4/TCP/7000,IPv6/TCP/7000"),
+        heartbeat("node-a")
+            .renewed_ago(1)
+            .families("IPv4,IPv6")
+            .blocked("IPv4/TCP/7000=socat")
+            .k8s(),
+        heartbeat("node-b")
+            .renewed_ago(1)
+            .families("IPv4,IPv6")
+            .blocked("IPv4/TCP/7000,IPv6/TCP/7000")
+            .k8s(),
     ];
     assert!(w.ingress("web").is_empty());
     let c = w.serving("web");
@@ -1202,7 +1113,11 @@ fn a_port_blocked_everywhere_says_port_in_use_on_node_and_names_the_nodes() {
 #[test]
 fn the_port_in_use_event_names_node_port_and_process() {
     let mut w = listened();
-    w.leases[0] = beat_blocked("node-a", "IPv4/TCP/7000=socat");
+    w.leases[0] = heartbeat("node-a")
+        .renewed_ago(1)
+        .families("IPv4,IPv6")
+        .blocked("IPv4/TCP/7000=socat")
+        .k8s();
     let p = &w.problems("web")[0];
     assert_eq!(p.reason(), "PortInUseOnNode");
     assert_eq!(
@@ -1255,7 +1170,11 @@ fn blocked_ports_travel_in_a_bounded_annotation() {
 #[test]
 fn a_heartbeat_whose_list_was_cut_leaves_its_node_out_of_every_service() {
     let mut w = listened();
-    w.leases[0] = beat_blocked("node-a", "IPv4/TCP/1=socat,more");
+    w.leases[0] = heartbeat("node-a")
+        .renewed_ago(1)
+        .families("IPv4,IPv6")
+        .blocked("IPv4/TCP/1=socat,more")
+        .k8s();
     assert_eq!(w.ingress("web"), vec!["203.0.113.9"]);
     assert_eq!(w.ingress("other"), vec!["203.0.113.9"]);
     assert!(

@@ -6,14 +6,11 @@
 //! random sequence, the desired status (ingress, problems, condition) must be the same.
 
 use super::heartbeat::{BlockedPorts, Heartbeat};
-use super::tests::node;
 use super::*;
-use crate::objects::wire;
+use crate::fixtures::{heartbeat, node, Ep, Slice, Svc, NOW};
 use crate::plan::conflicts::Slot;
-use k8s_openapi::jiff::Timestamp;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde_json::json;
 
 const ZONES: [&str; 3] = ["a", "b", "c"];
 
@@ -80,46 +77,33 @@ impl Cluster {
         if rng.random_bool(0.15) {
             labels.push((service::EXCLUDE_LABEL, ""));
         }
-        let mut addrs = Vec::new();
+        let mut n = labels.iter().fold(node(&name), |n, (k, v)| n.label(k, v));
         let (v4, v6) = (
             format!("203.0.113.{}", 10 + i),
             format!("2001:db8::{:x}", 10 + i),
         );
         let ext = format!("198.51.100.{}", 10 + i);
-        match rng.random_range(0..4) {
-            0 => addrs.push(("InternalIP", v4.as_str())),
-            1 => addrs.push(("InternalIP", v6.as_str())),
-            2 => addrs.extend([("InternalIP", v4.as_str()), ("InternalIP", v6.as_str())]),
+        n = match rng.random_range(0..4) {
+            0 => n.address("InternalIP", v4),
+            1 => n.address("InternalIP", v6),
+            2 => n.address("InternalIP", v4).address("InternalIP", v6),
             _ => {
-                addrs.extend([("InternalIP", v4.as_str()), ("ExternalIP", ext.as_str())]);
+                n = n.address("InternalIP", v4).address("ExternalIP", ext);
                 // Two nodes may share an address: published once.
-                if rng.random_bool(0.3) {
-                    addrs.push(("ExternalIP", "198.51.100.200"));
+                match rng.random_bool(0.3) {
+                    true => n.address("ExternalIP", "198.51.100.200"),
+                    false => n,
                 }
             }
-        }
-        let mut n = node(&name, &addrs, &labels);
+        };
         // Now and then a node the cluster autoscaler is removing, or one being deleted: it
         // serves nothing, and every condition names it.
-        match rng.random_range(0..20) {
-            0 => {
-                n.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
-                    taints: Some(vec![k8s_openapi::api::core::v1::Taint {
-                        key: super::classes::TO_BE_DELETED_TAINT.into(),
-                        effect: "NoSchedule".into(),
-                        ..Default::default()
-                    }]),
-                    ..Default::default()
-                })
-            }
-            1 => {
-                n.metadata.deletion_timestamp =
-                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                        "2026-01-01T12:00:00Z".parse().unwrap(),
-                    ))
-            }
-            _ => {}
-        }
+        n = match rng.random_range(0..20) {
+            0 => n.taint(super::classes::TO_BE_DELETED_TAINT, "NoSchedule"),
+            1 => n.deleting(NOW),
+            _ => n,
+        };
+        let n = n.k8s();
         match self
             .nodes
             .iter_mut()
@@ -134,19 +118,15 @@ impl Cluster {
             return; // no heartbeat at all
         }
         let families = ["IPv4", "IPv6", "IPv4,IPv6", "IPv4,IPv6", ""][rng.random_range(0..5)];
-        let renewed: Timestamp = "2026-01-01T12:00:00Z".parse().unwrap();
-        let beat = Heartbeat {
-            node: name.clone(),
-            holder: None,
-            renewed,
-            families: parse_families(families),
-            blocked: blocked(rng),
-            // Now and then an agent whose syncs keep failing: the node serves nothing.
-            unhealthy: rng
-                .random_bool(0.08)
-                .then(|| "committing: Operation not permitted".to_string()),
+        let beat = heartbeat(&name)
+            .families(families)
+            .blocked(&blocked(rng).format());
+        // Now and then an agent whose syncs keep failing: the node serves nothing.
+        let beat = match rng.random_bool(0.08) {
+            true => beat.unhealthy("committing: Operation not permitted"),
+            false => beat,
         };
-        self.beats.insert(name.clone(), beat);
+        self.beats.insert(name.clone(), beat.heartbeat());
         let age = if rng.random_bool(0.15) { 20 } else { 1 };
         self.ages.insert(name, Duration::from_secs(age));
     }
@@ -172,33 +152,28 @@ impl Cluster {
         .clone();
         let protocol = ["TCP", "UDP"][rng.random_range(0..2)];
         // Few ports: many conflicts.
-        let mut ports =
-            vec![json!({"name": "p", "port": 80 + rng.random_range(0..3), "protocol": protocol})];
-        if rng.random_bool(0.4) {
-            ports
-                .push(json!({"name": "q", "port": 90 + rng.random_range(0..2), "protocol": "TCP"}));
-        }
-        if rng.random_bool(0.05) {
-            ports[0]["port"] = json!(22); // reserved
-        }
-        if rng.random_bool(0.05) {
-            ports[0]["protocol"] = json!("ICMP"); // invalid
-        }
-        let mut spec = json!({
-            "type": "LoadBalancer",
-            "externalTrafficPolicy": policy,
-            "ipFamilies": families,
-            "ports": ports,
-        });
-        if rng.random_bool(0.05) {
-            spec["loadBalancerClass"] = json!("example.com/other");
-        }
+        let p: i32 = 80 + rng.random_range(0..3);
+        let q: Option<i32> = rng.random_bool(0.4).then(|| 90 + rng.random_range(0..2));
+        let p = if rng.random_bool(0.05) { 22 } else { p }; // reserved
+        let protocol = if rng.random_bool(0.05) {
+            "ICMP"
+        } else {
+            protocol
+        }; // invalid
+        let class = rng.random_bool(0.05);
         let ns = ["ns", "other"][usize::from(rng.random_bool(0.2))];
-        let mut meta = json!({
-            "namespace": ns,
-            "name": format!("s{i}"),
-            "creationTimestamp": format!("2024-01-{:02}T00:00:00Z", 1 + rng.random_range(0..4)),
-        });
+        let created = format!("2024-01-{:02}T00:00:00Z", 1 + rng.random_range(0..4));
+        let mut svc = Svc::lb(ns, &format!("s{i}"))
+            .created(&created)
+            .spec("externalTrafficPolicy", policy)
+            .spec("ipFamilies", families)
+            .port("p", port(p), protocol);
+        if let Some(q) = q {
+            svc = svc.port("q", port(q), "TCP");
+        }
+        if class {
+            svc = svc.spec("loadBalancerClass", "example.com/other");
+        }
         if rng.random_bool(0.4) {
             let host = format!("kubernetes.io/hostname={}", self.names[0]);
             let selectors = [
@@ -211,68 +186,50 @@ impl Cluster {
                 "zone=(", // invalid: served nowhere
             ];
             let sel = selectors[rng.random_range(0..selectors.len())];
-            meta["annotations"] = json!({"nodelb.io/node-selector": sel});
+            svc = svc.annotation("nodelb.io/node-selector", sel);
         }
-        let svc: wire::Service =
-            serde_json::from_value(json!({"metadata": meta, "spec": spec})).unwrap();
-        self.objects.put_service(Arc::new(svc.into()));
+        self.objects.put_service(Arc::new(svc.index()));
         for (k, family) in ["IPv4", "IPv6"].into_iter().enumerate() {
             if self.rng.random_bool(0.8) {
                 let s = self.slice(ns, i, k, family);
-                self.objects.put_slice(Arc::new(s.into()));
+                self.objects.put_slice(Arc::new(s.index()));
             }
         }
     }
 
-    fn slice(&mut self, ns: &str, i: usize, k: usize, family: &str) -> wire::EndpointSlice {
+    fn slice(&mut self, ns: &str, i: usize, k: usize, family: &str) -> Slice {
         let rng = &mut self.rng;
-        let eps: Vec<_> = (0..rng.random_range(0..4))
+        let eps: Vec<Ep> = (0..rng.random_range(0..4))
             .map(|_| {
                 let host = 10 + rng.random_range(0..6);
                 let addr = match family {
                     "IPv4" => format!("192.0.2.{host}"),
                     _ => format!("2001:db8:b::{host:x}"),
                 };
-                let mut ep = json!({
-                    "addresses": [addr],
-                    "conditions": {
-                        "ready": rng.random_range(0..3) != 0,
-                        "serving": rng.random_bool(0.8),
-                        "terminating": rng.random_bool(0.5),
-                    },
-                });
-                match rng.random_range(0..10) {
-                    0 => {}                                   // no node
-                    1 => ep["nodeName"] = json!("node-gone"), // not in the cluster
-                    _ => {
-                        let n = &self.names[rng.random_range(0..self.names.len())];
-                        ep["nodeName"] = json!(n);
-                    }
-                }
+                let ep = Ep::at(addr)
+                    .ready(rng.random_range(0..3) != 0)
+                    .serving(rng.random_bool(0.8))
+                    .terminating(rng.random_bool(0.5));
+                let ep = match rng.random_range(0..10) {
+                    0 => ep,                   // no node
+                    1 => ep.node("node-gone"), // not in the cluster
+                    _ => ep.node(&self.names[rng.random_range(0..self.names.len())]),
+                };
                 // Topology hints, as the EndpointSlice controller writes them, now and then.
                 let zone = ZONES[rng.random_range(0..3)];
                 let for_node = &self.names[rng.random_range(0..self.names.len())];
                 match rng.random_range(0..4) {
-                    0 => {}
-                    1 => ep["hints"] = json!({"forZones": [{"name": zone}]}),
-                    _ => {
-                        ep["hints"] =
-                            json!({"forZones": [{"name": zone}], "forNodes": [{"name": for_node}]})
-                    }
+                    0 => ep,
+                    1 => ep.for_zones(&[zone]),
+                    _ => ep.for_zones(&[zone]).for_nodes(&[for_node]),
                 }
-                ep
             })
             .collect();
-        serde_json::from_value(json!({
-            "metadata": {"namespace": ns, "name": format!("s{i}-{k}"),
-                         "labels": {"kubernetes.io/service-name": format!("s{i}")}},
-            "addressType": family,
-            "ports": [{"name": "p", "port": 8080, "protocol": "TCP"},
-                      {"name": "p", "port": 8081, "protocol": "UDP"},
-                      {"name": "q", "port": 9090, "protocol": "TCP"}],
-            "endpoints": eps,
-        }))
-        .unwrap()
+        Slice::of(ns, &format!("s{i}-{k}"), &format!("s{i}"), family)
+            .port("p", 8080, "TCP")
+            .port("p", 8081, "UDP")
+            .port("q", 9090, "TCP")
+            .endpoints(eps)
     }
 
     /// One random change: a Service, its slices, a node's labels, addresses or heartbeat.
@@ -324,6 +281,10 @@ impl Cluster {
             &self.cfg,
         )
     }
+}
+
+fn port(p: i32) -> u16 {
+    u16::try_from(p).expect("a port")
 }
 
 /// The ports a heartbeat says host listeners hold: often none; else a few, on ports the
@@ -445,21 +406,12 @@ impl Cluster {
         c.beats.clear();
         c.ages.clear();
         for (i, name) in c.names.iter().enumerate() {
-            let addr = format!("203.0.113.{}", 10 + i);
-            let labels = [
-                ("kubernetes.io/hostname", name.as_str()),
-                ("zone", ZONES[i % 3]),
-            ];
-            c.nodes
-                .push(node(name, &[("InternalIP", addr.as_str())], &labels));
-            let beat = Heartbeat {
-                node: name.clone(),
-                holder: None,
-                renewed: "2026-01-01T12:00:00Z".parse().unwrap(),
-                families: parse_families("IPv4"),
-                blocked: BlockedPorts::default(),
-                unhealthy: None,
-            };
+            let n = node(name)
+                .address("InternalIP", format!("203.0.113.{}", 10 + i))
+                .label("kubernetes.io/hostname", name)
+                .label("zone", ZONES[i % 3]);
+            c.nodes.push(n.k8s());
+            let beat = heartbeat(name).families("IPv4").heartbeat();
             c.beats.insert(name.clone(), beat);
             c.ages.insert(name.clone(), Duration::from_secs(1));
         }
@@ -467,17 +419,13 @@ impl Cluster {
     }
 
     fn put(&mut self, name: &str, port: u16, selector: Option<&str>) -> Service {
-        let mut meta =
-            json!({"namespace": "ns", "name": name, "creationTimestamp": "2024-01-01T00:00:00Z"});
+        let mut s = Svc::lb("ns", name)
+            .created("2024-01-01T00:00:00Z")
+            .bare_port(port);
         if let Some(sel) = selector {
-            meta["annotations"] = json!({"nodelb.io/node-selector": sel});
+            s = s.annotation("nodelb.io/node-selector", sel);
         }
-        let s: wire::Service = serde_json::from_value(json!({
-            "metadata": meta,
-            "spec": {"type": "LoadBalancer", "ports": [{"port": port}]},
-        }))
-        .unwrap();
-        let s: Service = s.into();
+        let s = s.index();
         self.objects.put_service(Arc::new(s.clone()));
         s
     }
