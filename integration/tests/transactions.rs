@@ -581,7 +581,6 @@ fn the_kernel_actor_commits_edits_verifies_and_repairs_drift() {
     use nodelb_agent::run::kernel::{Commit, Kernel, Verified};
     use nodelb_agent::run::Trigger;
     use nodelb_core::plan::config::Config;
-    use nodelb_core::plan::node::{AddressKind, NodeInfo};
     use nodelb_core::plan::{Context, Objects, Planner};
     use nodelb_core::vocab::Families;
 
@@ -590,30 +589,22 @@ fn the_kernel_actor_commits_edits_verifies_and_repairs_drift() {
         v4: true,
         v6: false,
     };
-    let info = NodeInfo {
-        name: "node-a".into(),
-        addresses: vec![(AddressKind::InternalIP, node())],
-        ..NodeInfo::default()
-    };
-    let ctx = Context::new(info, [node()].into(), families, Config::default());
+    let info = node("node-a").address("InternalIP", NODE).info();
+    let ctx = Context::new(info, [NODE].into(), families, Config::default());
     let mut objects = Objects::default();
     let mut planner = Planner::new();
     let mut plan = |endpoint: &str, planner: &mut Planner| {
-        let yaml = format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{namespace: default, name: web, creationTimestamp: \"2024-01-01T00:00:00Z\"}}\nspec:\n  type: LoadBalancer\n  ipFamilyPolicy: SingleStack\n  ipFamilies: [IPv4]\n  ports: [{{name: http, port: 8080, protocol: TCP}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{namespace: default, name: web-1, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nports: [{{name: http, port: 8443, protocol: TCP}}]\nendpoints:\n- {{addresses: [\"{endpoint}\"]}}\n"
-        );
-        let files = nodelb_agent::object_files::ObjectFiles::from_text(
-            std::path::Path::new("web.yaml"),
-            &yaml,
-        )
-        .expect("the test's YAML reads");
+        let svc = Svc::lb("default", "web")
+            .created("2024-01-01T00:00:00Z")
+            .spec("ipFamilyPolicy", "SingleStack")
+            .spec("ipFamilies", serde_json::json!(["IPv4"]))
+            .port("http", 8080, "TCP");
+        let slice = Slice::ipv4("default", "web-1", "web")
+            .port("http", 8443, "TCP")
+            .endpoint(Ep::at(endpoint));
         let mut dirty = std::collections::BTreeSet::new();
-        for s in files.services {
-            dirty.extend(objects.put_service(std::sync::Arc::new(s)));
-        }
-        for s in files.slices {
-            dirty.extend(objects.put_slice(std::sync::Arc::new(s)));
-        }
+        dirty.extend(objects.put_service(std::sync::Arc::new(svc.index())));
+        dirty.extend(objects.put_slice(std::sync::Arc::new(slice.index())));
         planner.update(&objects, &ctx, Some(&dirty)).change
     };
     let rt = tokio::runtime::Builder::new_current_thread()
