@@ -202,6 +202,13 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value = "Proxy", value_name = "MODE")]
     pub ip_mode: IpMode,
 
+    /// Answer kube-proxy's health check of each `externalTrafficPolicy: Local` Service on its
+    /// `healthCheckNodePort` (200 where this node forwards it to a ready local endpoint, 503
+    /// otherwise). Only where kube-proxy does not run: it binds the same ports.
+    #[arg(long, action = ArgAction::Set, default_value_t = false, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub health_check_node_ports: bool,
+
     /// The longest a change waits for the changes that follow it: a change syncs at once when
     /// the last sync ended at least this long ago, else this long after it ended, with what
     /// arrived meanwhile (humantime: 10ms, 1s).
@@ -325,6 +332,7 @@ impl RunArgs {
             sync_debounce: self.sync_debounce,
             resync_interval: self.resync_interval,
             node_lease_duration: self.node_lease_duration,
+            health_check_node_ports: self.health_check_node_ports,
             election: nodelb_core::status::election::Params {
                 lease_duration: self.lease_duration,
                 renew_deadline: self.renew_deadline,

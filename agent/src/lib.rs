@@ -10,6 +10,7 @@
 
 pub mod check;
 pub mod cli;
+pub mod health_check;
 pub mod host;
 pub mod kube;
 pub mod metrics;

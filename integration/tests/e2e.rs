@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use nodelb_integration::e2e::{metric_sum, wait_for, Cluster, ClusterOptions};
+use nodelb_integration::e2e::{http_get, metric_sum, wait_for, Cluster, ClusterOptions};
 use nodelb_integration::netns::{require_root, Netns};
 use nodelb_integration::nft::nft_f;
 use nodelb_integration::traffic::{tcp_request, tcp_server, Outcome, Server};
@@ -1042,6 +1042,104 @@ fn two_nodes_local_policy_follows_the_endpoint() {
         "node-a must drop a Local Service whose endpoints are all on node-b",
     );
     c.assert_agents_authorized();
+}
+
+/// `--health-check-node-ports`: a Local Service's `healthCheckNodePort` answers 200 with its
+/// local endpoint count on the node that forwards to its endpoint, 503 on the node without
+/// one and on the node whose endpoint left; a port a host process holds is left to it and
+/// said so in the log, and taken once that process lets it go.
+#[test]
+fn health_check_node_ports_answer_where_the_service_is_served() {
+    if !require_root("health_check_node_ports_answer_where_the_service_is_served") {
+        return;
+    }
+    let c = start(ClusterOptions {
+        nodes: 2,
+        backends_per_node: 1,
+        agent_args: vec!["--health-check-node-ports".into()],
+        ..ClusterOptions::default()
+    });
+    let _servers = start_backends(&c, false);
+    c.apply(&service(
+        "checked",
+        8072,
+        "  externalTrafficPolicy: Local\n",
+    ));
+    let port = wait_for("a healthCheckNodePort", CHANGE, || {
+        c.services(c.namespace())?
+            .into_iter()
+            .find(|s| s.metadata.name.as_deref() == Some("checked"))
+            .and_then(|s| s.spec?.health_check_node_port)
+            .ok_or_else(|| "not allocated".to_string())
+    }) as u16;
+    // A host process on node-b holds the port before the agent would take it.
+    let squatter = c
+        .node_ns(1)
+        .run(move || std::net::TcpListener::bind(("0.0.0.0", port)))
+        .expect("binding the health check port on node-b");
+    c.apply(&slice(&c, "checked", "1", &[0]));
+    let at = |i: usize| SocketAddr::new(c.node_v4(i).into(), port);
+    let local_endpoints = |body: &str| -> u64 {
+        let v: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+        assert_eq!(v["service"]["name"], "checked", "{body}");
+        assert_eq!(v["serviceProxyHealthy"], true, "{body}");
+        v["localEndpoints"].as_u64().expect("localEndpoints")
+    };
+    let (code, body) = wait_for("node-a's health check", CHANGE, || {
+        match http_get(c.client(), at(0), "/healthz")? {
+            (200, body) => Ok((200, body)),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    assert_eq!((code, local_endpoints(&body)), (200, 1));
+    wait_for("node-b's agent saying its port is taken", CHANGE, || {
+        let log = c.agent_log(1);
+        (log.contains("cannot answer this Service's health checks")
+            && log.contains(&port.to_string()))
+        .then_some(())
+        .ok_or_else(|| "not logged yet".to_string())
+    });
+    drop(squatter);
+    let (code, body) = wait_for(
+        "node-b's health check once the port is free",
+        Duration::from_secs(45),
+        || http_get(c.client(), at(1), "/"),
+    );
+    assert_eq!(
+        (code, local_endpoints(&body)),
+        (503, 0),
+        "node-b has no endpoint"
+    );
+    // The endpoint leaves: node-a answers 503 too.
+    c.apply(&slice(&c, "checked", "1", &[1]));
+    wait_for(
+        "node-a's 503 once its endpoint left",
+        CHANGE,
+        || match http_get(c.client(), at(0), "/")? {
+            (503, body) if local_endpoints(&body) == 0 => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    );
+    wait_for(
+        "node-b's 200 now that the endpoint is there",
+        CHANGE,
+        || match http_get(c.client(), at(1), "/")? {
+            (200, body) if local_endpoints(&body) == 1 => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    );
+    // A Service that stops being Local closes its port.
+    c.apply(&service(
+        "checked",
+        8072,
+        "  externalTrafficPolicy: Cluster\n",
+    ));
+    wait_for("the port closed on node-a", CHANGE, || {
+        match http_get(c.client(), at(0), "/") {
+            Err(e) if e.contains("connect") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
 }
 
 /// Puts the node namespace's ephemeral port range back as it was when dropped, also when the

@@ -1536,3 +1536,56 @@ fn a_tainted_node_leaves_the_status_within_one_sync() {
     eprintln!("measured: the untainted node came back in {took:?}");
     assert_rbac(&c);
 }
+
+/// A node whose agent cannot commit (another process holds nodelb's table: a table with the
+/// `owner` flag, which only its creator's socket may change) leaves every status once its
+/// syncs have failed for longer than `--node-lease-duration`, though its heartbeat is renewed
+/// throughout, and the condition says why; once the table is let go the node comes back.
+#[test]
+fn a_node_whose_syncs_keep_failing_leaves_the_status() {
+    if !require_root("a_node_whose_syncs_keep_failing_leaves_the_status") {
+        return;
+    }
+    let _serial = serial();
+    let c = Cluster::start(fast_options(2));
+    apply(&c, service("web", 8031));
+    apply(&c, slice(&c, "web", &[(0, true), (1, true)]));
+    wait_ips(&c, "web", &[addr(&c, 0), addr(&c, 1)], CHANGE);
+    // One batch: nodelb's table replaced by one this nft process owns while it runs.
+    let mut holder = c
+        .node_ns(1)
+        .command("nft")
+        .arg("-i")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("starting nft -i in node-b");
+    {
+        use std::io::Write;
+        let stdin = holder.stdin.as_mut().expect("nft's stdin");
+        writeln!(
+            stdin,
+            "delete table ip nodelb; add table ip nodelb {{ flags owner; }}"
+        )
+        .expect("writing to nft");
+    }
+    let took = wait_ips(&c, "web", &[addr(&c, 0)], CHANGE);
+    eprintln!(
+        "measured: a node whose syncs fail left the status {took:?} after its table was taken"
+    );
+    let (_, _, message) = serving_condition(&c, "web").expect("web's condition");
+    assert!(
+        message.contains(c.node_name(1)) && message.contains("failing"),
+        "the condition names the node and why: {message}"
+    );
+    assert!(
+        c.agent_log(1)
+            .contains("syncs have been failing for longer than --node-lease-duration"),
+        "node-b's agent says why it stopped claiming"
+    );
+    drop(holder.stdin.take());
+    holder.wait().expect("nft -i exits at the end of its input");
+    let took = wait_ips(&c, "web", &[addr(&c, 0), addr(&c, 1)], CHANGE);
+    eprintln!("measured: the node came back {took:?} after the table was let go");
+    assert_rbac(&c);
+}

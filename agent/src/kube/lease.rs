@@ -10,7 +10,7 @@ use kube::Client;
 use nodelb_core::status::election::{Action, Election, Params, LEASE_NAME};
 use nodelb_core::status::format_families;
 use nodelb_core::status::heartbeat::{
-    lease_name, Report, BLOCKED_ANNOTATION, FAMILIES_ANNOTATION, NODE_LABEL,
+    lease_name, Report, BLOCKED_ANNOTATION, FAMILIES_ANNOTATION, NODE_LABEL, UNHEALTHY_ANNOTATION,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -303,5 +303,46 @@ fn annotate(annotations: &mut std::collections::BTreeMap<String, String>, report
         annotations.remove(BLOCKED_ANNOTATION);
     } else {
         annotations.insert(BLOCKED_ANNOTATION.to_string(), report.blocked.format());
+    }
+    match &report.unhealthy {
+        None => annotations.remove(UNHEALTHY_ANNOTATION),
+        Some(why) => annotations.insert(UNHEALTHY_ANNOTATION.to_string(), shortened(why)),
+    };
+}
+
+/// An error as an annotation says it: its first `MAX_REASON` characters.
+fn shortened(why: &str) -> String {
+    const MAX_REASON: usize = 500;
+    match why.char_indices().nth(MAX_REASON) {
+        Some((at, _)) => format!("{}…", &why[..at]),
+        None => why.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nodelb_core::vocab::Families;
+
+    fn report(unhealthy: Option<&str>) -> Report {
+        Report {
+            families: Families {
+                v4: true,
+                v6: false,
+            },
+            blocked: Default::default(),
+            unhealthy: unhealthy.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn an_unhealthy_report_is_annotated_and_a_healthy_one_clears_it() {
+        let mut a = Default::default();
+        annotate(&mut a, &report(Some(&"x".repeat(2000))));
+        let why = &a[UNHEALTHY_ANNOTATION];
+        assert!(why.starts_with("xxx") && why.ends_with('…') && why.chars().count() == 501);
+        annotate(&mut a, &report(None));
+        assert!(!a.contains_key(UNHEALTHY_ANNOTATION), "{a:?}");
+        assert_eq!(a[FAMILIES_ANNOTATION], "IPv4");
     }
 }

@@ -14,6 +14,7 @@ mod record;
 pub mod sync;
 pub mod verify;
 
+use crate::health_check::HealthCheckNodePorts;
 use crate::host::addresses;
 use crate::host::sysctl::{Forwarding, Sysctls};
 use crate::kube::{inbox, lease, node_events, status_writer, watches};
@@ -154,6 +155,8 @@ pub struct Settings {
     pub sync_debounce: Duration,
     pub resync_interval: Duration,
     pub node_lease_duration: Duration,
+    /// `--health-check-node-ports`.
+    pub health_check_node_ports: bool,
     pub election: nodelb_core::status::election::Params,
     pub health_addr: std::net::SocketAddr,
     pub metrics_addr: std::net::SocketAddr,
@@ -193,6 +196,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             report: report_tx,
             objects: objects_tx,
             leading: leading_rx.clone(),
+            health_checks: settings
+                .health_check_node_ports
+                .then(|| HealthCheckNodePorts::start(families_of(&settings.config))),
+            unhealthy_after: settings.node_lease_duration,
         },
         kernel,
     };
@@ -274,17 +281,17 @@ fn new_metrics(config: &Config) -> Arc<metrics::Metrics> {
     )))
 }
 
+/// The families `--ipv4` and `--ipv6` enable.
+fn families_of(config: &Config) -> Vec<IpFamily> {
+    [(IpFamily::V4, config.ipv4), (IpFamily::V6, config.ipv6)]
+        .into_iter()
+        .filter_map(|(f, on)| on.then_some(f))
+        .collect()
+}
+
 /// `--set-sysctls`: turn forwarding on for the enabled families.
 fn set_forwarding(sysctls: &Sysctls, config: &Config) {
-    for f in [IpFamily::V4, IpFamily::V6] {
-        let on = if f == IpFamily::V4 {
-            config.ipv4
-        } else {
-            config.ipv6
-        };
-        if !on {
-            continue;
-        }
+    for f in families_of(config) {
         match sysctls.enable_forwarding(f) {
             Ok((Forwarding::Forwarding, warnings)) => {
                 info!(family = %f, "forwarding on");

@@ -6,14 +6,17 @@
 use super::decisions::{Backoff, Programmed};
 use super::http::SharedReadiness;
 use super::kernel::{self, Done, Sent, Verified};
+use crate::health_check::{Answers, HealthCheckNodePorts};
 use crate::host::conntrack::Cleaned;
 use crate::kube::inbox::Inbox;
 use crate::kube::node_events::{NodeEvents, NodeProblem};
 use crate::metrics::{FlowLabels, Metrics, ResultLabel};
 use nodelb_core::plan::diagnosis::ObjectKind;
+use nodelb_core::plan::health::HealthCheck;
 use nodelb_core::plan::Objects;
 use nodelb_core::status::heartbeat::{BlockedPorts, Report};
 use nodelb_core::vocab::{Families, IpFamily, Protocol};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -29,6 +32,11 @@ pub struct Outputs {
     /// For the status writer, while leading: the objects after each sync.
     pub objects: watch::Sender<Option<Arc<Objects>>>,
     pub leading: watch::Receiver<bool>,
+    /// `--health-check-node-ports`: where the health checks' answers go.
+    pub health_checks: Option<HealthCheckNodePorts>,
+    /// Syncs failing for longer than this (`--node-lease-duration`) make the heartbeat say
+    /// the node is unhealthy and serves nothing.
+    pub unhealthy_after: Duration,
 }
 
 /// What telling the outcomes keeps from one sync to the next.
@@ -37,6 +45,8 @@ pub(super) struct Told {
     notes: Vec<String>,
     backoff: Backoff,
     node_events: NodeEvents,
+    /// When the syncs started failing (this node's own clock, compared with itself only).
+    failing_since: Option<Instant>,
 }
 
 impl Told {
@@ -45,6 +55,7 @@ impl Told {
             notes: Vec::new(),
             backoff: Backoff::default(),
             node_events,
+            failing_since: None,
         }
     }
 }
@@ -72,6 +83,8 @@ pub(super) struct PlanSummary {
     /// Service ports host listeners hold.
     pub(super) held: usize,
     pub(super) blocked: BlockedPorts,
+    /// With `--health-check-node-ports`: each Local Service's health check, by port.
+    pub(super) health: Option<BTreeMap<u16, HealthCheck>>,
 }
 
 /// The node's side of a sync: for readiness, the heartbeat and Node Events.
@@ -122,6 +135,12 @@ impl Outputs {
             }
         };
         let ok = error.is_none();
+        if let (Some(h), Some(checks)) = (&self.health_checks, plan.health) {
+            h.publish(Answers {
+                checks,
+                agent_healthy: ok,
+            });
+        }
         self.publish(told, inbox, error, node, plan.blocked);
         if ok {
             told.backoff.reset();
@@ -157,14 +176,25 @@ impl Outputs {
         node: NodeReport,
         blocked: BlockedPorts,
     ) {
-        if error.is_none() {
-            let report = Report {
-                families: node.serving,
-                blocked,
-                unhealthy: None,
-            };
-            self.report
+        let report = match &error {
+            None => {
+                told.failing_since = None;
+                Some(Report {
+                    families: node.serving,
+                    blocked,
+                    unhealthy: None,
+                })
+            }
+            Some(e) => unhealthy_report(told, self.unhealthy_after, e, blocked),
+        };
+        if let Some(report) = report {
+            let changed = self
+                .report
                 .send_if_modified(|r| r.replace(report.clone()).as_ref() != Some(&report));
+            if let (true, Some(why)) = (changed, &report.unhealthy) {
+                warn!(error = %why, after = ?self.unhealthy_after,
+                      "syncs have been failing for longer than --node-lease-duration: the heartbeat says this node serves nothing until a sync commits");
+            }
         }
         self.publish_objects(inbox);
         {
@@ -188,6 +218,29 @@ impl Outputs {
             self.objects.send_replace(None);
         }
     }
+}
+
+/// After a failed sync: the report that says the node serves nothing, once syncs have been
+/// failing for longer than `after` (the kernel may no longer hold what the last report
+/// claims); before that, none (the last report stands).
+fn unhealthy_report(
+    told: &mut Told,
+    after: Duration,
+    error: &str,
+    blocked: BlockedPorts,
+) -> Option<Report> {
+    let since = *told.failing_since.get_or_insert_with(Instant::now);
+    if since.elapsed() < after {
+        return None;
+    }
+    Some(Report {
+        families: Families {
+            v4: false,
+            v6: false,
+        },
+        blocked,
+        unhealthy: Some(error.to_string()),
+    })
 }
 
 /// The conntrack cleanup after a commit, counted (`None`: nothing was stale). After a failure
@@ -277,5 +330,51 @@ fn count_cleanup(metrics: &Metrics, done: &[Cleaned]) {
             debug!(family = %c.family, protocol = %c.protocol, dumped = c.dumped,
                    took = ?c.took, "no stale conntrack entries");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn told() -> Told {
+        Told::new(NodeEvents::new(None, "node-a", None))
+    }
+
+    #[test]
+    fn a_failing_node_keeps_its_last_report_until_the_bound_has_passed() {
+        let mut t = told();
+        let r = unhealthy_report(
+            &mut t,
+            Duration::from_secs(3600),
+            "EPERM",
+            Default::default(),
+        );
+        assert_eq!(r, None, "the last committed report stands");
+        assert!(t.failing_since.is_some(), "the failure is timed from now");
+        let first = t.failing_since;
+        let r = unhealthy_report(
+            &mut t,
+            Duration::from_secs(3600),
+            "EPERM",
+            Default::default(),
+        );
+        assert_eq!(
+            (r, t.failing_since),
+            (None, first),
+            "timed from the first failure"
+        );
+    }
+
+    #[test]
+    fn past_the_bound_the_report_serves_nothing_and_says_why() {
+        let mut t = told();
+        t.failing_since = Some(Instant::now() - Duration::from_secs(20));
+        let r = unhealthy_report(&mut t, Duration::from_secs(15), "EPERM", Default::default())
+            .expect("a report");
+        assert_eq!(
+            (r.families.v4, r.families.v6, r.unhealthy.as_deref()),
+            (false, false, Some("EPERM"))
+        );
     }
 }

@@ -29,6 +29,7 @@ use nodelb_core::plan::config::Config;
 use nodelb_core::plan::conflicts::Slot;
 use nodelb_core::plan::diagnosis::{ObjectKind, ObjectRef, Warning};
 use nodelb_core::plan::flows::FlowChange;
+use nodelb_core::plan::health::health_checks;
 use nodelb_core::plan::listeners::HostListeners;
 use nodelb_core::plan::node::NodeInfo;
 use nodelb_core::plan::{Planner, TableChange};
@@ -361,6 +362,13 @@ impl State {
             }
         }
         let blocked = self.note_blocked(ctx);
+        let health = ctx.outputs.health_checks.as_ref().map(|_| {
+            health_checks(
+                self.inbox.objects().services(),
+                |k| self.planner.outcome(k),
+                &ctx.config,
+            )
+        });
         let summary = PlanSummary {
             took,
             replanned: update.replanned,
@@ -368,6 +376,7 @@ impl State {
             invalid,
             held: self.held.len(),
             blocked,
+            health,
         };
         (update.change, update.flows, summary)
     }
