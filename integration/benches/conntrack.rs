@@ -17,7 +17,7 @@
 use nodelb_agent::host::conntrack::selectors;
 use nodelb_agent::object_files::ObjectFiles;
 use nodelb_core::plan::config::Config;
-use nodelb_core::plan::endpoints::Endpoint;
+use nodelb_core::plan::endpoints::EndpointAddr;
 use nodelb_core::plan::flows::{ServedPort, StaleFlows};
 use nodelb_core::plan::node::{AddressKind, NodeInfo};
 use nodelb_core::plan::{plan, Input};
@@ -77,7 +77,7 @@ fn run() -> Res<()> {
     // An endpoint that was never there: nothing matches.
     let nobody = StaleFlows::Left {
         port,
-        endpoint: Endpoint {
+        endpoint: EndpointAddr {
             addr: IpAddr::from([198, 51, 100, 99]),
             port: BACKEND_PORT,
         },

@@ -74,7 +74,7 @@ pub fn delete_stale(ct: &mut Conntrack, stale: &[StaleFlows]) -> Result<Vec<Clea
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nodelb_core::plan::endpoints::Endpoint;
+    use nodelb_core::plan::endpoints::EndpointAddr;
     use nodelb_core::plan::flows::ServedPort;
 
     #[test]
@@ -84,7 +84,7 @@ mod tests {
             address: "203.0.113.1".parse().unwrap(),
             port: 53,
         };
-        let ep = |h: u8| Endpoint {
+        let ep = |h: u8| EndpointAddr {
             addr: std::net::IpAddr::from([198, 51, 100, h]),
             port: 8053,
         };

@@ -89,7 +89,7 @@ struct Memory {
     status: Status,
     /// When each heartbeat's renewal was last seen to change (a new leader starts empty: every
     /// node gets one lease duration of grace).
-    observed: heartbeat::Observed,
+    liveness: heartbeat::Liveness,
     /// What we wrote, and the Service's resourceVersion then: until the watch shows a newer
     /// version, the stored value we see is the old one, and writing again would be a repeat.
     written: BTreeMap<ServiceKey, Written>,
@@ -202,7 +202,7 @@ impl StatusWriter {
         let nodes: Vec<Node> = nodes.state().iter().map(|n| (**n).clone()).collect();
         let leases: Vec<Lease> = leases.state().iter().map(|l| (**l).clone()).collect();
         let beats = heartbeat::read(&leases);
-        let ages = memory.observed.ages(&beats, std::time::Instant::now());
+        let ages = memory.liveness.ages(&beats, std::time::Instant::now());
         self.record_heartbeat_ages(&ages);
         let Some(changed) = self.compute(memory, &objects, nodes, beats, ages).await else {
             return;

@@ -19,7 +19,7 @@ pub const MAX_ENDPOINTS: usize = 10_000;
 
 /// One backend: address and target port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Endpoint {
+pub struct EndpointAddr {
     pub addr: IpAddr,
     pub port: u16,
 }
@@ -56,12 +56,12 @@ impl Candidate<'_> {
 /// and target port once, before the traffic policy is applied.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Candidates<'s> {
-    pub endpoints: BTreeMap<Endpoint, Candidate<'s>>,
+    pub endpoints: BTreeMap<EndpointAddr, Candidate<'s>>,
 }
 
 impl Candidates<'_> {
     /// The endpoints still serving ([`Candidate::serves`]), sorted.
-    pub fn serving(&self) -> impl Iterator<Item = Endpoint> + '_ {
+    pub fn serving(&self) -> impl Iterator<Item = EndpointAddr> + '_ {
         self.endpoints
             .iter()
             .filter(|(_, c)| c.serves())
@@ -84,13 +84,13 @@ pub enum Selection {
     /// serving-and-terminating ones stand in; `topology` says how `Cluster` endpoints were
     /// narrowed here.
     Forward {
-        endpoints: Vec<Endpoint>,
+        endpoints: Vec<EndpointAddr>,
         terminating: bool,
         topology: Topology,
     },
     /// `Local` policy and every usable endpoint is on another node: outside clients are
     /// dropped; clients on the node itself go to `elsewhere`, as kube-proxy sends them.
-    DropNotLocal { elsewhere: Vec<Endpoint> },
+    DropNotLocal { elsewhere: Vec<EndpointAddr> },
     /// No usable endpoint anywhere.
     Reject,
 }
@@ -153,7 +153,7 @@ pub fn candidates<'s>(
         let Some(target) = slice_port(s, port, &obj, warnings) else {
             continue;
         };
-        let mut in_slice: BTreeSet<Endpoint> = BTreeSet::new();
+        let mut in_slice: BTreeSet<EndpointAddr> = BTreeSet::new();
         for (i, ep) in s.endpoints.iter().enumerate() {
             let Some(first) = &ep.address else {
                 continue;
@@ -175,7 +175,7 @@ pub fn candidates<'s>(
                     continue;
                 }
             };
-            let endpoint = Endpoint { addr, port: target };
+            let endpoint = EndpointAddr { addr, port: target };
             if !in_slice.insert(endpoint) {
                 warnings.push(Warning::new(
                     obj.clone(),
@@ -263,7 +263,7 @@ pub fn select(
     port: &ServicePortId,
     warnings: &mut Vec<Warning>,
 ) -> Selection {
-    let pick = |keep: &dyn Fn(&Candidate) -> bool| -> Vec<Endpoint> {
+    let pick = |keep: &dyn Fn(&Candidate) -> bool| -> Vec<EndpointAddr> {
         c.endpoints
             .iter()
             .filter(|(_, e)| keep(e))

@@ -21,7 +21,7 @@
 //! is gone or resets it), and a new connection has a new source port and a fresh pick.
 
 use super::diagnosis::{FamilyState, PortResult, ServiceOutcome};
-use super::endpoints::{Endpoint, Selection};
+use super::endpoints::{EndpointAddr, Selection};
 use super::prepare::{Prepared, Stage};
 use crate::vocab::{IpFamily, Protocol, ServiceKey};
 use std::collections::{BTreeMap, BTreeSet};
@@ -103,7 +103,7 @@ pub fn of_service(prep: &Prepared, outcome: &ServiceOutcome) -> Vec<(ServedPort,
 
 /// The endpoints whose flows a port keeps: those that still serve (empty: none, it rejects or
 /// is not served).
-pub type Targets = BTreeSet<Endpoint>;
+pub type Targets = BTreeSet<EndpointAddr>;
 
 /// Every UDP and SCTP port that DNATs on this node, its Service and the endpoints whose flows
 /// it keeps.
@@ -188,14 +188,14 @@ pub enum StaleFlows {
     /// entries of `port` it answers.
     Left {
         port: ServedPort,
-        endpoint: Endpoint,
+        endpoint: EndpointAddr,
     },
     /// `port` DNATs (with `endpoints` serving) and did not before: the entries of `port` none
     /// of them answers, made before (not DNATed, or DNATed to an endpoint of before the agent
     /// started).
     Opened {
         port: ServedPort,
-        endpoints: Vec<Endpoint>,
+        endpoints: Vec<EndpointAddr>,
     },
 }
 
@@ -263,7 +263,7 @@ mod tests {
     fn eps(hosts: &[u8]) -> Targets {
         hosts
             .iter()
-            .map(|h| Endpoint {
+            .map(|h| EndpointAddr {
                 addr: IpAddr::from([198, 51, 100, *h]),
                 port: 8053,
             })

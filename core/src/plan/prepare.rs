@@ -5,7 +5,7 @@
 
 use super::config::Config;
 use super::diagnosis::{FamilySkip, ObjectRef, ServiceOutcome, Warning};
-use super::endpoints::{self, Endpoint, Selection};
+use super::endpoints::{self, EndpointAddr, Selection};
 use super::listeners::{HostListeners, Taken};
 use super::node::NodeInfo;
 use super::service::{self, Cidr, ClientIpAffinity, LbService, TrafficPolicy};
@@ -100,7 +100,7 @@ pub struct PreparedPort {
     /// UDP and SCTP only (empty for TCP): every endpoint of the port that still serves, used
     /// here or not, sorted. Its conntrack entries are kept (see `flows`), so a change of it is
     /// a change of the Service.
-    pub serving: Box<[Endpoint]>,
+    pub serving: Box<[EndpointAddr]>,
 }
 
 /// How far a Service got.

@@ -1132,7 +1132,7 @@ fn client_ip_affinity_in_both_families() {
 
 #[test]
 fn endpoint_names_never_read_the_same_for_two_addresses() {
-    use super::endpoints::Endpoint;
+    use super::endpoints::EndpointAddr;
     use super::table::affinity_set;
     let key = ServiceKey::new("default", "web");
     let port = crate::vocab::ServicePortId {
@@ -1144,7 +1144,7 @@ fn endpoint_names_never_read_the_same_for_two_addresses() {
         affinity_set(
             &key,
             &port,
-            &Endpoint {
+            &EndpointAddr {
                 addr: a.parse().unwrap(),
                 port: 8080,
             },

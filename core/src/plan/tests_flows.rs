@@ -7,7 +7,7 @@
 //! makes, and as a rebuild; both must name the same stale flows.
 
 use super::config::Config;
-use super::endpoints::Endpoint;
+use super::endpoints::EndpointAddr;
 use super::flows::{ServedPort, StaleFlows};
 use super::listeners::HostListeners;
 use super::node::NodeInfo;
@@ -168,21 +168,21 @@ fn served(protocol: Protocol, address: &str) -> ServedPort {
     }
 }
 
-fn ep(host: u8) -> Endpoint {
-    Endpoint {
+fn ep(host: u8) -> EndpointAddr {
+    EndpointAddr {
         addr: IpAddr::from([198, 51, 100, host]),
         port: 8053,
     }
 }
 
-fn ep6(host: u8) -> Endpoint {
-    Endpoint {
+fn ep6(host: u8) -> EndpointAddr {
+    EndpointAddr {
         addr: format!("2001:db8:b::{host}").parse().unwrap(),
         port: 8053,
     }
 }
 
-fn left(address: &str, endpoint: Endpoint) -> StaleFlows {
+fn left(address: &str, endpoint: EndpointAddr) -> StaleFlows {
     StaleFlows::Left {
         port: served(Protocol::Udp, address),
         endpoint,

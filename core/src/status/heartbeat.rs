@@ -183,12 +183,12 @@ impl BlockedPorts {
 /// node seen for the first time (by a new leader, or a new node) counts as just renewed: one
 /// lease duration of grace before it can be dropped.
 #[derive(Clone, Debug, Default)]
-pub struct Observed {
+pub struct Liveness {
     /// Node → its last renewal value and when it was first seen.
     seen: BTreeMap<String, (Timestamp, Instant)>,
 }
 
-impl Observed {
+impl Liveness {
     /// Take the heartbeats read at `now`; returns each node's age: the time since its renewal
     /// was last seen to change.
     pub fn ages(

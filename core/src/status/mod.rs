@@ -206,7 +206,7 @@ impl Status {
 
     /// Bring the desired status up to date; returns the Services whose desired status changed
     /// (or that stopped being nodelb's).
-    /// `ages`: each heartbeat's age as the leader observed it (see [`heartbeat::Observed`]).
+    /// `ages`: each heartbeat's age as the leader observed it (see [`heartbeat::Liveness`]).
     pub fn compute(
         &mut self,
         objects: &Objects,

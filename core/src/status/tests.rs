@@ -440,7 +440,7 @@ fn beat_at(node: &str, renewed: Timestamp) -> (String, Heartbeat) {
 
 #[test]
 fn a_node_clock_minutes_behind_or_ahead_still_serves() {
-    let mut o = heartbeat::Observed::default();
+    let mut o = heartbeat::Liveness::default();
     let t0 = Instant::now();
     let secs = |s| Duration::from_secs(s);
     // node-behind writes renewTimes 3 minutes in the past, node-ahead 3 minutes in the future:
@@ -460,7 +460,7 @@ fn a_node_clock_minutes_behind_or_ahead_still_serves() {
 
 #[test]
 fn a_node_whose_renewals_stop_ages_from_the_last_change_seen() {
-    let mut o = heartbeat::Observed::default();
+    let mut o = heartbeat::Liveness::default();
     let t0 = Instant::now();
     let secs = |s| Duration::from_secs(s);
     let beats: BTreeMap<_, _> = [beat_at("node-a", now())].into();
@@ -476,7 +476,7 @@ fn a_node_whose_renewals_stop_ages_from_the_last_change_seen() {
 fn a_new_leader_gives_every_node_one_lease_duration_of_grace() {
     // The stored renewal is an hour old by any clock; a leader that has just started sees it
     // for the first time and counts from then.
-    let mut o = heartbeat::Observed::default();
+    let mut o = heartbeat::Liveness::default();
     let t0 = Instant::now();
     let beats: BTreeMap<_, _> = [beat_at("node-a", now() - SignedDuration::from_hours(1))].into();
     assert_eq!(o.ages(&beats, t0)["node-a"], Duration::ZERO);

@@ -69,7 +69,7 @@ pub use naming::*;
 pub use part::*;
 pub use skeleton::*;
 
-use super::endpoints::Endpoint;
+use super::endpoints::EndpointAddr;
 use super::service::{Cidr, ClientIpAffinity, TrafficPolicy};
 use crate::packed::Packed;
 use crate::vocab::IpFamily;

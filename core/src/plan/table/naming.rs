@@ -31,7 +31,7 @@ pub fn service_chain(service: &ServiceKey, port: &ServicePortId) -> String {
 
 /// An endpoint in a chain or set name: its address and port, IPv6 with `.` for `:` (names
 /// hold no `:`), written so that two addresses never read the same (no dotted IPv4 tail).
-pub(super) fn endpoint_ident(e: &Endpoint) -> String {
+pub(super) fn endpoint_ident(e: &EndpointAddr) -> String {
     let addr = match e.addr {
         IpAddr::V4(a) => a.to_string(),
         IpAddr::V6(a) => {
@@ -59,12 +59,16 @@ pub(super) fn endpoint_ident(e: &Endpoint) -> String {
 }
 
 /// The chain of one endpoint of a Service port with ClientIP affinity.
-pub fn affinity_endpoint_chain(service: &ServiceKey, port: &ServicePortId, e: &Endpoint) -> String {
+pub fn affinity_endpoint_chain(
+    service: &ServiceKey,
+    port: &ServicePortId,
+    e: &EndpointAddr,
+) -> String {
     format!("ep-{}-{}", port_ident(service, port), endpoint_ident(e))
 }
 
 /// The set of the clients one endpoint of a ClientIP affinity Service port keeps.
-pub fn affinity_set(service: &ServiceKey, port: &ServicePortId, e: &Endpoint) -> String {
+pub fn affinity_set(service: &ServiceKey, port: &ServicePortId, e: &EndpointAddr) -> String {
     format!(
         "affinity-{}-{}",
         port_ident(service, port),

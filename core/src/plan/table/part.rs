@@ -6,10 +6,10 @@ use super::*;
 /// What one Service port does on this node and family.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    Forward(Vec<Endpoint>),
+    Forward(Vec<EndpointAddr>),
     /// `Local` without a local endpoint: drop, except clients on this node, which go to these
     /// endpoints on other nodes.
-    DropExceptNode(Vec<Endpoint>),
+    DropExceptNode(Vec<EndpointAddr>),
     Reject,
 }
 
@@ -192,7 +192,7 @@ pub(super) fn add_endpoints(
     part: &mut Part,
     p: &PortProgram<'_>,
     note: &Arc<str>,
-    eps: &[Endpoint],
+    eps: &[EndpointAddr],
     hairpin: bool,
 ) {
     for (i, e) in eps.iter().enumerate() {
@@ -228,7 +228,7 @@ pub(super) fn add_affinity_endpoints(
     ip: &IpHeader,
     p: &PortProgram<'_>,
     note: &Arc<str>,
-    eps: &[Endpoint],
+    eps: &[EndpointAddr],
     affinity: ClientIpAffinity,
     hairpin: bool,
 ) -> Vec<(String, String)> {
