@@ -239,3 +239,34 @@ pub fn plan_topology(topo: &Topology, services: &[Svc], slices: &[Slice]) -> Vec
     assert_eq!(p.tables.len(), 2, "one table per family");
     p.tables
 }
+
+/// `tables` with `ct state new` taken out of every rule that has it: the planner's rejects as
+/// they were before they asked for new connections only (what the tests of that rule compare
+/// against).
+pub fn rejects_on_every_packet(tables: &[Table]) -> Vec<Table> {
+    use nodelb_netfilter::{CtKey, Expr, Stmt};
+    let mut tables = tables.to_vec();
+    let mut taken = 0;
+    for r in tables
+        .iter_mut()
+        .flat_map(|t| t.chains.values_mut())
+        .flat_map(|c| &mut c.rules)
+    {
+        let before = r.stmts.len();
+        r.stmts.retain(|s| {
+            !matches!(
+                s,
+                Stmt::AnyBits {
+                    left: Expr::Ct(CtKey::State),
+                    ..
+                }
+            )
+        });
+        taken += before - r.stmts.len();
+    }
+    assert!(
+        taken > 0,
+        "the planned tables ask for new connections nowhere"
+    );
+    tables
+}

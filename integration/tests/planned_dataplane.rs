@@ -450,40 +450,6 @@ fn service_without_endpoints_resets_tcp_and_answers_udp_with_port_unreachable() 
     drop(servers);
 }
 
-/// The planned tables with `ct state new` taken out of every rule that has it: the rejects as
-/// they were before they asked for new connections only.
-fn rejects_on_every_packet(tables: &[Table]) -> Vec<Table> {
-    use nodelb_netfilter::{CtKey, Expr, Stmt};
-    let mut taken = 0;
-    let tables = tables
-        .iter()
-        .cloned()
-        .map(|mut t| {
-            for c in t.chains.values_mut() {
-                for r in &mut c.rules {
-                    let before = r.stmts.len();
-                    r.stmts.retain(|s| {
-                        !matches!(
-                            s,
-                            Stmt::AnyBits {
-                                left: Expr::Ct(CtKey::State),
-                                ..
-                            }
-                        )
-                    });
-                    taken += before - r.stmts.len();
-                }
-            }
-            t
-        })
-        .collect();
-    assert!(
-        taken > 0,
-        "the planned tables ask for new connections nowhere"
-    );
-    tables
-}
-
 /// The node's own outbound connection whose ephemeral source port is a Service port without
 /// endpoints: the replies come to the served address and that port, the very key the
 /// no-endpoints reject looks up, and must get through (the reject sees new connections only).

@@ -460,35 +460,6 @@ fn the_tracer_agrees_with_the_kernel_on_the_load_balancer_model() {
     lab.finish("load-balancer model");
 }
 
-/// `tables` with `ct state new` taken out of every rule: the planner's rejects as they were
-/// before they asked for new connections only.
-fn rejects_on_every_packet(tables: &[Table]) -> Vec<Table> {
-    let mut tables = tables.to_vec();
-    let mut taken = 0;
-    for r in tables
-        .iter_mut()
-        .flat_map(|t| t.chains.values_mut())
-        .flat_map(|c| &mut c.rules)
-    {
-        let before = r.stmts.len();
-        r.stmts.retain(|s| {
-            !matches!(
-                s,
-                Stmt::AnyBits {
-                    left: Expr::Ct(CtKey::State),
-                    ..
-                }
-            )
-        });
-        taken += before - r.stmts.len();
-    }
-    assert!(
-        taken > 0,
-        "the planned tables ask for new connections nowhere"
-    );
-    tables
-}
-
 /// The node's own connection from a port that is a Service port without endpoints (its
 /// ephemeral range pinned to it): the tracer predicts the exchange when it lets the node's
 /// packet out untranslated and the reply (an established packet to that port) in; the kernel

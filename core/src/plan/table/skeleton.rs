@@ -151,44 +151,39 @@ pub(super) const MASQUERADE: Stmt = Stmt::Masquerade { fully_random: true };
 /// hairpin connections. `ct original proto-dst` needs the protocol matched first, so one rule
 /// per protocol.
 pub(super) fn masquerade_rules(ip: &IpHeader) -> Vec<Rule> {
+    let lookup = |keys, set: &str| Stmt::Lookup {
+        keys,
+        set: set.into(),
+        negate: false,
+    };
+    let kinds = [
+        (
+            vec![original_in(MASQ_SET)],
+            "Cluster policy: masquerade clients",
+        ),
+        (
+            vec![
+                lookup(vec![ip.saddr()], LOCAL_ADDRESSES_SET),
+                original_in(LB_SET),
+            ],
+            "clients on this node: masquerade",
+        ),
+        (
+            vec![
+                lookup(vec![ip.saddr(), ip.daddr()], HAIRPIN_SET),
+                original_in(LB_SET),
+            ],
+            "hairpin: masquerade",
+        ),
+    ];
     let mut rules = Vec::new();
-    for p in PROTOCOLS {
-        rules.push(
-            Rule::new(vec![l4_is(p), dnatted(), original_in(MASQ_SET), MASQUERADE])
-                .with_comment("Cluster policy: masquerade clients"),
-        );
-    }
-    for p in PROTOCOLS {
-        rules.push(
-            Rule::new(vec![
-                l4_is(p),
-                dnatted(),
-                Stmt::Lookup {
-                    keys: vec![ip.saddr()],
-                    set: LOCAL_ADDRESSES_SET.into(),
-                    negate: false,
-                },
-                original_in(LB_SET),
-                MASQUERADE,
-            ])
-            .with_comment("clients on this node: masquerade"),
-        );
-    }
-    for p in PROTOCOLS {
-        rules.push(
-            Rule::new(vec![
-                l4_is(p),
-                dnatted(),
-                Stmt::Lookup {
-                    keys: vec![ip.saddr(), ip.daddr()],
-                    set: HAIRPIN_SET.into(),
-                    negate: false,
-                },
-                original_in(LB_SET),
-                MASQUERADE,
-            ])
-            .with_comment("hairpin: masquerade"),
-        );
+    for (matches, comment) in kinds {
+        for p in PROTOCOLS {
+            let mut stmts = vec![l4_is(p), dnatted()];
+            stmts.extend(matches.iter().cloned());
+            stmts.push(MASQUERADE);
+            rules.push(Rule::new(stmts).with_comment(comment));
+        }
     }
     rules
 }
