@@ -1,0 +1,85 @@
+//! The table as a whole: comments, determinism, the base chains' priorities.
+
+use super::*;
+
+#[test]
+fn every_rule_and_element_of_a_service_carries_its_comment() {
+    let p = World::new()
+        .service(web().spec("loadBalancerSourceRanges", json!(["192.0.2.0/24"])))
+        .slice(web_slice("web-1", &["198.51.100.10"]))
+        .plan();
+    let t = p.v4();
+    let chain = chain_block(&t, "svc-default/web-tcp-80");
+    for line in chain.lines().filter(|l| l.contains("counter")) {
+        assert!(line.contains("comment \"default/web:http"), "{line}");
+    }
+    for set in [
+        "services",
+        "endpoints",
+        "masq-services",
+        "lb-services",
+        "hairpin",
+    ] {
+        for line in set_block(&t, set).lines().filter(|l| {
+            l.contains(" . ") && !l.contains("type") && !l.trim_start().starts_with("comment")
+        }) {
+            assert!(
+                line.contains("comment \"default/web:http\""),
+                "{set}: {line}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_plan_is_deterministic() {
+    let w = World::new()
+        .service(web())
+        .service(
+            Svc::lb("default", "b")
+                .created("2024-01-01T00:00:00Z")
+                .bare_port(81),
+        )
+        .slice(web_slice(
+            "web-1",
+            &["198.51.100.12", "198.51.100.10", "198.51.100.11"],
+        ));
+    let a = w.plan();
+    let b = w.plan();
+    assert_eq!(a.tables, b.tables);
+    // Endpoints are indexed in address order whatever the slice's order.
+    assert!(a
+        .v4()
+        .contains("tcp . 80 . 0 comment \"default/web:http\" : 198.51.100.10 . 8080"));
+}
+
+#[test]
+fn dispatch_runs_before_every_other_dstnat_chain() {
+    let p = World::new()
+        .service(
+            Svc::lb("default", "web")
+                .created("2024-01-01T00:00:00Z")
+                .bare_port(80),
+        )
+        .plan();
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let t = p
+            .tables
+            .iter()
+            .find(|t| t.family == family.netfilter())
+            .unwrap();
+        for name in ["prerouting", "output"] {
+            let base = t.chains[name].base.as_ref().unwrap();
+            assert_eq!(
+                base.chain_type,
+                nodelb_netfilter::ChainType::Nat,
+                "{family} {name}"
+            );
+            // dstnat is -100 (kube-proxy, CNI hostPort/portmap, Docker): nodelb's DNAT first.
+            assert_eq!(base.priority, -110, "{family} {name}");
+        }
+        // Masquerading stays at srcnat, the filter chains at filter.
+        assert_eq!(t.chains["postrouting"].base.as_ref().unwrap().priority, 100);
+        assert_eq!(t.chains["forward"].base.as_ref().unwrap().priority, 0);
+    }
+}
