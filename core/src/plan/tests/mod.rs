@@ -1,8 +1,10 @@
-//! One test per rule of docs/design.md's "What a Service gets", each built from small YAML
-//! fixtures and named for the rule it proves; then bad input.
+//! One test per rule of docs/design.md's "What a Service gets", each built from the fixture
+//! builders and named for the rule it proves; then bad input.
 //!
-//! Assertions read the planned table through its `nft` text (what an operator would read with
-//! `nft list table ip nodelb`) or through the outcome the agent logs and reports.
+//! Assertions say where a packet goes through the planned tables (the tracer,
+//! `nodelb_netfilter::trace`: which endpoints, masqueraded, dropped, rejected, counted), or
+//! read the outcome the agent logs and reports; the table itself only where its names,
+//! comments or declarations are the subject.
 
 use super::config::Config;
 use super::diagnosis::*;
@@ -13,8 +15,11 @@ use super::*;
 use crate::fixtures::{node, Ep, Slice, Svc};
 use crate::objects::index::{EndpointSlice, Service};
 use crate::vocab::{IpFamily, Protocol, ServiceKey};
+use nodelb_netfilter::trace::{Chance, Outcome, Outcomes, Packet, Tracer};
+use nodelb_netfilter::Table;
 use serde_json::json;
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 
 mod addresses;
 mod affinity;
@@ -35,6 +40,9 @@ mod topology;
 const NODE: &str = "node-a";
 const NODE_V4: &str = "203.0.113.1";
 const NODE_V6: &str = "2001:db8::1";
+/// A client outside the cluster, in each family.
+const CLIENT: &str = "203.0.113.9";
+const CLIENT_V6: &str = "2001:db8:9::9";
 
 struct World {
     services: Vec<Service>,
@@ -95,6 +103,68 @@ impl World {
             listeners: &self.listeners,
         })
     }
+
+    /// Every way `packet` goes through this World's planned tables, on a host with the
+    /// World's addresses.
+    fn trace(&self, packet: Packet) -> Outcomes {
+        traced(&self.plan().tables, &self.local, packet)
+    }
+}
+
+/// Every way `packet` goes through `tables` on a host with addresses `host` (a packet for one
+/// of them is the host's; others it forwards).
+fn traced(tables: &[Table], host: &BTreeSet<IpAddr>, packet: Packet) -> Outcomes {
+    let tracer = Tracer::new(tables).host(host.iter().copied());
+    tracer
+        .trace(&packet)
+        .unwrap_or_else(|e| panic!("{packet}: {e}"))
+}
+
+/// A new TCP connection from an outside client to port 80 of the node's IPv4 address.
+fn to_web() -> Packet {
+    Packet::tcp(CLIENT, NODE_V4, 80)
+}
+
+/// The same to the node's IPv6 address.
+fn to_web6() -> Packet {
+    Packet::tcp(CLIENT_V6, NODE_V6, 80)
+}
+
+/// A new TCP connection from a socket on the node (`from`, one of its addresses) to port 80
+/// of its IPv4 address.
+fn from_node(from: &str) -> Packet {
+    Packet::tcp(from, NODE_V4, 80).from_host()
+}
+
+/// Endpoints as `address:port` (`[address]:port` in IPv6).
+fn eps(list: &[&str]) -> BTreeSet<SocketAddr> {
+    list.iter()
+        .map(|e| {
+            e.parse()
+                .unwrap_or_else(|_| panic!("{e} is not an endpoint"))
+        })
+        .collect()
+}
+
+/// Every way is accepted as it came: not DNATed, not translated, counted nowhere (no rule
+/// of nodelb's is for it).
+fn untouched(out: &Outcomes) -> bool {
+    out.accepted()
+        && out
+            .iter()
+            .all(|o| o.dnat.is_none() && o.snat.is_none() && o.counters.is_empty())
+}
+
+/// The chains way `o` went through, in order (a chain entered again after a jump returns is
+/// listed again).
+fn chains(o: &Outcome) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for r in &o.rules {
+        if out.last() != Some(&r.chain.as_str()) {
+            out.push(&r.chain);
+        }
+    }
+    out
 }
 
 impl Plan {
