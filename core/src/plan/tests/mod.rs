@@ -16,7 +16,7 @@ use crate::fixtures::{node, Ep, Slice, Svc};
 use crate::objects::index::{EndpointSlice, Service};
 use crate::vocab::{IpFamily, Protocol, ServiceKey};
 use nodelb_netfilter::trace::{Chance, Outcome, Outcomes, Packet, Tracer};
-use nodelb_netfilter::Table;
+use nodelb_netfilter::{Reject, Table};
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

@@ -4,40 +4,67 @@ use super::*;
 
 #[test]
 fn cluster_policy_uses_every_endpoint_and_masquerades_clients() {
-    let p = World::new()
+    let w = World::new()
         .service(web().spec("externalTrafficPolicy", "Cluster"))
         .slice(web_slice(
             "web-1",
             &["198.51.100.10 node-a", "198.51.100.11 node-b"],
-        ))
-        .plan();
-    assert_eq!(p.port("default/web", IpFamily::V4), &forwards(2));
-    let masq = set_block(&p.v4(), "masq-services");
-    assert!(masq.contains("203.0.113.1 . tcp . 80"), "{masq}");
+        ));
+    assert_eq!(w.plan().port("default/web", IpFamily::V4), &forwards(2));
+    let out = w.trace(to_web());
+    let every = eps(&["198.51.100.10:8080", "198.51.100.11:8080"]);
+    assert_eq!(out.endpoints(), every, "{out}");
+    assert!(out.masqueraded(), "{out}");
 }
 
 #[test]
 fn every_masquerade_is_fully_random() {
-    let p = World::new()
-        .service(web())
+    use nodelb_netfilter::trace::Snat;
+    use nodelb_netfilter::Stmt;
+    let w = World::new()
+        .service(web().dual_stack())
         .slice(web_slice("web-1", &["198.51.100.10"]))
-        .plan();
-    for family in [IpFamily::V4, IpFamily::V6] {
-        let post = chain_block(&p.text(family), "postrouting");
-        let rules: Vec<&str> = post.lines().filter(|l| l.contains("masquerade")).collect();
-        assert_eq!(rules.len(), 9, "{post}");
+        .slice(v6_web_slice("web-6", &["2001:db8:b::10".into()]));
+    // An outside client (Cluster policy), the node's own and a hairpin one, in each family.
+    let packets = [
+        to_web(),
+        from_node(NODE_V4),
+        Packet::tcp("198.51.100.10", NODE_V4, 80),
+        to_web6(),
+        Packet::tcp(NODE_V6, NODE_V6, 80).from_host(),
+        Packet::tcp("2001:db8:b::10", NODE_V6, 80),
+    ];
+    let random = Some(Snat::Masquerade { fully_random: true });
+    for packet in packets {
+        let out = w.trace(packet.clone());
         assert!(
-            rules
+            out.masqueraded() && out.iter().all(|o| o.snat == random),
+            "{packet}: {out}"
+        );
+    }
+    // The other protocols' masquerades too: the three kinds of client for each of TCP, UDP
+    // and SCTP, in each family.
+    for t in &w.plan().tables {
+        let masquerades: Vec<&Stmt> = t.chains["postrouting"]
+            .rules
+            .iter()
+            .flat_map(|r| &r.stmts)
+            .filter(|s| matches!(s, Stmt::Masquerade { .. }))
+            .collect();
+        assert_eq!(masquerades.len(), 9, "{}", t.family);
+        assert!(
+            masquerades
                 .iter()
-                .all(|r| r.contains(" masquerade fully-random ")),
-            "{post}"
+                .all(|s| **s == Stmt::Masquerade { fully_random: true }),
+            "{}",
+            t.family
         );
     }
 }
 
 #[test]
 fn local_policy_uses_only_this_nodes_endpoints_and_keeps_client_address() {
-    let p = World::new()
+    let w = World::new()
         .service(web().spec("externalTrafficPolicy", "Local"))
         .slice(web_slice(
             "web-1",
@@ -46,112 +73,84 @@ fn local_policy_uses_only_this_nodes_endpoints_and_keeps_client_address() {
                 "198.51.100.11 node-b",
                 "198.51.100.12",
             ],
-        ))
-        .plan();
-    assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
-    let t = p.v4();
-    assert!(
-        t.contains("198.51.100.10 . 8080") && !t.contains("198.51.100.11 . 8080"),
-        "{t}"
-    );
-    let masq = set_block(&t, "masq-services");
-    assert!(!masq.contains("203.0.113.1 . tcp . 80"), "{masq}");
+        ));
+    assert_eq!(w.plan().port("default/web", IpFamily::V4), &forwards(1));
+    let out = w.trace(to_web());
+    assert_eq!(out.endpoints(), eps(&["198.51.100.10:8080"]), "{out}");
+    assert!(out.accepted() && !out.sometimes_masqueraded(), "{out}");
 }
 
 #[test]
 fn local_policy_without_local_endpoint_drops() {
-    let p = World::new()
+    let w = World::new()
         .service(web().spec("externalTrafficPolicy", "Local"))
-        .slice(web_slice("web-1", &["198.51.100.11 node-b"]))
-        .plan();
+        .slice(web_slice("web-1", &["198.51.100.11 node-b"]));
     assert_eq!(
-        p.port("default/web", IpFamily::V4),
+        w.plan().port("default/web", IpFamily::V4),
         &PortResult::DropsNoLocalEndpoint { elsewhere: 1 }
     );
-    let t = p.v4();
-    let chain = chain_block(&t, "svc-default/web-tcp-80");
-    assert!(chain.contains("counter packets 0 bytes 0 drop"), "{chain}");
-    assert!(
-        !set_block(&t, "no-endpoints").contains("203.0.113.1"),
-        "{t}"
-    );
+    // Dropped, not rejected: the client tries another node.
+    let out = w.trace(to_web());
+    assert!(out.dropped(), "{out}");
 }
 
 #[test]
 fn local_policy_without_local_endpoint_still_answers_the_nodes_own_clients() {
-    let p = World::new()
+    let w = World::new()
         .service(web().spec("externalTrafficPolicy", "Local"))
-        .slice(web_slice("web-1", &["198.51.100.11 node-b"]))
-        .plan();
-    let t = p.v4();
-    let chain = chain_block(&t, "svc-default/web-tcp-80");
-    let own = chain.find("ip saddr @local-addresses counter packets 0 bytes 0 goto endpoints-1");
-    let drop = chain.find("counter packets 0 bytes 0 drop");
-    assert!(own.is_some() && drop.is_some() && own < drop, "{chain}");
-    assert!(
-        t.contains("tcp . 80 . 0 comment \"default/web:http\" : 198.51.100.11 . 8080"),
-        "{t}"
-    );
-    // Its own clients are masqueraded (the endpoint is elsewhere); outside ones never reach it.
-    assert!(
-        set_block(&t, "lb-services").contains("203.0.113.1 . tcp . 80"),
-        "{t}"
-    );
-    assert!(!set_block(&t, "hairpin").contains("198.51.100.11"), "{t}");
+        .slice(web_slice("web-1", &["198.51.100.11 node-b"]));
+    // Its own clients, from any of its addresses, reach the endpoint elsewhere, masqueraded...
+    for from in [NODE_V4, "192.0.2.254"] {
+        let out = w.trace(from_node(from));
+        assert_eq!(out.endpoints(), eps(&["198.51.100.11:8080"]), "{out}");
+        assert!(out.masqueraded(), "{from}: {out}");
+    }
+    // ...outside ones never reach it, nor does the endpoint itself (no hairpin here).
+    for from in [CLIENT, "198.51.100.11"] {
+        let out = w.trace(Packet::tcp(from, NODE_V4, 80));
+        assert!(out.dropped(), "{from}: {out}");
+    }
 }
 
 #[test]
 fn node_and_hairpin_clients_are_masqueraded_under_both_policies() {
     for policy in ["Cluster", "Local"] {
-        let p = World::new()
+        let w = World::new()
             .service(web().spec("externalTrafficPolicy", policy))
-            .slice(web_slice("web-1", &["198.51.100.10 node-a"]))
-            .plan();
-        let t = p.v4();
-        assert!(
-            set_block(&t, "lb-services").contains("203.0.113.1 . tcp . 80"),
-            "{t}"
-        );
-        let local = set_block(&t, "local-addresses");
-        assert!(
-            local.contains("203.0.113.1") && local.contains("192.0.2.254"),
-            "{local}"
-        );
-        assert!(
-            set_block(&t, "hairpin").contains("198.51.100.10 . 198.51.100.10"),
-            "{t}"
-        );
-        let post = chain_block(&t, "postrouting");
-        assert!(post.contains("ip saddr @local-addresses ct original ip daddr . meta l4proto . ct original proto-dst @lb-services masquerade"), "{post}");
-        assert!(post.contains("ip saddr . ip daddr @hairpin ct original ip daddr . meta l4proto . ct original proto-dst @lb-services masquerade"), "{post}");
+            .slice(web_slice("web-1", &["198.51.100.10 node-a"]));
+        // From any of the host's addresses, and from the endpoint itself (hairpin).
+        let packets = [
+            from_node(NODE_V4),
+            from_node("192.0.2.254"),
+            Packet::tcp("198.51.100.10", NODE_V4, 80),
+        ];
+        for packet in packets {
+            let out = w.trace(packet.clone());
+            assert_eq!(out.endpoints(), eps(&["198.51.100.10:8080"]), "{out}");
+            assert!(out.masqueraded(), "{policy}: {packet}: {out}");
+        }
     }
 }
 
 #[test]
 fn service_without_endpoints_rejects() {
-    let p = World::new().service(web()).plan();
+    let w = World::new().service(web());
     assert_eq!(
-        p.port("default/web", IpFamily::V4),
+        w.plan().port("default/web", IpFamily::V4),
         &PortResult::RejectsNoEndpoints
     );
-    let t = p.v4();
-    assert!(
-        set_block(&t, "no-endpoints").contains("203.0.113.1 . tcp . 80"),
-        "{t}"
-    );
-    assert!(
-        !set_block(&t, "services").contains("203.0.113.1 . tcp . 80"),
-        "{t}"
-    );
-    let input = chain_block(&t, "input");
-    assert!(input.contains("reject with tcp reset"), "{input}");
-    assert!(input.contains("@no-endpoints reject"), "{input}");
+    // Outside clients and the node's own are told at once, by a TCP reset.
+    for packet in [to_web(), from_node(NODE_V4)] {
+        let out = w.trace(packet.clone());
+        assert_eq!(out.rejected(), Some(Reject::TcpReset), "{packet}: {out}");
+    }
 }
 
 #[test]
 fn no_endpoint_reject_matches_new_connections_only() {
     use nodelb_netfilter::{ct_state, ChainType, CtKey, Expr, Payload, Stmt};
-    let p = World::new().service(web()).plan();
+    let w = World::new().service(web());
+    let p = w.plan();
     for t in &p.tables {
         let mut keyed = 0;
         // Every rule of a filter chain that looks up the packet's destination address and port
@@ -183,9 +182,10 @@ fn no_endpoint_reject_matches_new_connections_only() {
         // The TCP reset and the port unreachable, in input and in filter-output.
         assert_eq!(keyed, 4, "{}", nodelb_netfilter::render_table(t));
     }
-    let input = chain_block(&p.v4(), "input");
-    assert!(
-        input.contains("ct state new meta l4proto tcp ip daddr . meta l4proto . th dport @no-endpoints reject with tcp reset"),
-        "{input}"
-    );
+    // A new connection is refused; a reply to the node's own connection that happened to
+    // use the port as its source port is let through.
+    let out = w.trace(to_web());
+    assert_eq!(out.rejected(), Some(Reject::TcpReset), "{out}");
+    let out = w.trace(to_web().sport(443).established());
+    assert!(out.delivered_to_host(), "{out}");
 }
