@@ -2,18 +2,12 @@
 
 use super::*;
 
-/// The endpoint addresses in the IPv4 table's endpoint map, sorted.
+/// The endpoints an outside client of `default/web` reaches through the plan's tables (on
+/// the default World's host), by address.
 fn endpoint_hosts(p: &Plan) -> Vec<String> {
-    let map = set_block(&p.v4(), "endpoints");
-    let mut hosts: Vec<String> = map
-        .split(" : ")
-        .skip(1)
-        .filter_map(|e| e.split(" . ").next())
-        .filter(|a| a.parse::<IpAddr>().is_ok())
-        .map(str::to_string)
-        .collect();
-    hosts.sort();
-    hosts
+    let out = traced(&p.tables, &World::new().local, to_web());
+    assert!(out.accepted(), "{out}");
+    out.endpoints().iter().map(|e| e.ip().to_string()).collect()
 }
 
 fn forwards_by(n: usize, topology: Topology) -> PortResult {
@@ -199,11 +193,8 @@ fn a_node_whose_zone_label_changes_uses_the_new_zones_endpoints() {
     assert!(matches!(u.change, TableChange::Rebuild));
     assert_eq!(u.changed, [ServiceKey::new("default", "web")].into());
     let after = planner.tables();
-    let text = nodelb_netfilter::render_table(&after[0]);
-    assert!(
-        text.contains("198.51.100.11 . 8080") && !text.contains("198.51.100.10 . 8080"),
-        "{text}"
-    );
+    let out = traced(&after, &w.local, to_web());
+    assert_eq!(out.endpoints(), eps(&["198.51.100.11:8080"]), "{out}");
     assert_ne!(before, after);
 }
 
