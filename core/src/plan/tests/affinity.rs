@@ -1,6 +1,8 @@
 //! Session affinity: ClientIP keeps a client on its endpoint.
 
 use super::*;
+use nodelb_netfilter::{DataType, Rule, SetType, Stmt, TableRef, Value};
+use std::time::Duration;
 
 /// `default/web` with `sessionAffinity: ClientIP` and the given timeout (none: the default).
 fn sticky_web(timeout: Option<i64>) -> Svc {
@@ -14,102 +16,118 @@ fn sticky_web(timeout: Option<i64>) -> Svc {
     }
 }
 
+/// The sets a way wrote its client into.
+fn learned_in(o: &Outcome) -> Vec<&str> {
+    o.learned.iter().map(|l| l.set.as_str()).collect()
+}
+
+/// The affinity set `set` of `t`: how long it remembers a client, and of which type.
+fn remembers(t: &Table, set: &str) -> (Option<Duration>, SetType) {
+    let s = t.sets.get(set).unwrap_or_else(|| panic!("no set {set}"));
+    (s.timeout, s.key.clone())
+}
+
 #[test]
 fn client_ip_affinity_keeps_a_client_on_its_endpoint() {
-    let p = World::new()
+    let w = World::new()
         .service(sticky_web(Some(60)))
-        .slice(web_slice("web-1", &["198.51.100.10", "198.51.100.11"]))
-        .plan();
+        .slice(web_slice("web-1", &["198.51.100.10", "198.51.100.11"]));
+    let p = w.plan();
     assert_eq!(p.port("default/web", IpFamily::V4), &forwards(2));
-    let t = p.v4();
-    // Each endpoint remembers its clients for the timeout, in a set of its own...
-    for ep in ["198.51.100.10-8080", "198.51.100.11-8080"] {
-        let set = set_block(&t, &format!("affinity-default/web-tcp-80-{ep}"));
-        assert!(
-            set.contains("type ipv4_addr\n\t\tflags dynamic,timeout\n\t\ttimeout 1m\n\t\tcomment \"default/web:http\""),
-            "{set}"
-        );
-        // ...filled by the endpoint's chain before it DNATs (two rules: a full set must not
-        // stop the DNAT).
-        let chain = chain_block(&t, &format!("ep-default/web-tcp-80-{ep}"));
-        let addr = ep.replace("-", ":");
-        assert!(
-            chain.contains(&format!("update @affinity-default/web-tcp-80-{ep} {{ ip saddr timeout 1m }} comment \"default/web:http\"\n\t\tmeta l4proto tcp dnat to {addr} comment \"default/web:http\"")),
-            "{chain}"
-        );
-    }
-    // The Service port's chain sends a client an endpoint remembers to that endpoint, before
-    // it picks one at random for the others: the first with chance 1/2, else the second.
-    let svc = chain_block(&t, "svc-default/web-tcp-80");
-    let rules: Vec<&str> = svc.lines().map(str::trim).collect();
-    let ep = |h: u8| format!("ep-default/web-tcp-80-198.51.100.{h}-8080");
+    let t = &p.tables[0];
+    let ep = |h: u8| {
+        format!("198.51.100.{h}:8080")
+            .parse::<SocketAddr>()
+            .unwrap()
+    };
+    let chain = |h: u8| format!("ep-default/web-tcp-80-198.51.100.{h}-8080");
     let set = |h: u8| format!("affinity-default/web-tcp-80-198.51.100.{h}-8080");
-    let note = "comment \"default/web:http\"";
-    let counted = "counter packets 0 bytes 0";
+    // A new client is drawn to either endpoint, 1/2 each, masqueraded as for any Cluster
+    // Service, through the Service port's chain and the endpoint's own (not the shared
+    // DNAT of Services without affinity); the endpoint's set learns the client as it goes.
+    let mut tracer = Tracer::new(&p.tables).host(w.local.iter().copied());
+    let first = tracer.trace(&to_web()).unwrap();
     assert_eq!(
-        rules[1..5],
-        [
-            format!("ip saddr @{} {counted} goto {} {note}", set(10), ep(10)),
-            format!("ip saddr @{} {counted} goto {} {note}", set(11), ep(11)),
-            format!("numgen random mod 2 0 {counted} goto {} {note}", ep(10)),
-            format!("{counted} goto {} {note}", ep(11)),
-        ],
-        "{svc}"
+        first.endpoints(),
+        BTreeSet::from([ep(10), ep(11)]),
+        "{first}"
     );
-    // Not the shared DNAT of Services without affinity.
-    assert!(!t.contains("chain endpoints-2"), "{t}");
-    assert!(!set_block(&t, "endpoints").contains("198.51.100.10"), "{t}");
-    // Masquerading and hairpin as for any Service.
-    assert!(
-        set_block(&t, "hairpin").contains("198.51.100.10 . 198.51.100.10"),
-        "{t}"
+    assert!(first.masqueraded(), "{first}");
+    for h in [10, 11] {
+        assert_eq!(first.chance_of(ep(h)), Chance::of(1, 2), "{first}");
+        let way = first.to(ep(h)).unwrap();
+        assert_eq!(
+            chains(way)[..3],
+            ["prerouting", "svc-default/web-tcp-80", &chain(h)],
+            "{way}"
+        );
+        assert_eq!(learned_in(way), [set(h)], "{way}");
+        // Each endpoint remembers its clients for the timeout, in a set of its own.
+        let v4 = SetType::Type(vec![DataType::Ipv4Addr]);
+        assert_eq!(remembers(t, &set(h)), (Some(Duration::from_secs(60)), v4));
+        // The set is filled by a rule of its own before the DNAT's: a full set must not
+        // stop the DNAT (the tracer does not model a full set).
+        let rules = &t.chains[&chain(h)].rules;
+        let update = |r: &Rule| r.stmts.iter().any(|s| matches!(s, Stmt::SetUpdate { .. }));
+        let dnat = |r: &Rule| r.stmts.iter().any(|s| matches!(s, Stmt::Nat { .. }));
+        assert!(rules.len() == 2 && update(&rules[0]) && dnat(&rules[1]) && !dnat(&rules[0]));
+    }
+    // A client the second endpoint remembers goes there, and is remembered again; another
+    // client is drawn anew.
+    tracer.learn(first.to(ep(11)).unwrap());
+    let again = tracer.trace(&to_web()).unwrap();
+    assert_eq!(again.endpoints(), BTreeSet::from([ep(11)]), "{again}");
+    assert!(again.masqueraded(), "{again}");
+    assert!(again.iter().all(|o| learned_in(o) == [set(11)]), "{again}");
+    let other = tracer
+        .trace(&Packet::tcp("203.0.113.8", NODE_V4, 80))
+        .unwrap();
+    assert_eq!(
+        other.endpoints(),
+        BTreeSet::from([ep(10), ep(11)]),
+        "{other}"
     );
-    assert!(
-        set_block(&t, "masq-services").contains("203.0.113.1 . tcp . 80"),
-        "{t}"
-    );
+    // The endpoint itself is masqueraded back to itself (hairpin), as for any Service.
+    let hairpin = w.trace(Packet::tcp("198.51.100.10", NODE_V4, 80));
+    assert!(hairpin.masqueraded(), "{hairpin}");
 }
 
 #[test]
 fn a_plain_service_port_dispatches_straight_to_the_shared_endpoint_chain() {
     // No source ranges, no affinity, endpoints to forward to: no chain of its own, under
-    // either policy; its counter object and counter-map element stay.
+    // either policy; it is still counted in its counter.
     for policy in ["Cluster", "Local"] {
-        let t = World::new()
+        let w = World::new()
             .service(web().spec("externalTrafficPolicy", policy))
             .slice(web_slice(
                 "web-1",
                 &["198.51.100.10 node-a", "198.51.100.11 node-a"],
-            ))
-            .plan()
-            .v4();
-        let dispatch = set_block(&t, "services");
-        assert!(
-            dispatch
-                .contains("203.0.113.1 . tcp . 80 comment \"default/web:http\" : goto endpoints-2"),
-            "{policy}: {t}"
-        );
-        assert!(!t.contains("chain svc-"), "{policy}: {t}");
-        assert!(t.contains("counter svc/default/web/http"), "{policy}: {t}");
-        assert!(
-            set_block(&t, "svc-counters").contains(": \"svc/default/web/http\""),
-            "{policy}: {t}"
+            ));
+        let out = w.trace(to_web());
+        assert_eq!(out.endpoints().len(), 2, "{policy}: {out}");
+        for o in &out {
+            assert_eq!(
+                chains(o)[..2],
+                ["prerouting", "endpoints-2"],
+                "{policy}: {o}"
+            );
+        }
+        assert_eq!(
+            out.counters(),
+            BTreeSet::from(["svc/default/web/http"]),
+            "{policy}: {out}"
         );
     }
     // With source ranges the port keeps its chain: the check comes before the pick.
-    let t = World::new()
+    let w = World::new()
         .service(web().spec("loadBalancerSourceRanges", json!(["192.0.2.0/24"])))
-        .slice(web_slice("web-1", &["198.51.100.10", "198.51.100.11"]))
-        .plan()
-        .v4();
-    assert!(
-        set_block(&t, "services").contains(": goto svc-default/web-tcp-80"),
-        "{t}"
-    );
-    assert!(
-        chain_block(&t, "svc-default/web-tcp-80").contains("goto endpoints-2"),
-        "{t}"
-    );
+        .slice(web_slice("web-1", &["198.51.100.10", "198.51.100.11"]));
+    let out = w.trace(Packet::tcp("192.0.2.9", NODE_V4, 80));
+    assert_eq!(out.endpoints().len(), 2, "{out}");
+    for o in &out {
+        let path = ["prerouting", "svc-default/web-tcp-80", "endpoints-2"];
+        assert_eq!(chains(o)[..3], path, "{o}");
+    }
 }
 
 #[test]
@@ -120,16 +138,16 @@ fn services_without_affinity_keep_the_shared_endpoint_chains() {
     let none = World::new()
         .service(web().spec("sessionAffinity", "None"))
         .slice(web_slice("web-1", &["198.51.100.10", "198.51.100.11"]));
-    let t = plain.plan().v4();
-    // `None` said aloud changes nothing, and no affinity object appears.
-    assert_eq!(t, none.plan().v4());
-    for absent in ["affinity", "ep-default", "dynamic"] {
-        assert!(!t.contains(absent), "{absent} in\n{t}");
+    let t = plain.plan().tables;
+    // `None` said aloud changes nothing, and no set learns from packets.
+    assert_eq!(t, none.plan().tables);
+    assert!(t[0].sets.values().all(|s| !s.is_dynamic()));
+    let out = plain.trace(to_web());
+    assert_eq!(out.endpoints().len(), 2, "{out}");
+    for o in &out {
+        assert_eq!(chains(o)[..2], ["prerouting", "endpoints-2"], "{o}");
+        assert!(o.learned.is_empty(), "{o}");
     }
-    assert!(
-        set_block(&t, "services").contains(": goto endpoints-2"),
-        "{t}"
-    );
     // Beside an affinity Service, a plain one keeps that shape.
     let mixed = plain
         .service(
@@ -142,44 +160,38 @@ fn services_without_affinity_keep_the_shared_endpoint_chains() {
             Slice::ipv4("default", "sticky-1", "sticky")
                 .port("http", 8080, "TCP")
                 .endpoints(["198.51.100.20", "198.51.100.21"]),
-        )
-        .plan()
-        .v4();
-    assert!(
-        set_block(&mixed, "services")
-            .contains("tcp . 80 comment \"default/web:http\" : goto endpoints-2"),
-        "{mixed}"
-    );
-    assert!(!mixed.contains("chain svc-default/web-tcp-80"), "{mixed}");
+        );
+    assert_eq!(mixed.trace(to_web()), out);
     assert_eq!(
-        chain_block(&mixed, "endpoints-2"),
-        chain_block(&t, "endpoints-2")
+        mixed.plan().tables[0].chains["endpoints-2"],
+        t[0].chains["endpoints-2"]
     );
-    assert!(
-        chain_block(&mixed, "svc-default/sticky-tcp-81")
-            .contains("numgen random mod 2 0 counter packets 0 bytes 0 goto ep-default/sticky-tcp-81-198.51.100.20-8080"),
-        "{mixed}"
-    );
+    let sticky = mixed.trace(Packet::tcp(CLIENT, NODE_V4, 81));
+    let first: SocketAddr = "198.51.100.20:8080".parse().unwrap();
+    assert_eq!(sticky.chance_of(first), Chance::of(1, 2), "{sticky}");
+    let path = [
+        "prerouting",
+        "svc-default/sticky-tcp-81",
+        "ep-default/sticky-tcp-81-198.51.100.20-8080",
+    ];
+    assert_eq!(chains(sticky.to(first).unwrap())[..3], path, "{sticky}");
 }
 
 #[test]
 fn affinity_timeout_defaults_to_three_hours_and_bad_values_are_warned_about() {
     let timeout_of = |w: World| {
         let p = w.slice(web_slice("web-1", &["198.51.100.10"])).plan();
-        let set = set_block(&p.v4(), "affinity-default/web-tcp-80-198.51.100.10-8080");
-        let line = set
-            .lines()
-            .find(|l| l.contains("timeout ") && !l.contains("flags"));
-        (line.unwrap_or_default().trim().to_string(), p)
+        let set = &p.tables[0].sets["affinity-default/web-tcp-80-198.51.100.10-8080"];
+        (set.timeout.map(|t| t.as_secs()), p)
     };
     let (t, p) = timeout_of(World::new().service(sticky_web(None)));
-    assert_eq!(t, "timeout 3h");
+    assert_eq!(t, Some(3 * 3600));
     assert!(p.warnings.is_empty(), "{:?}", p.warnings);
     let (t, _) = timeout_of(World::new().service(sticky_web(Some(86_400))));
-    assert_eq!(t, "timeout 1d");
+    assert_eq!(t, Some(86_400));
     for bad in [0, -5, 86_401] {
         let (t, p) = timeout_of(World::new().service(sticky_web(Some(bad))));
-        assert_eq!(t, "timeout 3h", "{bad}");
+        assert_eq!(t, Some(3 * 3600), "{bad}");
         assert!(
             p.warned(&format!(
                 "sessionAffinityConfig.clientIP.timeoutSeconds {bad} is not 1-86400; using 10800"
@@ -188,54 +200,63 @@ fn affinity_timeout_defaults_to_three_hours_and_bad_values_are_warned_about() {
             p.warnings
         );
     }
-    let p = World::new()
+    let w = World::new()
         .service(web().spec("sessionAffinity", "Sticky"))
-        .slice(web_slice("web-1", &["198.51.100.10"]))
-        .plan();
+        .slice(web_slice("web-1", &["198.51.100.10"]));
+    let p = w.plan();
     assert!(p.warned("sessionAffinity \"Sticky\" is not None or ClientIP; no affinity"));
-    assert!(!p.v4().contains("affinity"), "{}", p.v4());
+    let out = w.trace(to_web());
+    assert_eq!(out.endpoints(), eps(&["198.51.100.10:8080"]), "{out}");
+    for o in &out {
+        assert_eq!(chains(o)[..2], ["prerouting", "endpoints-1"], "{o}");
+        assert!(o.learned.is_empty(), "{o}");
+    }
 }
 
 #[test]
 fn client_ip_affinity_in_both_families() {
-    let p = World::new()
+    let w = World::new()
         .service(sticky_web(Some(10)).dual_stack())
         .slice(web_slice("web-1", &["198.51.100.10"]))
         .slice(v6_web_slice(
             "web-6",
             &["2001:db8:b::10".into(), "2001:db8:0:1::a".into()],
-        ))
-        .plan();
+        ));
+    let p = w.plan();
     assert_eq!(p.port("default/web", IpFamily::V6), &forwards(2));
-    let t6 = p.text(IpFamily::V6);
     // IPv6 addresses name chains and sets with `.` for `:` (names hold no `:`).
-    for ep in ["2001.db8.b..10-8080", "2001.db8.0.1..a-8080"] {
-        let set = set_block(&t6, &format!("affinity-default/web-tcp-80-{ep}"));
-        assert!(
-            set.contains("type ipv6_addr\n\t\tflags dynamic,timeout\n\t\ttimeout 10s"),
-            "{set}"
-        );
-        let chain = chain_block(&t6, &format!("ep-default/web-tcp-80-{ep}"));
-        assert!(
-            chain.contains(&format!(
-                "update @affinity-default/web-tcp-80-{ep} {{ ip6 saddr timeout 10s }}"
-            )),
-            "{chain}"
+    let t6 = &p.tables[1];
+    let mut tracer = Tracer::new(&p.tables).host(w.local.iter().copied());
+    let first = tracer.trace(&to_web6()).unwrap();
+    let v6 = SetType::Type(vec![DataType::Ipv6Addr]);
+    for (e, name) in [
+        ("[2001:db8:b::10]:8080", "2001.db8.b..10-8080"),
+        ("[2001:db8:0:1::a]:8080", "2001.db8.0.1..a-8080"),
+    ] {
+        let e: SocketAddr = e.parse().unwrap();
+        assert_eq!(first.chance_of(e), Chance::of(1, 2), "{first}");
+        let way = first.to(e).unwrap();
+        let set = format!("affinity-default/web-tcp-80-{name}");
+        assert_eq!(learned_in(way), [set.as_str()], "{way}");
+        assert_eq!(chains(way)[2], format!("ep-default/web-tcp-80-{name}"));
+        assert_eq!(
+            remembers(t6, &set),
+            (Some(Duration::from_secs(10)), v6.clone())
         );
     }
-    assert!(
-        chain_block(&t6, "ep-default/web-tcp-80-2001.db8.b..10-8080")
-            .contains("meta l4proto tcp dnat to [2001:db8:b::10]:8080"),
-        "{t6}"
+    let kept: SocketAddr = "[2001:db8:0:1::a]:8080".parse().unwrap();
+    tracer.learn(first.to(kept).unwrap());
+    let again = tracer.trace(&to_web6()).unwrap();
+    assert_eq!(again.endpoints(), BTreeSet::from([kept]), "{again}");
+    // One endpoint in IPv4: nothing to draw, and it remembers the client all the same.
+    let out = w.trace(to_web());
+    assert_eq!(out.len(), 1, "{out}");
+    assert_eq!(
+        out.chance_of("198.51.100.10:8080".parse().unwrap()),
+        Chance::CERTAIN
     );
-    // One endpoint: nothing to draw.
-    let v4 = chain_block(&p.v4(), "svc-default/web-tcp-80");
-    assert!(!v4.contains("numgen"), "{v4}");
-    let svc6 = chain_block(&t6, "svc-default/web-tcp-80");
-    assert!(
-        svc6.contains("numgen random mod 2 0 counter packets 0 bytes 0 goto ep-default/web-tcp-80-2001.db8.0.1..a-8080"),
-        "{svc6}"
-    );
+    let set = "affinity-default/web-tcp-80-198.51.100.10-8080";
+    assert!(out.iter().all(|o| learned_in(o) == [set]), "{out}");
 }
 
 #[test]
@@ -288,25 +309,32 @@ fn endpoint_names_never_read_the_same_for_two_addresses() {
 
 #[test]
 fn local_policy_affinity_without_local_endpoint_serves_only_the_nodes_own_clients() {
-    let p = World::new()
+    let w = World::new()
         .service(sticky_web(None).spec("externalTrafficPolicy", "Local"))
-        .slice(web_slice("web-1", &["198.51.100.11 node-b"]))
-        .plan();
+        .slice(web_slice("web-1", &["198.51.100.11 node-b"]));
+    let p = w.plan();
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &PortResult::DropsNoLocalEndpoint { elsewhere: 1 }
     );
-    let t = p.v4();
-    let chain = chain_block(&t, "svc-default/web-tcp-80");
-    let drop = chain
-        .find("ip saddr != @local-addresses counter packets 0 bytes 0 drop comment \"default/web:http: Local policy, no endpoint on this node\"")
-        .expect(&chain);
-    let known = chain
-        .find("ip saddr @affinity-default/web-tcp-80-198.51.100.11-8080")
-        .expect(&chain);
-    let pick = chain
-        .find("\t\tcounter packets 0 bytes 0 goto ep-default/web-tcp-80-198.51.100.11-8080 comment \"default/web:http: Local policy, this node's own clients\"")
-        .expect(&chain);
-    assert!(drop < known && known < pick, "{chain}");
-    assert!(!set_block(&t, "hairpin").contains("198.51.100.11"), "{t}");
+    let set = "affinity-default/web-tcp-80-198.51.100.11-8080";
+    let mut tracer = Tracer::new(&p.tables).host(w.local.iter().copied());
+    // Outside clients are dropped, even one the endpoint's set remembers (the drop comes
+    // first), and so is the endpoint itself (no hairpin to an endpoint elsewhere).
+    let client: IpAddr = CLIENT.parse().unwrap();
+    tracer.knows(&TableRef::of(&p.tables[0]), set, [Value::from(client)]);
+    for from in [CLIENT, "198.51.100.11"] {
+        let out = tracer.trace(&Packet::tcp(from, NODE_V4, 80)).unwrap();
+        assert!(out.dropped(), "{from}: {out}");
+    }
+    // The node's own clients reach the endpoint elsewhere, masqueraded, and are remembered;
+    // remembered, they go on reaching it.
+    let own = tracer.trace(&from_node(NODE_V4)).unwrap();
+    assert_eq!(own.endpoints(), eps(&["198.51.100.11:8080"]), "{own}");
+    assert!(own.masqueraded(), "{own}");
+    assert!(own.iter().all(|o| learned_in(o) == [set]), "{own}");
+    tracer.learn(own.iter().next().unwrap());
+    let again = tracer.trace(&from_node(NODE_V4)).unwrap();
+    assert_eq!(again.endpoints(), eps(&["198.51.100.11:8080"]), "{again}");
+    assert!(again.masqueraded(), "{again}");
 }
