@@ -4,37 +4,37 @@ use super::*;
 
 #[test]
 fn every_service_port_has_a_counter_reached_from_each_served_address() {
-    let p = World::new()
+    use nodelb_netfilter::Hook;
+    let w = World::new()
         .service(web())
-        .slice(web_slice("web-1", &["198.51.100.10"]))
-        .plan();
-    let v4 = p.v4();
-    assert!(
-        v4.contains("counter svc/default/web/http {\n\t\tcomment \"default/web:http\"\n\t\tpackets 0 bytes 0\n\t}"),
-        "{v4}"
-    );
-    let map = set_block(&v4, "svc-counters");
-    assert!(
-        map.contains("type ipv4_addr . inet_proto . inet_service : counter"),
-        "{map}"
-    );
-    assert!(
-        map.contains(
-            "203.0.113.1 . tcp . 80 comment \"default/web:http\" : \"svc/default/web/http\""
+        .slice(web_slice("web-1", &["198.51.100.10"]));
+    let p = w.plan();
+    let counter = &p.tables[0].counters["svc/default/web/http"];
+    assert_eq!(counter.comment.as_deref(), Some("default/web:http"));
+    // Every packet of a DNATed connection, on whichever hook it crosses: forwarded to an
+    // endpoint elsewhere, sent by the node itself, or delivered to an endpoint on the host
+    // (a host-network pod); its first packet and the later ones.
+    let ep: SocketAddr = "198.51.100.10:8080".parse().unwrap();
+    let mut on_host = w.local.clone();
+    on_host.insert(ep.ip());
+    for (packet, host, hook) in [
+        (to_web(), &w.local, Hook::Forward),
+        (from_node(NODE_V4), &w.local, Hook::Output),
+        (to_web(), &on_host, Hook::Input),
+        (
+            to_web().established().dnatted_to(ep),
+            &w.local,
+            Hook::Forward,
         ),
-        "{map}"
-    );
-    // Both directions of every DNATed connection, on whichever hook the packet crosses.
-    for chain in ["forward", "input", "filter-output"] {
-        let c = chain_block(&v4, chain);
-        assert!(
-            c.contains("meta l4proto tcp ct status dnat counter name ct original ip daddr . meta l4proto . ct original proto-dst map @svc-counters"),
-            "{chain}: {c}"
-        );
+    ] {
+        let out = traced(&p.tables, host, packet.clone());
+        assert!(out.accepted(), "{packet}: {out}");
+        for o in &out {
+            assert!(o.hooks.contains(&hook), "{packet}: {o}");
+            let counted: Vec<&str> = o.counters.iter().map(String::as_str).collect();
+            assert_eq!(counted, ["svc/default/web/http"], "{packet}: {o}");
+        }
     }
-    // Counted before `forward` accepts, and before the rejects of `input`.
-    let fwd = chain_block(&v4, "forward");
-    assert!(fwd.find("map @svc-counters").unwrap() < fwd.find("@lb-services accept").unwrap());
 }
 
 #[test]
