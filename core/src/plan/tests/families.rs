@@ -13,12 +13,11 @@ fn ip_families_decide_which_tables_carry_the_service() {
         )
         .slice(web_slice("web-4", &["198.51.100.10"]));
     let p = w.plan();
-    assert!(!p.v4().contains("default/web"), "{}", p.v4());
-    let v6 = p.text(IpFamily::V6);
-    assert!(
-        v6.contains("2001:db8::1 . tcp . 80") && v6.contains("2001:db8:b::10 . 8080"),
-        "{v6}"
-    );
+    assert_eq!(p.port("default/web", IpFamily::V6), &forwards(1));
+    let out = w.trace(to_web());
+    assert!(untouched(&out), "{out}");
+    let out = w.trace(to_web6());
+    assert_eq!(out.endpoints(), eps(&["[2001:db8:b::10]:8080"]), "{out}");
 }
 
 #[test]
@@ -55,14 +54,17 @@ fn disabled_or_non_forwarding_family_gets_no_table() {
 
 #[test]
 fn missing_ip_families_follow_the_cluster_ip() {
-    let p = World::new()
+    let w = World::new()
         .service(web().spec("clusterIP", "2001:db8:ffff::10"))
         .slice(
             Slice::ipv6("default", "web-6", "web")
                 .port("http", 8080, "TCP")
                 .endpoint("2001:db8:b::10"),
-        )
-        .plan();
-    assert!(p.text(IpFamily::V6).contains("2001:db8::1 . tcp . 80"));
-    assert!(!p.v4().contains("default/web"));
+        );
+    let p = w.plan();
+    assert_eq!(p.port("default/web", IpFamily::V6), &forwards(1));
+    let out = w.trace(to_web6());
+    assert_eq!(out.endpoints(), eps(&["[2001:db8:b::10]:8080"]), "{out}");
+    let out = w.trace(to_web());
+    assert!(untouched(&out), "{out}");
 }

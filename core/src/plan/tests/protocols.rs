@@ -4,7 +4,7 @@ use super::*;
 
 #[test]
 fn tcp_udp_and_sctp_ports_are_programmed() {
-    let p = World::new()
+    let w = World::new()
         .service(
             Svc::lb("default", "web")
                 .created("2024-01-01T00:00:00Z")
@@ -18,18 +18,15 @@ fn tcp_udp_and_sctp_ports_are_programmed() {
                 .port("b", 8081, "UDP")
                 .port("c", 8082, "SCTP")
                 .endpoint("198.51.100.10"),
-        )
-        .plan();
-    let t = p.v4();
-    for (proto, target) in [("tcp", 8080), ("udp", 8081), ("sctp", 8082)] {
-        assert!(
-            t.contains(&format!("203.0.113.1 . {proto} . 80 ")),
-            "{proto}: {t}"
         );
-        assert!(
-            t.contains(&format!("{proto} . 80 . 0 comment"))
-                && t.contains(&format!("198.51.100.10 . {target}")),
-            "{proto}: {t}"
-        );
+    for (p, port) in [
+        (Packet::tcp(CLIENT, NODE_V4, 80), 8080),
+        (Packet::udp(CLIENT, NODE_V4, 80), 8081),
+        (Packet::sctp(CLIENT, NODE_V4, 80), 8082),
+    ] {
+        let out = w.trace(p.clone());
+        let ep = format!("198.51.100.10:{port}");
+        assert_eq!(out.endpoints(), eps(&[&ep]), "{p}: {out}");
+        assert!(out.masqueraded(), "{p}: {out}");
     }
 }
