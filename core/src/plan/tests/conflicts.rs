@@ -1,10 +1,11 @@
-//! Conflicts and reserved ports: who gets a port two Services ask for, and the ports nodelb leaves alone.
+//! Conflicts and reserved ports: who gets a port two Services ask for, and the ports nodelb
+//! leaves alone.
 
 use super::*;
 
 #[test]
 fn port_conflict_is_won_by_the_oldest_service() {
-    let p = World::new()
+    let w = World::new()
         .service(
             Svc::lb("b", "young")
                 .created("2024-06-01T00:00:00Z")
@@ -24,8 +25,8 @@ fn port_conflict_is_won_by_the_oldest_service() {
             Slice::ipv4("z", "o-1", "old")
                 .port("http", 8080, "TCP")
                 .endpoint("198.51.100.10"),
-        )
-        .plan();
+        );
+    let p = w.plan();
     assert_eq!(
         p.port("b/young", IpFamily::V4),
         &PortResult::Conflict {
@@ -33,12 +34,9 @@ fn port_conflict_is_won_by_the_oldest_service() {
         }
     );
     assert_eq!(p.port("z/old", IpFamily::V4), &forwards(1));
-    let t = p.v4();
-    assert!(
-        t.contains("198.51.100.10 . 8080") && !t.contains("198.51.100.20"),
-        "{t}"
-    );
-    assert!(!t.contains("svc-b/young"), "{t}");
+    let out = w.trace(to_web());
+    assert_eq!(out.endpoints(), eps(&["198.51.100.10:8080"]), "{out}");
+    assert_eq!(out.counters(), BTreeSet::from(["svc/z/old/http"]), "{out}");
 }
 
 #[test]
@@ -125,7 +123,7 @@ fn a_service_on_other_nodes_does_not_conflict_here() {
 
 #[test]
 fn reserved_ports_are_refused() {
-    let p = World::new()
+    let w = World::new()
         .service(
             Svc::lb("default", "ssh")
                 .created("2024-01-01T00:00:00Z")
@@ -137,23 +135,24 @@ fn reserved_ports_are_refused() {
                 .port("ssh", 22, "TCP")
                 .port("web", 80, "TCP")
                 .endpoint("198.51.100.10"),
-        )
-        .plan();
+        );
+    let p = w.plan();
     assert_eq!(
         p.outcome("default/ssh"),
         &ServiceOutcome::ReservedPorts {
             ports: vec![(Protocol::Tcp, 22)]
         }
     );
-    assert!(
-        !p.v4().contains("default/ssh"),
-        "no rules at all, not even for port 80"
-    );
+    // No rules at all, not even for port 80.
+    for port in [22, 80] {
+        let out = w.trace(Packet::tcp(CLIENT, NODE_V4, port));
+        assert!(untouched(&out), "{port}: {out}");
+    }
 }
 
 #[test]
 fn overlay_and_routing_ports_are_reserved_per_protocol() {
-    let p = World::new()
+    let w = World::new()
         .service(
             Svc::lb("default", "vxlan")
                 .created("2024-01-01T00:00:00Z")
@@ -173,8 +172,8 @@ fn overlay_and_routing_ports_are_reserved_per_protocol() {
             Svc::lb("default", "udp-179")
                 .created("2024-01-01T00:00:00Z")
                 .raw_port(json!({"port": 179, "protocol": "UDP"})),
-        )
-        .plan();
+        );
+    let p = w.plan();
     assert_eq!(
         p.outcome("default/vxlan"),
         &ServiceOutcome::ReservedPorts {
@@ -187,7 +186,13 @@ fn overlay_and_routing_ports_are_reserved_per_protocol() {
             ports: vec![(Protocol::Tcp, 179)]
         }
     );
-    assert!(!p.v4().contains("default/vxlan") && !p.v4().contains("default/bgp"));
+    for reserved in [
+        Packet::udp(CLIENT, NODE_V4, 8472),
+        Packet::tcp(CLIENT, NODE_V4, 179),
+    ] {
+        let out = w.trace(reserved.clone());
+        assert!(untouched(&out), "{reserved}: {out}");
+    }
     // The same numbers for the other protocol are free: a UDP reservation does not forbid TCP.
     for free in ["default/tcp-8472", "default/udp-179"] {
         assert_eq!(
@@ -196,6 +201,10 @@ fn overlay_and_routing_ports_are_reserved_per_protocol() {
             "{free}"
         );
     }
+    let out = w.trace(Packet::tcp(CLIENT, NODE_V4, 8472));
+    assert_eq!(out.rejected(), Some(Reject::TcpReset), "{out}");
+    let out = w.trace(Packet::udp(CLIENT, NODE_V4, 179));
+    assert_eq!(out.rejected(), Some(Reject::PortUnreachable), "{out}");
 }
 
 #[test]
@@ -247,7 +256,7 @@ fn a_reserved_service_does_not_win_conflicts() {
 #[test]
 fn a_service_that_loses_one_port_gets_no_rules_in_that_family() {
     // `old` holds TCP 8081 in IPv4 only; `both` asks TCP and UDP 8081 in both families.
-    let p = World::new()
+    let w = World::new()
         .service(
             Svc::lb("default", "old")
                 .created("2023-01-01T00:00:00Z")
@@ -261,8 +270,8 @@ fn a_service_that_loses_one_port_gets_no_rules_in_that_family() {
                 .port("udp", 8081, "UDP")
                 .spec("ipFamilies", json!(["IPv4", "IPv6"]))
                 .spec("ipFamilyPolicy", "RequireDualStack"),
-        )
-        .plan();
+        );
+    let p = w.plan();
     let v4 = p.outcome("default/both").ports(IpFamily::V4).unwrap();
     let old = ServiceKey::new("default", "old");
     assert_eq!(
@@ -284,9 +293,14 @@ fn a_service_that_loses_one_port_gets_no_rules_in_that_family() {
         "no rule, element or counter:\n{}",
         p.v4()
     );
-    assert!(p.v4().contains("default/old:tcp"));
-    // IPv6 has no conflict: both ports are served there.
+    // In IPv4, TCP 8081 is old's (no endpoints: a reset) and nodelb leaves UDP 8081 alone.
+    let out = w.trace(Packet::tcp(CLIENT, NODE_V4, 8081));
+    assert_eq!(out.rejected(), Some(Reject::TcpReset), "{out}");
+    let out = w.trace(Packet::udp(CLIENT, NODE_V4, 8081));
+    assert!(untouched(&out), "{out}");
+    // IPv6 has no conflict: both ports are served there (no endpoints: refused).
     let v6 = p.outcome("default/both").ports(IpFamily::V6).unwrap();
     assert!(v6.iter().all(|p| p.result.is_programmed()), "{v6:?}");
-    assert!(p.text(IpFamily::V6).contains("default/both:udp"));
+    let out = w.trace(Packet::udp(CLIENT_V6, NODE_V6, 8081));
+    assert_eq!(out.rejected(), Some(Reject::PortUnreachable), "{out}");
 }

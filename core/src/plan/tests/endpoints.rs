@@ -60,12 +60,14 @@ fn unset_ready_counts_as_ready() {
 
 #[test]
 fn fqdn_slices_are_skipped() {
-    let w = World::new().service(web()).slice(
-        Slice::of("default", "web-fqdn", "web", "FQDN")
-            .port("http", 8080, "TCP")
-            .endpoint("backend.example.com"),
-    );
-    let p = w.plan();
+    let p = World::new()
+        .service(web())
+        .slice(
+            Slice::of("default", "web-fqdn", "web", "FQDN")
+                .port("http", 8080, "TCP")
+                .endpoint("backend.example.com"),
+        )
+        .plan();
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &PortResult::RejectsNoEndpoints
