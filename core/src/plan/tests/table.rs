@@ -8,10 +8,12 @@ fn every_rule_and_element_of_a_service_carries_its_comment() {
         .service(web().spec("loadBalancerSourceRanges", json!(["192.0.2.0/24"])))
         .slice(web_slice("web-1", &["198.51.100.10"]))
         .plan();
-    let t = p.v4();
-    let chain = chain_block(&t, "svc-default/web-tcp-80");
-    for line in chain.lines().filter(|l| l.contains("counter")) {
-        assert!(line.contains("comment \"default/web:http"), "{line}");
+    let t = &p.tables[0];
+    let rules = &t.chains["svc-default/web-tcp-80"].rules;
+    assert_eq!(rules.len(), 2);
+    for rule in rules {
+        let comment = rule.comment.as_deref().unwrap_or_default();
+        assert!(comment.starts_with("default/web:http"), "{rule:?}");
     }
     for set in [
         "services",
@@ -20,19 +22,17 @@ fn every_rule_and_element_of_a_service_carries_its_comment() {
         "lb-services",
         "hairpin",
     ] {
-        for line in set_block(&t, set).lines().filter(|l| {
-            l.contains(" . ") && !l.contains("type") && !l.trim_start().starts_with("comment")
-        }) {
-            assert!(
-                line.contains("comment \"default/web:http\""),
-                "{set}: {line}"
-            );
+        let elements = &t.sets[set].elements;
+        assert!(!elements.is_empty(), "{set}");
+        for e in elements.values() {
+            assert_eq!(e.comment.as_deref(), Some("default/web:http"), "{set}");
         }
     }
 }
 
 #[test]
 fn the_plan_is_deterministic() {
+    use nodelb_netfilter::{ElemData, Key, L4Proto, Value, Values};
     let w = World::new()
         .service(web())
         .service(
@@ -48,9 +48,24 @@ fn the_plan_is_deterministic() {
     let b = w.plan();
     assert_eq!(a.tables, b.tables);
     // Endpoints are indexed in address order whatever the slice's order.
-    assert!(a
-        .v4()
-        .contains("tcp . 80 . 0 comment \"default/web:http\" : 198.51.100.10 . 8080"));
+    let endpoints = &a.tables[0].sets["endpoints"].elements;
+    for (i, host) in ["198.51.100.10", "198.51.100.11", "198.51.100.12"]
+        .into_iter()
+        .enumerate()
+    {
+        let key = [
+            Value::Proto(L4Proto::Tcp),
+            Value::Port(80),
+            Value::U32(i as u32),
+        ];
+        let ip: IpAddr = host.parse().unwrap();
+        let to = Values::from([Value::from(ip), Value::Port(8080)]);
+        assert_eq!(
+            endpoints[&Key::Values(Values::from(key))].data,
+            Some(ElemData::Values(to)),
+            "{i}"
+        );
+    }
 }
 
 #[test]
