@@ -18,13 +18,16 @@ fn invalid_endpoint_addresses_are_skipped_with_a_warning() {
 
 #[test]
 fn ipv6_address_in_an_ipv4_slice_is_skipped_with_a_warning() {
-    let p = World::new()
+    let w = World::new()
         .service(web())
-        .slice(web_slice("web-1", &["198.51.100.10", "2001:db8:b::10"]))
-        .plan();
+        .slice(web_slice("web-1", &["198.51.100.10", "2001:db8:b::10"]));
+    let p = w.plan();
     assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
     assert!(p.warned("address 2001:db8:b::10 is not IPv4"));
-    assert!(!p.text(IpFamily::V6).contains("2001:db8:b::10"));
+    let out = w.trace(to_web());
+    assert_eq!(out.endpoints(), eps(&["198.51.100.10:8080"]), "{out}");
+    let out = w.trace(to_web6());
+    assert!(untouched(&out), "{out}");
 }
 
 #[test]
@@ -67,18 +70,24 @@ fn service_without_ports_gets_no_rules_and_a_warning() {
 
 #[test]
 fn unknown_protocols_are_skipped_with_a_warning() {
-    let p = World::new()
+    let w = World::new()
         .service(
             Svc::lb("default", "web")
                 .created("2024-01-01T00:00:00Z")
                 .port("q", 443, "QUIC")
                 .raw_port(json!({"name": "http", "port": 80})),
         )
-        .slice(web_slice("web-1", &["198.51.100.10"]))
-        .plan();
+        .slice(web_slice("web-1", &["198.51.100.10"]));
+    let p = w.plan();
     assert!(p.warned("protocol \"QUIC\" is not TCP, UDP or SCTP"));
     assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
-    assert!(!p.v4().contains(". 443"));
+    for quic in [
+        Packet::tcp(CLIENT, NODE_V4, 443),
+        Packet::udp(CLIENT, NODE_V4, 443),
+    ] {
+        let out = w.trace(quic.clone());
+        assert!(untouched(&out), "{quic}: {out}");
+    }
 }
 
 #[test]
@@ -140,12 +149,16 @@ fn a_thousand_endpoint_slice_is_programmed_whole() {
     let eps: Vec<String> = (0..1000)
         .map(|i| format!("2001:db8:b::{:x}", i + 1))
         .collect();
-    let p = World::new()
+    let w = World::new()
         .service(web().spec("ipFamilies", json!(["IPv6"])))
-        .slice(v6_web_slice("web-1", &eps))
-        .plan();
+        .slice(v6_web_slice("web-1", &eps));
+    let p = w.plan();
     assert_eq!(p.port("default/web", IpFamily::V6), &forwards(1000));
-    assert!(p.text(IpFamily::V6).contains("numgen random mod 1000"));
+    let out = w.trace(to_web6());
+    assert_eq!(out.endpoints().len(), 1000);
+    for e in out.endpoints() {
+        assert_eq!(out.chance_of(e), Chance::of(1, 1000), "{e}");
+    }
     let t = p
         .tables
         .iter()
@@ -176,9 +189,12 @@ fn a_slice_before_its_service_is_harmless_and_used_once_the_service_arrives() {
     let w = World::new().slice(web_slice("web-1", &["198.51.100.10"]));
     let p = w.plan();
     assert!(p.services.is_empty() && p.warnings.is_empty());
-    assert!(!p.v4().contains("198.51.100.10"));
-    let p = w.service(web()).plan();
-    assert_eq!(p.port("default/web", IpFamily::V4), &forwards(1));
+    let out = w.trace(to_web());
+    assert!(untouched(&out), "{out}");
+    let w = w.service(web());
+    assert_eq!(w.plan().port("default/web", IpFamily::V4), &forwards(1));
+    let out = w.trace(to_web());
+    assert_eq!(out.endpoints(), eps(&["198.51.100.10:8080"]), "{out}");
 }
 
 #[test]

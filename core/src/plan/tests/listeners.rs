@@ -33,9 +33,8 @@ fn held_by(spec: &str) -> PortResult {
 
 #[test]
 fn a_host_listener_on_the_wildcard_blocks_the_port() {
-    let p = dual(World::new(), "web", TCP_7000)
-        .listener("TCP 0.0.0.0 7000 socat")
-        .plan();
+    let w = dual(World::new(), "web", TCP_7000).listener("TCP 0.0.0.0 7000 socat");
+    let p = w.plan();
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &held_by("TCP 0.0.0.0 7000 socat")
@@ -49,17 +48,21 @@ fn a_host_listener_on_the_wildcard_blocks_the_port() {
         p.outcome("default/web").to_string(),
         "served: IPv4 [203.0.113.1] tcp/TCP/7000 no rules: in use on the node by socat on 0.0.0.0; IPv6 [2001:db8::1] tcp/TCP/7000 forwards to 1 endpoints;"
     );
+    // The socket gets the Service's IPv4 traffic, untouched.
+    let out = w.trace(Packet::tcp(CLIENT, NODE_V4, 7000));
+    assert!(untouched(&out), "{out}");
     // An IPv4 wildcard socket is IPv4's only: the Service keeps IPv6.
-    assert!(p.text(IpFamily::V6).contains("default/web:tcp"));
+    let out = w.trace(Packet::tcp(CLIENT_V6, NODE_V6, 7000));
+    assert_eq!(out.endpoints(), eps(&["[2001:db8:b::10]:17000"]), "{out}");
     assert_eq!(p.port("default/web", IpFamily::V6), &forwards(1));
 }
 
 #[test]
 fn a_listener_on_a_served_address_blocks_the_port() {
-    let p = dual(World::new(), "web", TCP_7000)
+    let w = dual(World::new(), "web", TCP_7000)
         .listener(&format!("TCP {NODE_V4} 7000"))
-        .listener(&format!("TCP {NODE_V6} 7000 nginx"))
-        .plan();
+        .listener(&format!("TCP {NODE_V6} 7000 nginx"));
+    let p = w.plan();
     assert_eq!(
         p.port("default/web", IpFamily::V4),
         &held_by(&format!("TCP {NODE_V4} 7000"))
@@ -69,28 +72,34 @@ fn a_listener_on_a_served_address_blocks_the_port() {
         &held_by(&format!("TCP {NODE_V6} 7000 nginx"))
     );
     assert!(p.outcome("default/web").programmed_families().is_empty());
-    assert!(!p.v4().contains("default/web") && !p.text(IpFamily::V6).contains("default/web"));
+    for (client, node) in [(CLIENT, NODE_V4), (CLIENT_V6, NODE_V6)] {
+        let out = w.trace(Packet::tcp(client, node, 7000));
+        assert!(untouched(&out), "{out}");
+    }
 }
 
 #[test]
 fn a_listener_on_another_address_does_not_block() {
     // Loopback, and an address on the host that is not one of the Node's addresses: neither
     // receives traffic for the node's address.
-    let p = dual(World::new(), "web", TCP_7000)
+    let w = dual(World::new(), "web", TCP_7000)
         .listener("TCP 127.0.0.1 7000 socat")
         .listener("TCP 192.0.2.254 7000 socat")
         .listener("TCP ::1 7000 socat")
-        .listener("TCP 2001:db8::99 7000 socat")
-        .plan();
+        .listener("TCP 2001:db8::99 7000 socat");
+    let p = w.plan();
     for f in [IpFamily::V4, IpFamily::V6] {
         assert_eq!(p.port("default/web", f), &forwards(1), "{f}");
     }
-    assert!(p.v4().contains("default/web:tcp"));
+    let out = w.trace(Packet::tcp(CLIENT, NODE_V4, 7000));
+    assert_eq!(out.endpoints(), eps(&["198.51.100.10:17000"]), "{out}");
+    let out = w.trace(Packet::tcp(CLIENT_V6, NODE_V6, 7000));
+    assert_eq!(out.endpoints(), eps(&["[2001:db8:b::10]:17000"]), "{out}");
 }
 
 #[test]
 fn a_udp_listener_does_not_block_tcp() {
-    let p = World::new()
+    let w = World::new()
         .service(
             Svc::lb("default", "tcp")
                 .created("2024-01-01T00:00:00Z")
@@ -101,8 +110,8 @@ fn a_udp_listener_does_not_block_tcp() {
                 .created("2024-01-01T00:00:00Z")
                 .raw_port(json!({"port": 53, "protocol": "UDP"})),
         )
-        .listener("UDP 0.0.0.0 53 dnsmasq")
-        .plan();
+        .listener("UDP 0.0.0.0 53 dnsmasq");
+    let p = w.plan();
     assert_eq!(
         p.port("default/tcp", IpFamily::V4),
         &PortResult::RejectsNoEndpoints
@@ -111,7 +120,10 @@ fn a_udp_listener_does_not_block_tcp() {
         p.port("default/udp", IpFamily::V4),
         &held_by("UDP 0.0.0.0 53 dnsmasq")
     );
-    assert!(p.v4().contains("default/tcp:53") && !p.v4().contains("default/udp:53"));
+    let out = w.trace(Packet::tcp(CLIENT, NODE_V4, 53));
+    assert_eq!(out.rejected(), Some(Reject::TcpReset), "{out}");
+    let out = w.trace(Packet::udp(CLIENT, NODE_V4, 53));
+    assert!(untouched(&out), "{out}");
 }
 
 #[test]
@@ -135,13 +147,13 @@ fn a_dual_stack_wildcard_listener_blocks_both_families() {
 
 #[test]
 fn a_held_port_withholds_the_services_other_ports_in_that_family() {
-    let p = dual(
+    let w = dual(
         World::new(),
         "web",
         &[("tcp", 7000, "TCP"), ("udp", 7001, "UDP")],
     )
-    .listener("TCP 0.0.0.0 7000 socat")
-    .plan();
+    .listener("TCP 0.0.0.0 7000 socat");
+    let p = w.plan();
     let v4 = p.outcome("default/web").ports(IpFamily::V4).unwrap();
     assert_eq!(v4[0].result, held_by("TCP 0.0.0.0 7000 socat"));
     assert_eq!(
@@ -156,13 +168,24 @@ fn a_held_port_withholds_the_services_other_ports_in_that_family() {
         v4[1].result.to_string(),
         "no rules: 7000/TCP held by socat on 0.0.0.0, on the node (all or nothing)"
     );
-    assert!(!p.v4().contains("default/web"), "{}", p.v4());
-    assert!(p.text(IpFamily::V6).contains("default/web:udp"));
+    assert!(
+        !p.v4().contains("default/web"),
+        "no rule, element or counter:\n{}",
+        p.v4()
+    );
+    let tcp = |client, node| Packet::tcp(client, node, 7000);
+    let udp = |client, node| Packet::udp(client, node, 7001);
+    for packet in [tcp(CLIENT, NODE_V4), udp(CLIENT, NODE_V4)] {
+        let out = w.trace(packet.clone());
+        assert!(untouched(&out), "{packet}: {out}");
+    }
+    let out = w.trace(udp(CLIENT_V6, NODE_V6));
+    assert_eq!(out.endpoints(), eps(&["[2001:db8:b::10]:17001"]), "{out}");
 }
 
 #[test]
 fn a_host_listener_wins_over_the_oldest_service() {
-    let p = World::new()
+    let w = World::new()
         .service(
             Svc::lb("default", "old")
                 .created("2023-01-01T00:00:00Z")
@@ -173,8 +196,8 @@ fn a_host_listener_wins_over_the_oldest_service() {
                 .created("2024-01-01T00:00:00Z")
                 .bare_port(7000),
         )
-        .listener("TCP 0.0.0.0 7000 socat")
-        .plan();
+        .listener("TCP 0.0.0.0 7000 socat");
+    let p = w.plan();
     for s in ["default/old", "default/new"] {
         assert_eq!(
             p.port(s, IpFamily::V4),
@@ -182,7 +205,8 @@ fn a_host_listener_wins_over_the_oldest_service() {
             "{s}"
         );
     }
-    assert!(!p.v4().contains(":7000"), "{}", p.v4());
+    let out = w.trace(Packet::tcp(CLIENT, NODE_V4, 7000));
+    assert!(untouched(&out), "{out}");
 }
 
 #[test]
