@@ -236,33 +236,3 @@ fn listener(spec: &str) -> crate::vocab::Listener {
         process: f.get(3).map(|p| p.to_string()),
     }
 }
-
-/// The text of `set NAME { ... }` or `map NAME { ... }` in a rendered table.
-fn set_block(table: &str, name: &str) -> String {
-    block(table, &format!("set {name} {{"))
-        .or_else(|| block(table, &format!("map {name} {{")))
-        .unwrap_or_else(|| panic!("no set {name} in\n{table}"))
-}
-
-fn chain_block(table: &str, name: &str) -> String {
-    block(table, &format!("chain {name} {{"))
-        .unwrap_or_else(|| panic!("no chain {name} in\n{table}"))
-}
-
-fn block(table: &str, header: &str) -> Option<String> {
-    let start = table.find(header)?;
-    let mut depth = 0usize;
-    for (i, c) in table[start..].char_indices() {
-        match c {
-            '{' => depth += 1,
-            '}' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(table[start..start + i + 1].to_string());
-                }
-            }
-            _ => {}
-        }
-    }
-    None
-}
