@@ -197,7 +197,7 @@ fn modules(krate: &str) -> BTreeMap<Vec<String>, PathBuf> {
     out
 }
 
-/// Files that are test modules of their own (`plan/tests.rs`, `status/tests_classes.rs`, the
+/// Files that are test modules of their own (`plan/tests/`, `status/tests_classes.rs`, the
 /// status oracle) or test data (`fixtures.rs` or a `fixtures/` room, behind the `test-fixtures`
 /// feature).
 fn is_test_file(rel: &Path) -> bool {
