@@ -31,7 +31,7 @@ use nodelb_integration::traffic::{
     tcp_request, tcp_server, udp_request, udp_server, IcmpError, Outcome, Server,
 };
 use nodelb_netfilter::trace::{self, Fate, Packet, Snat, Tracer};
-use nodelb_netfilter::{CtKey, Expr, Stmt, Table};
+use nodelb_netfilter::Table;
 
 /// Deadline for a request predicted to be answered or refused.
 const ANSWER: Duration = Duration::from_secs(2);
