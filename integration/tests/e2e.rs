@@ -1060,23 +1060,26 @@ fn health_check_node_ports_answer_where_the_service_is_served() {
         ..ClusterOptions::default()
     });
     let _servers = start_backends(&c, false);
+    // A host process on node-b holds the port before the Service asks for it: a port of the
+    // NodePort range the test picks, which the API server then allocates as asked.
+    let port = 30000 + (std::process::id() % 2700) as u16;
+    let squatter = c
+        .node_ns(1)
+        .run(move || std::net::TcpListener::bind(("0.0.0.0", port)))
+        .expect("binding the health check port on node-b");
     c.apply(&service(
         "checked",
         8072,
-        "  externalTrafficPolicy: Local\n",
+        &format!("  externalTrafficPolicy: Local\n  healthCheckNodePort: {port}\n"),
     ));
-    let port = wait_for("a healthCheckNodePort", CHANGE, || {
+    let allocated = wait_for("the healthCheckNodePort", CHANGE, || {
         c.services(c.namespace())?
             .into_iter()
             .find(|s| s.metadata.name.as_deref() == Some("checked"))
             .and_then(|s| s.spec?.health_check_node_port)
             .ok_or_else(|| "not allocated".to_string())
-    }) as u16;
-    // A host process on node-b holds the port before the agent would take it.
-    let squatter = c
-        .node_ns(1)
-        .run(move || std::net::TcpListener::bind(("0.0.0.0", port)))
-        .expect("binding the health check port on node-b");
+    });
+    assert_eq!(allocated, i32::from(port));
     c.apply(&slice(&c, "checked", "1", &[0]));
     let at = |i: usize| SocketAddr::new(c.node_v4(i).into(), port);
     let local_endpoints = |body: &str| -> u64 {
