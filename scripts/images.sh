@@ -59,8 +59,9 @@ sha() { sha256sum "$@" | cut -d' ' -f1; }
 path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Dockerfile.agent's runtime stage (the last FROM): its base, apt packages, the path the agent
-# is copied to, ENTRYPOINT and CMD. Anything else in that stage (ENV, USER, another RUN, ...)
-# is an error rather than silently left out of the image.
+# is copied to, ENTRYPOINT, CMD and LABELs (`key="value"`; `$NODELB_GIT_COMMIT`, its one ARG,
+# becomes the commit the binary names). Anything else in that stage (ENV, USER, another RUN,
+# ...) is an error rather than silently left out of the image.
 json_array='^\[[[:space:]]*("([^"\\]|\\.)*"[[:space:]]*(,[[:space:]]*"([^"\\]|\\.)*"[[:space:]]*)*)?\]$'
 read_runtime_stage() {
   local -a lines
@@ -77,7 +78,7 @@ read_runtime_stage() {
     [[ "${lines[i]}" =~ ^[Ff][Rr][Oo][Mm][[:space:]] ]] && start=$i
   done
   [ "$start" -ge 0 ] || die "$dockerfile has no FROM"
-  base="" suite="" packages=() agent_path="" entrypoint="" cmd=""
+  base="" suite="" packages=() agent_path="" entrypoint="" cmd="" labels=()
   for line in "${lines[@]:start}"; do
     kw="${line%%[[:space:]]*}"
     rest="$(sed 's/^[^[:space:]]*[[:space:]]*//; s/[[:space:]]*$//' <<<"$line")"
@@ -108,6 +109,17 @@ read_runtime_stage() {
         agent_path="${w[2]}"
         [[ "$agent_path" == */ ]] && agent_path+="$(basename "${w[1]}")"
         ;;
+      ARG)
+        [[ "$rest" =~ ^NODELB_GIT_COMMIT(=.*)?$ ]] ||
+          die "the runtime stage has ARG $rest; only NODELB_GIT_COMMIT is reproduced"
+        ;;
+      LABEL)
+        while [[ "$rest" =~ ^([A-Za-z0-9._-]+)=\"([^\"\\]*)\"[[:space:]]*(.*)$ ]]; do
+          labels+=("${BASH_REMATCH[1]}=${BASH_REMATCH[2]}")
+          rest="${BASH_REMATCH[3]}"
+        done
+        [ -z "$rest" ] || die "LABEL ... $rest: only key=\"value\" pairs are reproduced"
+        ;;
       ENTRYPOINT | CMD)
         [[ "$rest" =~ $json_array ]] || die "$kw $rest: only the exec (JSON) form is reproduced"
         if [ "${kw^^}" = ENTRYPOINT ]; then entrypoint="$rest"; else cmd="$rest"; fi
@@ -123,6 +135,7 @@ if [ "$mode" = runtime-stage ]; then
   echo "FROM $base"
   echo "PACKAGES ${packages[*]}"
   echo "COPY $agent_path"
+  for l in "${labels[@]}"; do echo "LABEL $l"; done
   echo "ENTRYPOINT $entrypoint"
   echo "CMD $cmd"
   exit 0
@@ -389,15 +402,30 @@ agent_sha="$(sha "$agent_bin")"
 agent_tag="dev-${agent_sha:0:12}"
 agent_image="nodelb.test/nodelb-agent:$agent_tag"
 agent_archive="$dir/nodelb-agent-$agent_tag.tar"
-agent_key="$(printf '%s\n' "$script_sha" "$base_key" "$agent_sha" "$agent_path" "$entrypoint" "$cmd" | sha256sum)"
+agent_key="$(printf '%s\n' "$script_sha" "$base_key" "$agent_sha" "$agent_path" "$entrypoint" "$cmd" "${labels[@]}" | sha256sum)"
 if ! fresh "$agent_archive" "$agent_key"; then
   log "building $agent_image from $agent_bin"
   mkdir -p "$tmp/agent$(dirname "$agent_path")"
   strip --strip-debug -o "$tmp/agent$agent_path" "$agent_bin"
   chmod 755 "$tmp/agent$agent_path"
   layer "$tmp/agent" "$tmp/agent.tar"
+  # Dockerfile.agent's labels, its $NODELB_GIT_COMMIT the commit the binary names ("nodelb-agent
+  # 0.1.0 (commit 0123456789ab)"), whose version must be the one the labels give.
+  agent_version="$("$agent_bin" --version)" || die "$agent_bin --version failed"
+  [[ "$agent_version" =~ ^nodelb-agent\ ([^ ]+)\ \(commit\ ([^\)]+)\)$ ]] ||
+    die "unexpected $agent_bin --version: $agent_version"
+  version="${BASH_REMATCH[1]}" commit="${BASH_REMATCH[2]}" label_json=""
+  for l in "${labels[@]}"; do
+    value="${l#*=}"
+    value="${value//\$NODELB_GIT_COMMIT/$commit}"
+    if [ "${l%%=*}" = org.opencontainers.image.version ] && [ "$value" != "$version" ]; then
+      die "Dockerfile.agent labels version $value; $agent_bin is $version"
+    fi
+    label_json+="${label_json:+,}\"${l%%=*}\":\"$value\""
+  done
   write_archive "$agent_archive" "$agent_image" \
-    "{\"Env\":[\"PATH=$path\"],\"Entrypoint\":$entrypoint,\"Cmd\":${cmd:-null}}" "$base_tar" "$tmp/agent.tar"
+    "{\"Env\":[\"PATH=$path\"],\"Entrypoint\":$entrypoint,\"Cmd\":${cmd:-null},\"Labels\":{$label_json}}" \
+    "$base_tar" "$tmp/agent.tar"
   echo "$agent_key" >"$agent_archive.key"
 fi
 keep "$agent_archive" nodelb-agent

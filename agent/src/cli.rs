@@ -15,7 +15,7 @@ use std::time::Duration;
 /// Node-local Kubernetes LoadBalancer agent: answers Services of `type: LoadBalancer` on the
 /// node's own addresses by programming nftables (tables `ip nodelb` and `ip6 nodelb`).
 #[derive(Debug, Parser)]
-#[command(name = "nodelb-agent", version)]
+#[command(name = "nodelb-agent", version = crate::VERSION)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -8,6 +8,16 @@
 //! `object_files` reads objects from files for `render` and `apply`; `cli`, `check` and
 //! `oneshot` are the binary's faces.
 
+/// The git commit the agent was built from (see `build.rs`), or `unknown`.
+pub const GIT_COMMIT: &str = env!("NODELB_GIT_COMMIT");
+/// What `--version` prints after the name.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("NODELB_GIT_COMMIT"),
+    ")"
+);
+
 pub mod check;
 pub mod cli;
 pub mod health_check;

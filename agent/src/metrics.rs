@@ -23,6 +23,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 use std::fmt;
 use std::sync::Arc;
@@ -332,6 +333,7 @@ impl Metrics {
         let (listener_reads, blocked_ports) = listener_metrics(&mut r);
         let (invalid_objects, watch_errors) = input_metrics(&mut r);
         let (conntrack_deleted, conntrack_cleanups) = conntrack_metrics(&mut r);
+        build_info(&mut r);
         Metrics {
             registry: r,
             service_counters: service_counters(counters),
@@ -591,6 +593,25 @@ fn input_metrics(
 }
 
 /// Conntrack cleanups: entries deleted, and cleanups by result.
+/// The labels of `nodelb_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    commit: &'static str,
+}
+
+/// `nodelb_build_info{version, commit} 1`: which build is running.
+fn build_info(r: &mut Registry) {
+    r.register(
+        "build",
+        "The agent's version and the git commit it was built from",
+        Info::new(BuildLabels {
+            version: env!("CARGO_PKG_VERSION"),
+            commit: crate::GIT_COMMIT,
+        }),
+    );
+}
+
 fn conntrack_metrics(
     r: &mut Registry,
 ) -> (Family<FlowLabels, Counter>, Family<ResultLabel, Counter>) {

@@ -443,3 +443,66 @@ fn the_design_is_docs_design_md() {
         wrong.join("\n")
     );
 }
+
+/// One version everywhere: the agent crate's, the image tag every manifest, the README and
+/// Dockerfile.agent name, the image's version label, the newest CHANGELOG.md entry, and what
+/// `nodelb-agent --version` prints.
+#[test]
+fn one_version_everywhere() {
+    let version = nodelb_agent::VERSION
+        .split_whitespace()
+        .next()
+        .expect("a version");
+    let cargo = std::fs::read_to_string(root().join("agent/Cargo.toml")).unwrap();
+    assert!(
+        cargo.contains(&format!("\nversion = \"{version}\"\n")),
+        "agent/Cargo.toml"
+    );
+    let mut tags = 0;
+    for (path, text) in repository() {
+        let named = path == "README.md"
+            || path == "Dockerfile.agent"
+            || (path.starts_with("manifests/") && path.ends_with(".yaml"));
+        if !named {
+            continue;
+        }
+        for (at, _) in text.match_indices("nodelb-agent:") {
+            let tag: String = text[at + "nodelb-agent:".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || ".-".contains(*c))
+                .collect();
+            assert_eq!(tag, version, "{path} names nodelb-agent:{tag}");
+            tags += 1;
+        }
+    }
+    assert!(tags >= 5, "the image tags were not found ({tags})");
+    let dockerfile = std::fs::read_to_string(root().join("Dockerfile.agent")).unwrap();
+    assert!(
+        dockerfile.contains(&format!("org.opencontainers.image.version=\"{version}\"")),
+        "Dockerfile.agent's version label"
+    );
+    let changelog = std::fs::read_to_string(root().join("CHANGELOG.md")).unwrap();
+    let newest = changelog
+        .lines()
+        .find_map(|l| l.strip_prefix("## "))
+        .expect("a CHANGELOG.md entry");
+    assert!(
+        newest.starts_with(&format!("{version} ")) || newest == version,
+        "CHANGELOG.md's newest entry is {newest:?}"
+    );
+    let out = std::process::Command::new(nodelb_integration::e2e::agent_binary())
+        .arg("--version")
+        .output()
+        .expect("running nodelb-agent --version");
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        printed.trim(),
+        format!("nodelb-agent {}", nodelb_agent::VERSION)
+    );
+    let commit = nodelb_agent::GIT_COMMIT;
+    assert!(
+        commit == "unknown"
+            || (commit.len() == 12 && commit.chars().all(|c| c.is_ascii_hexdigit())),
+        "the commit is a short hash or unknown: {commit}"
+    );
+}

@@ -160,16 +160,26 @@ fn images_sh_takes_the_runtime_stage_from_the_dockerfile() {
     let packages = apt_packages(&install);
     let copy = line("COPY ");
     let (entrypoint, cmd) = (line("ENTRYPOINT "), line("CMD "));
-    assert_eq!(
-        stdout_lines(&images_runtime_stage(None)),
-        vec![
-            runtime[0].clone(),
-            format!("PACKAGES {}", packages.join(" ")),
-            format!("COPY {}", copy.split_whitespace().last().unwrap()),
-            entrypoint.clone(),
-            cmd.clone(),
-        ]
+    // `LABEL k="v" k="v" ...`, each pair as `LABEL k=v`.
+    let labels: Vec<String> = line("LABEL ")["LABEL ".len()..]
+        .split_whitespace()
+        .map(|pair| format!("LABEL {}", pair.replace('"', "")))
+        .collect();
+    assert!(
+        labels.contains(&format!(
+            "LABEL org.opencontainers.image.version={}",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "the image says which version it carries: {labels:?}"
     );
+    let mut want = vec![
+        runtime[0].clone(),
+        format!("PACKAGES {}", packages.join(" ")),
+        format!("COPY {}", copy.split_whitespace().last().unwrap()),
+    ];
+    want.extend(labels);
+    want.extend([entrypoint.clone(), cmd.clone()]);
+    assert_eq!(stdout_lines(&images_runtime_stage(None)), want);
     // ... and has no copy of them: the script names none of the packages, nor the JSON arrays.
     let script = read("scripts/images.sh");
     for own in packages
