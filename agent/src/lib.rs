@@ -8,6 +8,8 @@
 //! `object_files` reads objects from files for `render` and `apply`; `cli`, `check` and
 //! `oneshot` are the binary's faces.
 
+/// The agent's version: the image tag the manifests name.
+pub const PACKAGE_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The git commit the agent was built from (see `build.rs`), or `unknown`.
 pub const GIT_COMMIT: &str = env!("NODELB_GIT_COMMIT");
 /// What `--version` prints after the name.

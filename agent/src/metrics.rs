@@ -606,7 +606,7 @@ fn build_info(r: &mut Registry) {
         "build",
         "The agent's version and the git commit it was built from",
         Info::new(BuildLabels {
-            version: env!("CARGO_PKG_VERSION"),
+            version: crate::PACKAGE_VERSION,
             commit: crate::GIT_COMMIT,
         }),
     );

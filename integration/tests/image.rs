@@ -168,7 +168,7 @@ fn images_sh_takes_the_runtime_stage_from_the_dockerfile() {
     assert!(
         labels.contains(&format!(
             "LABEL org.opencontainers.image.version={}",
-            env!("CARGO_PKG_VERSION")
+            nodelb_agent::PACKAGE_VERSION
         )),
         "the image says which version it carries: {labels:?}"
     );

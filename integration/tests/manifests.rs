@@ -354,10 +354,7 @@ fn run_env_names() -> BTreeSet<String> {
 }
 
 fn agent_image() -> String {
-    format!(
-        "nodelb/nodelb-agent:{}",
-        Cli::command().get_version().expect("a version")
-    )
+    format!("nodelb/nodelb-agent:{}", nodelb_agent::PACKAGE_VERSION)
 }
 
 #[test]
