@@ -1,5 +1,7 @@
-//! What the operator decides with flags: families, class, reserved ports, namespaces.
+//! What the operator decides with flags: families, class, reserved ports, namespaces, and
+//! which node addresses serve a Service by default.
 
+use super::addresses::AddressFilter;
 use super::reserved::{self, ReservedPorts};
 use crate::vocab::{IpFamily, Protocol};
 use nodelb_netfilter::TableRef;
@@ -21,6 +23,10 @@ pub struct Config {
     pub reserved_ports: ReservedPorts,
     /// `--allowed-namespaces`: `None` allows every namespace.
     pub allowed_namespaces: Option<BTreeSet<String>>,
+    /// `--address-types` and `--address-cidrs`: which node addresses serve a Service without
+    /// the annotations `nodelb.io/address-types` and `nodelb.io/address-cidrs` (default: both
+    /// kinds, any address).
+    pub addresses: AddressFilter,
     /// Name of the nft table in each family (`nodelb`).
     pub table_name: String,
 }
@@ -40,6 +46,7 @@ impl Default for Config {
             reserved_ports: ReservedPorts::defaults()
                 .with(Protocol::Tcp, reserved::DEFAULT_OWN_PORTS),
             allowed_namespaces: None,
+            addresses: AddressFilter::default(),
             table_name: DEFAULT_TABLE_NAME.to_string(),
         }
     }

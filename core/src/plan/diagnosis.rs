@@ -111,6 +111,13 @@ pub enum NotServed {
     NodeSelectorMismatch { selector: String },
     /// The Service's `nodelb.io/node-selector` does not parse (a warning says why).
     InvalidNodeSelector { selector: String, error: String },
+    /// The Service's `nodelb.io/address-types` or `nodelb.io/address-cidrs` does not parse (a
+    /// warning says why): served nowhere.
+    InvalidAddresses {
+        annotation: String,
+        value: String,
+        error: String,
+    },
 }
 
 /// Why one of a Service's families is not served here.
@@ -120,6 +127,9 @@ pub enum FamilySkip {
     FamilyNotProgrammed,
     /// None of the node's InternalIP/ExternalIP addresses of this family is assigned on the host.
     NoServedAddress,
+    /// The node has addresses of this family, but none of the Service's address types and
+    /// CIDRs (`nodelb.io/address-types`, `nodelb.io/address-cidrs` or the flags' default).
+    NoAddressAdmitted,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -282,6 +292,16 @@ impl fmt::Display for ServiceOutcome {
             ServiceOutcome::NotServed(NotServed::InvalidNodeSelector { selector, error }) => {
                 write!(f, "not served: invalid node selector {selector:?}: {error}")
             }
+            ServiceOutcome::NotServed(NotServed::InvalidAddresses {
+                annotation,
+                value,
+                error,
+            }) => {
+                write!(
+                    f,
+                    "not served: invalid annotation {annotation} {value:?}: {error}"
+                )
+            }
             ServiceOutcome::NoServedAddress { families } => {
                 f.write_str("no served address:")?;
                 for (fam, skip) in families {
@@ -313,6 +333,9 @@ impl fmt::Display for FamilySkip {
         f.write_str(match self {
             FamilySkip::FamilyNotProgrammed => "family not programmed on this node",
             FamilySkip::NoServedAddress => "no node address assigned on the host",
+            FamilySkip::NoAddressAdmitted => {
+                "no node address of the Service's address types and CIDRs"
+            }
         })
     }
 }

@@ -2,9 +2,10 @@
 //! tables, plus what happened to each Service and what was wrong with the input.
 //!
 //! `plan()` walks docs/design.md's "What a Service gets" in order: class and namespace, ports,
-//! reserved ports, serving node, served addresses per family, endpoints and traffic policy,
+//! reserved ports, serving node, the Service's address types and CIDRs, served addresses per family, endpoints and traffic policy,
 //! then port conflicts on this node (oldest wins), then the tables.
 
+pub mod addresses;
 pub mod config;
 pub mod conflicts;
 pub mod diagnosis;

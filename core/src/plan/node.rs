@@ -22,6 +22,15 @@ impl AddressKind {
     }
 }
 
+impl std::fmt::Display for AddressKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AddressKind::InternalIP => "InternalIP",
+            AddressKind::ExternalIP => "ExternalIP",
+        })
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeInfo {
     pub name: String,

@@ -342,7 +342,7 @@ impl Planner {
             let claims = &self.claims;
             let new = new_prep
                 .as_ref()
-                .map(|p| settled::build(p, |s| settled::holder_now(ctx, claims, s), ctx, tables));
+                .map(|p| settled::build(p, |s| settled::holder_now(ctx, claims, s), tables));
             // The Service's Parts before this update, rebuilt from what it was prepared as and
             // the holders its outcome recorded (the context is unchanged when not rebuilding,
             // but for its listeners, whose earlier holds the outcome recorded too).
@@ -350,7 +350,6 @@ impl Planner {
                 (Some(outcome), Some(p), false) => Some(settled::build(
                     &p,
                     |s| settled::recorded_holder(outcome, s),
-                    ctx,
                     true,
                 )),
                 _ => None,
@@ -413,8 +412,7 @@ impl Planner {
                 let Some(p) = prepare_in(&self.objects, key, ctx) else {
                     continue;
                 };
-                let f =
-                    settled::build(&p, |s| settled::holder_now(ctx, &self.claims, s), ctx, true);
+                let f = settled::build(&p, |s| settled::holder_now(ctx, &self.claims, s), true);
                 for (family, part) in f.parts.into_parts() {
                     if let Some((_, a)) = assemblies.iter_mut().find(|(f, _)| *f == family) {
                         a.add(part);

@@ -1,8 +1,10 @@
 //! One Service on this node, up to (not including) port conflicts: is it nodelb's, may it be
-//! programmed at all, is this a serving node, which families and addresses, and which
+//! programmed at all, is this a serving node, which families and which of the node's addresses
+//! (its address types and CIDRs), and which
 //! endpoints each port would forward to. Depends only on the Service, its slices and the
 //! node-wide context, so it is cached per Service between syncs.
 
+use super::addresses::AddressFilter;
 use super::config::Config;
 use super::diagnosis::{FamilySkip, ObjectRef, ServiceOutcome, Warning};
 use super::endpoints::{self, EndpointAddr, Selection};
@@ -24,7 +26,8 @@ pub struct Context {
     pub local_addresses: BTreeSet<IpAddr>,
     pub families: Families,
     pub config: Config,
-    /// The node's InternalIP/ExternalIP addresses that are on the host, per family, sorted.
+    /// The node's InternalIP/ExternalIP addresses that are on the host, per family, sorted:
+    /// those that may serve a Service (its address filter picks from them).
     pub served: BTreeMap<IpFamily, Vec<IpAddr>>,
     /// The node's listening sockets (none unless [`Context::with_listeners`]).
     pub listeners: HostListeners,
@@ -114,8 +117,9 @@ pub enum Stage {
         policy: TrafficPolicy,
         source_ranges: Option<Vec<Cidr>>,
         affinity: Option<ClientIpAffinity>,
-        /// The Service's families in `ipFamilies` order, with why a family is skipped here.
-        families: Vec<(IpFamily, Option<FamilySkip>)>,
+        /// The Service's families in `ipFamilies` order, each with the node's addresses that
+        /// serve it (sorted), or why the family is skipped here.
+        families: Vec<(IpFamily, Result<Vec<IpAddr>, FamilySkip>)>,
         /// Ports of the families not skipped, family by family in the order above.
         ports: Vec<PreparedPort>,
     },
@@ -144,8 +148,8 @@ pub fn prepare(
     let mut warnings = Vec::new();
     let stage = match decide(key, svc, ctx, &mut warnings) {
         Err(outcome) => Stage::Done(outcome),
-        Ok(lb) => {
-            let stage = ports_stage(lb, slices, ctx, &mut warnings);
+        Ok((lb, filter)) => {
+            let stage = ports_stage(lb, &filter, slices, ctx, &mut warnings);
             dedup(&mut warnings);
             stage
         }
@@ -158,13 +162,14 @@ pub fn prepare(
 }
 
 /// What decides a handled Service before its endpoints: its name, namespace, ports, reserved
-/// ports and serving nodes. `Err`: its outcome, with no rules; `Ok`: its spec, read.
+/// ports, serving nodes and address filter. `Err`: its outcome, with no rules; `Ok`: its spec,
+/// read, and which node addresses may serve it.
 fn decide<'s>(
     key: &ServiceKey,
     svc: &'s Service,
     ctx: &Context,
     warnings: &mut Vec<Warning>,
-) -> Result<LbService<'s>, ServiceOutcome> {
+) -> Result<(LbService<'s>, AddressFilter), ServiceOutcome> {
     let config: &Config = &ctx.config;
     if !crate::vocab::valid_key(key) {
         warnings.push(Warning::new(
@@ -189,16 +194,20 @@ fn decide<'s>(
     if !reserved.is_empty() {
         return Err(ServiceOutcome::ReservedPorts { ports: reserved });
     }
+    // Read before the node is looked at: its warnings do not depend on the node.
+    let filter = service::address_filter(&lb, config, warnings);
     if let Err(why) = service::serving(&lb, &ctx.node, warnings) {
         return Err(ServiceOutcome::NotServed(why));
     }
-    Ok(lb)
+    let filter = filter.map_err(ServiceOutcome::NotServed)?;
+    Ok((lb, filter))
 }
 
-/// A Service served here: which of its families are programmed, and the endpoints each port
-/// of those would forward to.
+/// A Service served here: which of its families are programmed, on which of the node's
+/// addresses (those `filter` admits), and the endpoints each port of those would forward to.
 fn ports_stage(
     lb: LbService<'_>,
+    filter: &AddressFilter,
     slices: &[&EndpointSlice],
     ctx: &Context,
     warnings: &mut Vec<Warning>,
@@ -207,15 +216,17 @@ fn ports_stage(
     let mut families = Vec::new();
     let mut ports = Vec::new();
     for family in &lb.families {
-        let skip = if !ctx.families.contains(*family) {
-            Some(FamilySkip::FamilyNotProgrammed)
-        } else if !ctx.served.contains_key(family) {
-            Some(FamilySkip::NoServedAddress)
-        } else {
-            None
+        let addresses = match ctx.served.get(family) {
+            _ if !ctx.families.contains(*family) => Err(FamilySkip::FamilyNotProgrammed),
+            None => Err(FamilySkip::NoServedAddress),
+            Some(served) => match filter.select(&ctx.node, served) {
+                a if a.is_empty() => Err(FamilySkip::NoAddressAdmitted),
+                a => Ok(a),
+            },
         };
-        families.push((*family, skip));
-        if skip.is_some() {
+        let skipped = addresses.is_err();
+        families.push((*family, addresses));
+        if skipped {
             continue;
         }
         for port in &lb.ports {

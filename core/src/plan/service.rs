@@ -1,6 +1,9 @@
 //! Which Services are nodelb's, and a Service's spec read into checked, plain values: ports,
-//! families, traffic policy, source ranges, node selector.
+//! families, traffic policy, source ranges, node selector, address filter.
 
+use super::addresses::{
+    AddressFilter, InvalidAddresses, ADDRESS_CIDRS_ANNOTATION, ADDRESS_TYPES_ANNOTATION,
+};
 use super::config::Config;
 use super::diagnosis::{NotServed, ObjectRef, Warning};
 use super::node::NodeInfo;
@@ -111,6 +114,10 @@ pub struct LbService<'a> {
     pub affinity: Option<ClientIpAffinity>,
     /// The `nodelb.io/node-selector` annotation, if set.
     pub node_selector: Option<&'a str>,
+    /// The `nodelb.io/address-types` annotation, if set (see [`super::addresses`]).
+    pub address_types: Option<&'a str>,
+    /// The `nodelb.io/address-cidrs` annotation, if set.
+    pub address_cidrs: Option<&'a str>,
     /// `spec.trafficDistribution`, if set (a value nodelb does not know is warned about).
     pub distribution: Option<TrafficDistribution>,
 }
@@ -181,12 +188,16 @@ pub fn read<'a>(svc: &'a Service, key: ServiceKey, warnings: &mut Vec<Warning>) 
                 .to_string(),
         );
     }
-    let node_selector = svc
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(NODE_SELECTOR_ANNOTATION))
-        .map(String::as_str); // annotations keep String
+    let annotation = |name: &str| {
+        svc.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(name))
+            .map(String::as_str) // annotations keep String
+    };
+    let node_selector = annotation(NODE_SELECTOR_ANNOTATION);
+    let address_types = annotation(ADDRESS_TYPES_ANNOTATION);
+    let address_cidrs = annotation(ADDRESS_CIDRS_ANNOTATION);
 
     LbService {
         key,
@@ -197,6 +208,8 @@ pub fn read<'a>(svc: &'a Service, key: ServiceKey, warnings: &mut Vec<Warning>) 
         source_ranges,
         affinity,
         node_selector,
+        address_types,
+        address_cidrs,
         distribution,
     }
 }
@@ -360,6 +373,32 @@ pub fn serving(
             })
         }
     }
+}
+
+/// Which of the node's addresses serve the Service: its annotations over the flags' default
+/// (`config`). An annotation that does not parse is warned about and the Service is served
+/// nowhere, as with an invalid node selector: never on addresses it did not ask for.
+pub fn address_filter(
+    svc: &LbService,
+    config: &Config,
+    warnings: &mut Vec<Warning>,
+) -> Result<AddressFilter, NotServed> {
+    AddressFilter::of_service(svc.address_types, svc.address_cidrs, &config.addresses).map_err(
+        |errors: Vec<InvalidAddresses>| {
+            for e in &errors {
+                warnings.push(Warning::new(
+                    ObjectRef::service(&svc.key),
+                    format!("{e}; served nowhere"),
+                ));
+            }
+            let first = errors.into_iter().next().expect("an error");
+            NotServed::InvalidAddresses {
+                annotation: first.annotation.to_string(),
+                value: first.value,
+                error: first.error,
+            }
+        },
+    )
 }
 
 #[cfg(test)]

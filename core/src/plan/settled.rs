@@ -71,13 +71,13 @@ pub fn holder_now(ctx: &Context, claims: &Claims, slot: &Slot) -> Option<PortHol
 }
 
 /// `holder` says who holds each slot ([`holder_now`], or [`recorded_holder`] of an earlier
-/// outcome, which rebuilds that earlier settling: a settled Service is a function of the prepared
-/// Service, the slots' holders and the context, so only outcomes are kept between syncs).
+/// outcome, which rebuilds that earlier settling: a settled Service is a function of the
+/// prepared Service, which holds the addresses serving it, and the slots' holders, so only
+/// outcomes are kept between syncs).
 /// `tables: false` decides outcomes only (for the status writer, which plans for every node).
 pub fn build(
     prep: &Prepared,
     holder: impl Fn(&Slot) -> Option<PortHolder>,
-    ctx: &Context,
     tables: bool,
 ) -> Settled {
     let Stage::Ports {
@@ -99,18 +99,21 @@ pub fn build(
     };
     let mut parts = FamilyParts::default();
     let mut outcomes = Vec::new();
-    for (family, skip) in families {
-        if let Some(skip) = skip {
-            outcomes.push(FamilyOutcome {
-                family: *family,
-                state: FamilyState::Skipped(*skip),
-            });
-            continue;
-        }
+    for (family, addresses) in families {
+        let addresses = match addresses {
+            Ok(a) => a,
+            Err(skip) => {
+                outcomes.push(FamilyOutcome {
+                    family: *family,
+                    state: FamilyState::Skipped(*skip),
+                });
+                continue;
+            }
+        };
         let program = FamilyProgram {
             key: &prep.key,
             family: *family,
-            addresses: &ctx.served[family],
+            addresses,
             policy: *policy,
             source_ranges: ranges_of(source_ranges.as_deref(), *family),
             affinity: *affinity,
