@@ -6,14 +6,15 @@
 
 use super::heartbeat::{BlockedPorts, Heartbeat};
 use crate::objects::index::Service;
+use crate::plan::addresses::{parse_cidrs, ADDRESS_CIDRS_ANNOTATION};
 use crate::plan::config::Config;
 use crate::plan::conflicts::Slot;
 use crate::plan::listeners::{wildcard, HostListeners};
 use crate::plan::node::{AddressKind, NodeInfo};
 use crate::plan::selector::Selector;
-use crate::plan::service::{self, EXCLUDE_LABEL, NODE_SELECTOR_ANNOTATION};
+use crate::plan::service::{self, Cidr, EXCLUDE_LABEL, NODE_SELECTOR_ANNOTATION};
 use crate::plan::{Context, Objects, Planner};
-use crate::vocab::{Families, Listener, ServiceKey};
+use crate::vocab::{Families, IpFamily, Listener, ServiceKey};
 use k8s_openapi::api::core::v1::Node;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -143,8 +144,9 @@ pub fn node_context(c: &Candidate, config: &Config) -> Context {
 }
 
 /// The class of a node: its planner input without what tells it from the other nodes of the
-/// class. Its name and addresses go (an address per served family stands in: the served
-/// families decide which of a Service's families are skipped), and of its labels only those
+/// class. Its name and addresses go (for each served address, of each kind the Node lists it
+/// as, a stand-in that lies in the same of the CIDRs the Services' address filters read: those
+/// decide which of a Service's families are skipped, [`stand_in`]), and of its labels only those
 /// some Service's node selector or the exclusion label read (`read`) stay: a label every node
 /// has its own value of, such as `kubernetes.io/hostname`, would make each node its own class.
 /// Of the ports host listeners take there, only those some Service claims stay, and not the
@@ -164,7 +166,8 @@ pub fn class_context(ctx: &Context, read: &Read) -> Context {
             NodeInfo {
                 name: _,
                 labels,
-                addresses: _,
+                // Only its served part counts, as `served` below.
+                addresses: node_addresses,
             },
         // Only its served part counts, as `served` below.
         local_addresses: _,
@@ -180,10 +183,23 @@ pub fn class_context(ctx: &Context, read: &Read) -> Context {
         .filter(|(k, _)| read.reads(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let addresses: Vec<(AddressKind, IpAddr)> = served
+    // Each served address as the lowest address in exactly the same of the CIDRs any
+    // Service's address filter reads (its kind kept): which addresses serve a Service, and
+    // whether any does in a family, is then the same as on the node.
+    let cidrs: Vec<Cidr> = read
+        .cidrs
+        .keys
         .keys()
-        .map(|f| (AddressKind::InternalIP, wildcard(*f)))
+        .chain(&config.addresses.cidrs)
+        .copied()
         .collect();
+    let mut addresses: Vec<(AddressKind, IpAddr)> = node_addresses
+        .iter()
+        .filter(|(_, a)| served.values().flatten().any(|s| s == a))
+        .map(|(k, a)| (*k, stand_in(*a, &cidrs)))
+        .collect();
+    addresses.sort();
+    addresses.dedup();
     let local = addresses.iter().map(|(_, a)| *a).collect();
     let node = NodeInfo {
         name: String::new(),
@@ -209,14 +225,67 @@ pub fn class_context(ctx: &Context, read: &Read) -> Context {
     Context::new(node, local, *families, config.clone()).with_listeners(listeners)
 }
 
+/// The lowest address in exactly those of `cidrs` that hold `address` (of its family): the
+/// same for every address any address filter of `cidrs` admits or refuses alike.
+pub fn stand_in(address: IpAddr, cidrs: &[Cidr]) -> IpAddr {
+    let bits: u32 = match address {
+        IpAddr::V4(_) => 32,
+        IpAddr::V6(_) => 128,
+    };
+    let number = |a: IpAddr| -> u128 {
+        match a {
+            IpAddr::V4(a) => u128::from(u32::from(a)),
+            IpAddr::V6(a) => u128::from(a),
+        }
+    };
+    let range = |len: u8| -> u128 {
+        match bits - u32::from(len) {
+            128 => u128::MAX,
+            host => (1u128 << host) - 1,
+        }
+    };
+    // (first, last, prefix length) of each CIDR of the family.
+    let spans: Vec<(u128, u128, u8)> = cidrs
+        .iter()
+        .filter(|c| c.family() == IpFamily::of(&address))
+        .map(|c| (number(c.addr), number(c.addr) + range(c.len), c.len))
+        .collect();
+    let a = number(address);
+    // The innermost CIDR holding it (CIDRs that hold one address are nested), else all.
+    let (first, last, len) = spans
+        .iter()
+        .filter(|(f, l, _)| *f <= a && a <= *l)
+        .max_by_key(|(_, _, len)| *len)
+        .copied()
+        .unwrap_or((0, range(0), 0));
+    // Inside it, skip the CIDRs nested in it (none holds the address).
+    let inner: Vec<(u128, u128)> = spans
+        .iter()
+        .filter(|(f, l, n)| *n > len && first <= *f && *l <= last)
+        .map(|(f, l, _)| (*f, *l))
+        .collect();
+    let mut x = first;
+    while let Some((_, l)) = inner.iter().find(|(f, l)| *f <= x && x <= *l) {
+        match l.checked_add(1) {
+            Some(next) if next <= a => x = next,
+            _ => return address, // cannot happen: the address itself is in none of them
+        }
+    }
+    match address {
+        IpAddr::V4(_) => IpAddr::V4(u32::try_from(x).expect("an IPv4 number").into()),
+        IpAddr::V6(_) => IpAddr::V6(x.into()),
+    }
+}
+
 /// What of a node the Services read, which alone can tell its class from another's: the label
 /// keys the exclusion label and every Service's `nodelb.io/node-selector` read (of any Service
-/// that has one: which of them nodelb handles does not matter here), and the (family,
-/// protocol, port)s the Services nodelb handles claim (a host listener on any other port
-/// changes nothing).
+/// that has one: which of them nodelb handles does not matter here), the CIDRs of every
+/// Service's `nodelb.io/address-cidrs`, and the (family, protocol, port)s the Services nodelb
+/// handles claim (a host listener on any other port changes nothing).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Read {
     labels: Tally<String>,
+    cidrs: Tally<Cidr>,
     ports: Tally<Slot>,
 }
 
@@ -245,6 +314,12 @@ impl Read {
                 .map(|r| r.key.clone())
                 .collect();
             self.labels.set(&key, labels);
+            let cidrs = svc
+                .and_then(|s| s.metadata.annotations.as_ref())
+                .and_then(|a| a.get(ADDRESS_CIDRS_ANNOTATION))
+                .and_then(|c| parse_cidrs(c).ok())
+                .unwrap_or_default();
+            self.cidrs.set(&key, cidrs);
             let ports = match svc.filter(|s| handled(s)) {
                 Some(s) => claimed(&key, s),
                 None => Vec::new(),
@@ -254,6 +329,7 @@ impl Read {
         if whole {
             // Filled in key order: rebuilt packed (see `packed`).
             crate::packed::repack(&mut self.labels.by_service);
+            crate::packed::repack(&mut self.cidrs.by_service);
             crate::packed::repack(&mut self.ports.by_service);
             crate::packed::repack(&mut self.ports.keys);
         }
@@ -403,5 +479,55 @@ impl Classes {
 
     pub fn name(&self, i: usize) -> &str {
         &self.candidates[i].info.name
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stand_in_lies_in_exactly_the_cidrs_its_address_lies_in() {
+        let cidrs: Vec<Cidr> = [
+            "203.0.113.0/24",
+            "203.0.113.0/28",
+            "203.0.113.16/28",
+            "203.0.113.64/26",
+            "203.0.113.66/32",
+            "2001:db8::/64",
+        ]
+        .map(|c| Cidr::parse(c).unwrap())
+        .into();
+        let holding = |a: IpAddr| -> Vec<Cidr> {
+            let host = Cidr::parse(&format!("{a}/{}", if a.is_ipv4() { 32 } else { 128 })).unwrap();
+            cidrs
+                .iter()
+                .filter(|c| c.contains(&host))
+                .copied()
+                .collect()
+        };
+        for (address, want) in [
+            ("203.0.113.5", "203.0.113.0"),
+            ("203.0.113.20", "203.0.113.16"),
+            // In the /24 only: the lowest such address is past the /28s nested in it.
+            ("203.0.113.40", "203.0.113.32"),
+            ("203.0.113.70", "203.0.113.64"),
+            ("203.0.113.66", "203.0.113.66"),
+            ("203.0.113.200", "203.0.113.32"),
+            ("198.51.100.1", "0.0.0.0"),
+            ("2001:db8::9", "2001:db8::"),
+            ("2001:db8:1::9", "::"),
+        ] {
+            let a: IpAddr = address.parse().unwrap();
+            let s = stand_in(a, &cidrs);
+            assert_eq!(s.to_string(), want, "{address}");
+            assert_eq!(holding(s), holding(a), "{address}");
+        }
+        // Outside every CIDR, when they cover the start of the family: the first address past them.
+        let all = [Cidr::parse("0.0.0.0/1").unwrap()];
+        assert_eq!(
+            stand_in("198.51.100.1".parse().unwrap(), &all).to_string(),
+            "128.0.0.0"
+        );
     }
 }

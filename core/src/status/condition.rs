@@ -146,7 +146,7 @@ pub fn decide(seen: &Seen, problems: &[Problem], namespace: &str) -> Serving {
     not(
         "NoServingNodes",
         format!(
-            "{why}{}; check the nodelb agents' heartbeats, the node selector and the endpoints",
+            "{why}{}; check the nodelb agents' heartbeats, the node selector, the address types and CIDRs and the endpoints",
             others(&seen.why_not)
         ),
     )

@@ -6,7 +6,8 @@
 //! programmed, and the planner, run for that node, gives the Service rules there: not excluded,
 //! inside the node selector, not beaten in a port conflict, no reserved port, no port its
 //! heartbeat says a host listener holds, and for `Local` a ready endpoint on that node. The published addresses are the node's ExternalIPs of that
-//! family, else its InternalIPs, in `spec.ipFamilies` order, numerically sorted within a family.
+//! family, else its InternalIPs, of those the Service's address types and CIDRs admit (the
+//! addresses that serve it), in `spec.ipFamilies` order, numerically sorted within a family.
 //!
 //! The planner runs once per class of nodes it cannot tell apart (`classes.rs`), not once per
 //! node; what tells the nodes of a class apart, the endpoints of `Local` Services, comes from an
@@ -29,6 +30,7 @@ mod tests;
 mod tests_classes;
 
 use crate::objects::index::Service;
+use crate::plan::addresses::AddressFilter;
 use crate::plan::config::Config;
 use crate::plan::diagnosis::Warning;
 use crate::plan::node::{AddressKind, NodeInfo};
@@ -145,12 +147,13 @@ pub struct Desired {
     pub serving: condition::Serving,
 }
 
-/// The node's addresses to publish for a family: ExternalIP if any, else InternalIP.
-pub fn published(node: &NodeInfo, family: IpFamily) -> Vec<IpAddr> {
+/// The node's addresses to publish for a family, of those that serve a Service (`filter`):
+/// ExternalIP if any, else InternalIP.
+pub fn published(node: &NodeInfo, family: IpFamily, filter: &AddressFilter) -> Vec<IpAddr> {
     let of = |kind| -> Vec<IpAddr> {
         node.addresses
             .iter()
-            .filter(|(k, a)| *k == kind && IpFamily::of(a) == family)
+            .filter(|(k, a)| *k == kind && IpFamily::of(a) == family && filter.admits(*k, a))
             .map(|(_, a)| *a)
             .collect()
     };
@@ -170,9 +173,9 @@ pub struct Status {
     classes: Classes,
     read: Read,
     local: LocalIndex,
-    /// Published addresses, one list shared by every Service with the same serving nodes
-    /// (kept while some Service's desired status holds it).
-    ingresses: HashMap<IngressKey, Arc<[IpAddr]>>,
+    /// Published addresses, one list shared by every Service with the same serving nodes and
+    /// address filter (kept while some Service's desired status holds it).
+    ingresses: HashMap<(AddressFilter, IngressKey), Arc<[IpAddr]>>,
     /// The objects' version last computed from.
     version: Option<u64>,
     desired: BTreeMap<ServiceKey, Desired>,
@@ -284,10 +287,13 @@ impl Status {
         let lb = service::read(svc, key.clone(), &mut warnings);
         let classes = &self.classes;
         let mut seen = observed::observe(classes, key, lb.policy, self.local.get(key));
+        // Invalid: served nowhere, whatever it publishes.
+        let filter =
+            service::address_filter(&lb, &cfg.planner, &mut Vec::new()).unwrap_or_default();
         let ingress = self
             .ingresses
-            .entry(seen.ingress_key(&lb.families))
-            .or_insert_with_key(|k| ingress(classes, k))
+            .entry((filter, seen.ingress_key(&lb.families)))
+            .or_insert_with_key(|(filter, k)| ingress(classes, k, filter))
             .clone();
         // Invalid parts as the first candidate's planner found them, as they were found when
         // each candidate had a planner of its own.
@@ -308,9 +314,9 @@ impl Status {
     }
 }
 
-/// The addresses to publish: each family's serving nodes' addresses, in the Service's
-/// families order, sorted and without repeats within a family.
-fn ingress(classes: &Classes, key: &IngressKey) -> Arc<[IpAddr]> {
+/// The addresses to publish: each family's serving nodes' addresses that `filter` admits, in
+/// the Service's families order, sorted and without repeats within a family.
+fn ingress(classes: &Classes, key: &IngressKey, filter: &AddressFilter) -> Arc<[IpAddr]> {
     let mut out = Vec::new();
     for (family, servers) in key {
         let members = servers
@@ -319,7 +325,7 @@ fn ingress(classes: &Classes, key: &IngressKey) -> Arc<[IpAddr]> {
             .flat_map(|c| &classes.classes[*c].members);
         let mut addrs: Vec<IpAddr> = members
             .chain(&servers.nodes)
-            .flat_map(|i| published(&classes.candidates[*i].info, *family))
+            .flat_map(|i| published(&classes.candidates[*i].info, *family, filter))
             .collect();
         addrs.sort();
         addrs.dedup();

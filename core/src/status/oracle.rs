@@ -7,6 +7,7 @@
 use super::classes::{self, Candidate};
 use super::observed::{self, Gathered};
 use super::{heartbeat::Heartbeat, published, Desired, Found, StatusConfig};
+use crate::plan::addresses::AddressFilter;
 use crate::plan::diagnosis::{FamilyState, NotServed, PortOutcome, PortResult, ServiceOutcome};
 use crate::plan::service::{self, TrafficPolicy};
 use crate::plan::{Objects, Planner};
@@ -40,6 +41,8 @@ pub fn desired(
         }
         let mut warnings = Vec::new();
         let lb = service::read(svc, key.clone(), &mut warnings);
+        let filter =
+            service::address_filter(&lb, &cfg.planner, &mut Vec::new()).unwrap_or_default();
         let mut seen = PerNode::new(candidates.len(), lb.policy);
         for (node, planner) in &planners {
             if let Some(outcome) = planner.outcome(key) {
@@ -49,7 +52,7 @@ pub fn desired(
         let found = Found {
             candidates: candidates.len(),
             ineligible: &ineligible,
-            ingress: ingress(&candidates, &lb.families, &seen.serving).into(),
+            ingress: ingress(&candidates, &lb.families, &seen.serving, &filter).into(),
             gathered: seen.gathered,
             planned: planners
                 .values()
@@ -63,12 +66,13 @@ pub fn desired(
     out
 }
 
-/// Each family's serving nodes' addresses, in `families` order, sorted and without repeats
-/// within a family.
+/// Each family's serving nodes' addresses that `filter` admits, in `families` order, sorted
+/// and without repeats within a family.
 fn ingress(
     candidates: &[Candidate],
     families: &[IpFamily],
     serving: &BTreeMap<IpFamily, Vec<String>>,
+    filter: &AddressFilter,
 ) -> Vec<IpAddr> {
     let info = |name: &str| {
         &candidates
@@ -83,7 +87,7 @@ fn ingress(
             .get(family)
             .into_iter()
             .flatten()
-            .flat_map(|n| published(info(n), *family))
+            .flat_map(|n| published(info(n), *family, filter))
             .collect();
         addrs.sort();
         addrs.dedup();

@@ -179,6 +179,99 @@ fn external_ips_are_published_before_internal_ones() {
     assert_eq!(w.ingress("web"), vec!["198.51.100.1", "203.0.113.9"]);
 }
 
+/// Node-a with an InternalIP and an ExternalIP, node-b with an InternalIP, and `svc`.
+fn internal_and_external(svc: Svc) -> World {
+    let mut w = World::two_nodes().service(svc);
+    w.nodes[0] = node("node-a")
+        .address("InternalIP", "203.0.113.10")
+        .address("ExternalIP", "198.51.100.1")
+        .k8s();
+    w
+}
+
+#[test]
+fn the_status_lists_only_the_addresses_of_the_services_address_types_and_cidrs() {
+    let types = |t: &str| lb("web", 80).annotation("nodelb.io/address-types", t);
+    // ExternalIP only: node-b, which has none, serves nothing and is not published.
+    let w = internal_and_external(types("ExternalIP"));
+    assert_eq!(w.ingress("web"), vec!["198.51.100.1"]);
+    // InternalIP only: node-a's InternalIP, though it has an ExternalIP.
+    let w = internal_and_external(types("InternalIP"));
+    assert_eq!(w.ingress("web"), vec!["203.0.113.9", "203.0.113.10"]);
+    // Both: the ExternalIP stands for node-a, as without the annotation.
+    let w = internal_and_external(types("ExternalIP,InternalIP"));
+    assert_eq!(w.ingress("web"), vec!["198.51.100.1", "203.0.113.9"]);
+    // A CIDR that holds node-a's InternalIP only.
+    let w = internal_and_external(
+        lb("web", 80).annotation("nodelb.io/address-cidrs", "203.0.113.10/32"),
+    );
+    assert_eq!(w.ingress("web"), vec!["203.0.113.10"]);
+    // The flags' default, for a Service without the annotations.
+    let mut w = internal_and_external(lb("web", 80));
+    w.cfg.planner.addresses.cidrs =
+        vec![crate::plan::service::Cidr::parse("203.0.113.8/30").unwrap()];
+    assert_eq!(w.ingress("web"), vec!["203.0.113.9", "203.0.113.10"]);
+}
+
+#[test]
+fn services_alike_but_for_their_address_types_publish_their_own_addresses() {
+    let w =
+        internal_and_external(lb("web", 80).annotation("nodelb.io/address-types", "InternalIP"))
+            .service(lb("api", 81).annotation("nodelb.io/address-types", "ExternalIP"))
+            .service(lb("all", 82));
+    assert_eq!(w.ingress("web"), vec!["203.0.113.9", "203.0.113.10"]);
+    assert_eq!(w.ingress("api"), vec!["198.51.100.1"]);
+    assert_eq!(w.ingress("all"), vec!["198.51.100.1", "203.0.113.9"]);
+}
+
+#[test]
+fn no_node_address_of_the_services_types_says_why_in_the_condition() {
+    let w = World::two_nodes()
+        .service(lb("web", 80).annotation("nodelb.io/address-types", "ExternalIP"))
+        .slice(slice_of("web", &["198.51.100.20 node-a"]));
+    assert!(w.ingress("web").is_empty());
+    let c = w.serving("web");
+    assert!(!c.status);
+    assert_eq!(c.reason, "NoServingNodes");
+    assert!(
+        c.message.starts_with(
+            "no served address: IPv4 no node address of the Service's address types and CIDRs"
+        ),
+        "{}",
+        c.message
+    );
+}
+
+#[test]
+fn an_invalid_address_annotation_serves_nowhere_is_invalid_input_and_says_why() {
+    let w = internal_and_external(
+        lb("web", 80).annotation("nodelb.io/address-cidrs", "198.51.100.0/24,nonsense"),
+    )
+    .slice(slice_of("web", &["198.51.100.20 node-a"]));
+    assert!(w.ingress("web").is_empty());
+    let notes: Vec<(&str, String)> = w
+        .problems("web")
+        .iter()
+        .map(|p| (p.reason(), p.note()))
+        .collect();
+    assert!(
+        notes.contains(&(
+            "InvalidInput",
+            "left out: Service default/web: annotation nodelb.io/address-cidrs \"198.51.100.0/24,nonsense\": \"nonsense\" is not a CIDR; served nowhere".to_string()
+        )),
+        "{notes:?}"
+    );
+    let c = w.serving("web");
+    assert!(!c.status);
+    assert!(
+        c.message.starts_with(
+            "not served: invalid annotation nodelb.io/address-cidrs \"198.51.100.0/24,nonsense\": \"nonsense\" is not a CIDR"
+        ),
+        "{}",
+        c.message
+    );
+}
+
 #[test]
 fn node_selector_and_exclusion_label_limit_serving_nodes() {
     let mut w =

@@ -1,13 +1,14 @@
 //! The status computed class by class against the oracle, the per-node computation it replaced
 //! (`oracle.rs`): on randomized clusters (nodes with varied labels, families, addresses and
 //! heartbeats; Services with node selectors, both policies, several families and ports that
-//! conflict; ready, terminating and missing endpoints on various nodes; host listeners on ports
+//! conflict, address types and CIDRs; ready, terminating and missing endpoints on various nodes; host listeners on ports
 //! Services use and on ports none does, by various processes), and after each change in a
 //! random sequence, the desired status (ingress, problems, condition) must be the same.
 
 use super::heartbeat::{BlockedPorts, Heartbeat};
 use super::*;
 use crate::fixtures::{heartbeat, node, Ep, Slice, Svc, NOW};
+use crate::plan::addresses::parse_cidrs;
 use crate::plan::conflicts::Slot;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -39,6 +40,13 @@ impl Cluster {
         let mut planner = Config::default();
         if rng.random_bool(0.1) {
             planner.allowed_namespaces = Some(["ns".to_string()].into());
+        }
+        // Now and then flags that narrow every Service's addresses by default.
+        if rng.random_bool(0.1) {
+            planner.addresses.types = [AddressKind::ExternalIP].into();
+        }
+        if rng.random_bool(0.1) {
+            planner.addresses.cidrs = parse_cidrs("203.0.113.8/29").unwrap();
         }
         let mut c = Cluster {
             rng,
@@ -188,6 +196,31 @@ impl Cluster {
             let sel = selectors[rng.random_range(0..selectors.len())];
             svc = svc.annotation("nodelb.io/node-selector", sel);
         }
+        // Address types and CIDRs (nested ones, of both families, and invalid ones), which
+        // the nodes' addresses below fall in or out of.
+        if rng.random_bool(0.3) {
+            let types = [
+                "ExternalIP",
+                "InternalIP",
+                "InternalIP,ExternalIP",
+                "Public",
+            ];
+            let t = types[rng.random_range(0..types.len())];
+            svc = svc.annotation("nodelb.io/address-types", t);
+        }
+        if rng.random_bool(0.3) {
+            let cidrs = [
+                "203.0.113.0/24",
+                "203.0.113.8/29",
+                "203.0.113.16/28,2001:db8::/64",
+                "198.51.100.0/25",
+                "2001:db8::10/126",
+                "",
+                "203.0.113.0/33",
+            ];
+            let c = cidrs[rng.random_range(0..cidrs.len())];
+            svc = svc.annotation("nodelb.io/address-cidrs", c);
+        }
         self.objects.put_service(Arc::new(svc.index()));
         for (k, family) in ["IPv4", "IPv6"].into_iter().enumerate() {
             if self.rng.random_bool(0.8) {
@@ -334,6 +367,9 @@ fn the_status_by_class_equals_the_per_node_status_on_random_clusters() {
     let mut conflicts = 0;
     let mut in_use = 0;
     let mut in_use_served_elsewhere = 0;
+    let mut narrowed = 0;
+    let mut none_admitted = 0;
+    let mut invalid_addresses = 0;
     for seed in 0..300 {
         let mut c = Cluster::new(seed);
         let mut status = Status::default();
@@ -359,6 +395,18 @@ fn the_status_by_class_equals_the_per_node_status_on_random_clusters() {
                 }
             }
             compared += want.len();
+            for (k, d) in &want {
+                let annotated = c
+                    .objects
+                    .service(k)
+                    .and_then(|s| s.metadata.annotations.as_ref())
+                    .is_some_and(|a| a.keys().any(|k| k.starts_with("nodelb.io/address-")));
+                narrowed += usize::from(annotated && !d.ingress.is_empty());
+                none_admitted += usize::from(d.serving.message.contains("address types and CIDRs"));
+                invalid_addresses += usize::from(d.problems.iter().any(|p| {
+                    p.reason() == "InvalidInput" && p.note().contains("nodelb.io/address-")
+                }));
+            }
             local_served += want
                 .iter()
                 .filter(|(k, d)| {
@@ -393,6 +441,9 @@ fn the_status_by_class_equals_the_per_node_status_on_random_clusters() {
         in_use_served_elsewhere > 100,
         "{in_use_served_elsewhere} served elsewhere, a listener named in the condition"
     );
+    assert!(narrowed > 500, "{narrowed}");
+    assert!(none_admitted > 200, "{none_admitted}");
+    assert!(invalid_addresses > 200, "{invalid_addresses}");
 }
 
 impl Cluster {
