@@ -4,8 +4,11 @@
 
 use crate::run::logging::LogFormat;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use nodelb_core::plan::addresses::{self, AddressFilter};
 use nodelb_core::plan::config::{Config, DEFAULT_LB_CLASS};
+use nodelb_core::plan::node::AddressKind;
 use nodelb_core::plan::reserved::ReservedPorts;
+use nodelb_core::plan::service::Cidr;
 use nodelb_core::vocab::Protocol;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -108,6 +111,29 @@ pub struct PlannerArgs {
     /// Only Services in these namespaces (comma separated) may be nodelb's. Default: all.
     #[arg(long, value_delimiter = ',', value_name = "NS,...")]
     pub allowed_namespaces: Option<Vec<String>>,
+
+    /// The kinds of node address (`InternalIP`, `ExternalIP`, comma separated) that serve a
+    /// Service without the annotation `nodelb.io/address-types`.
+    #[arg(long, value_parser = parse_address_types, default_value = "InternalIP,ExternalIP",
+          value_name = "TYPES")]
+    pub address_types: BTreeSet<AddressKind>,
+
+    /// The prefixes (comma separated) a node address must lie in to serve a Service without
+    /// the annotation `nodelb.io/address-cidrs`. Default (or empty): any address.
+    #[arg(long, value_parser = parse_address_cidrs, value_name = "CIDR,...")]
+    pub address_cidrs: Option<CidrList>,
+}
+
+/// `--address-cidrs`: a list of prefixes, one flag value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CidrList(pub Vec<Cidr>);
+
+fn parse_address_types(s: &str) -> Result<BTreeSet<AddressKind>, String> {
+    addresses::parse_types(s)
+}
+
+fn parse_address_cidrs(s: &str) -> Result<CidrList, String> {
+    addresses::parse_cidrs(s).map(CidrList)
 }
 
 /// `render` and `apply`: objects from files, this node from flags.
@@ -297,6 +323,14 @@ impl PlannerArgs {
                     .filter(|n| !n.is_empty())
                     .collect::<BTreeSet<_>>()
             }),
+            addresses: AddressFilter {
+                types: self.address_types.clone(),
+                cidrs: self
+                    .address_cidrs
+                    .as_ref()
+                    .map(|c| c.0.clone())
+                    .unwrap_or_default(),
+            },
             ..Config::default()
         }
     }
@@ -436,6 +470,43 @@ mod tests {
         assert!(text.contains("\"ssh\" is not a port number"), "{text}");
         let e = parse(&["run", "--node-name", "n", "--reserved-ports", "90-80"]).unwrap_err();
         assert!(e.to_string().contains("range starts after it ends"), "{e}");
+    }
+
+    #[test]
+    fn address_flags_are_the_default_filter_and_bad_values_say_what_is_wrong() {
+        let r = run(&[]);
+        assert_eq!(r.config().addresses, AddressFilter::default());
+        let r = run(&[
+            "--address-types",
+            "ExternalIP",
+            "--address-cidrs",
+            "203.0.113.0/24,2001:db8::/32",
+        ]);
+        assert_eq!(r.config().addresses.types, [AddressKind::ExternalIP].into());
+        assert_eq!(
+            r.config().addresses.to_string(),
+            "ExternalIP in 203.0.113.0/24,2001:db8::/32"
+        );
+        let r = run(&["--address-cidrs="]);
+        assert_eq!(r.config().addresses, AddressFilter::default());
+        let e = parse(&["run", "--node-name", "n", "--address-types", "Hostname"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ValueValidation);
+        assert!(
+            e.to_string()
+                .contains("\"Hostname\" is not InternalIP or ExternalIP"),
+            "{e}"
+        );
+        let e = parse(&["run", "--node-name", "n", "--address-types="]).unwrap_err();
+        assert!(e.to_string().contains("names no address type"), "{e}");
+        let e = parse(&[
+            "run",
+            "--node-name",
+            "n",
+            "--address-cidrs",
+            "203.0.113.0/24,x",
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("\"x\" is not a CIDR"), "{e}");
     }
 
     #[test]

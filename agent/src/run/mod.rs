@@ -248,7 +248,8 @@ async fn start(
     let config = &settings.config;
     info!(node = %settings.node_name, ipv4 = config.ipv4, ipv6 = config.ipv6,
           lb_class = %config.lb_class, default_class = config.default_class,
-          reserved_ports = %config.reserved_ports, "nodelb-agent starting");
+          reserved_ports = %config.reserved_ports, addresses = %config.addresses,
+          "nodelb-agent starting");
     if settings.masquerade_bit {
         info!("--masquerade-bit is accepted for compatibility and not used: masquerading follows conntrack state");
     }
