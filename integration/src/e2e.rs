@@ -781,6 +781,12 @@ impl Cluster {
         client_net_v6(i, 2)
     }
 
+    /// Node `i`'s IPv4 address on its link to the stranger: 192.0.2.(128+16i+1). Not in its
+    /// Node object unless a test lists it there (as an ExternalIP, say).
+    pub fn node_stranger_v4(&self, i: usize) -> Ipv4Addr {
+        stranger_net_v4(i, 1)
+    }
+
     /// The stranger's IPv4 address on its link to node `i`: 192.0.2.(128+16i+2).
     pub fn stranger_v4(&self, i: usize) -> Ipv4Addr {
         stranger_net_v4(i, 2)

@@ -608,6 +608,118 @@ fn reserved_port_gets_no_rules_and_an_event() {
     });
 }
 
+/// Which node addresses serve a Service (`nodelb.io/address-types`), on a node with two
+/// addresses on two links: its InternalIP faces the client, its ExternalIP (listed in its
+/// Node here) the stranger. A Service of `ExternalIP` answers on the ExternalIP and leaves
+/// the InternalIP to the node (a reset, from the client and from the stranger alike), one of
+/// `InternalIP` the other way round, and each status lists only the address serving it. An
+/// unknown type serves nowhere: no rules, no status, an `InvalidInput` Event, and the
+/// condition says why.
+#[test]
+fn address_types_serve_and_publish_only_the_chosen_node_addresses() {
+    if !require_root("address_types_serve_and_publish_only_the_chosen_node_addresses") {
+        return;
+    }
+    let c = start(ClusterOptions::default());
+    let _servers = start_backends(&c, false);
+    let (internal, external) = (c.node_v4(0), c.node_stranger_v4(0));
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(c.admin().clone());
+    let patch = json!({"status": {"addresses": [
+        {"type": "InternalIP", "address": internal.to_string()},
+        {"type": "ExternalIP", "address": external.to_string()},
+        {"type": "Hostname", "address": c.node_name(0)}]}});
+    c.block_on(nodes.patch_status(
+        c.node_name(0),
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    ))
+    .unwrap_or_else(|e| panic!("setting node 0's ExternalIP: {e}"));
+    let on = |name: &str, port: u32, types: &str| {
+        service(name, port, "").replace(
+            &format!("metadata: {{name: {name}}}"),
+            &format!("metadata: {{name: {name}, annotations: {{\"nodelb.io/address-types\": \"{types}\"}}}}"),
+        )
+    };
+    c.apply(&on("ext", 8031, "ExternalIP"));
+    c.apply(&slice(&c, "ext", "1", &[0]));
+    c.apply(&on("int", 8032, "InternalIP"));
+    c.apply(&slice(&c, "int", "1", &[1]));
+    c.apply(&on("bad", 8033, "ExternalIP,Hostname"));
+    c.apply(&slice(&c, "bad", "1", &[2]));
+    let at = |addr: std::net::Ipv4Addr, port: u16| SocketAddr::new(addr.into(), port);
+
+    wait_answer_from(&c, c.stranger(), at(external, 8031), "b0");
+    wait_answer_from(&c, c.client(), at(internal, 8032), "b1");
+    // The other address is the node's own: nothing listens there, the kernel resets.
+    for (ns, dst) in [
+        (c.client(), at(internal, 8031)),
+        (c.stranger(), at(internal, 8031)),
+        (c.stranger(), at(external, 8032)),
+    ] {
+        match tcp_request(ns, dst, ANSWER) {
+            Outcome::Refused { .. } => {}
+            other => panic!("{dst} from {}: not served there, got {other:?}", ns.name()),
+        }
+    }
+
+    for (svc, want) in [("ext", external), ("int", internal)] {
+        wait_for(
+            &format!("Service {svc} publishes {want} only"),
+            CHANGE,
+            || match ips(&c, svc) {
+                ips if ips == [want.to_string()] => Ok(()),
+                ips => Err(format!("{ips:?}")),
+            },
+        );
+    }
+
+    // Invalid: no rules on either address, no status, an Event and the condition say why.
+    let table = c.nft_table(0, "ip").unwrap_or_default();
+    assert!(!table.contains(&tag(&c, "bad", "tcp")), "{table}");
+    for dst in [at(external, 8033), at(internal, 8033)] {
+        match tcp_request(c.stranger(), dst, ANSWER) {
+            Outcome::Refused { .. } => {}
+            other => panic!("{dst}: an invalid annotation serves nowhere, got {other:?}"),
+        }
+    }
+    wait_for("an InvalidInput Event about Service bad", CHANGE, || {
+        let events = c.events();
+        let note = events.iter().find_map(|e| {
+            (e["reason"] == "InvalidInput" && e["regarding"]["name"] == "bad")
+                .then(|| e["note"].as_str().unwrap_or_default().to_string())
+        });
+        match note {
+            Some(n) if n.contains("nodelb.io/address-types") && n.contains("\"Hostname\"") => {
+                Ok(())
+            }
+            other => Err(format!("{other:?}")),
+        }
+    });
+    assert!(ips(&c, "bad").is_empty());
+    wait_for("Service bad's condition says why", CHANGE, || {
+        let api: kube::Api<k8s_openapi::api::core::v1::Service> =
+            kube::Api::namespaced(c.admin().clone(), c.namespace());
+        let svc = c.block_on(api.get("bad")).map_err(|e| e.to_string())?;
+        let condition = svc
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "nodelb.io/Serving");
+        match condition {
+            Some(c)
+                if c.status == "False"
+                    && c.message
+                        .contains("invalid annotation nodelb.io/address-types") =>
+            {
+                Ok(())
+            }
+            other => Err(format!("{other:?}")),
+        }
+    });
+    c.assert_agents_authorized();
+}
+
 /// `--ipv6=true`: a dual-stack Service answers an IPv6 client (and an IPv4 one), also when
 /// its source ranges are IPv4 only; an IPv6-only Service answers IPv6 and leaves IPv4 alone.
 #[test]
