@@ -4,7 +4,7 @@
 //! endpoints each port would forward to. Depends only on the Service, its slices and the
 //! node-wide context, so it is cached per Service between syncs.
 
-use super::addresses::AddressFilter;
+use super::addresses::{self, AddressFilter};
 use super::config::Config;
 use super::diagnosis::{FamilySkip, ObjectRef, ServiceOutcome, Warning};
 use super::endpoints::{self, EndpointAddr, Selection};
@@ -195,7 +195,7 @@ fn decide<'s>(
         return Err(ServiceOutcome::ReservedPorts { ports: reserved });
     }
     // Read before the node is looked at: its warnings do not depend on the node.
-    let filter = service::address_filter(&lb, config, warnings);
+    let filter = addresses::address_filter(&lb, &config.addresses, warnings);
     if let Err(why) = service::serving(&lb, &ctx.node, warnings) {
         return Err(ServiceOutcome::NotServed(why));
     }

@@ -1,9 +1,6 @@
 //! Which Services are nodelb's, and a Service's spec read into checked, plain values: ports,
 //! families, traffic policy, source ranges, node selector, address filter.
 
-use super::addresses::{
-    AddressFilter, InvalidAddresses, ADDRESS_CIDRS_ANNOTATION, ADDRESS_TYPES_ANNOTATION,
-};
 use super::config::Config;
 use super::diagnosis::{NotServed, ObjectRef, Warning};
 use super::node::NodeInfo;
@@ -19,6 +16,12 @@ use std::net::IpAddr;
 pub const EXCLUDE_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 /// Annotation holding a label selector that limits a Service's serving nodes.
 pub const NODE_SELECTOR_ANNOTATION: &str = "nodelb.io/node-selector";
+/// Annotation: the kinds of node address (`InternalIP`, `ExternalIP`, comma separated) that
+/// serve the Service (see [`super::addresses`]).
+pub const ADDRESS_TYPES_ANNOTATION: &str = "nodelb.io/address-types";
+/// Annotation: the prefixes (comma separated) a node address must lie in to serve the Service;
+/// empty: any.
+pub const ADDRESS_CIDRS_ANNOTATION: &str = "nodelb.io/address-cidrs";
 
 impl ServiceKey {
     /// The key of a Service object: a missing namespace is `default`, as kubectl reads files.
@@ -373,32 +376,6 @@ pub fn serving(
             })
         }
     }
-}
-
-/// Which of the node's addresses serve the Service: its annotations over the flags' default
-/// (`config`). An annotation that does not parse is warned about and the Service is served
-/// nowhere, as with an invalid node selector: never on addresses it did not ask for.
-pub fn address_filter(
-    svc: &LbService,
-    config: &Config,
-    warnings: &mut Vec<Warning>,
-) -> Result<AddressFilter, NotServed> {
-    AddressFilter::of_service(svc.address_types, svc.address_cidrs, &config.addresses).map_err(
-        |errors: Vec<InvalidAddresses>| {
-            for e in &errors {
-                warnings.push(Warning::new(
-                    ObjectRef::service(&svc.key),
-                    format!("{e}; served nowhere"),
-                ));
-            }
-            let first = errors.into_iter().next().expect("an error");
-            NotServed::InvalidAddresses {
-                annotation: first.annotation.to_string(),
-                value: first.value,
-                error: first.error,
-            }
-        },
-    )
 }
 
 #[cfg(test)]

@@ -289,7 +289,8 @@ impl Status {
         let mut seen = observed::observe(classes, key, lb.policy, self.local.get(key));
         // Invalid: served nowhere, whatever it publishes.
         let filter =
-            service::address_filter(&lb, &cfg.planner, &mut Vec::new()).unwrap_or_default();
+            crate::plan::addresses::address_filter(&lb, &cfg.planner.addresses, &mut Vec::new())
+                .unwrap_or_default();
         let ingress = self
             .ingresses
             .entry((filter, seen.ingress_key(&lb.families)))

@@ -42,7 +42,8 @@ pub fn desired(
         let mut warnings = Vec::new();
         let lb = service::read(svc, key.clone(), &mut warnings);
         let filter =
-            service::address_filter(&lb, &cfg.planner, &mut Vec::new()).unwrap_or_default();
+            crate::plan::addresses::address_filter(&lb, &cfg.planner.addresses, &mut Vec::new())
+                .unwrap_or_default();
         let mut seen = PerNode::new(candidates.len(), lb.policy);
         for (node, planner) in &planners {
             if let Some(outcome) = planner.outcome(key) {
