@@ -1,6 +1,8 @@
-//! What the operator decides with flags: families, class, reserved ports, namespaces.
+//! What the operator decides with flags: families, class, reserved ports, namespaces,
+//! ServiceLB compatibility.
 
 use super::reserved::{self, ReservedPorts};
+use super::servicelb::ServiceLb;
 use crate::vocab::{IpFamily, Protocol};
 use nodelb_netfilter::TableRef;
 use std::collections::BTreeSet;
@@ -23,6 +25,11 @@ pub struct Config {
     pub allowed_namespaces: Option<BTreeSet<String>>,
     /// Name of the nft table in each family (`nodelb`).
     pub table_name: String,
+    /// `--servicelb-compat` (default off): honour k3s ServiceLB's node labels and pools. The
+    /// one setting that is not the flag alone: whether some Node carries ServiceLB's
+    /// `enablelb` label is cluster state, filled in by the agent and the leader from the Nodes
+    /// they watch ([`ServiceLb::seeing`]); a change of it replans every Service.
+    pub servicelb: ServiceLb,
 }
 
 /// The loadBalancerClass nodelb answers to unless `--lb-class` says otherwise.
@@ -41,6 +48,7 @@ impl Default for Config {
                 .with(Protocol::Tcp, reserved::DEFAULT_OWN_PORTS),
             allowed_namespaces: None,
             table_name: DEFAULT_TABLE_NAME.to_string(),
+            servicelb: ServiceLb::Ignored,
         }
     }
 }

@@ -189,7 +189,7 @@ fn decide<'s>(
     if !reserved.is_empty() {
         return Err(ServiceOutcome::ReservedPorts { ports: reserved });
     }
-    if let Err(why) = service::serving(&lb, &ctx.node, warnings) {
+    if let Err(why) = service::serving(&lb, &ctx.node, config.servicelb, warnings) {
         return Err(ServiceOutcome::NotServed(why));
     }
     Ok(lb)

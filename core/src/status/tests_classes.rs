@@ -1,6 +1,7 @@
 //! The status computed class by class against the oracle, the per-node computation it replaced
 //! (`oracle.rs`): on randomized clusters (nodes with varied labels, families, addresses and
-//! heartbeats; Services with node selectors, both policies, several families and ports that
+//! heartbeats; Services with node selectors, both policies, ServiceLB pools with and without
+//! `--servicelb-compat` and nodes labelled for ServiceLB or not, several families and ports that
 //! conflict; ready, terminating and missing endpoints on various nodes; host listeners on ports
 //! Services use and on ports none does, by various processes), and after each change in a
 //! random sequence, the desired status (ingress, problems, condition) must be the same.
@@ -9,6 +10,7 @@ use super::heartbeat::{BlockedPorts, Heartbeat};
 use super::*;
 use crate::fixtures::{heartbeat, node, Ep, Slice, Svc, NOW};
 use crate::plan::conflicts::Slot;
+use crate::plan::servicelb::{ServiceLb, ENABLELB_LABEL, LBPOOL_LABEL};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -40,6 +42,7 @@ impl Cluster {
         if rng.random_bool(0.1) {
             planner.allowed_namespaces = Some(["ns".to_string()].into());
         }
+        planner.servicelb = ServiceLb::from_flag(rng.random_bool(0.3));
         let mut c = Cluster {
             rng,
             names,
@@ -76,6 +79,17 @@ impl Cluster {
         }
         if rng.random_bool(0.15) {
             labels.push((service::EXCLUDE_LABEL, ""));
+        }
+        // ServiceLB's labels: under --servicelb-compat, one node labelled enablelb (even
+        // `false`) leaves every node not labelled `true` out, and pools pick among the rest.
+        if rng.random_bool(0.25) {
+            labels.push((
+                ENABLELB_LABEL,
+                ["true", "true", "false"][rng.random_range(0..3)],
+            ));
+        }
+        if rng.random_bool(0.4) {
+            labels.push((LBPOOL_LABEL, ["a", "b"][rng.random_range(0..2)]));
         }
         let mut n = labels.iter().fold(node(&name), |n, (k, v)| n.label(k, v));
         let (v4, v6) = (
@@ -187,6 +201,9 @@ impl Cluster {
             ];
             let sel = selectors[rng.random_range(0..selectors.len())];
             svc = svc.annotation("nodelb.io/node-selector", sel);
+        }
+        if rng.random_bool(0.3) {
+            svc = svc.label(LBPOOL_LABEL, ["a", "b", ""][rng.random_range(0..3)]);
         }
         self.objects.put_service(Arc::new(svc.index()));
         for (k, family) in ["IPv4", "IPv6"].into_iter().enumerate() {
@@ -334,6 +351,7 @@ fn the_status_by_class_equals_the_per_node_status_on_random_clusters() {
     let mut conflicts = 0;
     let mut in_use = 0;
     let mut in_use_served_elsewhere = 0;
+    let mut servicelb_left_out = 0;
     for seed in 0..300 {
         let mut c = Cluster::new(seed);
         let mut status = Status::default();
@@ -382,6 +400,10 @@ fn the_status_by_class_equals_the_per_node_status_on_random_clusters() {
                 .iter()
                 .filter(|d| d.serving.status && d.serving.message.contains("in use on the node"))
                 .count();
+            servicelb_left_out += want
+                .values()
+                .filter(|d| d.serving.message.contains("--servicelb-compat"))
+                .count();
         }
     }
     // The clusters exercise what they are meant to.
@@ -392,6 +414,10 @@ fn the_status_by_class_equals_the_per_node_status_on_random_clusters() {
     assert!(
         in_use_served_elsewhere > 100,
         "{in_use_served_elsewhere} served elsewhere, a listener named in the condition"
+    );
+    assert!(
+        servicelb_left_out > 500,
+        "{servicelb_left_out} conditions name a node ServiceLB's labels leave out"
     );
 }
 
