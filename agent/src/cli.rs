@@ -9,6 +9,7 @@ use nodelb_core::plan::config::{Config, DEFAULT_LB_CLASS};
 use nodelb_core::plan::node::AddressKind;
 use nodelb_core::plan::reserved::ReservedPorts;
 use nodelb_core::plan::service::Cidr;
+use nodelb_core::plan::servicelb::ServiceLb;
 use nodelb_core::vocab::Protocol;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -235,6 +236,15 @@ pub struct RunArgs {
           require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     pub health_check_node_ports: bool,
 
+    /// Honour k3s ServiceLB's node labels and pools, for a drop-in replacement: once any Node
+    /// is labelled `svccontroller.k3s.cattle.io/enablelb`, only Nodes labelled
+    /// `svccontroller.k3s.cattle.io/enablelb=true` serve, and a Service labelled
+    /// `svccontroller.k3s.cattle.io/lbpool=<pool>` only on those whose label of that name is
+    /// `<pool>` (docs/migration.md).
+    #[arg(long, action = ArgAction::Set, default_value_t = false, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub servicelb_compat: bool,
+
     /// The longest a change waits for the changes that follow it: a change syncs at once when
     /// the last sync ended at least this long ago, else this long after it ended, with what
     /// arrived meanwhile (humantime: 10ms, 1s).
@@ -338,8 +348,12 @@ impl PlannerArgs {
 
 impl RunArgs {
     pub fn config(&self) -> Config {
-        self.planner
-            .config(&[self.health_addr.port(), self.metrics_addr.port()])
+        Config {
+            servicelb: ServiceLb::from_flag(self.servicelb_compat),
+            ..self
+                .planner
+                .config(&[self.health_addr.port(), self.metrics_addr.port()])
+        }
     }
 
     /// What `run` runs with: the flags resolved, defaults filled in.
@@ -455,6 +469,16 @@ mod tests {
         assert!(!run(&["--ipv4=false"]).planner.ipv4);
         assert!(!run(&["--default-class=false"]).planner.default_class);
         assert!(run(&["--set-sysctls"]).set_sysctls);
+        assert_eq!(run(&[]).config().servicelb, ServiceLb::Ignored);
+        assert_eq!(
+            run(&["--servicelb-compat"]).config().servicelb,
+            ServiceLb::Unlabelled,
+            "on, until a Node labelled enablelb is seen"
+        );
+        assert!(!run(&["--servicelb-compat=false"])
+            .config()
+            .servicelb
+            .enabled());
         // A separate value is not the flag's value: `--ipv6 false` leaves `false` as a stray
         // argument, which is an error, never silently "true".
         assert!(parse(&["run", "--node-name", "n", "--ipv6", "false"]).is_err());

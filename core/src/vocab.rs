@@ -28,6 +28,13 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// kube-proxy does.
 pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
 
+/// k3s ServiceLB's node label (`--servicelb-compat`, `plan::servicelb`): once any node carries
+/// it, only nodes where it is `true` serve.
+pub const ENABLELB_LABEL: &str = "svccontroller.k3s.cattle.io/enablelb";
+/// k3s ServiceLB's pool (`--servicelb-compat`, `plan::servicelb`): a label on Services and on
+/// nodes.
+pub const LBPOOL_LABEL: &str = "svccontroller.k3s.cattle.io/lbpool";
+
 /// The `type` of the condition nodelb writes in each handled Service's status.
 pub const SERVING_CONDITION: &str = "nodelb.io/Serving";
 

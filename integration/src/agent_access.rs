@@ -77,7 +77,8 @@ const WATCH_SLICES: &str =
 const WATCH_NODES: &str =
     "agent/src/kube/watches.rs: Caches::start, reflector over Api::<Node>::all with \
      field selector metadata.name=<node>; the status leader watches all Nodes \
-     (agent/src/kube/status_writer.rs)";
+     (agent/src/kube/status_writer.rs); with --servicelb-compat, watch_enablelb watches the \
+     metadata of the Nodes labelled svccontroller.k3s.cattle.io/enablelb (label selector)";
 const EVENTS_CREATE: &str = "agent/src/kube/events.rs: new_event, created by \
      NodeEvents::update (Node Events, namespace default) and by the status writer's publish \
      (Service Events from the status leader); each Event is created once, never patched";

@@ -1589,3 +1589,93 @@ fn a_node_whose_syncs_keep_failing_leaves_the_status() {
     eprintln!("measured: the node came back {took:?} after the table was let go");
     assert_rbac(&c);
 }
+
+// ---- --servicelb-compat ----------------------------------------------------------------------
+
+/// k3s ServiceLB's node label (see `nodelb_core::plan::servicelb`).
+const ENABLELB: &str = "svccontroller.k3s.cattle.io/enablelb";
+
+/// Sets (`Some`) or removes (`None`) node `i`'s label `key`.
+fn label_node(c: &Cluster, i: usize, key: &str, value: Option<&str>) {
+    let nodes: Api<Node> = Api::all(c.admin().clone());
+    let patch = json!({"metadata": {"labels": {key: value}}});
+    c.block_on(nodes.patch(
+        c.node_name(i),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    ))
+    .unwrap_or_else(|e| panic!("labelling node {i} {key}={value:?}: {e}"));
+}
+
+/// Whether node `i`'s IPv4 table has a rule or element for Service `name`.
+fn programs(c: &Cluster, i: usize, name: &str) -> bool {
+    let comment = format!("{}/{name}:", c.namespace());
+    c.nft_table(i, "ip").is_some_and(|t| t.contains(&comment))
+}
+
+/// Two nodes whose agents run with `extra` flags, and the Service `slb` on both.
+fn servicelb_cluster(extra: &[&str]) -> Cluster {
+    let mut options = fast_options(2);
+    options
+        .agent_args
+        .extend(extra.iter().map(|a| a.to_string()));
+    let c = Cluster::start(options);
+    apply(&c, service("slb", 8040));
+    apply(&c, slice(&c, "slb", &[(0, true), (1, true)]));
+    wait_ips(&c, "slb", &[addr(&c, 0), addr(&c, 1)], CHANGE);
+    c
+}
+
+/// `--servicelb-compat` (issue 31): once node-a is labelled ServiceLB's `enablelb=true`, node-b
+/// (unlabelled) leaves the status, its condition says why, and its agent drops the Service's
+/// rules (it learns of node-a's label from its own watch); the label removed, node-b serves
+/// again.
+#[test]
+fn servicelb_compat_enablelb_true_on_one_node_leaves_only_it_in_the_status() {
+    if !require_root("servicelb_compat_enablelb_true_on_one_node_leaves_only_it_in_the_status") {
+        return;
+    }
+    let _serial = serial();
+    let c = servicelb_cluster(&["--servicelb-compat"]);
+    assert!(programs(&c, 1, "slb"), "node-b serves before any label");
+
+    label_node(&c, 0, ENABLELB, Some("true"));
+    let took = wait_ips(&c, "slb", &[addr(&c, 0)], CHANGE);
+    eprintln!("measured: node-b left the status {took:?} after node-a was labelled enablelb");
+    let (status, _, message) = serving_condition(&c, "slb").expect("slb's condition");
+    assert_eq!(status, "True", "{message}");
+    assert!(
+        message.contains(&format!("{}: not served", c.node_name(1)))
+            && message.contains(&format!("{ENABLELB}=true")),
+        "the condition names node-b and why: {message}"
+    );
+    wait_for(
+        "node-b's agent drops slb's rules",
+        CHANGE,
+        || match programs(&c, 1, "slb") {
+            false => Ok(()),
+            true => Err("still programmed".to_string()),
+        },
+    );
+    assert!(programs(&c, 0, "slb"), "node-a keeps serving");
+
+    label_node(&c, 0, ENABLELB, None);
+    let took = wait_ips(&c, "slb", &[addr(&c, 0), addr(&c, 1)], CHANGE);
+    eprintln!("measured: node-b came back {took:?} after the label was removed");
+    assert_rbac(&c);
+}
+
+/// Without `--servicelb-compat`, ServiceLB's labels change nothing: both nodes keep serving.
+#[test]
+fn without_servicelb_compat_the_enablelb_label_changes_nothing() {
+    if !require_root("without_servicelb_compat_the_enablelb_label_changes_nothing") {
+        return;
+    }
+    let _serial = serial();
+    let c = servicelb_cluster(&[]);
+    label_node(&c, 0, ENABLELB, Some("true"));
+    std::thread::sleep(2 * RESYNC);
+    assert_eq!(ips(&c, "slb"), [addr(&c, 0), addr(&c, 1)]);
+    assert!(programs(&c, 1, "slb"), "node-b still serves");
+    assert_rbac(&c);
+}

@@ -1,34 +1,40 @@
 //! Watches: Services and EndpointSlices in all namespaces, read straight into the
 //! [`wire`](nodelb_core::objects::wire) types (only what nodelb reads is kept), whose events go to the
 //! sync loop's [`Inbox`](super::inbox::Inbox) (the one copy of them), and this node's Node,
-//! kept in a kube-runtime reflector. Objects are read through `DeserializeGuard`, so one that
+//! kept in a kube-runtime reflector; with `--servicelb-compat`, whether any Node carries k3s
+//! ServiceLB's `enablelb` label, from a metadata-only watch of just those Nodes. Objects are read through `DeserializeGuard`, so one that
 //! does not deserialize is logged and counted once and never stops the watch.
 
 use super::inbox::ObjectEvent;
 use crate::metrics::Metrics;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::core::DeserializeGuard;
+use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource, ResourceExt};
 use nodelb_core::objects::wire::{EndpointSlice, Service};
+use nodelb_core::plan::servicelb::ENABLELB_LABEL;
 use serde::de::DeserializeOwned;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Debug;
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
-use tracing::{info_span, warn, Instrument};
+use tokio::sync::watch;
+use tracing::{info, info_span, warn, Instrument};
 
 /// This node's Node changed (sent by its watch).
 #[derive(Debug)]
 pub struct NodeChanged;
 
-/// The Node's reflector.
+/// The Node's reflector, and what the ServiceLB watch says.
 #[derive(Clone)]
 pub struct Caches {
     pub node: Store<DeserializeGuard<Node>>,
+    /// With `--servicelb-compat`: whether some Node carries ServiceLB's `enablelb` label
+    /// (`None` until its watch has listed).
+    pub servicelb: Option<watch::Receiver<Option<bool>>>,
 }
 
 /// The valid objects of a store.
@@ -40,11 +46,13 @@ where
 }
 
 impl Caches {
-    /// Start the three watches. Service and EndpointSlice events are sent as an
-    /// [`ObjectEvent`]; a change of this node's Node as [`NodeChanged`].
+    /// Start the three watches, and with `servicelb_compat` the fourth. Service and
+    /// EndpointSlice events are sent as an [`ObjectEvent`]; a change of this node's Node, or of
+    /// whether any Node carries ServiceLB's `enablelb` label, as [`NodeChanged`].
     pub fn start<T>(
         client: &Client,
         node_name: &str,
+        servicelb_compat: bool,
         tx: UnboundedSender<T>,
         metrics: Arc<Metrics>,
     ) -> (Caches, Vec<tokio::task::JoinHandle<()>>)
@@ -68,13 +76,100 @@ impl Caches {
             watcher::Config::default().fields(&format!("metadata.name={node_name}")),
             to("nodes"),
         );
-        (Caches { node }, vec![t1, t2, t3])
+        let mut tasks = vec![t1, t2, t3];
+        let servicelb = servicelb_compat.then(|| {
+            let (rx, t4) = watch_enablelb::<T>(Api::all(client.clone()), to("nodes"));
+            tasks.push(t4);
+            rx
+        });
+        (Caches { node, servicelb }, tasks)
     }
 
-    /// Wait until the Node watch has listed once.
-    pub async fn ready(&self) -> Result<(), reflector::store::WriterDropped> {
-        self.node.wait_until_ready().await
+    /// Wait until the Node watch (and the ServiceLB one) has listed once; `false`: a watch
+    /// stopped first.
+    pub async fn ready(&self) -> bool {
+        if self.node.wait_until_ready().await.is_err() {
+            return false;
+        }
+        match &self.servicelb {
+            Some(rx) => rx.clone().wait_for(Option::is_some).await.is_ok(),
+            None => true,
+        }
     }
+
+    /// Whether some Node carries ServiceLB's `enablelb` label (`false` without
+    /// `--servicelb-compat`).
+    pub fn servicelb_labelled(&self) -> bool {
+        self.servicelb
+            .as_ref()
+            .is_some_and(|rx| rx.borrow().unwrap_or(false))
+    }
+}
+
+/// Whether any Node carries ServiceLB's `enablelb` label, whatever its value (k3s counts a
+/// Node labelled `false` too, see `nodelb_core::plan::servicelb`). The watch asks only for the
+/// Nodes carrying the label (a label selector on its key) and only their metadata, so in a
+/// cluster that does not use the label it lists nothing, and it never carries a Node's
+/// status; the server sends a Node that loses the label as deleted. It needs no RBAC rule
+/// beyond the `nodes` list and watch every agent has. Only a change of the answer wakes a
+/// sync.
+fn watch_enablelb<T: From<NodeChanged> + Send + 'static>(
+    api: Api<PartialObjectMeta<Node>>,
+    Sink {
+        resource,
+        tx,
+        metrics,
+    }: Sink<T>,
+) -> (watch::Receiver<Option<bool>>, tokio::task::JoinHandle<()>) {
+    let (said, rx) = watch::channel(None);
+    let config = watcher::Config::default().labels(ENABLELB_LABEL);
+    let stream = watcher::watcher(api, config).default_backoff();
+    let task = tokio::spawn(
+        async move {
+            let mut stream = std::pin::pin!(stream);
+            let mut labelled: BTreeSet<String> = BTreeSet::new();
+            let mut listing: BTreeSet<String> = BTreeSet::new();
+            let mut listed = false;
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(Event::Init) => listing.clear(),
+                    Ok(Event::InitApply(m)) => {
+                        listing.insert(m.name_any());
+                    }
+                    Ok(Event::InitDone) => {
+                        labelled = std::mem::take(&mut listing);
+                        listed = true;
+                    }
+                    Ok(Event::Apply(m)) => {
+                        labelled.insert(m.name_any());
+                    }
+                    Ok(Event::Delete(m)) => {
+                        labelled.remove(&m.name_any());
+                    }
+                    Err(e) => {
+                        metrics.watch_error(resource);
+                        warn!(error = %e, "watch failed; retrying with backoff");
+                    }
+                }
+                if !listed {
+                    continue;
+                }
+                let now = Some(!labelled.is_empty());
+                if *said.borrow() != now {
+                    info!(
+                        nodes = labelled.len(),
+                        "nodes labelled {ENABLELB_LABEL} (only those labelled true serve, if any)"
+                    );
+                    said.send_replace(now);
+                    if tx.send(T::from(NodeChanged)).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        .instrument(info_span!("watch", resource = "nodes-servicelb")),
+    );
+    (rx, task)
 }
 
 /// Where a watch's events go, and what they are counted as.

@@ -168,8 +168,13 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let (metrics, readiness, sysctls, _http) = start(&settings).await?;
     let client = crate::kube::client(settings.kubeconfig.as_deref()).await?;
     let (tx, rx) = mpsc::unbounded_channel();
-    let (caches, _watches) =
-        watches::Caches::start(&client, &settings.node_name, tx.clone(), metrics.clone());
+    let (caches, _watches) = watches::Caches::start(
+        &client,
+        &settings.node_name,
+        config.servicelb.enabled(),
+        tx.clone(),
+        metrics.clone(),
+    );
     let addrs = addresses::watch(settings.resync_interval)
         .await
         .context("following the host's addresses over rtnetlink")?;
@@ -249,7 +254,7 @@ async fn start(
     info!(node = %settings.node_name, ipv4 = config.ipv4, ipv6 = config.ipv6,
           lb_class = %config.lb_class, default_class = config.default_class,
           reserved_ports = %config.reserved_ports, addresses = %config.addresses,
-          "nodelb-agent starting");
+          servicelb_compat = config.servicelb.enabled(), "nodelb-agent starting");
     if settings.masquerade_bit {
         info!("--masquerade-bit is accepted for compatibility and not used: masquerading follows conntrack state");
     }

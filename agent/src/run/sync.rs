@@ -158,7 +158,7 @@ impl SyncLoop {
         stop: &mut watch::Receiver<bool>,
     ) -> Option<Wake> {
         tokio::select! {
-            r = self.ctx.sources.caches.ready() => if r.is_err() {
+            listed = self.ctx.sources.caches.ready() => if !listed {
                 error!("a watch stopped before it synced");
                 return None;
             },
@@ -310,7 +310,11 @@ impl Context {
         let local = self.sources.addresses.borrow().clone();
         // Read now: a sync that adds ports must not take one a process listens on.
         let host = self.sources.listeners.look(false).0;
-        let plan = nodelb_core::plan::Context::new(node, local, families, self.config.clone())
+        let mut config = self.config.clone();
+        config.servicelb = config
+            .servicelb
+            .seeing(self.sources.caches.servicelb_labelled());
+        let plan = nodelb_core::plan::Context::new(node, local, families, config)
             .with_listeners(HostListeners::new(host));
         // What the heartbeat tells the leader: families with a table and a node address on
         // the host to serve on.

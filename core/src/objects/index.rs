@@ -45,6 +45,7 @@ impl Service {
             generation,
             annotations,
             other_proxy,
+            lbpool,
             ingress_owners: _,
         } = &self.metadata;
         let b = &before.metadata;
@@ -55,14 +56,15 @@ impl Service {
             && generation == &b.generation
             && annotations == &b.annotations
             && other_proxy == &b.other_proxy
+            && lbpool == &b.lbpool
             && self.spec == before.spec
     }
 }
 
 /// What is read of a Service's metadata: name and namespace (its key, status writes, Events),
 /// uid (Events), resourceVersion (the status writer), creationTimestamp (oldest wins a port),
-/// nodelb's own annotations (the node selector), and whether it carries the label
-/// `service.kubernetes.io/service-proxy-name`.
+/// nodelb's own annotations (the node selector), whether it carries the label
+/// `service.kubernetes.io/service-proxy-name`, and k3s ServiceLB's pool label.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ServiceMeta {
     pub name: Option<Str>,
@@ -76,6 +78,9 @@ pub struct ServiceMeta {
     /// Labelled `service.kubernetes.io/service-proxy-name` (any value): another proxy's
     /// Service, which nodelb leaves alone, as kube-proxy does (no rules, no status).
     pub other_proxy: bool,
+    /// The label `svccontroller.k3s.cattle.io/lbpool` when set and not empty: the ServiceLB
+    /// pool whose nodes serve it under `--servicelb-compat`.
+    pub lbpool: Option<Str>,
     /// The field managers that own `status.loadBalancer.ingress` through the status
     /// subresource, each once, in managedFields order: whether nodelb, someone else or nobody
     /// owns it is all the status writer asks of managedFields.

@@ -17,7 +17,7 @@
 //! still reach it and are warned about.
 
 use crate::objects::index::{self, or_default, EndpointPort, Hints, ServiceSpec, ServiceStatus};
-use crate::vocab::{Str, SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL};
+use crate::vocab::{Str, LBPOOL_LABEL, SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL};
 use k8s_openapi::api::discovery::v1::EndpointConditions;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta, Time};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -32,7 +32,7 @@ const OWN_ANNOTATIONS: &str = "nodelb.io/";
 /// A Service: `metadata` holds name, namespace, uid (Events), resourceVersion (the watch and
 /// the status writer), creationTimestamp (oldest wins a port), nodelb's own annotations (the
 /// node selector), of the labels only `service.kubernetes.io/service-proxy-name` (another
-/// proxy's Service), and of the managed fields only the managers of
+/// proxy's Service) and `svccontroller.k3s.cattle.io/lbpool` (ServiceLB's pool), and of the managed fields only the managers of
 /// `status.loadBalancer.ingress`, each as its manager alone.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -203,7 +203,7 @@ struct ServiceMeta {
     resource_version: Option<String>,
     creation_timestamp: Option<Time>,
     generation: Option<i64>,
-    #[serde(default, deserialize_with = "service_proxy_name_label")]
+    #[serde(default, deserialize_with = "service_labels")]
     labels: Option<BTreeMap<String, String>>,
     #[serde(default, deserialize_with = "own_annotations")]
     annotations: Option<BTreeMap<String, String>>,
@@ -258,10 +258,11 @@ fn own_annotations<'de, D: Deserializer<'de>>(
     d.deserialize_option(Only(|k| k.starts_with(OWN_ANNOTATIONS)))
 }
 
-fn service_proxy_name_label<'de, D: Deserializer<'de>>(
+fn service_labels<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<BTreeMap<String, String>>, D::Error> {
-    let labels = d.deserialize_option(Only(|k| k == SERVICE_PROXY_NAME_LABEL))?;
+    let labels =
+        d.deserialize_option(Only(|k| k == SERVICE_PROXY_NAME_LABEL || k == LBPOOL_LABEL))?;
     Ok(labels.filter(|l| !l.is_empty()))
 }
 
@@ -477,7 +478,14 @@ impl From<Service> for index::Service {
                 annotations: m.annotations,
                 other_proxy: m
                     .labels
+                    .as_ref()
                     .is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL)),
+                lbpool: m
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(LBPOOL_LABEL))
+                    .filter(|p| !p.is_empty())
+                    .map(|p| Str::from(p.as_str())),
                 ingress_owners,
             },
             spec: spec.map(|mut s| {
@@ -781,6 +789,7 @@ mod stored_tests {
                 generation: Some(3),
                 annotations: Some([("nodelb.io/node-selector".into(), "pool=edge".into())].into()),
                 other_proxy: false,
+                lbpool: None,
                 ingress_owners: vec!["nodelb".into(), "metallb-controller".into()],
             }
         );
@@ -800,6 +809,19 @@ mod stored_tests {
                 "of the labels only that one is kept"
             );
             assert!(index::Service::from(w).metadata.other_proxy, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn a_service_keeps_its_servicelb_pool_label_and_an_empty_one_is_no_pool() {
+        for (value, pool) in [("edge", Some("edge")), ("", None)] {
+            let mut v = service_json();
+            v["metadata"]["labels"] = json!({"app": "web", LBPOOL_LABEL: value});
+            // An annotation of the same name is not ServiceLB's pool: k3s reads the label.
+            v["metadata"]["annotations"] = json!({LBPOOL_LABEL: "other"});
+            let s = index::Service::from(watched::<Service>(v));
+            assert_eq!(s.metadata.lbpool.as_deref(), pool, "{value:?}");
+            assert!(!s.metadata.other_proxy);
         }
     }
 

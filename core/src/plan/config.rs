@@ -1,8 +1,9 @@
-//! What the operator decides with flags: families, class, reserved ports, namespaces, and
-//! which node addresses serve a Service by default.
+//! What the operator decides with flags: families, class, reserved ports, namespaces, which
+//! node addresses serve a Service by default, ServiceLB compatibility.
 
 use super::addresses::AddressFilter;
 use super::reserved::{self, ReservedPorts};
+use super::servicelb::ServiceLb;
 use crate::vocab::{IpFamily, Protocol};
 use nodelb_netfilter::TableRef;
 use std::collections::BTreeSet;
@@ -29,6 +30,11 @@ pub struct Config {
     pub addresses: AddressFilter,
     /// Name of the nft table in each family (`nodelb`).
     pub table_name: String,
+    /// `--servicelb-compat` (default off): honour k3s ServiceLB's node labels and pools. The
+    /// one setting that is not the flag alone: whether some Node carries ServiceLB's
+    /// `enablelb` label is cluster state, filled in by the agent and the leader from the Nodes
+    /// they watch ([`ServiceLb::seeing`]); a change of it replans every Service.
+    pub servicelb: ServiceLb,
 }
 
 /// The loadBalancerClass nodelb answers to unless `--lb-class` says otherwise.
@@ -48,6 +54,7 @@ impl Default for Config {
             allowed_namespaces: None,
             addresses: AddressFilter::default(),
             table_name: DEFAULT_TABLE_NAME.to_string(),
+            servicelb: ServiceLb::Ignored,
         }
     }
 }

@@ -118,6 +118,12 @@ pub enum NotServed {
         value: String,
         error: String,
     },
+    /// `--servicelb-compat`: some node is labelled `svccontroller.k3s.cattle.io/enablelb`, and
+    /// this one is not labelled `svccontroller.k3s.cattle.io/enablelb=true`.
+    ServiceLbNotEnabled,
+    /// `--servicelb-compat`: the node's `svccontroller.k3s.cattle.io/lbpool` label is not the
+    /// Service's pool.
+    ServiceLbPoolMismatch { pool: String },
 }
 
 /// Why one of a Service's families is not served here.
@@ -302,6 +308,16 @@ impl fmt::Display for ServiceOutcome {
                     "not served: invalid annotation {annotation} {value:?}: {error}"
                 )
             }
+            ServiceOutcome::NotServed(NotServed::ServiceLbNotEnabled) => write!(
+                f,
+                "not served: node not labelled {}=true while other nodes carry that label (--servicelb-compat)",
+                crate::vocab::ENABLELB_LABEL
+            ),
+            ServiceOutcome::NotServed(NotServed::ServiceLbPoolMismatch { pool }) => write!(
+                f,
+                "not served: node not in the Service's ServiceLB pool {pool:?} (label {}, --servicelb-compat)",
+                crate::vocab::LBPOOL_LABEL
+            ),
             ServiceOutcome::NoServedAddress { families } => {
                 f.write_str("no served address:")?;
                 for (fam, skip) in families {

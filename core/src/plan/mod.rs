@@ -19,6 +19,7 @@ pub mod prepare;
 pub mod reserved;
 pub mod selector;
 pub mod service;
+pub mod servicelb;
 pub mod settled;
 pub mod table;
 pub mod topology;

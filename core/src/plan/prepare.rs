@@ -196,7 +196,7 @@ fn decide<'s>(
     }
     // Read before the node is looked at: its warnings do not depend on the node.
     let filter = addresses::address_filter(&lb, &config.addresses, warnings);
-    if let Err(why) = service::serving(&lb, &ctx.node, warnings) {
+    if let Err(why) = service::serving(&lb, &ctx.node, config.servicelb, warnings) {
         return Err(ServiceOutcome::NotServed(why));
     }
     let filter = filter.map_err(ServiceOutcome::NotServed)?;

@@ -5,6 +5,7 @@ use super::config::Config;
 use super::diagnosis::{NotServed, ObjectRef, Warning};
 use super::node::NodeInfo;
 use super::selector::Selector;
+use super::servicelb::ServiceLb;
 use crate::objects::index::{Service, ServiceSpec, TrafficDistribution};
 use crate::vocab::{IpFamily, Protocol, ServiceKey, ServicePortId, Str};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -121,6 +122,9 @@ pub struct LbService<'a> {
     pub address_types: Option<&'a str>,
     /// The `nodelb.io/address-cidrs` annotation, if set.
     pub address_cidrs: Option<&'a str>,
+    /// ServiceLB's pool: the label `svccontroller.k3s.cattle.io/lbpool`, if set and not empty
+    /// (read only with `--servicelb-compat`, see `servicelb`).
+    pub pool: Option<&'a str>,
     /// `spec.trafficDistribution`, if set (a value nodelb does not know is warned about).
     pub distribution: Option<TrafficDistribution>,
 }
@@ -201,6 +205,7 @@ pub fn read<'a>(svc: &'a Service, key: ServiceKey, warnings: &mut Vec<Warning>) 
     let node_selector = annotation(NODE_SELECTOR_ANNOTATION);
     let address_types = annotation(ADDRESS_TYPES_ANNOTATION);
     let address_cidrs = annotation(ADDRESS_CIDRS_ANNOTATION);
+    let pool = svc.metadata.lbpool.as_deref();
 
     LbService {
         key,
@@ -213,6 +218,7 @@ pub fn read<'a>(svc: &'a Service, key: ServiceKey, warnings: &mut Vec<Warning>) 
         node_selector,
         address_types,
         address_cidrs,
+        pool,
         distribution,
     }
 }
@@ -347,16 +353,19 @@ fn read_source_ranges(ranges: &[Str], warn: &mut impl FnMut(String)) -> Vec<Cidr
         .collect()
 }
 
-/// Whether this node is one of the Service's serving nodes. An invalid selector is warned
-/// about and serves nowhere.
+/// Whether this node is one of the Service's serving nodes: not excluded, chosen by
+/// ServiceLB's labels under `--servicelb-compat` (`servicelb`), and inside the node selector.
+/// An invalid selector is warned about and serves nowhere.
 pub fn serving(
     svc: &LbService,
     node: &NodeInfo,
+    servicelb: ServiceLb,
     warnings: &mut Vec<Warning>,
 ) -> Result<(), NotServed> {
     if node.labels.contains_key(EXCLUDE_LABEL) {
         return Err(NotServed::ExcludedByLabel);
     }
+    servicelb.serving(svc.pool, &node.labels)?;
     let Some(sel) = svc.node_selector else {
         return Ok(());
     };

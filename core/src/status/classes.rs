@@ -149,7 +149,9 @@ pub fn node_context(c: &Candidate, config: &Config) -> Context {
 /// class. Its name and addresses go (for each served address, of each kind the Node lists it
 /// as, a stand-in that lies in the same of the CIDRs the Services' address filters read: those
 /// decide which of a Service's families are skipped, [`stand_in`]), and of its labels only those
-/// some Service's node selector or the exclusion label read (`read`) stay: a label every node
+/// some Service's node selector or the exclusion label read (`read`), or ServiceLB's labels
+/// under `--servicelb-compat` while some node carries `enablelb` (`ServiceLb::reads`), stay: a
+/// label every node
 /// has its own value of, such as `kubernetes.io/hostname`, would make each node its own class.
 /// Of the ports host listeners take there, only those some Service claims stay, and not the
 /// processes: nodes running different daemons on ports no Service asks for are one class (the
@@ -182,7 +184,7 @@ pub fn class_context(ctx: &Context, read: &Read) -> Context {
     } = ctx;
     let labels = labels
         .iter()
-        .filter(|(k, _)| read.reads(k))
+        .filter(|(k, _)| read.reads(k) || config.servicelb.reads(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     // Each served address as the lowest address in exactly the same of the CIDRs any

@@ -35,6 +35,7 @@ use crate::plan::config::Config;
 use crate::plan::diagnosis::Warning;
 use crate::plan::node::{AddressKind, NodeInfo};
 use crate::plan::service::{self, LbService, TrafficPolicy};
+use crate::plan::servicelb;
 use crate::plan::Objects;
 use crate::vocab::{Families, IpFamily};
 use crate::vocab::{Protocol, ServiceKey};
@@ -43,6 +44,7 @@ use heartbeat::Heartbeat;
 use k8s_openapi::api::core::v1::Node;
 use local::LocalIndex;
 use observed::IngressKey;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -55,6 +57,20 @@ pub struct StatusConfig {
     /// `--node-lease-duration`: a heartbeat whose renewal the leader saw change less than this
     /// long ago is fresh.
     pub node_lease_duration: Duration,
+}
+
+impl StatusConfig {
+    /// The planner's settings for the candidates: with `--servicelb-compat`, knowing whether any
+    /// of `nodes` (every Node, serving or not, as k3s counts them) carries ServiceLB's
+    /// `enablelb` label.
+    pub fn planner_for(&self, nodes: &[Node]) -> Cow<'_, Config> {
+        if !self.planner.servicelb.enabled() {
+            return Cow::Borrowed(&self.planner);
+        }
+        let mut planner = self.planner.clone();
+        planner.servicelb = planner.servicelb.seeing(servicelb::labelled(nodes));
+        Cow::Owned(planner)
+    }
 }
 
 /// A node, with the process listening on a port there where its agent could tell.
@@ -229,7 +245,8 @@ impl Status {
         self.read.update(objects, dirty.as_ref(), handled);
         self.local.update(objects, dirty.as_ref(), handled);
         // A change of the candidates or their classes recomputes every Service.
-        let regrouped = self.classes.regroup(candidates, &self.read, &cfg.planner);
+        let planner = cfg.planner_for(nodes);
+        let regrouped = self.classes.regroup(candidates, &self.read, &planner);
         let everything = dirty.is_none() || regrouped || named_anew;
         let mut touched: BTreeSet<ServiceKey> = dirty.clone().unwrap_or_default();
         for class in &mut self.classes.classes {

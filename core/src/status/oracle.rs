@@ -28,8 +28,9 @@ pub fn desired(
     let candidates = classes::candidates(nodes, beats, ages, cfg.node_lease_duration);
     let ineligible = classes::ineligible_nodes(nodes, beats, ages, cfg.node_lease_duration);
     let mut planners: BTreeMap<String, Planner> = BTreeMap::new();
+    let planner_cfg = cfg.planner_for(nodes);
     for c in &candidates {
-        let ctx = classes::node_context(c, &cfg.planner);
+        let ctx = classes::node_context(c, &planner_cfg);
         let mut planner = Planner::outcomes_only();
         planner.update(objects, &ctx, None);
         planners.insert(c.info.name.clone(), planner);

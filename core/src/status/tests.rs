@@ -7,6 +7,7 @@ use super::ingress::{self, Write};
 use super::*;
 use crate::fixtures::{heartbeat, node, Slice, Svc, NOW};
 use crate::objects::index::Service;
+use crate::plan::servicelb::{ServiceLb, ENABLELB_LABEL, LBPOOL_LABEL};
 use crate::vocab::ServiceKey;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::SignedDuration;
@@ -1083,6 +1084,103 @@ fn a_port_lost_in_both_families_names_each_node_once() {
             nodes: vec!["node-a".into(), "node-b".into()],
         }]
     );
+}
+
+// ---- --servicelb-compat: k3s ServiceLB's node labels and pools ------------------------------
+
+impl World {
+    /// `node` labelled `key=value`.
+    fn node_label(mut self, node: &str, key: &str, value: &str) -> World {
+        let n = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.metadata.name.as_deref() == Some(node))
+            .expect("a node of the World");
+        n.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(key.into(), value.into());
+        self
+    }
+
+    fn servicelb_compat(mut self) -> World {
+        self.cfg.planner.servicelb = ServiceLb::from_flag(true);
+        self
+    }
+}
+
+#[test]
+fn servicelb_compat_publishes_only_nodes_labelled_enablelb_true_and_names_the_others() {
+    let w = World::two_nodes()
+        .servicelb_compat()
+        .node_label("node-a", ENABLELB_LABEL, "true")
+        .service(lb("web", 80))
+        .slice(slice_of("web", &["198.51.100.20 node-a"]));
+    assert_eq!(w.ingress("web"), vec!["203.0.113.10"]);
+    let c = w.serving("web");
+    assert!(c.status);
+    assert_eq!(
+        c.message,
+        "served on 1 of 2 nodes; node-b: not served: node not labelled \
+         svccontroller.k3s.cattle.io/enablelb=true while other nodes carry that label \
+         (--servicelb-compat)"
+    );
+}
+
+#[test]
+fn without_servicelb_compat_or_a_labelled_node_every_node_serves() {
+    let labelled = World::two_nodes()
+        .node_label("node-a", ENABLELB_LABEL, "true")
+        .service(lb("web", 80));
+    assert_eq!(labelled.ingress("web"), vec!["203.0.113.9", "203.0.113.10"]);
+    let unlabelled = World::two_nodes()
+        .servicelb_compat()
+        .node_label("node-a", LBPOOL_LABEL, "a")
+        .service(lb("web", 80).label(LBPOOL_LABEL, "b"));
+    assert_eq!(
+        unlabelled.ingress("web"),
+        vec!["203.0.113.9", "203.0.113.10"]
+    );
+}
+
+#[test]
+fn one_node_labelled_enablelb_false_leaves_every_unlabelled_node_out() {
+    // As k3s: any node carrying the label, whatever its value, turns the selection on.
+    let w = World::two_nodes()
+        .servicelb_compat()
+        .node_label("node-a", ENABLELB_LABEL, "false")
+        .service(lb("web", 80))
+        .slice(slice_of("web", &["198.51.100.20 node-a"]));
+    assert!(w.ingress("web").is_empty());
+    let c = w.serving("web");
+    assert_eq!((c.status, c.reason), (false, "NoServingNodes"));
+    assert!(
+        c.message.contains("node-a: not served: node not labelled")
+            && c.message.contains("node-b: not served: node not labelled"),
+        "{}",
+        c.message
+    );
+}
+
+#[test]
+fn servicelb_pool_label_publishes_only_the_enabled_nodes_of_the_services_pool() {
+    let w = World::two_nodes()
+        .servicelb_compat()
+        .node_label("node-a", ENABLELB_LABEL, "true")
+        .node_label("node-a", LBPOOL_LABEL, "a")
+        .node_label("node-b", ENABLELB_LABEL, "true")
+        .node_label("node-b", LBPOOL_LABEL, "b")
+        .service(lb("in-b", 80).label(LBPOOL_LABEL, "b"))
+        .service(lb("any", 81));
+    assert_eq!(w.ingress("in-b"), vec!["203.0.113.9"]);
+    assert!(
+        w.serving("in-b")
+            .message
+            .contains("node-a: not served: node not in the Service's ServiceLB pool \"b\""),
+        "{}",
+        w.serving("in-b").message
+    );
+    assert_eq!(w.ingress("any"), vec!["203.0.113.9", "203.0.113.10"]);
 }
 
 // ---- host listeners --------------------------------------------------------------------------

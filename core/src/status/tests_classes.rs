@@ -1,7 +1,9 @@
 //! The status computed class by class against the oracle, the per-node computation it replaced
 //! (`oracle.rs`): on randomized clusters (nodes with varied labels, families, addresses and
-//! heartbeats; Services with node selectors, both policies, several families and ports that
-//! conflict, address types and CIDRs; ready, terminating and missing endpoints on various nodes; host listeners on ports
+//! heartbeats; Services with node selectors, both policies, ServiceLB pools with and without
+//! `--servicelb-compat` and nodes labelled for ServiceLB or not, several families and ports that
+//! conflict, address types and CIDRs; ready, terminating and missing endpoints on various nodes;
+//! host listeners on ports
 //! Services use and on ports none does, by various processes), and after each change in a
 //! random sequence, the desired status (ingress, problems, condition) must be the same.
 
@@ -10,6 +12,7 @@ use super::*;
 use crate::fixtures::{heartbeat, node, Ep, Slice, Svc, NOW};
 use crate::plan::addresses::parse_cidrs;
 use crate::plan::conflicts::Slot;
+use crate::plan::servicelb::{ServiceLb, ENABLELB_LABEL, LBPOOL_LABEL};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -48,6 +51,7 @@ impl Cluster {
         if rng.random_bool(0.1) {
             planner.addresses.cidrs = parse_cidrs("203.0.113.8/29").unwrap();
         }
+        planner.servicelb = ServiceLb::from_flag(rng.random_bool(0.3));
         let mut c = Cluster {
             rng,
             names,
@@ -84,6 +88,17 @@ impl Cluster {
         }
         if rng.random_bool(0.15) {
             labels.push((service::EXCLUDE_LABEL, ""));
+        }
+        // ServiceLB's labels: under --servicelb-compat, one node labelled enablelb (even
+        // `false`) leaves every node not labelled `true` out, and pools pick among the rest.
+        if rng.random_bool(0.25) {
+            labels.push((
+                ENABLELB_LABEL,
+                ["true", "true", "false"][rng.random_range(0..3)],
+            ));
+        }
+        if rng.random_bool(0.4) {
+            labels.push((LBPOOL_LABEL, ["a", "b"][rng.random_range(0..2)]));
         }
         let mut n = labels.iter().fold(node(&name), |n, (k, v)| n.label(k, v));
         let (v4, v6) = (
@@ -220,6 +235,9 @@ impl Cluster {
             ];
             let c = cidrs[rng.random_range(0..cidrs.len())];
             svc = svc.annotation("nodelb.io/address-cidrs", c);
+        }
+        if rng.random_bool(0.3) {
+            svc = svc.label(LBPOOL_LABEL, ["a", "b", ""][rng.random_range(0..3)]);
         }
         self.objects.put_service(Arc::new(svc.index()));
         for (k, family) in ["IPv4", "IPv6"].into_iter().enumerate() {
@@ -370,6 +388,7 @@ fn the_status_by_class_equals_the_per_node_status_on_random_clusters() {
     let mut narrowed = 0;
     let mut none_admitted = 0;
     let mut invalid_addresses = 0;
+    let mut servicelb_left_out = 0;
     for seed in 0..300 {
         let mut c = Cluster::new(seed);
         let mut status = Status::default();
@@ -430,11 +449,16 @@ fn the_status_by_class_equals_the_per_node_status_on_random_clusters() {
                 .iter()
                 .filter(|d| d.serving.status && d.serving.message.contains("in use on the node"))
                 .count();
+            servicelb_left_out += want
+                .values()
+                .filter(|d| d.serving.message.contains("--servicelb-compat"))
+                .count();
         }
     }
     // The clusters exercise what they are meant to.
     assert!(compared > 10_000, "{compared}");
-    assert!(local_served > 500, "{local_served}");
+    // Fewer than each generator alone gives: address filters and ServiceLB pools leave Services out.
+    assert!(local_served > 300, "{local_served}");
     assert!(conflicts > 500, "{conflicts}");
     assert!(in_use > 500, "{in_use}");
     assert!(
@@ -444,6 +468,10 @@ fn the_status_by_class_equals_the_per_node_status_on_random_clusters() {
     assert!(narrowed > 500, "{narrowed}");
     assert!(none_admitted > 200, "{none_admitted}");
     assert!(invalid_addresses > 200, "{invalid_addresses}");
+    assert!(
+        servicelb_left_out > 500,
+        "{servicelb_left_out} conditions name a node ServiceLB's labels leave out"
+    );
 }
 
 impl Cluster {
