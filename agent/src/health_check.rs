@@ -14,7 +14,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use nodelb_core::plan::health::HealthCheck;
-use nodelb_core::vocab::IpFamily;
+use nodelb_core::vocab::{Families, IpFamily};
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
@@ -32,34 +32,19 @@ pub struct Answers {
     pub agent_healthy: bool,
 }
 
-/// What the room reports of its ports, for metrics.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PortCounts {
-    /// Ports answered on.
-    pub serving: usize,
-    /// Ports another process holds (or that could not be bound for another reason).
-    pub unavailable: usize,
-}
-
 /// The sync loop's handle: it publishes answers; the room's task does the rest.
 pub struct HealthCheckNodePorts {
     answers: watch::Sender<Answers>,
-    counts: watch::Receiver<PortCounts>,
     task: JoinHandle<()>,
 }
 
 impl HealthCheckNodePorts {
     /// Start the room: it answers on the ports of what is published, on the wildcard address
     /// of each of `families`.
-    pub fn start(families: Vec<IpFamily>) -> HealthCheckNodePorts {
+    pub fn start(families: Families) -> HealthCheckNodePorts {
         let (answers, rx) = watch::channel(Answers::default());
-        let (counts_tx, counts) = watch::channel(PortCounts::default());
-        let task = tokio::spawn(run(rx, families, counts_tx));
-        HealthCheckNodePorts {
-            answers,
-            counts,
-            task,
-        }
+        let task = tokio::spawn(run(rx, families));
+        HealthCheckNodePorts { answers, task }
     }
 
     /// The answers from now on (binding and unbinding ports as they come and go).
@@ -69,11 +54,6 @@ impl HealthCheckNodePorts {
             *a = answers;
             changed
         });
-    }
-
-    /// How many ports are answered on and how many could not be bound, as of the last change.
-    pub fn counts(&self) -> PortCounts {
-        *self.counts.borrow()
     }
 }
 
@@ -98,24 +78,11 @@ impl Drop for Ports {
     }
 }
 
-async fn run(
-    mut rx: watch::Receiver<Answers>,
-    families: Vec<IpFamily>,
-    counts: watch::Sender<PortCounts>,
-) {
+async fn run(mut rx: watch::Receiver<Answers>, families: Families) {
     let mut ports = Ports::default();
     loop {
-        let wanted: Vec<(u16, HealthCheck)> = rx
-            .borrow_and_update()
-            .checks
-            .iter()
-            .map(|(p, c)| (*p, c.clone()))
-            .collect();
-        reconcile(&mut ports, &wanted, &families, &rx);
-        counts.send_replace(PortCounts {
-            serving: ports.serving.len(),
-            unavailable: ports.unavailable.len(),
-        });
+        let wanted = rx.borrow_and_update().checks.clone();
+        reconcile(&mut ports, &wanted, families, &rx);
         let retry = !ports.unavailable.is_empty();
         tokio::select! {
             changed = rx.changed() => if changed.is_err() { return },
@@ -127,21 +94,22 @@ async fn run(
 /// Bind the ports `wanted` has and `ports` does not serve; unbind the ones it no longer has.
 fn reconcile(
     ports: &mut Ports,
-    wanted: &[(u16, HealthCheck)],
-    families: &[IpFamily],
+    wanted: &BTreeMap<u16, HealthCheck>,
+    families: Families,
     rx: &watch::Receiver<Answers>,
 ) {
-    let keep: BTreeMap<u16, &HealthCheck> = wanted.iter().map(|(p, c)| (*p, c)).collect();
     ports.serving.retain(|port, tasks| {
-        let kept = keep.contains_key(port);
+        let kept = wanted.contains_key(port);
         if !kept {
             tasks.iter().for_each(JoinHandle::abort);
             tracing::info!(port, "health check node port closed");
         }
         kept
     });
-    ports.unavailable.retain(|port, _| keep.contains_key(port));
-    for (port, check) in keep {
+    ports
+        .unavailable
+        .retain(|port, _| wanted.contains_key(port));
+    for (&port, check) in wanted {
         if ports.serving.contains_key(&port) {
             continue;
         }
@@ -173,11 +141,11 @@ fn reconcile(
 /// (nothing stays bound then).
 fn serve_port(
     port: u16,
-    families: &[IpFamily],
+    families: Families,
     rx: watch::Receiver<Answers>,
 ) -> Result<Vec<JoinHandle<()>>, String> {
     let mut listeners = Vec::new();
-    for f in families {
+    for f in families.iter() {
         let addr = match f {
             IpFamily::V4 => SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)),
             IpFamily::V6 => SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)),

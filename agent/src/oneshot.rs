@@ -31,14 +31,12 @@ impl OneShot {
 
     pub fn new(objects: ObjectFiles, args: &FileArgs) -> OneShot {
         let node = node_info(&objects, args);
+        // The agent's default health and metrics ports: reserved as `run` would with default flags.
+        let config = args.planner.config(&DEFAULT_OWN_PORTS);
         OneShot {
             local_addresses: args.node_addresses.iter().copied().collect(),
-            families: Families {
-                v4: args.planner.ipv4,
-                v6: args.planner.ipv6,
-            },
-            // The agent's default health and metrics ports: reserved as `run` would with default flags.
-            config: args.planner.config(&DEFAULT_OWN_PORTS),
+            families: config.families(),
+            config,
             node,
             objects,
         }

@@ -203,7 +203,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             leading: leading_rx.clone(),
             health_checks: settings
                 .health_check_node_ports
-                .then(|| HealthCheckNodePorts::start(families_of(&settings.config))),
+                .then(|| HealthCheckNodePorts::start(settings.config.families())),
             unhealthy_after: settings.node_lease_duration,
         },
         kernel,
@@ -279,25 +279,14 @@ fn new_metrics(config: &Config) -> Arc<metrics::Metrics> {
     Arc::new(metrics::Metrics::with_counters(Box::new(
         metrics::KernelCounters {
             config: config.clone(),
-            families: nodelb_core::vocab::Families {
-                v4: config.ipv4,
-                v6: config.ipv6,
-            },
+            families: config.families(),
         },
     )))
 }
 
-/// The families `--ipv4` and `--ipv6` enable.
-fn families_of(config: &Config) -> Vec<IpFamily> {
-    [(IpFamily::V4, config.ipv4), (IpFamily::V6, config.ipv6)]
-        .into_iter()
-        .filter_map(|(f, on)| on.then_some(f))
-        .collect()
-}
-
 /// `--set-sysctls`: turn forwarding on for the enabled families.
 fn set_forwarding(sysctls: &Sysctls, config: &Config) {
-    for f in families_of(config) {
+    for f in config.families().iter() {
         match sysctls.enable_forwarding(f) {
             Ok((Forwarding::Forwarding, warnings)) => {
                 info!(family = %f, "forwarding on");

@@ -277,10 +277,7 @@ impl Context {
     /// What this sync plans from: the families that can be programmed, this node, its
     /// addresses, the host's listeners.
     fn read_inputs(&self) -> Inputs {
-        let enabled = Families {
-            v4: self.config.ipv4,
-            v6: self.config.ipv6,
-        };
+        let enabled = self.config.families();
         let sysctls = &self.sources.sysctls;
         let forwarding: Vec<(IpFamily, Result<Forwarding, String>)> = [IpFamily::V4, IpFamily::V6]
             .into_iter()

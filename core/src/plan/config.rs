@@ -4,7 +4,7 @@
 use super::addresses::AddressFilter;
 use super::reserved::{self, ReservedPorts};
 use super::servicelb::ServiceLb;
-use crate::vocab::{IpFamily, Protocol};
+use crate::vocab::{Families, IpFamily, Protocol};
 use nodelb_netfilter::TableRef;
 use std::collections::BTreeSet;
 
@@ -60,6 +60,15 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The families `--ipv4` and `--ipv6` enable (whether they can be programmed is the
+    /// host's to say).
+    pub fn families(&self) -> Families {
+        Families {
+            v4: self.ipv4,
+            v6: self.ipv6,
+        }
+    }
+
     /// nodelb's table of a family.
     pub fn table_ref(&self, family: IpFamily) -> TableRef {
         TableRef {
