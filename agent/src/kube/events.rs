@@ -65,7 +65,7 @@ fn is_dns_subdomain(s: &str) -> bool {
 }
 
 /// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
-fn cut_to(s: &str, max: usize) -> String {
+pub(crate) fn cut_to(s: &str, max: usize) -> String {
     let mut end = s.len().min(max);
     while !s.is_char_boundary(end) {
         end -= 1;

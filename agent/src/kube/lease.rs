@@ -310,12 +310,14 @@ fn annotate(annotations: &mut std::collections::BTreeMap<String, String>, report
     };
 }
 
-/// An error as an annotation says it: its first `MAX_REASON` characters.
+/// An error as an annotation says it: at most its first `MAX_REASON` bytes, marked when cut.
 fn shortened(why: &str) -> String {
     const MAX_REASON: usize = 500;
-    match why.char_indices().nth(MAX_REASON) {
-        Some((at, _)) => format!("{}…", &why[..at]),
-        None => why.to_string(),
+    let cut = super::events::cut_to(why, MAX_REASON);
+    if cut.len() < why.len() {
+        format!("{cut}…")
+    } else {
+        cut
     }
 }
 
