@@ -321,30 +321,20 @@ fn add_service_chains(t: &mut Table, f: Fam) {
 /// The nat output base chain: a source port of each protocol.
 fn output() -> Chain {
     let mut out = Chain::base("output", ChainType::Nat, Hook::Output, -100, Policy::Accept);
-    out.push(rule(vec![
-        Stmt::Cmp {
-            left: Expr::Payload(Payload::TcpSport),
-            op: CmpOp::Eq,
-            right: Value::Port(1),
-        },
-        verdict(Verdict::Accept),
-    ]));
-    out.push(rule(vec![
-        Stmt::Cmp {
-            left: Expr::Payload(Payload::UdpSport),
-            op: CmpOp::Eq,
-            right: Value::Port(2),
-        },
-        verdict(Verdict::Accept),
-    ]));
-    out.push(rule(vec![
-        Stmt::Cmp {
-            left: Expr::Payload(Payload::SctpSport),
-            op: CmpOp::Eq,
-            right: Value::Port(3),
-        },
-        verdict(Verdict::Accept),
-    ]));
+    for (sport, port) in [
+        (Payload::TcpSport, 1),
+        (Payload::UdpSport, 2),
+        (Payload::SctpSport, 3),
+    ] {
+        out.push(rule(vec![
+            Stmt::Cmp {
+                left: Expr::Payload(sport),
+                op: CmpOp::Eq,
+                right: Value::Port(port),
+            },
+            verdict(Verdict::Accept),
+        ]));
+    }
     out
 }
 
