@@ -59,10 +59,23 @@ pub struct ClearStatusArgs {
     #[arg(long, default_value = "nodelb-system", value_name = "NS")]
     pub lease_namespace: String,
 
-    /// How long to wait for the Lease to go quiet before giving up.
+    /// How long to wait for the Lease to go quiet (and for `--wait-for-cleanup`) before
+    /// giving up.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10m",
           value_name = "DURATION")]
     pub wait: Duration,
+
+    /// First stop the agents: schedule this DaemonSet (in `--lease-namespace`) on no node, as
+    /// `manifests/cleanup/` does, so its agents stop and the leader releases its Lease. For
+    /// an uninstall hook, which cannot patch the DaemonSet any other way.
+    #[arg(long, value_name = "DAEMONSET")]
+    pub stop_agents: Option<String>,
+
+    /// Last, wait until every pod of this DaemonSet (in `--lease-namespace`) is ready: the
+    /// cleanup DaemonSet, whose pods become ready once `nodelb-agent cleanup` has deleted
+    /// nodelb's tables on their node.
+    #[arg(long, value_name = "DAEMONSET")]
+    pub wait_for_cleanup: Option<String>,
 }
 
 /// `cleanup`: what it waits for first.

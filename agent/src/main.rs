@@ -94,10 +94,18 @@ fn clear_status(args: nodelb_agent::cli::ClearStatusArgs) -> anyhow::Result<Exit
     let done = rt.block_on(async {
         use nodelb_agent::kube::clear_status;
         let client = nodelb_agent::kube::client(args.kubeconfig.as_deref()).await?;
-        clear_status::wait_for_quiet_lease(&client, &args.lease_namespace, args.wait).await?;
-        anyhow::Ok(clear_status::clear_all(client).await?)
+        let ns = &args.lease_namespace;
+        if let Some(agents) = &args.stop_agents {
+            clear_status::stop_agents(&client, ns, agents).await?;
+        }
+        clear_status::wait_for_quiet_lease(&client, ns, args.wait).await?;
+        let done = clear_status::clear_all(client.clone()).await?;
+        println!("{done}");
+        if let Some(cleanup) = &args.wait_for_cleanup {
+            clear_status::wait_for_daemonset_ready(&client, ns, cleanup, args.wait).await?;
+        }
+        anyhow::Ok(done)
     })?;
-    println!("{done}");
     Ok(if done.failed.is_empty() {
         ExitCode::SUCCESS
     } else {

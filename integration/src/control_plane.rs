@@ -66,29 +66,41 @@ pub struct ControlPlane {
 /// reuses its cache): `kube-apiserver` and `kubectl` of the pinned release.
 pub fn binaries_dir() -> Result<PathBuf, String> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/kubernetes.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .stderr(Stdio::inherit())
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-        if !out.status.success() {
-            return Err(format!(
-                "{} failed ({}): the real kube-apiserver could not be built",
-                script.display(),
-                out.status
-            ));
-        }
-        let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        Ok(PathBuf::from(dir))
-    })
-    .clone()
+    DIR.get_or_init(|| built_by("kubernetes.sh", "the real kube-apiserver"))
+        .clone()
+}
+
+/// Runs `scripts/<script>`, which builds `what` into the cache (or finds it there) and prints
+/// its path.
+fn built_by(script: &str, what: &str) -> Result<PathBuf, String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scripts")
+        .join(script);
+    let out = Command::new("bash")
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} failed ({}): {what} could not be built",
+            script.display(),
+            out.status
+        ));
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
 /// The pinned `kubectl` (same release as the server).
 pub fn kubectl() -> Result<PathBuf, String> {
     Ok(binaries_dir()?.join("kubectl"))
+}
+
+/// The pinned `helm` (`helm.sh/helm/v3` in `integration/helm/go.mod`), which
+/// `scripts/helm.sh` builds into the cache on first use.
+pub fn helm() -> Result<PathBuf, String> {
+    static HELM: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    HELM.get_or_init(|| built_by("helm.sh", "helm")).clone()
 }
 
 /// The `k8s.io/kubernetes` version `integration/kubernetes/go.mod` pins (`v1.36.3`).

@@ -258,8 +258,24 @@ impl RealCluster {
 
     /// Like [`RealCluster::kubectl`], with `input` on stdin (`-f -`).
     pub fn kubectl_input(&self, args: &[&str], input: Option<&str>) -> Result<String, String> {
+        self.run_against(&self.kubectl, args, input)
+    }
+
+    /// Runs the pinned `helm` (`scripts/helm.sh` builds it) against the cluster.
+    pub fn helm(&self, args: &[&str]) -> Result<String, String> {
+        self.run_against(&crate::control_plane::helm()?, args, None)
+    }
+
+    /// Runs a client tool with `--kubeconfig` of the cluster; stdout, or an error with stderr.
+    fn run_against(
+        &self,
+        tool: &Path,
+        args: &[&str],
+        input: Option<&str>,
+    ) -> Result<String, String> {
         use std::io::Write;
-        let mut child = Command::new(&self.kubectl)
+        let name = tool.file_name().unwrap_or_default().to_string_lossy();
+        let mut child = Command::new(tool)
             .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
             .args(args)
             .stdin(if input.is_some() {
@@ -270,21 +286,21 @@ impl RealCluster {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| format!("running kubectl: {e}"))?;
+            .map_err(|e| format!("running {name}: {e}"))?;
         if let Some(text) = input {
             let mut stdin = child.stdin.take().expect("piped stdin");
             stdin
                 .write_all(text.as_bytes())
-                .map_err(|e| format!("kubectl stdin: {e}"))?;
+                .map_err(|e| format!("{name} stdin: {e}"))?;
         }
         let out = child
             .wait_with_output()
-            .map_err(|e| format!("kubectl: {e}"))?;
+            .map_err(|e| format!("{name}: {e}"))?;
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {
             Err(format!(
-                "kubectl {} failed ({}): {}",
+                "{name} {} failed ({}): {}",
                 args.join(" "),
                 out.status,
                 String::from_utf8_lossy(&out.stderr).trim()
@@ -309,6 +325,43 @@ impl RealCluster {
             .and_then(|_| self.rollout_status(Duration::from_secs(180)));
         let _ = std::fs::remove_dir_all(&dir);
         result.map(|_| began.elapsed())
+    }
+
+    /// Removes what [`RealCluster::install`] installed (`kubectl delete -k`, waiting until it
+    /// is gone), so that Helm can install the same objects: it adopts none it did not create.
+    pub fn remove_kustomized(&self) -> Result<(), String> {
+        let dir = self.kustomization("", &[])?;
+        let result = self.kubectl(&[
+            "delete",
+            "-k",
+            &dir.display().to_string(),
+            "--ignore-not-found",
+            "--wait=true",
+            "--timeout=180s",
+        ]);
+        let _ = std::fs::remove_dir_all(&dir);
+        result.map(|_| ())
+    }
+
+    /// `helm install nodelb charts/nodelb` with the image under test and `--set` values,
+    /// waiting for the agents (`--wait`), or only the server's answer (`--dry-run=server`).
+    pub fn helm_install(&self, set: &[&str], dry_run: bool) -> Result<String, String> {
+        let (name, tag) = self
+            .agent_image
+            .rsplit_once(':')
+            .ok_or_else(|| format!("image {} has no tag", self.agent_image))?;
+        let chart = repo().join("charts/nodelb").display().to_string();
+        let image = format!("image.repository={name},image.tag={tag}");
+        let mut args = vec!["install", "nodelb", &chart, "--set", &image];
+        for s in set {
+            args.extend(["--set", s]);
+        }
+        args.extend(if dry_run {
+            ["--dry-run=server"].as_slice()
+        } else {
+            ["--wait", "--timeout=180s"].as_slice()
+        });
+        self.helm(&args)
     }
 
     /// A kustomization directory of the test's own (under the repository's `target/`, so the

@@ -89,6 +89,17 @@ mod on_real_cluster {
         services: &[(&str, u16, &str)],
     ) -> TestNamespace {
         c.install("").unwrap_or_else(|e| panic!("{e}"));
+        serve(c, ns, replicas, drain, services)
+    }
+
+    /// Like [`setup`], with nodelb installed already.
+    fn serve(
+        c: &'static RealCluster,
+        ns: &str,
+        replicas: u32,
+        drain: u32,
+        services: &[(&str, u16, &str)],
+    ) -> TestNamespace {
         let ns = c.namespace(ns);
         c.apply(&backend_deployment(
             ns.name(),
@@ -522,6 +533,93 @@ mod on_real_cluster {
         }
     }
 
+    /// After an uninstall: Service `web` of `ns` has no status of nodelb's, the nodes have no
+    /// nodelb table, and nothing answers on the nodes' addresses.
+    fn assert_uninstalled(c: &RealCluster, ns: &str) {
+        let svc = c.service(ns, "web").unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            ingress_ips(&svc).is_empty(),
+            "the status is cleared: {:?}",
+            svc.status
+        );
+        assert!(
+            serving_condition(&svc).is_none(),
+            "nodelb's condition is gone: {:?}",
+            svc.status
+        );
+        if c.is_managed() {
+            for (node, _) in c.nodes() {
+                let e = c
+                    .nft(node, &["list", "table", "ip", "nodelb"])
+                    .expect_err("the table is gone");
+                println!("node {node}: nft list table ip nodelb: {e}");
+            }
+            for (node, addr) in c.nodes() {
+                let r = c.tcp_request(SocketAddr::new(*addr, 80));
+                println!("after the uninstall, through {node}: {r:?}");
+                assert!(
+                    !matches!(r, Outcome::Answered(_)),
+                    "nodelb no longer answers on {node}: {r:?}"
+                );
+            }
+        } else {
+            println!("SKIP the nftables check: it needs scripts/cluster.sh's nodes");
+        }
+    }
+
+    /// The chart, on the real kube-apiserver: `helm install --dry-run=server` accepts the
+    /// default and the hardened values and creates nothing; `helm install` with the image under
+    /// test serves a Deployment through every node address; `helm uninstall` (its pre-delete
+    /// hook) removes the tables and the statuses, then everything the release installed.
+    #[test]
+    fn helm_install_serves_and_helm_uninstall_removes_the_tables_and_the_statuses() {
+        let Some((_turn, c)) = RealCluster::get(
+            "helm_install_serves_and_helm_uninstall_removes_the_tables_and_the_statuses",
+        ) else {
+            return;
+        };
+        c.remove_kustomized().unwrap_or_else(|e| panic!("{e}"));
+        let gone = || c.kubectl(&["get", "namespace", "nodelb-system", "--ignore-not-found"]);
+        for values in [&[][..], &["hardened=true", "ipv6=true"]] {
+            let out = c
+                .helm_install(values, true)
+                .unwrap_or_else(|e| panic!("helm install --dry-run=server {values:?}: {e}"));
+            let status = out.lines().find(|l| l.starts_with("STATUS:"));
+            println!("helm install --dry-run=server {values:?}: {status:?}");
+            assert_eq!(gone().as_deref(), Ok(""), "a dry run creates nothing");
+        }
+        let began = Instant::now();
+        c.helm_install(&[], false)
+            .unwrap_or_else(|e| panic!("helm install: {e}"));
+        println!("measured: helm install --wait took {:.1?}", began.elapsed());
+        let ns = serve(c, "rc-helm", 2, 1, &[("web", 80, "")]);
+        let backends = pods(c, ns.name(), "web");
+        for (node, addr) in c.nodes() {
+            let (answered, failed) = spread(c, SocketAddr::new(*addr, 80), 20);
+            assert!(failed.is_empty(), "through {node}: {failed:?}");
+            assert_eq!(answered, backends, "through {node}");
+        }
+        let began = Instant::now();
+        c.helm(&["uninstall", "nodelb", "--wait", "--timeout=300s"])
+            .unwrap_or_else(|e| panic!("helm uninstall: {e}"));
+        println!(
+            "measured: helm uninstall --wait took {:.1?}",
+            began.elapsed()
+        );
+        assert_uninstalled(c, ns.name());
+        c.until("nodelb-system deleted", Duration::from_secs(120), || {
+            gone()?
+                .is_empty()
+                .then_some(())
+                .ok_or("still there".to_string())
+        });
+        let left = c.kubectl(&["get", "clusterroles,clusterrolebindings", "-o", "name"]);
+        assert!(
+            !left.as_deref().unwrap_or_default().contains("/nodelb"),
+            "helm uninstall left cluster objects: {left:?}"
+        );
+    }
+
     #[test]
     fn uninstall_in_two_commands_removes_the_tables_and_the_statuses() {
         let Some((_turn, c)) =
@@ -565,37 +663,7 @@ mod on_real_cluster {
             "measured: the uninstall's first command finished in {:.1?}",
             began.elapsed()
         );
-        let svc = c
-            .service(ns.name(), "web")
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert!(
-            ingress_ips(&svc).is_empty(),
-            "the status is cleared: {:?}",
-            svc.status
-        );
-        assert!(
-            serving_condition(&svc).is_none(),
-            "nodelb's condition is gone: {:?}",
-            svc.status
-        );
-        if c.is_managed() {
-            for (node, _) in c.nodes() {
-                let e = c
-                    .nft(node, &["list", "table", "ip", "nodelb"])
-                    .expect_err("the table is gone");
-                println!("node {node}: nft list table ip nodelb: {e}");
-            }
-            for (node, addr) in c.nodes() {
-                let r = c.tcp_request(SocketAddr::new(*addr, 80));
-                println!("after the uninstall, through {node}: {r:?}");
-                assert!(
-                    !matches!(r, Outcome::Answered(_)),
-                    "nodelb no longer answers on {node}: {r:?}"
-                );
-            }
-        } else {
-            println!("SKIP the nftables check: it needs scripts/cluster.sh's nodes");
-        }
+        assert_uninstalled(c, ns.name());
         c.kubectl(&["delete", "-k", &dir, "--wait=true", "--timeout=120s"])
             .unwrap_or_else(|e| panic!("{e}"));
         let left = c.kubectl(&["get", "namespace", "nodelb-system", "--ignore-not-found"]);

@@ -394,9 +394,11 @@ fn every_file_the_repository_names_exists() {
                     && stem.chars().all(is_path_char)
                     && ["rs", "sh", "md", "yaml", "toml", "json", "nft"].contains(&ext)
             });
+            // A link (the chart's files/) is not in `files`, and exists.
             let known = files
                 .iter()
-                .any(|(p, _)| p == quoted || p.ends_with(&format!("/{quoted}")));
+                .any(|(p, _)| p == quoted || p.ends_with(&format!("/{quoted}")))
+                || root().join(quoted).exists();
             if named && !known {
                 missing.push(format!("{doc}: `{quoted}`"));
             }
@@ -473,6 +475,18 @@ fn one_version_everywhere() {
         }
     }
     assert!(tags >= 5, "the image tags were not found ({tags})");
+    let chart = std::fs::read_to_string(root().join("charts/nodelb/Chart.yaml")).unwrap();
+    for field in ["version", "appVersion"] {
+        let value = chart
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{field}: ")))
+            .unwrap_or_else(|| panic!("charts/nodelb/Chart.yaml has no {field}"));
+        assert_eq!(
+            value.trim_matches('"'),
+            version,
+            "charts/nodelb/Chart.yaml {field} (the chart's image tag defaults to appVersion)"
+        );
+    }
     let dockerfile = std::fs::read_to_string(root().join("Dockerfile.agent")).unwrap();
     assert!(
         dockerfile.contains(&format!("org.opencontainers.image.version=\"{version}\"")),

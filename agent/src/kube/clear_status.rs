@@ -3,10 +3,12 @@
 //! what only nodelb owned (the ingress, nodelb's conditions) and leaves other managers' fields.
 //! It first waits until no leader is left to write the status again: until the Lease
 //! `nodelb-status` has not changed for its lease duration, as seen on this process's clock.
-//! Its writes are paced as the leader's are (10,000 Services in about 100 s).
+//! Its writes are paced as the leader's are (10,000 Services in about 100 s). For an uninstall
+//! hook (the chart's), it can first stop the agents and last wait for the cleanup DaemonSet.
 
 use super::rate_limit::RateLimiter;
 use super::status_writer::{BURST, REQUESTS_PER_SECOND};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -19,6 +21,10 @@ use tokio::time::Instant;
 const STATUS_LEASE: &str = "nodelb-status";
 /// How often the Lease is read while waiting.
 const POLL: Duration = Duration::from_secs(1);
+
+/// The node selector that stops the agents: a label no node carries (the same as
+/// `manifests/cleanup/stop-agents.yaml`).
+pub const STOP_LABEL: (&str, &str) = ("nodelb.io/uninstalling", "no-node-has-this-label");
 
 /// Services listed per request: the list is read a page at a time.
 const PAGE: u32 = 500;
@@ -141,6 +147,52 @@ pub async fn wait_for_quiet_lease(
         if now >= deadline {
             anyhow::bail!(
                 "the Lease {namespace}/{STATUS_LEASE} still changes after {wait:?}: an agent still runs; stop the agents first (manifests/cleanup/ schedules their DaemonSet on no node)"
+            );
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Schedules the agent DaemonSet `name` on no node (a node selector no node matches), so the
+/// DaemonSet controller stops every agent; the leader releases its Lease on SIGTERM.
+pub async fn stop_agents(client: &kube::Client, namespace: &str, name: &str) -> anyhow::Result<()> {
+    let api: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
+    let (key, value) = STOP_LABEL;
+    let patch = serde_json::json!({
+        "spec": {"template": {"spec": {"nodeSelector": {key: value}}}}
+    });
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!("cannot stop the agents of DaemonSet {namespace}/{name}: {e}")
+        })?;
+    println!("DaemonSet {namespace}/{name} scheduled on no node: its agents stop");
+    Ok(())
+}
+
+/// Waits until the DaemonSet `name` has observed its latest spec and every pod it schedules is
+/// updated and ready; at most `wait`.
+pub async fn wait_for_daemonset_ready(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    wait: Duration,
+) -> anyhow::Result<()> {
+    let api: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
+    let deadline = Instant::now() + wait;
+    loop {
+        let ds = api.get(name).await?;
+        let status = ds.status.unwrap_or_default();
+        let observed = status.observed_generation >= ds.metadata.generation;
+        let want = status.desired_number_scheduled;
+        let ready = status.number_ready;
+        if observed && ready == want && status.updated_number_scheduled == Some(want) {
+            println!("DaemonSet {namespace}/{name}: {ready} of {want} pods ready");
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!(
+                "DaemonSet {namespace}/{name}: {ready} of {want} pods ready after {wait:?}; see `kubectl -n {namespace} describe ds/{name}` and its pods' logs"
             );
         }
         tokio::time::sleep(POLL).await;
