@@ -650,6 +650,11 @@ fn address_types_serve_and_publish_only_the_chosen_node_addresses() {
 
     wait_answer_from(&c, c.stranger(), at(external, 8031), "b0");
     wait_answer_from(&c, c.client(), at(internal, 8032), "b1");
+    eprintln!(
+        "example: ext (ExternalIP) answered at {} by b0, int (InternalIP) at {} by b1",
+        at(external, 8031),
+        at(internal, 8032)
+    );
     // The other address is the node's own: nothing listens there, the kernel resets.
     for (ns, dst) in [
         (c.client(), at(internal, 8031)),
@@ -660,6 +665,7 @@ fn address_types_serve_and_publish_only_the_chosen_node_addresses() {
             Outcome::Refused { .. } => {}
             other => panic!("{dst} from {}: not served there, got {other:?}", ns.name()),
         }
+        eprintln!("example: {dst} from {}: refused", ns.name());
     }
 
     for (svc, want) in [("ext", external), ("int", internal)] {
@@ -670,6 +676,10 @@ fn address_types_serve_and_publish_only_the_chosen_node_addresses() {
                 ips if ips == [want.to_string()] => Ok(()),
                 ips => Err(format!("{ips:?}")),
             },
+        );
+        eprintln!(
+            "example: Service {svc}'s status.loadBalancer.ingress: {:?}",
+            ips(&c, svc)
         );
     }
 
@@ -690,6 +700,7 @@ fn address_types_serve_and_publish_only_the_chosen_node_addresses() {
         });
         match note {
             Some(n) if n.contains("nodelb.io/address-types") && n.contains("\"Hostname\"") => {
+                eprintln!("example: Event InvalidInput on Service bad: {n}");
                 Ok(())
             }
             other => Err(format!("{other:?}")),

@@ -363,6 +363,40 @@ fn proxy_available(test: &str) -> bool {
 /// 192.0.2.100 after node-b's 192.0.2.99, the reverse of both node order and text order — with
 /// `ipMode: Proxy` on a 1.30+ server (the real one is 1.36). Then each agent in turn is SIGKILLed and restarted at once
 /// (well within its heartbeat's lease): no status write at all over the window.
+/// The server put the leader's status write and its Event in the priority level of
+/// `manifests/apf/` (its own metrics say so), and how many seats that level has.
+fn assert_status_writes_in_nodelbs_priority_level(c: &Cluster) {
+    let get = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = c
+        .block_on(c.admin().request_text(get))
+        .unwrap_or_else(|e| panic!("the API server's /metrics: {e}"));
+    let sum = |name: &str, labels: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(labels))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    };
+    let ours = r#"flow_schema="nodelb",priority_level="nodelb""#;
+    let dispatched = sum("apiserver_flowcontrol_dispatched_requests_total", ours);
+    let seats = sum(
+        "apiserver_flowcontrol_nominal_limit_seats",
+        r#"priority_level="nodelb""#,
+    );
+    let all_seats = sum(
+        "apiserver_flowcontrol_nominal_limit_seats",
+        "priority_level=",
+    );
+    eprintln!(
+        "measured: {dispatched} requests dispatched in FlowSchema nodelb; priority level nodelb \
+         has {seats} of the server's {all_seats} nominal seats"
+    );
+    assert!(
+        dispatched >= 2.0,
+        "the status apply and the EnsuredLoadBalancer Event went through FlowSchema nodelb"
+    );
+    assert!(seats >= 1.0, "the priority level has seats: {seats}");
+}
+
 #[test]
 fn status_lists_both_nodes_sorted_and_a_restart_within_the_lease_writes_nothing() {
     if !require_root("status_lists_both_nodes_sorted_and_a_restart_within_the_lease_writes_nothing")
@@ -407,6 +441,9 @@ fn status_lists_both_nodes_sorted_and_a_restart_within_the_lease_writes_nothing(
     );
     let ensured = wait_event(&c, "web", "EnsuredLoadBalancer");
     assert_eq!(ensured["type"], "Normal", "{ensured}");
+    if c.admin_kubeconfig().is_some() {
+        assert_status_writes_in_nodelbs_priority_level(&c);
+    }
     let leader = wait_leader(&c, 2, CHANGE);
 
     // Restart the other agent, then the leader, each at once after a SIGKILL.

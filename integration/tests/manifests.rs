@@ -9,6 +9,7 @@ use clap::{CommandFactory, Parser};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, Probe, ServiceAccount};
+use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use nodelb_agent::cli::{Cli, Command, RunArgs};
@@ -101,6 +102,8 @@ enum Object {
     RoleBinding(Box<RoleBinding>),
     DaemonSet(Box<DaemonSet>),
     Job(Box<Job>),
+    FlowSchema(Box<FlowSchema>),
+    PriorityLevelConfiguration(Box<PriorityLevelConfiguration>),
     /// The Prometheus Operator's kinds (`manifests/monitoring/`), which k8s-openapi does not
     /// know; `tests/monitoring.rs` checks what they say.
     Monitoring,
@@ -116,6 +119,8 @@ fn decode_object(v: &Value, path: &Path) -> Object {
         "RoleBinding" => Object::RoleBinding(decode(v, path)),
         "DaemonSet" => Object::DaemonSet(decode(v, path)),
         "Job" => Object::Job(decode(v, path)),
+        "FlowSchema" => Object::FlowSchema(decode(v, path)),
+        "PriorityLevelConfiguration" => Object::PriorityLevelConfiguration(decode(v, path)),
         "PodMonitor" | "PrometheusRule" => {
             assert_eq!(
                 str_at(v, "/apiVersion"),
@@ -948,4 +953,69 @@ fn clear_status_job_may_list_services_and_patch_their_status_only() {
     .map(|(k, v, g, r)| (k, v.to_string(), g.to_string(), r.to_string()))
     .collect();
     assert_eq!(granted, want);
+}
+
+#[test]
+fn apf_gives_the_status_writers_requests_a_priority_level_of_their_own() {
+    let objects = build(".");
+    let ds = the_daemonset(".");
+    let namespace = ds.metadata.namespace.clone().unwrap();
+    let sa = pod_spec(&ds).service_account_name.clone().unwrap();
+    let schemas: Vec<&FlowSchema> = objects
+        .iter()
+        .filter_map(|o| match o {
+            Object::FlowSchema(f) => Some(&**f),
+            _ => None,
+        })
+        .collect();
+    let levels: Vec<&PriorityLevelConfiguration> = objects
+        .iter()
+        .filter_map(|o| match o {
+            Object::PriorityLevelConfiguration(p) => Some(&**p),
+            _ => None,
+        })
+        .collect();
+    assert_eq!((schemas.len(), levels.len()), (1, 1), "one of each");
+    let spec = schemas[0].spec.as_ref().unwrap();
+    assert_eq!(
+        Some(&spec.priority_level_configuration.name),
+        levels[0].metadata.name.as_ref()
+    );
+    assert!(
+        spec.matching_precedence.unwrap() < 9000,
+        "ahead of the built-in service-accounts FlowSchema (9000)"
+    );
+    let level = levels[0].spec.as_ref().unwrap();
+    assert_eq!(level.type_, "Limited", "never exempt");
+    let mut requests = BTreeSet::new();
+    for rule in spec.rules.iter().flatten() {
+        let subjects: Vec<_> = rule
+            .subjects
+            .iter()
+            .map(|s| s.service_account.as_ref().map(|a| (&a.name, &a.namespace)))
+            .collect();
+        assert_eq!(
+            subjects,
+            [Some((&sa, &namespace))],
+            "the agent's ServiceAccount only"
+        );
+        assert!(rule.non_resource_rules.is_none());
+        for r in rule.resource_rules.iter().flatten() {
+            for v in &r.verbs {
+                for g in &r.api_groups {
+                    for res in &r.resources {
+                        requests.insert((v.as_str(), g.as_str(), res.as_str()));
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(
+        requests,
+        BTreeSet::from([
+            ("patch", "", "services/status"),
+            ("create", "events.k8s.io", "events")
+        ]),
+        "the status writer's requests, and no read or heartbeat"
+    );
 }
