@@ -1,10 +1,12 @@
-//! What the status, Event and host-listener end-to-end tests share: fast leases, a one-port
-//! Service, applying an object, reading a Service's status back, one test at a time (a module
-//! of those test crates, not a test target of its own; each uses some of it).
+//! What the status, Event, host-listener and published-address end-to-end tests share: fast
+//! leases, a one-port Service, applying an object, reading a Service's status and Events back,
+//! one test at a time (a module of those test crates, not a test target of its own; each uses
+//! some of it).
 #![allow(dead_code)]
 
 use k8s_openapi::api::core::v1::Service;
-use kube::api::Api;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams};
 use nodelb_integration::e2e::{wait_for, Cluster, ClusterOptions};
 use serde_json::{json, Value};
 use std::sync::{Mutex, MutexGuard};
@@ -92,4 +94,78 @@ pub fn apply(c: &Cluster, obj: Value) {
     let what = format!("{} {}", obj["kind"], obj["metadata"]["name"]);
     c.apply_value(obj)
         .unwrap_or_else(|e| panic!("applying {what}: {e}"));
+}
+
+/// Upper bound for an Event to show after the change that causes it.
+pub const EVENT_WITHIN: Duration = Duration::from_secs(20);
+
+/// `events.k8s.io/v1` Events in namespace `ns`, as the server stores them.
+pub fn events_in(c: &Cluster, ns: &str) -> Vec<Value> {
+    if ns == c.namespace() {
+        return c.events();
+    }
+    let api: Api<Event> = Api::namespaced(c.admin().clone(), ns);
+    c.block_on(api.list(&ListParams::default()))
+        .unwrap_or_else(|e| panic!("listing Events in {ns}: {e}"))
+        .items
+        .into_iter()
+        .map(|e| serde_json::to_value(e).expect("an Event as JSON"))
+        .collect()
+}
+
+pub fn summary(events: &[Value]) -> String {
+    events
+        .iter()
+        .map(|e| {
+            format!(
+                "{} {} {}/{}: {}",
+                e["metadata"]["name"],
+                e["reason"],
+                e["regarding"]["kind"],
+                e["regarding"]["name"],
+                e["note"]
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Events in `ns` about `kind` `name` with `reason`.
+pub fn events_about(c: &Cluster, ns: &str, kind: &str, name: &str, reason: &str) -> Vec<Value> {
+    events_in(c, ns)
+        .into_iter()
+        .filter(|e| {
+            e["regarding"]["kind"] == kind
+                && e["regarding"]["name"] == name
+                && e["reason"] == reason
+        })
+        .collect()
+}
+
+/// Waits for an Event about `kind` `name` with `reason` in `ns` whose note satisfies `note`.
+pub fn wait_event(
+    c: &Cluster,
+    ns: &str,
+    kind: &str,
+    name: &str,
+    reason: &str,
+    note: impl Fn(&str) -> bool,
+) -> Value {
+    let t0 = Instant::now();
+    let ev = wait_for(
+        &format!("a {reason} Event on {kind} {name} (namespace {ns})"),
+        EVENT_WITHIN,
+        || {
+            events_about(c, ns, kind, name, reason)
+                .into_iter()
+                .find(|e| note(e["note"].as_str().unwrap_or_default()))
+                .ok_or_else(|| format!("none yet; the server has:\n{}", summary(&events_in(c, ns))))
+        },
+    );
+    eprintln!(
+        "measured: {reason} on {kind} {name} readable after {:.1} s: {}",
+        t0.elapsed().as_secs_f64(),
+        ev["note"]
+    );
+    ev
 }
