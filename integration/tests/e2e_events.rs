@@ -23,7 +23,9 @@ use nodelb_integration::netns::require_root;
 use serde_json::{json, Value};
 
 mod common;
-use common::{apply, events_about, events_in, fast_options, ips, service, summary, wait_event};
+use common::{
+    apply, events_about, events_in, fast_options, ips, service, slice, summary, wait_event,
+};
 
 /// Upper bound for an Event to show after the change that causes it.
 const CHANGE: Duration = Duration::from_secs(20);
@@ -31,20 +33,6 @@ const CHANGE: Duration = Duration::from_secs(20);
 const CONTROLLER: &str = "nodelb.io/nodelb";
 
 // ---- objects ---------------------------------------------------------------------------------
-
-/// An IPv4 EndpointSlice `<svc>-1` with backend 0 on node 0, `ready` or not.
-fn slice(c: &Cluster, svc: &str, ready: bool) -> Value {
-    json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": format!("{svc}-1"),
-                     "labels": {"kubernetes.io/service-name": svc}},
-        "addressType": "IPv4",
-        "ports": [{"name": "tcp", "port": 8080, "protocol": "TCP"}],
-        "endpoints": [{"addresses": [c.backend_v4(0).to_string()],
-                       "nodeName": c.node_name(0),
-                       "conditions": {"ready": ready}}],
-    })
-}
 
 fn service_uid(c: &Cluster, name: &str) -> String {
     let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
@@ -224,14 +212,14 @@ fn every_service_event_is_accepted_and_readable() {
     let mut local = service("local", 8001);
     local["spec"]["externalTrafficPolicy"] = json!("Local");
     apply(&c, local);
-    apply(&c, slice(&c, "local", true));
+    apply(&c, slice(&c, "local", &[(0, true)]));
     let ev = wait_event(&c, &ns, "Service", "local", "EnsuredLoadBalancer", |n| {
         n.contains(&node_ip)
     });
     let local_uid = service_uid(&c, "local");
     assert_shape(&ev, "Service", "local", &local_uid, "Normal", &pod);
     assert_eq!(ips(&c, "local"), std::slice::from_ref(&node_ip));
-    apply(&c, slice(&c, "local", false));
+    apply(&c, slice(&c, "local", &[(0, false)]));
     let ev = wait_event(&c, &ns, "Service", "local", "UpdatedLoadBalancer", |n| {
         n.contains("no node serves it")
     });

@@ -22,15 +22,18 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use nodelb_integration::e2e::{wait_for, Cluster};
 use nodelb_integration::netns::{link, require_root, route, Netns};
-use nodelb_integration::traffic::{tcp_request, tcp_server, Outcome};
+use nodelb_integration::traffic::{tcp_request, tcp_server, Outcome, Server};
 use serde_json::json;
 
 mod common;
-use common::{apply, fast_options, ips, serial, service, serving_condition, wait_event, wait_ips};
+use common::{
+    apply, fast_options, ingress, ips, serial, service, serving_condition, slice, wait_event,
+    wait_ips,
+};
 
 /// The node's address behind the NAT: what its Node's annotation names.
 const PUBLISHED: &str = "203.0.113.200";
@@ -47,6 +50,20 @@ const ANSWER: Duration = Duration::from_secs(2);
 struct Nat {
     outside: Netns,
     _nat: Netns,
+}
+
+/// One node with backend 0 answering `b0`, the NAT in front of it, and the node's own
+/// address.
+fn cluster_behind_nat() -> (Cluster, Server, Nat, String) {
+    let c = Cluster::start(fast_options(1));
+    let b0 = tcp_server(
+        c.backend(0),
+        SocketAddr::new(c.backend_v4(0).into(), 8080),
+        "b0",
+    );
+    let nat = nat_in_front_of_node(&c);
+    let node = c.node_v4(0).to_string();
+    (c, b0, nat, node)
 }
 
 /// Builds the outside client and the 1:1 NAT in front of node 0 (see the table above).
@@ -105,32 +122,7 @@ fn web(c: &Cluster, name: &str, annotation: Option<&str>) {
         svc["metadata"]["annotations"] = json!({ ANNOTATION: a });
     }
     apply(c, svc);
-    apply(
-        c,
-        json!({
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": format!("{name}-1"),
-                         "labels": {"kubernetes.io/service-name": name}},
-            "addressType": "IPv4",
-            "ports": [{"name": "tcp", "port": 8080, "protocol": "TCP"}],
-            "endpoints": [c.endpoint_v4(0, true)],
-        }),
-    );
-}
-
-/// Service `name`'s stored ingress, as the client reads it: `(ip, ipMode)`.
-fn ingress(c: &Cluster, name: &str) -> Vec<(String, Option<String>)> {
-    let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
-    let svc = c
-        .block_on(api.get(name))
-        .unwrap_or_else(|e| panic!("reading Service {name}: {e}"));
-    svc.status
-        .and_then(|s| s.load_balancer)
-        .and_then(|lb| lb.ingress)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|i| (i.ip.unwrap_or_default(), i.ip_mode))
-        .collect()
+    apply(c, slice(c, name, &[(0, true)]));
 }
 
 /// The outside client reads Service `name`'s one address from its status and connects to it
@@ -158,14 +150,7 @@ fn a_client_behind_a_one_to_one_nat_connects_to_the_nodes_published_address() {
         return;
     }
     let _serial = serial();
-    let c = Cluster::start(fast_options(1));
-    let _b0 = tcp_server(
-        c.backend(0),
-        SocketAddr::new(c.backend_v4(0).into(), 8080),
-        "b0",
-    );
-    let nat = nat_in_front_of_node(&c);
-    let node = c.node_v4(0).to_string();
+    let (c, _b0, nat, node) = cluster_behind_nat();
     web(&c, "web", None);
     wait_ips(&c, "web", std::slice::from_ref(&node), CHANGE);
     // The node's own address is not reachable from outside: only the NAT's is.
@@ -224,14 +209,7 @@ fn a_services_published_addresses_name_an_outer_load_balancer_only_while_a_node_
         return;
     }
     let _serial = serial();
-    let c = Cluster::start(fast_options(1));
-    let _b0 = tcp_server(
-        c.backend(0),
-        SocketAddr::new(c.backend_v4(0).into(), 8080),
-        "b0",
-    );
-    let nat = nat_in_front_of_node(&c);
-    let node = c.node_v4(0).to_string();
+    let (c, _b0, nat, node) = cluster_behind_nat();
     annotate_node(&c, Some(PUBLISHED));
     web(&c, "outer", Some(OUTER));
     wait_ips(&c, "outer", &[OUTER.to_string()], CHANGE);

@@ -20,13 +20,16 @@ pub fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Service `name` of the test namespace, as stored.
+pub fn stored(c: &Cluster, name: &str) -> Service {
+    let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
+    c.block_on(api.get(name))
+        .unwrap_or_else(|e| panic!("reading Service {name}: {e}"))
+}
+
 /// A Service's stored `status.loadBalancer.ingress` addresses.
 pub fn ips(c: &Cluster, name: &str) -> Vec<String> {
-    let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
-    let svc = c
-        .block_on(api.get(name))
-        .unwrap_or_else(|e| panic!("reading Service {name}: {e}"));
-    nodelb_integration::e2e::ingress_ips(&svc)
+    nodelb_integration::e2e::ingress_ips(&stored(c, name))
 }
 
 /// Waits until Service `name` publishes exactly `want` (in order); returns how long it took.
@@ -43,13 +46,22 @@ pub fn wait_ips(c: &Cluster, name: &str, want: &[String], timeout: Duration) -> 
     t0.elapsed()
 }
 
+/// A Service's stored `status.loadBalancer.ingress` as `(ip, ipMode)`.
+pub fn ingress(c: &Cluster, name: &str) -> Vec<(String, Option<String>)> {
+    stored(c, name)
+        .status
+        .and_then(|s| s.load_balancer)
+        .and_then(|lb| lb.ingress)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|i| (i.ip.unwrap_or_default(), i.ip_mode))
+        .collect()
+}
+
 /// `status.conditions` entry `nodelb.io/Serving` of Service `name`: `(status, reason, message)`.
 pub fn serving_condition(c: &Cluster, name: &str) -> Option<(String, String, String)> {
-    let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
-    let svc = c
-        .block_on(api.get(name))
-        .unwrap_or_else(|e| panic!("reading Service {name}: {e}"));
-    svc.status
+    stored(c, name)
+        .status
         .and_then(|s| s.conditions)
         .unwrap_or_default()
         .into_iter()
@@ -86,6 +98,22 @@ pub fn service(name: &str, port: u16) -> Value {
         "metadata": {"name": name},
         "spec": {"type": "LoadBalancer",
                  "ports": [{"name": "tcp", "port": port, "protocol": "TCP"}]},
+    })
+}
+
+/// An IPv4 EndpointSlice `<svc>-1` with `(backend, ready)` endpoints on the backends' nodes.
+pub fn slice(c: &Cluster, svc: &str, endpoints: &[(usize, bool)]) -> Value {
+    let eps: Vec<Value> = endpoints
+        .iter()
+        .map(|(j, ready)| c.endpoint_v4(*j, *ready))
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{svc}-1"),
+                     "labels": {"kubernetes.io/service-name": svc}},
+        "addressType": "IPv4",
+        "ports": [{"name": "tcp", "port": 8080, "protocol": "TCP"}],
+        "endpoints": eps,
     })
 }
 
