@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
-use nodelb_integration::e2e::{wait_for, Cluster};
+use nodelb_integration::e2e::{metric_value, wait_for, Cluster};
 use nodelb_integration::netns::{link, require_root, route, Netns};
 use nodelb_integration::traffic::{tcp_request, tcp_server, Outcome, Server};
 use serde_json::json;
@@ -197,6 +197,11 @@ fn a_client_behind_a_one_to_one_nat_connects_to_the_nodes_published_address() {
         c.agent_log(0).contains("InvalidPublishedAddresses"),
         "the agent logs it"
     );
+    let counted = metric_value(
+        &c.metrics(0),
+        "nodelb_invalid_objects_total{kind=\"Node\",reason=\"plan\"}",
+    );
+    assert_eq!(counted, Some(1.0), "counted once as invalid input");
     annotate_node(&c, None);
     wait_ips(&c, "web", std::slice::from_ref(&node), CHANGE);
 }
