@@ -16,15 +16,16 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use nodelb_integration::control_plane::AuditRecord;
 use nodelb_integration::e2e::{agent_pod_name, wait_for, Cluster};
 use nodelb_integration::netns::require_root;
 use serde_json::{json, Value};
 
 mod common;
-use common::{apply, fast_options, ips, service};
+use common::{
+    apply, events_about, events_in, fast_options, ips, service, slice, summary, wait_event,
+};
 
 /// Upper bound for an Event to show after the change that causes it.
 const CHANGE: Duration = Duration::from_secs(20);
@@ -32,20 +33,6 @@ const CHANGE: Duration = Duration::from_secs(20);
 const CONTROLLER: &str = "nodelb.io/nodelb";
 
 // ---- objects ---------------------------------------------------------------------------------
-
-/// An IPv4 EndpointSlice `<svc>-1` with backend 0 on node 0, `ready` or not.
-fn slice(c: &Cluster, svc: &str, ready: bool) -> Value {
-    json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": format!("{svc}-1"),
-                     "labels": {"kubernetes.io/service-name": svc}},
-        "addressType": "IPv4",
-        "ports": [{"name": "tcp", "port": 8080, "protocol": "TCP"}],
-        "endpoints": [{"addresses": [c.backend_v4(0).to_string()],
-                       "nodeName": c.node_name(0),
-                       "conditions": {"ready": ready}}],
-    })
-}
 
 fn service_uid(c: &Cluster, name: &str) -> String {
     let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
@@ -63,79 +50,6 @@ fn node_uid(c: &Cluster, i: usize) -> String {
         .metadata
         .uid
         .expect("a stored Node has a uid")
-}
-
-// ---- reading Events back ---------------------------------------------------------------------
-
-/// `events.k8s.io/v1` Events in namespace `ns`, as the server stores them.
-fn events_in(c: &Cluster, ns: &str) -> Vec<Value> {
-    if ns == c.namespace() {
-        return c.events();
-    }
-    let api: Api<Event> = Api::namespaced(c.admin().clone(), ns);
-    c.block_on(api.list(&ListParams::default()))
-        .unwrap_or_else(|e| panic!("listing Events in {ns}: {e}"))
-        .items
-        .into_iter()
-        .map(|e| serde_json::to_value(e).expect("an Event as JSON"))
-        .collect()
-}
-
-fn summary(events: &[Value]) -> String {
-    events
-        .iter()
-        .map(|e| {
-            format!(
-                "{} {} {}/{}: {}",
-                e["metadata"]["name"],
-                e["reason"],
-                e["regarding"]["kind"],
-                e["regarding"]["name"],
-                e["note"]
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// Events in `ns` about `kind` `name` with `reason`.
-fn events_about(c: &Cluster, ns: &str, kind: &str, name: &str, reason: &str) -> Vec<Value> {
-    events_in(c, ns)
-        .into_iter()
-        .filter(|e| {
-            e["regarding"]["kind"] == kind
-                && e["regarding"]["name"] == name
-                && e["reason"] == reason
-        })
-        .collect()
-}
-
-/// Waits for an Event about `kind` `name` with `reason` in `ns` whose note satisfies `note`.
-fn wait_event(
-    c: &Cluster,
-    ns: &str,
-    kind: &str,
-    name: &str,
-    reason: &str,
-    note: impl Fn(&str) -> bool,
-) -> Value {
-    let t0 = Instant::now();
-    let ev = wait_for(
-        &format!("a {reason} Event on {kind} {name} (namespace {ns})"),
-        CHANGE,
-        || {
-            events_about(c, ns, kind, name, reason)
-                .into_iter()
-                .find(|e| note(e["note"].as_str().unwrap_or_default()))
-                .ok_or_else(|| format!("none yet; the server has:\n{}", summary(&events_in(c, ns))))
-        },
-    );
-    eprintln!(
-        "measured: {reason} on {kind} {name} readable after {:.1} s: {}",
-        t0.elapsed().as_secs_f64(),
-        ev["note"]
-    );
-    ev
 }
 
 /// A lowercase RFC 1123 subdomain, as kube-apiserver validates `metadata.name`.
@@ -298,14 +212,14 @@ fn every_service_event_is_accepted_and_readable() {
     let mut local = service("local", 8001);
     local["spec"]["externalTrafficPolicy"] = json!("Local");
     apply(&c, local);
-    apply(&c, slice(&c, "local", true));
+    apply(&c, slice(&c, "local", &[(0, true)]));
     let ev = wait_event(&c, &ns, "Service", "local", "EnsuredLoadBalancer", |n| {
         n.contains(&node_ip)
     });
     let local_uid = service_uid(&c, "local");
     assert_shape(&ev, "Service", "local", &local_uid, "Normal", &pod);
     assert_eq!(ips(&c, "local"), std::slice::from_ref(&node_ip));
-    apply(&c, slice(&c, "local", false));
+    apply(&c, slice(&c, "local", &[(0, false)]));
     let ev = wait_event(&c, &ns, "Service", "local", "UpdatedLoadBalancer", |n| {
         n.contains("no node serves it")
     });

@@ -36,7 +36,9 @@ use nodelb_integration::old_server_proxy::OldServer;
 use serde_json::{json, Value};
 
 mod common;
-use common::{apply, fast_options, ips, serial, service, serving_condition, wait_ips};
+use common::{
+    apply, fast_options, ingress, ips, serial, service, serving_condition, slice, wait_ips,
+};
 
 /// `--node-lease-duration`: a heartbeat is fresh this long.
 const NODE_LEASE: Duration = Duration::from_secs(3);
@@ -51,38 +53,7 @@ const STATUS_LEASE: &str = "nodelb-status";
 
 // ---- objects ---------------------------------------------------------------------------------
 
-/// An IPv4 EndpointSlice `<svc>-1` with `(backend, ready)` endpoints on the backends' nodes.
-fn slice(c: &Cluster, svc: &str, endpoints: &[(usize, bool)]) -> Value {
-    let eps: Vec<Value> = endpoints
-        .iter()
-        .map(|(j, ready)| c.endpoint_v4(*j, *ready))
-        .collect();
-    json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": format!("{svc}-1"),
-                     "labels": {"kubernetes.io/service-name": svc}},
-        "addressType": "IPv4",
-        "ports": [{"name": "tcp", "port": 8080, "protocol": "TCP"}],
-        "endpoints": eps,
-    })
-}
-
 // ---- reading the cluster ---------------------------------------------------------------------
-
-/// A Service's stored `status.loadBalancer.ingress` as `(ip, ipMode)`.
-fn ingress(c: &Cluster, name: &str) -> Vec<(String, Option<String>)> {
-    let api: Api<Service> = Api::namespaced(c.admin().clone(), c.namespace());
-    let svc = c
-        .block_on(api.get(name))
-        .unwrap_or_else(|e| panic!("reading Service {name}: {e}"));
-    svc.status
-        .and_then(|s| s.load_balancer)
-        .and_then(|lb| lb.ingress)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|i| (i.ip.unwrap_or_default(), i.ip_mode))
-        .collect()
-}
 
 /// Ok when `n` Services in the test namespace publish exactly `want`.
 fn all_publish(c: &Cluster, want: &[String], n: usize) -> Result<(), String> {

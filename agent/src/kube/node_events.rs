@@ -1,4 +1,5 @@
-//! Node-level problems (forwarding off, IPv6 absent, nf_tables unusable) as `events.k8s.io/v1`
+//! Node-level problems (forwarding off, IPv6 absent, nf_tables unusable, an invalid
+//! `nodelb.io/published-addresses`) as `events.k8s.io/v1`
 //! Events on this node's Node, from this node's agent. One Event when a problem appears; none
 //! while it persists; again if it comes back after going away.
 
@@ -12,7 +13,8 @@ use super::events::{create_event, new_event};
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct NodeProblem {
-    /// `ForwardingOff`, `FamilyAbsent`, `NfTablesUnavailable`, `SysctlUnreadable`.
+    /// `ForwardingOff`, `FamilyAbsent`, `NfTablesUnavailable`, `SysctlUnreadable`,
+    /// `InvalidPublishedAddresses`.
     pub reason: &'static str,
     pub note: String,
 }

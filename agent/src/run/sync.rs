@@ -23,7 +23,7 @@ use super::Trigger;
 use crate::host::addresses::Snapshot;
 use crate::host::sysctl::{Forwarding, Sysctls};
 use crate::kube::inbox::Inbox;
-use crate::kube::node_events::NodeEvents;
+use crate::kube::node_events::{NodeEvents, NodeProblem};
 use crate::kube::watches::{valid, Caches};
 use nodelb_core::plan::config::Config;
 use nodelb_core::plan::conflicts::Slot;
@@ -34,6 +34,7 @@ use nodelb_core::plan::listeners::HostListeners;
 use nodelb_core::plan::node::NodeInfo;
 use nodelb_core::plan::{Planner, TableChange};
 use nodelb_core::status::heartbeat::BlockedPorts;
+use nodelb_core::status::published;
 use nodelb_core::vocab::{Families, IpFamily};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -286,12 +287,12 @@ impl Context {
         let FamilyDecision {
             programmed: families,
             states,
-            problems,
+            mut problems,
         } = decide_families(enabled, &forwarding);
         let node_obj = valid(&self.sources.caches.node).into_iter().next();
         let node_obj = node_obj.as_ref().and_then(|n| n.0.as_ref().ok());
         let uid = node_obj.and_then(|n| n.metadata.uid.clone());
-        let (node, node_warnings) = match node_obj {
+        let (node, mut node_warnings) = match node_obj {
             Some(n) => NodeInfo::from_node_checked(n),
             None => (
                 NodeInfo {
@@ -304,6 +305,15 @@ impl Context {
                 )],
             ),
         };
+        // The leader ignores it; this node's agent says so: logged and counted as invalid
+        // input, and an Event on the Node.
+        if let Some(w) = node_obj.and_then(published::node_warning) {
+            problems.push(NodeProblem {
+                reason: "InvalidPublishedAddresses",
+                note: w.message.clone(),
+            });
+            node_warnings.push(w);
+        }
         let local = self.sources.addresses.borrow().clone();
         // Read now: a sync that adds ports must not take one a process listens on.
         let host = self.sources.listeners.look(false).0;

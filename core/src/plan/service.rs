@@ -23,6 +23,10 @@ pub const ADDRESS_TYPES_ANNOTATION: &str = "nodelb.io/address-types";
 /// Annotation: the prefixes (comma separated) a node address must lie in to serve the Service;
 /// empty: any.
 pub const ADDRESS_CIDRS_ANNOTATION: &str = "nodelb.io/address-cidrs";
+/// Annotation, on a Node or a Service: the addresses (comma separated) the status publishes in
+/// place of the node addresses of their family (see [`crate::status::published`]); the kernel
+/// still serves the node's own.
+pub const PUBLISHED_ADDRESSES_ANNOTATION: &str = "nodelb.io/published-addresses";
 
 impl ServiceKey {
     /// The key of a Service object: a missing namespace is `default`, as kubectl reads files.
@@ -122,6 +126,8 @@ pub struct LbService<'a> {
     pub address_types: Option<&'a str>,
     /// The `nodelb.io/address-cidrs` annotation, if set.
     pub address_cidrs: Option<&'a str>,
+    /// The `nodelb.io/published-addresses` annotation, if set: read by the status only.
+    pub published: Option<&'a str>,
     /// ServiceLB's pool: the label `svccontroller.k3s.cattle.io/lbpool`, if set and not empty
     /// (read only with `--servicelb-compat`, see `servicelb`).
     pub pool: Option<&'a str>,
@@ -205,6 +211,7 @@ pub fn read<'a>(svc: &'a Service, key: ServiceKey, warnings: &mut Vec<Warning>) 
     let node_selector = annotation(NODE_SELECTOR_ANNOTATION);
     let address_types = annotation(ADDRESS_TYPES_ANNOTATION);
     let address_cidrs = annotation(ADDRESS_CIDRS_ANNOTATION);
+    let published = annotation(PUBLISHED_ADDRESSES_ANNOTATION);
     let pool = svc.metadata.lbpool.as_deref();
 
     LbService {
@@ -218,6 +225,7 @@ pub fn read<'a>(svc: &'a Service, key: ServiceKey, warnings: &mut Vec<Warning>) 
         node_selector,
         address_types,
         address_cidrs,
+        published,
         pool,
         distribution,
     }

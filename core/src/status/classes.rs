@@ -30,6 +30,9 @@ pub struct Candidate {
     pub families: Families,
     /// The ports its heartbeat says host listeners hold there, with their processes.
     pub blocked: BlockedPorts,
+    /// Its Node's `nodelb.io/published-addresses`, if valid (see [`super::published`]): not
+    /// planner input, so not in its class.
+    pub published: Vec<IpAddr>,
 }
 
 impl Candidate {
@@ -44,6 +47,7 @@ impl Candidate {
             b.ports.iter().filter(|(slot, _)| read.claims(slot))
         }
         self.info == other.info
+            && self.published == other.published
             && self.families == other.families
             && self.blocked.incomplete == other.blocked.incomplete
             && claimed(&self.blocked, read).eq(claimed(&other.blocked, read))
@@ -129,6 +133,7 @@ pub fn candidates(
             info,
             families,
             blocked,
+            published: super::published::of_node(n),
         };
         out.insert(candidate.info.name.clone(), candidate);
     }

@@ -108,7 +108,8 @@ pub fn decide(seen: &Seen, problems: &[Problem], namespace: &str) -> Serving {
     }
     let served = format!("served on {} of {} nodes", seen.serving, seen.candidates);
     if seen.serving > 0 {
-        let others = others(&seen.why_not);
+        // What a served Service's status leaves out is said after who serves it.
+        let others = others(&seen.why_not) + &ignored(problems);
         if !seen.any_endpoint {
             return not(
                 "NoEndpoints",
@@ -150,6 +151,15 @@ pub fn decide(seen: &Seen, problems: &[Problem], namespace: &str) -> Serving {
             others(&seen.why_not)
         ),
     )
+}
+
+/// `; <note>` for a `nodelb.io/published-addresses` of the Service's that was ignored.
+fn ignored(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .filter(|p| matches!(p, Problem::PublishedAddressesIgnored { .. }))
+        .map(|p| format!("; {}", p.note()))
+        .collect()
 }
 
 trait FirstOf {

@@ -7,7 +7,9 @@
 //! inside the node selector, not beaten in a port conflict, no reserved port, no port its
 //! heartbeat says a host listener holds, and for `Local` a ready endpoint on that node. The published addresses are the node's ExternalIPs of that
 //! family, else its InternalIPs, of those the Service's address types and CIDRs admit (the
-//! addresses that serve it), in `spec.ipFamilies` order, numerically sorted within a family.
+//! addresses that serve it), in `spec.ipFamilies` order, numerically sorted within a family;
+//! a node's or the Service's `nodelb.io/published-addresses` stand in for them family by
+//! family (`published.rs`).
 //!
 //! The planner runs once per class of nodes it cannot tell apart (`classes.rs`), not once per
 //! node; what tells the nodes of a class apart, the endpoints of `Local` Services, comes from an
@@ -21,6 +23,7 @@ pub mod heartbeat;
 pub mod ingress;
 pub mod local;
 pub mod observed;
+pub mod published;
 
 #[cfg(test)]
 mod oracle;
@@ -28,6 +31,8 @@ mod oracle;
 mod tests;
 #[cfg(test)]
 mod tests_classes;
+#[cfg(test)]
+mod tests_published;
 
 use crate::objects::index::Service;
 use crate::plan::addresses::AddressFilter;
@@ -39,7 +44,7 @@ use crate::plan::servicelb;
 use crate::plan::Objects;
 use crate::vocab::{Families, IpFamily};
 use crate::vocab::{Protocol, ServiceKey};
-use classes::{Classes, Read};
+use classes::{Candidate, Classes, Read};
 use heartbeat::Heartbeat;
 use k8s_openapi::api::core::v1::Node;
 use local::LocalIndex;
@@ -99,6 +104,8 @@ pub enum Problem {
     NoServingNodes { why: String },
     /// Something in the Service or its EndpointSlices is invalid and was left out.
     InvalidInput { problem: String },
+    /// Its `nodelb.io/published-addresses` does not parse: the nodes' addresses are published.
+    PublishedAddressesIgnored { invalid: published::Invalid },
 }
 
 impl Problem {
@@ -108,7 +115,9 @@ impl Problem {
             Problem::PortInUseOnNode { .. } => "PortInUseOnNode",
             Problem::ReservedPort { .. } => "ReservedPort",
             Problem::NoServingNodes { .. } => "NoServingNodes",
-            Problem::InvalidInput { .. } => "InvalidInput",
+            Problem::InvalidInput { .. } | Problem::PublishedAddressesIgnored { .. } => {
+                "InvalidInput"
+            }
         }
     }
 
@@ -149,6 +158,9 @@ impl Problem {
             }
             Problem::NoServingNodes { why } => format!("no node serves this Service: {why}"),
             Problem::InvalidInput { problem } => format!("left out: {problem}"),
+            Problem::PublishedAddressesIgnored { invalid } => {
+                format!("{invalid}; ignored: the serving nodes' addresses are published")
+            }
         }
     }
 }
@@ -163,9 +175,18 @@ pub struct Desired {
     pub serving: condition::Serving,
 }
 
+/// A serving candidate's addresses to publish for a family: those its Node's
+/// `nodelb.io/published-addresses` names of the family, if any, in place of its own
+/// ([`own`]); none where it has none of its own.
+pub fn published(c: &Candidate, family: IpFamily, filter: &AddressFilter) -> Vec<IpAddr> {
+    let mut own = own(&c.info, family, filter);
+    own.sort();
+    published::in_place_of(own, &c.published, family)
+}
+
 /// The node's addresses to publish for a family, of those that serve a Service (`filter`):
 /// ExternalIP if any, else InternalIP.
-pub fn published(node: &NodeInfo, family: IpFamily, filter: &AddressFilter) -> Vec<IpAddr> {
+fn own(node: &NodeInfo, family: IpFamily, filter: &AddressFilter) -> Vec<IpAddr> {
     let of = |kind| -> Vec<IpAddr> {
         node.addresses
             .iter()
@@ -343,7 +364,7 @@ fn ingress(classes: &Classes, key: &IngressKey, filter: &AddressFilter) -> Arc<[
             .flat_map(|c| &classes.classes[*c].members);
         let mut addrs: Vec<IpAddr> = members
             .chain(&servers.nodes)
-            .flat_map(|i| published(&classes.candidates[*i].info, *family, filter))
+            .flat_map(|i| published(&classes.candidates[*i], *family, filter))
             .collect();
         addrs.sort();
         addrs.dedup();
@@ -388,6 +409,18 @@ impl Found<'_> {
             ingress,
             ..Desired::default()
         };
+        match lb.published.map(published::parse) {
+            Some(Ok(named)) => {
+                let ingress = published::for_service(&desired.ingress, &lb.families, &named);
+                if *desired.ingress != *ingress {
+                    desired.ingress = ingress.into();
+                }
+            }
+            Some(Err(invalid)) => desired
+                .problems
+                .push(Problem::PublishedAddressesIgnored { invalid }),
+            None => {}
+        }
         let reserved: Vec<(Protocol, u16)> = lb
             .ports
             .iter()

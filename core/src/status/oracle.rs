@@ -76,20 +76,14 @@ fn ingress(
     serving: &BTreeMap<IpFamily, Vec<String>>,
     filter: &AddressFilter,
 ) -> Vec<IpAddr> {
-    let info = |name: &str| {
-        &candidates
-            .iter()
-            .find(|c| c.info.name == name)
-            .unwrap()
-            .info
-    };
+    let candidate = |name: &str| candidates.iter().find(|c| c.info.name == name).unwrap();
     let mut out = Vec::new();
     for family in families {
         let mut addrs: Vec<IpAddr> = serving
             .get(family)
             .into_iter()
             .flatten()
-            .flat_map(|n| published(info(n), *family, filter))
+            .flat_map(|n| published(candidate(n), *family, filter))
             .collect();
         addrs.sort();
         addrs.dedup();

@@ -21,7 +21,7 @@ fn now() -> Timestamp {
 }
 
 /// A LoadBalancer Service `default/<name>` created 2024-01-01 with one TCP port `http`.
-fn lb(name: &str, port: u16) -> Svc {
+pub(super) fn lb(name: &str, port: u16) -> Svc {
     Svc::lb("default", name)
         .created("2024-01-01T00:00:00Z")
         .port("http", port, "TCP")
@@ -29,21 +29,21 @@ fn lb(name: &str, port: u16) -> Svc {
 
 /// The IPv4 slice `<service>-1` of `default/<service>`, port `http` → 8080, with `endpoints`
 /// in [`crate::fixtures::Ep::parse`]'s short form (`address node`).
-fn slice_of(service: &str, endpoints: &[&str]) -> Slice {
+pub(super) fn slice_of(service: &str, endpoints: &[&str]) -> Slice {
     Slice::ipv4("default", &format!("{service}-1"), service)
         .port("http", 8080, "TCP")
         .endpoints(endpoints)
 }
 
-struct World {
-    objects: Objects,
-    nodes: Vec<Node>,
-    leases: Vec<Lease>,
-    cfg: StatusConfig,
+pub(super) struct World {
+    pub(super) objects: Objects,
+    pub(super) nodes: Vec<Node>,
+    pub(super) leases: Vec<Lease>,
+    pub(super) cfg: StatusConfig,
 }
 
 impl World {
-    fn two_nodes() -> World {
+    pub(super) fn two_nodes() -> World {
         World {
             objects: Objects::default(),
             nodes: vec![
@@ -75,17 +75,17 @@ impl World {
         }
     }
 
-    fn service(mut self, s: Svc) -> World {
+    pub(super) fn service(mut self, s: Svc) -> World {
         self.objects.put_service(Arc::new(s.index()));
         self
     }
 
-    fn slice(mut self, s: Slice) -> World {
+    pub(super) fn slice(mut self, s: Slice) -> World {
         self.objects.put_slice(Arc::new(s.index()));
         self
     }
 
-    fn compute(&self) -> BTreeMap<ServiceKey, Desired> {
+    pub(super) fn compute(&self) -> BTreeMap<ServiceKey, Desired> {
         self.compute_at(&heartbeat::read(&self.leases), now())
     }
 
@@ -106,7 +106,7 @@ impl World {
         s.desired().clone()
     }
 
-    fn ingress(&self, name: &str) -> Vec<String> {
+    pub(super) fn ingress(&self, name: &str) -> Vec<String> {
         self.compute()[&ServiceKey::new("default", name)]
             .ingress
             .iter()
@@ -114,7 +114,7 @@ impl World {
             .collect()
     }
 
-    fn problems(&self, name: &str) -> Vec<Problem> {
+    pub(super) fn problems(&self, name: &str) -> Vec<Problem> {
         self.compute()[&ServiceKey::new("default", name)]
             .problems
             .clone()
@@ -843,7 +843,7 @@ fn invalid_parts_of_a_service_are_problems_worth_an_event() {
 // ---- the condition nodelb.io/Serving -------------------------------------------------------
 
 impl World {
-    fn serving(&self, name: &str) -> Serving {
+    pub(super) fn serving(&self, name: &str) -> Serving {
         self.compute()[&ServiceKey::new("default", name)]
             .serving
             .clone()

@@ -1,11 +1,11 @@
 //! The status computed class by class against the oracle, the per-node computation it replaced
-//! (`oracle.rs`): on randomized clusters (nodes with varied labels, families, addresses and
-//! heartbeats; Services with node selectors, both policies, ServiceLB pools with and without
-//! `--servicelb-compat` and nodes labelled for ServiceLB or not, several families and ports that
-//! conflict, address types and CIDRs; ready, terminating and missing endpoints on various nodes;
-//! host listeners on ports
-//! Services use and on ports none does, by various processes), and after each change in a
-//! random sequence, the desired status (ingress, problems, condition) must be the same.
+//! (`oracle.rs`): on randomized clusters (nodes with varied labels, families, addresses,
+//! published addresses and heartbeats; Services with node selectors, both policies, ServiceLB
+//! pools with and without `--servicelb-compat` and nodes labelled for ServiceLB or not, several
+//! families and ports that conflict, address types and CIDRs, published addresses; ready,
+//! terminating and missing endpoints on various nodes; host listeners on ports Services use and
+//! on ports none does, by various processes), and after each change in a random sequence, the
+//! desired status (ingress, problems, condition) must be the same.
 
 use super::heartbeat::{BlockedPorts, Heartbeat};
 use super::*;
@@ -119,6 +119,18 @@ impl Cluster {
                 }
             }
         };
+        // Published addresses behind a NAT: one family, both, one shared with another node,
+        // or an annotation that does not parse (ignored).
+        if rng.random_bool(0.3) {
+            let published = [
+                format!("192.0.2.{}", 10 + i),
+                format!("192.0.2.{},2001:db8:f::{:x}", 10 + i, 10 + i),
+                "192.0.2.200".to_string(),
+                "192.0.2.1,nonsense".to_string(),
+            ];
+            let p = &published[rng.random_range(0..published.len())];
+            n = n.annotation("nodelb.io/published-addresses", p);
+        }
         // Now and then a node the cluster autoscaler is removing, or one being deleted: it
         // serves nothing, and every condition names it.
         n = match rng.random_range(0..20) {
@@ -238,6 +250,11 @@ impl Cluster {
         }
         if rng.random_bool(0.3) {
             svc = svc.label(LBPOOL_LABEL, ["a", "b", ""][rng.random_range(0..3)]);
+        }
+        if rng.random_bool(0.15) {
+            let published = ["198.51.100.250", "2001:db8:f::250", "198.51.100.250,/24"];
+            let p = published[rng.random_range(0..published.len())];
+            svc = svc.annotation("nodelb.io/published-addresses", p);
         }
         self.objects.put_service(Arc::new(svc.index()));
         for (k, family) in ["IPv4", "IPv6"].into_iter().enumerate() {
