@@ -947,6 +947,21 @@ impl Cluster {
             .collect()
     }
 
+    /// `events.k8s.io/v1` Events about Node `node` (the server keeps a cluster-scoped object's
+    /// Events in `default`).
+    pub fn node_events(&self, node: &str) -> Vec<Value> {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.admin.clone(), "default", &api_resource("Event"));
+        let list = self
+            .block_on(api.list(&Default::default()))
+            .unwrap_or_else(|e| panic!("listing Events in default: {e}"));
+        list.items
+            .into_iter()
+            .map(|e| serde_json::to_value(e).expect("an Event as JSON"))
+            .filter(|e| e["regarding"]["kind"] == "Node" && e["regarding"]["name"] == node)
+            .collect()
+    }
+
     /// The holder of the `nodelb-status` Lease (empty when released), `None` before it exists.
     pub fn status_holder(&self) -> Result<Option<String>, String> {
         use k8s_openapi::api::coordination::v1::Lease;

@@ -457,7 +457,8 @@ fn status_lists_both_nodes_sorted_and_a_restart_within_the_lease_writes_nothing(
 }
 
 /// The non-leader is SIGKILLed: its node leaves the status once its heartbeat is stale, within
-/// 3× the node lease duration (measured from the kill).
+/// 3× the node lease duration (measured from the kill), told once in a `NodeNotServing` Event
+/// on its Node and in no Event on the Service.
 #[test]
 fn a_killed_agents_node_leaves_the_status_within_three_node_lease_durations() {
     if !require_root("a_killed_agents_node_leaves_the_status_within_three_node_lease_durations") {
@@ -477,8 +478,29 @@ fn a_killed_agents_node_leaves_the_status_within_three_node_lease_durations() {
          (node lease {NODE_LEASE:?}, bound {:?})",
         3 * NODE_LEASE
     );
-    let updated = wait_event(&c, "web", "UpdatedLoadBalancer");
-    assert_eq!(updated["type"], "Normal", "{updated}");
+    // Told once, on the Node, not in an Event per Service.
+    let victim_node = c.node_name(victim).to_string();
+    let ev = wait_for(
+        &format!("a NodeNotServing Event on Node {victim_node}"),
+        CHANGE,
+        || {
+            c.node_events(&victim_node)
+                .into_iter()
+                .find(|e| e["reason"] == "NodeNotServing")
+                .ok_or_else(|| "none yet".to_string())
+        },
+    );
+    eprintln!(
+        "example: Event on Node {victim_node}: {} {}",
+        ev["type"], ev["note"]
+    );
+    assert_eq!(ev["type"], "Warning", "{ev}");
+    std::thread::sleep(Duration::from_secs(1));
+    let updated = events(&c, "web", "UpdatedLoadBalancer");
+    assert!(
+        updated.is_empty(),
+        "a node's transition is no Service Event: {updated:?}"
+    );
     assert_rbac(&c);
 }
 

@@ -1,16 +1,22 @@
 //! The leader's status writer: while this agent holds `nodelb-status`, compute each Service's
-//! desired ingress (`status::Status::compute`, on a blocking thread: at 10,000 Services it
-//! takes a while) from the sync loop's objects, all Nodes and the heartbeat Leases, and write
-//! it with server-side apply under the field manager `nodelb` — only where the stored value
-//! differs. Service Events come from here only. Its requests (applies and Events) are paced
-//! by one token bucket (see [`REQUESTS_PER_SECOND`]).
+//! desired ingress (`status::Status::compute`, on a blocking thread) from the sync loop's
+//! objects, all Nodes and the heartbeat Leases, and write it with server-side apply under the
+//! field manager `nodelb` — only where the stored value differs. The Services to write wait in
+//! a work queue, most urgent first (`status::fanout`): a Service's own change, then statuses
+//! that list an address they should not, then the rest; up to [`IN_FLIGHT`] writes are
+//! answered at a time. A node that starts or stops serving gets one Event on its Node, not one
+//! per Service; Service Events (for a Service's own causes) come from here only. The applies
+//! and Events are paced by one token bucket (see [`REQUESTS_PER_SECOND`]).
 
 use super::events::{create_event, new_event};
 use super::rate_limit::RateLimiter;
 use crate::metrics::{Metrics, NodeLabel, WriteLabel};
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
@@ -20,33 +26,35 @@ use kube::Client;
 use nodelb_core::objects::index::Service;
 use nodelb_core::objects::wire;
 use nodelb_core::plan::Objects;
+use nodelb_core::status::fanout::{self, Urgency, WorkQueue};
 use nodelb_core::status::heartbeat;
 use nodelb_core::status::ingress::{self, Write, FIELD_MANAGER};
 use nodelb_core::status::{Desired, Problem, Status, StatusConfig};
 use nodelb_core::vocab::ServiceKey;
 use nodelb_core::vocab::Str;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
 use tracing::{debug, info, info_span, warn, Instrument};
 
 /// The pace of the leader's requests, status applies and Events together (client-go's token
-/// bucket, see `rate_limit`). Every status write is sent by the server to every node's Service
-/// watchers (every nodelb agent, every kube-proxy), so the writer's rate is multiplied by the
-/// number of nodes: unpaced, a new leader sent its writes as fast as the server took them
-/// (how fast: docs/benchmarks.md, the leader's pace). 100 requests a second is 50 Services a
-/// second, each one apply and one Event: the pace of a client-go component at
-/// kube-scheduler's and kubelet's default of 50 requests a second with one request per
-/// change; a new leader writes 10,000 new statuses in about 3.3 minutes.
-pub const REQUESTS_PER_SECOND: f64 = 100.0;
-/// Requests that go at once before the pace applies: a change to up to 100 Services (one
+/// bucket, see `rate_limit`). A node that joins or leaves changes the status of every Service
+/// it serves: at 400 a second (Events for a node's transition are one per node, not one per
+/// Service) 10,000 statuses are written in 25 s. Every status write is sent by the server to
+/// every node's Service watchers (every nodelb agent, every kube-proxy), so this is also the
+/// rate of those watch events per node; the FlowSchema of `manifests/apf/` keeps the writes in
+/// a priority level of their own (README, "API cost").
+pub const REQUESTS_PER_SECOND: f64 = 400.0;
+/// Requests that go at once before the pace applies: a change to up to 200 Services (one
 /// apply and one Event each) is written without waiting.
-pub const BURST: u32 = 200;
-/// Every this many Services of a round (about once a second at the pace), the status
-/// planners are handed the objects as they are now, if only status writes changed them (see
-/// `Status::follow`): each look costs a walk over every Service.
-const FOLLOW_EVERY: usize = 50;
+pub const BURST: u32 = 400;
+/// Writes answered at a time: one apply takes a few milliseconds, so one at a time would not
+/// keep the pace.
+const IN_FLIGHT: usize = 8;
+/// How often a round looks again at the objects, Nodes and heartbeats: a Service's own change
+/// or a node lost meanwhile is queued ahead of what is left, at most this late.
+const REFRESH: Duration = Duration::from_millis(250);
 
 pub struct StatusWriter {
     pub client: Client,
@@ -99,6 +107,19 @@ struct Memory {
     foreign: BTreeSet<ServiceKey>,
     /// The objects' version the writer last looked at (`None`: look at everything).
     version: Option<u64>,
+    /// The Services to settle, most urgent first.
+    queue: WorkQueue,
+    /// Services whose write is not answered yet, and those of them queued again meanwhile.
+    flying: HashSet<ServiceKey>,
+    again: HashSet<ServiceKey>,
+    /// Services whose desired status changed because a node started or stopped serving (told
+    /// once, on the Node), until their status is settled.
+    node_caused: HashSet<ServiceKey>,
+    /// Services whose write failed, queued again at the next look.
+    retry: BTreeSet<ServiceKey>,
+    /// The serving candidates at the last look (`None` before the first: a new leader tells
+    /// no transition).
+    candidates: Option<BTreeSet<String>>,
 }
 
 fn store<K>(api: Api<K>, wake: Arc<Notify>, what: &'static str) -> Store<K>
@@ -170,8 +191,14 @@ impl StatusWriter {
             };
             let mut memory = Memory::default();
             info!("leading: writing Service status");
+            let inputs = Inputs {
+                nodes: &nodes,
+                leases: &leases,
+                ip_mode: ip_mode.as_deref(),
+                recorder: &recorder,
+            };
             while *self.leading.borrow() {
-                self.round(&mut memory, &nodes, &leases, ip_mode.as_deref(), &recorder)
+                self.round(&mut memory, &inputs)
                     .instrument(info_span!("status"))
                     .await;
                 tokio::select! {
@@ -188,61 +215,126 @@ impl StatusWriter {
         }
     }
 
-    async fn round(
-        &mut self,
-        memory: &mut Memory,
-        nodes: &Store<Node>,
-        leases: &Store<Lease>,
-        ip_mode: Option<&str>,
-        recorder: &Requests,
-    ) {
-        let Some(objects) = self.objects.borrow_and_update().clone() else {
+    /// Bring the desired status up to date, then settle the queued Services, up to
+    /// [`IN_FLIGHT`] writes at a time, most urgent first (`fanout::WorkQueue`). Every
+    /// [`REFRESH`] it looks again at the objects, the Nodes and the heartbeats, so a Service's
+    /// own change, or a node lost meanwhile, is queued ahead of what is left. Returns once
+    /// nothing is queued or in flight, or leadership is lost.
+    async fn round(&mut self, memory: &mut Memory, inputs: &Inputs<'_>) {
+        if !self.refresh(memory, inputs).await {
             return;
-        };
-        let nodes: Vec<Node> = nodes.state().iter().map(|n| (**n).clone()).collect();
-        let leases: Vec<Lease> = leases.state().iter().map(|l| (**l).clone()).collect();
-        let beats = heartbeat::read(&leases);
-        let ages = memory.liveness.ages(&beats, std::time::Instant::now());
-        self.record_heartbeat_ages(&ages);
-        let Some(changed) = self.compute(memory, &objects, nodes, beats, ages).await else {
-            return;
-        };
-        // Look at the Services whose desired status or whose object changed (a status write,
-        // ours or someone else's, shows up as a change of the object).
-        let mut keys: BTreeSet<ServiceKey> =
-            match memory.version.and_then(|v| objects.changed_since(v)) {
-                Some(k) => k,
-                None => objects.services().map(|(k, _)| k.clone()).collect(),
-            };
-        memory.version = Some(objects.version());
-        keys.extend(changed);
-        // Each Service is settled against the objects as they are when its turn comes, not
-        // the round's: a round is long (paced, one write per Service: minutes at 10,000), and
-        // holding its objects would keep every Service the round's own writes replace (their
-        // echoes) twice in memory until it ends. What changed meanwhile is looked at again
-        // next round (`memory.version` is the round's).
-        drop(objects);
-        for (done, key) in keys.iter().enumerate() {
+        }
+        let mut flights = FuturesUnordered::new();
+        let mut refreshed = Instant::now();
+        let mut looked = 0usize;
+        loop {
             // Once the Lease is lost or released, another agent writes, so stop at once. What
             // is left is redone from scratch the next time this agent leads (its memory starts
             // empty then).
             let now = self.objects.borrow().clone();
             let (true, Some(now)) = (*self.leading.borrow(), now) else {
                 info!(
-                    left = keys.len() - done,
+                    left = memory.queue.len() + flights.len(),
                     "no longer leading: the status round stops"
                 );
                 return;
             };
-            if done % FOLLOW_EVERY == 0 {
-                memory.status.follow(&now);
+            if refreshed.elapsed() >= REFRESH {
+                self.refresh(memory, inputs).await;
+                refreshed = Instant::now();
+                continue;
             }
-            self.settle(memory, &now, key, ip_mode, recorder).await;
+            while flights.len() < IN_FLIGHT {
+                let Some(key) = memory.queue.pop() else {
+                    break;
+                };
+                looked += 1;
+                if memory.flying.contains(&key) {
+                    // Settled again once its write is answered, against what it wrote.
+                    memory.again.insert(key);
+                    continue;
+                }
+                if let Some(job) = self.prepare(memory, &now, &key, inputs).await {
+                    memory.flying.insert(key);
+                    flights.push(job);
+                }
+            }
+            drop(now);
+            let Some(done) = flights.next().await else {
+                break;
+            };
+            memory.flying.remove(&done.key);
+            if memory.again.remove(&done.key) {
+                memory.queue.push(done.key.clone(), Urgency::Own);
+            }
+            self.finish(memory, done);
         }
-        if keys.len() >= PACK_AFTER {
+        if looked >= PACK_AFTER {
             // A long round wrote in key order: half-full nodes (see `packed`).
             nodelb_core::packed::repack(&mut memory.written);
         }
+    }
+
+    /// Recompute the desired status and queue every Service whose object, slices or desired
+    /// status changed, or whose write failed, each with its urgency; tell each node that
+    /// started or stopped serving in one Event on its Node. `false`: nothing to work from
+    /// (no objects yet, or the computation failed).
+    async fn refresh(&mut self, memory: &mut Memory, inputs: &Inputs<'_>) -> bool {
+        let Some(objects) = self.objects.borrow_and_update().clone() else {
+            return false;
+        };
+        let nodes: Vec<Node> = inputs.nodes.state().iter().map(|n| (**n).clone()).collect();
+        let leases: Vec<Lease> = inputs
+            .leases
+            .state()
+            .iter()
+            .map(|l| (**l).clone())
+            .collect();
+        let beats = heartbeat::read(&leases);
+        let ages = memory.liveness.ages(&beats, std::time::Instant::now());
+        self.record_heartbeat_ages(&ages);
+        let uids: BTreeMap<String, Option<String>> = nodes
+            .iter()
+            .filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.uid.clone())))
+            .collect();
+        let Some(changed) = self.compute(memory, &objects, nodes, beats, ages).await else {
+            return false;
+        };
+        // The Services whose own object or slices changed (a status write, ours or someone
+        // else's, shows up as a change of the object); `None`: everything was replaced (a
+        // first look), and the Services are ordered by what their status lacks.
+        let own = memory.version.and_then(|v| objects.changed_since(v));
+        memory.version = Some(objects.version());
+        let candidates = memory.status.candidates();
+        let moved = match &memory.candidates {
+            Some(before) => fanout::transitions(before, &candidates, memory.status.ineligible()),
+            None => Vec::new(),
+        };
+        memory.candidates = Some(candidates);
+        for t in &moved {
+            info!(node = %t.node, joined = t.joined, "{}", t.note());
+            let uid = uids.get(&t.node).cloned().flatten();
+            let ev = node_event(t, uid, &inputs.recorder.instance);
+            inputs.recorder.send(&ev).await;
+        }
+        let own = own.unwrap_or_default();
+        for key in &own {
+            memory.node_caused.remove(key);
+            memory.queue.push(key.clone(), Urgency::Own);
+        }
+        let retry = std::mem::take(&mut memory.retry);
+        for key in changed.difference(&own).chain(&retry) {
+            if !moved.is_empty() && changed.contains(key) {
+                // Told once on the Node: no Event per Service for it.
+                memory.node_caused.insert(key.clone());
+            }
+            let want = memory.status.desired().get(key);
+            let urgency = objects
+                .service(key)
+                .map_or(Urgency::Other, |svc| fanout::urgency(svc, want, false));
+            memory.queue.push(key.clone(), urgency);
+        }
+        true
     }
 
     /// `Status::compute` on a blocking thread, so the runtime's threads (the sync loop's
@@ -285,25 +377,27 @@ impl StatusWriter {
         }
     }
 
-    /// Bring one Service's status and its problem Events to what the leader decided.
-    async fn settle(
+    /// Decide what one Service needs (its problem Events are sent here), and return the write
+    /// to make, if any, as a job of its own: the apply and, when the ingress changed for a
+    /// cause of the Service's own, its `EnsuredLoadBalancer`/`UpdatedLoadBalancer` Event.
+    async fn prepare<'r>(
         &mut self,
         memory: &mut Memory,
         objects: &Objects,
         key: &ServiceKey,
-        ip_mode: Option<&str>,
-        recorder: &Requests,
-    ) {
+        inputs: &Inputs<'r>,
+    ) -> Option<BoxFuture<'r, Done>> {
+        let recorder = inputs.recorder;
         let Some(svc) = objects.service(key) else {
             memory.written.remove(key);
             memory.reported.remove(key);
-            return;
+            memory.node_caused.remove(key);
+            return None;
         };
         let want = memory.status.desired().get(key).cloned();
         let want = want.as_ref();
         let reported = memory.reported.entry(key.clone()).or_default();
-        self.report_problems(reported, key, svc, want, recorder)
-            .await;
+        report_problems(reported, key, svc, want, recorder).await;
         if reported.is_empty() {
             memory.reported.remove(key);
         }
@@ -313,16 +407,19 @@ impl StatusWriter {
             want.is_some_and(|d| wrote(d) == w.status)
                 && svc.metadata.resource_version.as_deref() == w.resource_version.as_deref()
         });
-        match ingress::decide(svc, want, ip_mode, Timestamp::now()) {
+        let key = key.clone();
+        match ingress::decide(svc, want, inputs.ip_mode, Timestamp::now()) {
             Write::Nothing => {
-                memory.foreign.remove(key);
+                memory.foreign.remove(&key);
+                memory.node_caused.remove(&key);
                 // The stored status is the one wanted: nothing left to remember of the write
                 // (at 10,000 Services the records would hold about a MiB for nothing).
-                memory.written.remove(key);
+                memory.written.remove(&key);
+                None
             }
             // Anything else `decide` makes of our own write (another manager listed beside
             // us, say) waits for a version that is not ours.
-            _ if ours => {}
+            _ if ours => None,
             Write::OwnedElsewhere { managers } => {
                 if memory.foreign.insert(key.clone()) {
                     warn!(service = %key, managers = ?managers, "another field manager owns the ingress; not writing");
@@ -330,15 +427,16 @@ impl StatusWriter {
                         "status.loadBalancer.ingress is owned by {}: nodelb does not write it",
                         managers.join(", ")
                     );
-                    publish(
-                        recorder,
+                    let ev = service_event(
                         svc,
                         EventType::Warning,
                         "IngressOwnedElsewhere",
                         &note,
-                    )
-                    .await;
+                        recorder,
+                    );
+                    recorder.send(&ev).await;
                 }
+                None
             }
             Write::Apply {
                 body,
@@ -346,81 +444,72 @@ impl StatusWriter {
                 ingress_changed,
             } => {
                 let want = want.expect("apply only for handled Services");
-                let event = ingress_changed.then_some(first);
-                if let Some(w) = self.write(key, svc, want, body, event, recorder).await {
-                    memory.written.insert(key.clone(), w);
-                }
+                let node_caused = memory.node_caused.remove(&key);
+                let list: Vec<String> = want.ingress.iter().map(|a| a.to_string()).collect();
+                let event = (ingress_changed && !node_caused).then(|| {
+                    let (reason, verb) = if first {
+                        ("EnsuredLoadBalancer", "Ensured")
+                    } else {
+                        ("UpdatedLoadBalancer", "Updated")
+                    };
+                    let note = if list.is_empty() {
+                        format!("{verb} load balancer: no node serves it")
+                    } else {
+                        format!("{verb} load balancer: {}", list.join(", "))
+                    };
+                    service_event(svc, EventType::Normal, reason, &note, recorder)
+                });
+                let (digest, serving) = (wrote(want), want.serving.reason);
+                Some(Box::pin(async move {
+                    let result = recorder.apply(&key, body).await;
+                    if let (Ok(_), Some(ev)) = (&result, &event) {
+                        recorder.send(ev).await;
+                    }
+                    let outcome = Outcome::Applied {
+                        digest,
+                        list,
+                        serving,
+                        result,
+                    };
+                    Done { key, outcome }
+                }))
             }
-            Write::Clear { body } => match recorder.apply(key, body).await {
-                Ok(_) => {
-                    self.count("cleared");
-                    memory.written.remove(key);
-                    info!(service = %key, "not nodelb's any more: cleared what nodelb wrote");
-                }
-                Err(e) => self.failed(key, e),
-            },
+            Write::Clear { body } => Some(Box::pin(async move {
+                let result = recorder.apply(&key, body).await;
+                let outcome = Outcome::Cleared(result);
+                Done { key, outcome }
+            })),
         }
     }
 
-    /// Apply the ingress and condition nodelb decided, and say so in an Event when the ingress
-    /// changed (`event`: `Some(first)`). Returns what was written, to remember.
-    async fn write(
-        &mut self,
-        key: &ServiceKey,
-        svc: &Service,
-        want: &Desired,
-        body: serde_json::Value,
-        event: Option<bool>,
-        recorder: &Requests,
-    ) -> Option<Written> {
-        match recorder.apply(key, body).await {
-            Ok(rv) => {
+    /// Remember what an answered write did.
+    fn finish(&mut self, memory: &mut Memory, done: Done) {
+        let key = done.key;
+        match done.outcome {
+            Outcome::Applied {
+                digest,
+                list,
+                serving,
+                result: Ok(rv),
+            } => {
                 self.count("ok");
+                info!(service = %key, ingress = ?list, serving, "status written");
                 let written = Written {
-                    status: wrote(want),
+                    status: digest,
                     resource_version: rv.map(Str::from),
                 };
-                let list: Vec<String> = want.ingress.iter().map(|a| a.to_string()).collect();
-                info!(service = %key, ingress = ?list, serving = want.serving.reason, "status written");
-                let Some(first) = event else {
-                    return Some(written);
-                };
-                let (reason, verb) = if first {
-                    ("EnsuredLoadBalancer", "Ensured")
-                } else {
-                    ("UpdatedLoadBalancer", "Updated")
-                };
-                let note = if list.is_empty() {
-                    format!("{verb} load balancer: no node serves it")
-                } else {
-                    format!("{verb} load balancer: {}", list.join(", "))
-                };
-                publish(recorder, svc, EventType::Normal, reason, &note).await;
-                Some(written)
+                memory.written.insert(key, written);
             }
-            Err(e) => {
-                self.failed(key, e);
-                None
+            Outcome::Cleared(Ok(_)) => {
+                self.count("cleared");
+                info!(service = %key, "not nodelb's any more: cleared what nodelb wrote");
+                memory.written.remove(&key);
+            }
+            Outcome::Applied { result: Err(e), .. } | Outcome::Cleared(Err(e)) => {
+                self.failed(&key, e);
+                memory.retry.insert(key);
             }
         }
-    }
-
-    async fn report_problems(
-        &self,
-        before: &mut BTreeSet<Problem>,
-        key: &ServiceKey,
-        svc: &Service,
-        want: Option<&Desired>,
-        recorder: &Requests,
-    ) {
-        let now: BTreeSet<Problem> = want
-            .map(|d| d.problems.iter().cloned().collect())
-            .unwrap_or_default();
-        for p in now.difference(before) {
-            warn!(service = %key, reason = p.reason(), problem = %p.note(), "service problem");
-            publish(recorder, svc, EventType::Warning, p.reason(), &p.note()).await;
-        }
-        *before = now;
     }
 
     fn count(&self, result: &'static str) {
@@ -436,9 +525,52 @@ impl StatusWriter {
         if conflict {
             debug!(service = %key, error = %e, "status write conflicted; another manager owns a field");
         } else {
-            warn!(service = %key, error = %e, "status write failed; retried next round");
+            warn!(service = %key, error = %e, "status write failed; retried at the next look");
         }
     }
+}
+
+/// What the writer works with while it leads.
+struct Inputs<'a> {
+    nodes: &'a Store<Node>,
+    leases: &'a Store<Lease>,
+    ip_mode: Option<&'a str>,
+    recorder: &'a Requests,
+}
+
+/// An answered write.
+struct Done {
+    key: ServiceKey,
+    outcome: Outcome,
+}
+
+enum Outcome {
+    Applied {
+        digest: u64,
+        list: Vec<String>,
+        serving: &'static str,
+        result: Result<Option<String>, kube::Error>,
+    },
+    Cleared(Result<Option<String>, kube::Error>),
+}
+
+/// Warning Events for the Service's problems that are new since `before`.
+async fn report_problems(
+    before: &mut BTreeSet<Problem>,
+    key: &ServiceKey,
+    svc: &Service,
+    want: Option<&Desired>,
+    recorder: &Requests,
+) {
+    let now: BTreeSet<Problem> = want
+        .map(|d| d.problems.iter().cloned().collect())
+        .unwrap_or_default();
+    for p in now.difference(before) {
+        warn!(service = %key, reason = p.reason(), problem = %p.note(), "service problem");
+        let ev = service_event(svc, EventType::Warning, p.reason(), &p.note(), recorder);
+        recorder.send(&ev).await;
+    }
+    *before = now;
 }
 
 fn minor(s: &str) -> u32 {
@@ -456,6 +588,21 @@ struct Requests {
 }
 
 impl Requests {
+    /// Creates an Event, paced with the applies; a failure is logged.
+    async fn send(&self, ev: &Event) {
+        self.pace.wait().await;
+        if let Err(e) = create_event(self.client.clone(), ev).await {
+            let regarding = ev.regarding.as_ref();
+            warn!(
+                namespace = ev.metadata.namespace.as_deref().unwrap_or_default(),
+                regarding = regarding.and_then(|r| r.name.as_deref()).unwrap_or_default(),
+                reason = ev.reason.as_deref().unwrap_or_default(),
+                error = %e,
+                "could not publish an Event"
+            );
+        }
+    }
+
     /// Server-side apply of a Service's status; the Service's resourceVersion after it.
     async fn apply(
         &self,
@@ -475,7 +622,14 @@ impl Requests {
     }
 }
 
-async fn publish(sink: &Requests, svc: &Service, type_: EventType, reason: &str, note: &str) {
+/// An Event about a Service.
+fn service_event(
+    svc: &Service,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+    sink: &Requests,
+) -> Event {
     let regarding = ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Service".into()),
@@ -490,15 +644,22 @@ async fn publish(sink: &Requests, svc: &Service, type_: EventType, reason: &str,
         uid: svc.metadata.uid.as_deref().map(String::from),
         ..Default::default()
     };
-    let ev = new_event(regarding, type_, reason, note, &sink.instance);
-    sink.pace.wait().await;
-    if let Err(e) = create_event(sink.client.clone(), &ev).await {
-        warn!(
-            namespace = ev.metadata.namespace.as_deref().unwrap_or_default(),
-            service = svc.metadata.name.as_deref().unwrap_or_default(),
-            reason,
-            error = %e,
-            "could not publish a Service Event"
-        );
-    }
+    new_event(regarding, type_, reason, note, &sink.instance)
+}
+
+/// The one Event for a node that started or stopped serving, on its Node.
+fn node_event(t: &fanout::Transition, uid: Option<String>, instance: &str) -> Event {
+    let regarding = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(t.node.clone()),
+        uid,
+        ..Default::default()
+    };
+    let type_ = if t.joined {
+        EventType::Normal
+    } else {
+        EventType::Warning
+    };
+    new_event(regarding, type_, t.reason(), &t.note(), instance)
 }

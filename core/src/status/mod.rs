@@ -19,6 +19,7 @@
 pub mod classes;
 pub mod condition;
 pub mod election;
+pub mod fanout;
 pub mod heartbeat;
 pub mod ingress;
 pub mod local;
@@ -222,21 +223,23 @@ pub struct Status {
 }
 
 impl Status {
-    /// Have each class's planner keep `objects` where only status writes changed them since
-    /// (see [`Planner::follow`](crate::plan::Planner::follow)): a round of status writes
-    /// replaces every Service it writes, and the planners would otherwise hold the versions
-    /// replaced until the next computation.
-    pub fn follow(&mut self, objects: &Objects) {
-        for class in &mut self.classes.classes {
-            if !class.planner.follow(objects) {
-                return;
-            }
-        }
-    }
-
     /// The desired status of every Service nodelb handles, as last computed.
     pub fn desired(&self) -> &BTreeMap<ServiceKey, Desired> {
         &self.desired
+    }
+
+    /// The nodes that may serve (a fresh heartbeat, eligible), as last computed.
+    pub fn candidates(&self) -> BTreeSet<String> {
+        self.classes
+            .candidates
+            .iter()
+            .map(|c| c.info.name.clone())
+            .collect()
+    }
+
+    /// The nodes with a fresh heartbeat that serve nothing, with why, as last computed.
+    pub fn ineligible(&self) -> &BTreeMap<String, String> {
+        &self.ineligible
     }
 
     /// How many classes the serving candidates fall into (one planner each).
