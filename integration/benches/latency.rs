@@ -38,9 +38,9 @@
 //!    it): a second node's agent joins. By default that node is labelled
 //!    `node.kubernetes.io/exclude-from-external-load-balancers`, so its joining changes no
 //!    status; with `NODELB_BENCH_LATENCY_TAKEOVER=serving` it serves too, and the leader first
-//!    adds its address to every Service (N status writes and N `UpdatedLoadBalancer` Events,
-//!    for a real change). Once every Service lists the serving nodes and the writer is quiet,
-//!    the leader is rolled as a DaemonSet update rolls it: SIGTERM (it releases
+//!    adds its address to every Service (N status writes and one `NodeServing` Event on its
+//!    Node, for a real change). Once every Service lists the serving nodes and the writer is
+//!    quiet, the leader is rolled as a DaemonSet update rolls it: SIGTERM (it releases
 //!    `nodelb-status`), and started again once the other agent holds the Lease. The second
 //!    agent has taken over N converged Services. From kube-apiserver's audit log the bench
 //!    counts what the new leader writes (`create` of `events` in group `events.k8s.io`, and
@@ -61,7 +61,11 @@
 //!    is released and one agent writes N statuses and N Events. EndpointSlice changes, spaced
 //!    as in phase 2, are timed to each node's kernel until that round ends (see
 //!    `latency/first_round.rs`). Printed: the new leader's and the follower's p50/p99/max,
-//!    the round's length, and its status writes and Events per second.
+//!    the round's length, and its status writes and Events per second. Then the fan-out: the
+//!    follower's agent is SIGKILLed, and until the leader has dropped its node from every
+//!    status, changes are timed to the leader's kernel. Printed: the time from the kill to the
+//!    last status without the node (goal: within 30 s of the heartbeat going stale, at 10,000),
+//!    the writes per second, the Events (one on the Node, none on Services), and the p99.
 //!
 //! The single agent is the leader (it writes every Service's status). With
 //! `NODELB_BENCH_LATENCY_FOLLOWER=1` every size runs again with the `nodelb-status` Lease held by

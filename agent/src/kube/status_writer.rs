@@ -317,13 +317,21 @@ impl StatusWriter {
             let ev = node_event(t, uid, &inputs.recorder.instance);
             inputs.recorder.send(&ev).await;
         }
-        let own = own.unwrap_or_default();
+        let (own, others): (BTreeSet<ServiceKey>, BTreeSet<ServiceKey>) = match own {
+            Some(own) => (own, changed.clone()),
+            // A first look: every Service, those nodelb no longer handles too (a status of
+            // nodelb's left on them is cleared).
+            None => (
+                BTreeSet::new(),
+                objects.services().map(|(k, _)| k.clone()).collect(),
+            ),
+        };
         for key in &own {
             memory.node_caused.remove(key);
             memory.queue.push(key.clone(), Urgency::Own);
         }
         let retry = std::mem::take(&mut memory.retry);
-        for key in changed.difference(&own).chain(&retry) {
+        for key in others.difference(&own).chain(&retry) {
             if !moved.is_empty() && changed.contains(key) {
                 // Told once on the Node: no Event per Service for it.
                 memory.node_caused.insert(key.clone());
