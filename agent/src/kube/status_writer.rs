@@ -33,6 +33,7 @@ use nodelb_core::status::{Desired, Problem, Status, StatusConfig};
 use nodelb_core::vocab::ServiceKey;
 use nodelb_core::vocab::Str;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
@@ -112,9 +113,11 @@ struct Memory {
     /// Services whose write is not answered yet, and those of them queued again meanwhile.
     flying: HashSet<ServiceKey>,
     again: HashSet<ServiceKey>,
-    /// Services whose desired status changed because a node started or stopped serving (told
-    /// once, on the Node), until their status is settled.
-    node_caused: HashSet<ServiceKey>,
+    /// The addresses of the nodes that started or stopped serving since the queue was last
+    /// empty: a status change made only of them is told on those Nodes, not on the Service.
+    moved: BTreeSet<IpAddr>,
+    /// Every address each Node had at the last look (a deleted Node's are still known then).
+    node_addrs: BTreeMap<String, BTreeSet<IpAddr>>,
     /// Services whose write failed, queued again at the next look.
     retry: BTreeSet<ServiceKey>,
     /// The serving candidates at the last look (`None` before the first: a new leader tells
@@ -261,6 +264,8 @@ impl StatusWriter {
             }
             drop(now);
             let Some(done) = flights.next().await else {
+                // Every write a node's transition caused is made.
+                memory.moved.clear();
                 break;
             };
             memory.flying.remove(&done.key);
@@ -297,6 +302,10 @@ impl StatusWriter {
             .iter()
             .filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.uid.clone())))
             .collect();
+        let addrs: BTreeMap<String, BTreeSet<IpAddr>> = nodes
+            .iter()
+            .filter_map(|n| Some((n.metadata.name.clone()?, fanout::node_addresses(n))))
+            .collect();
         let Some(changed) = self.compute(memory, &objects, nodes, beats, ages).await else {
             return false;
         };
@@ -312,11 +321,14 @@ impl StatusWriter {
         };
         memory.candidates = Some(candidates);
         for t in &moved {
+            let known = addrs.get(&t.node).or(memory.node_addrs.get(&t.node));
+            memory.moved.extend(known.into_iter().flatten());
             info!(node = %t.node, joined = t.joined, "{}", t.note());
             let uid = uids.get(&t.node).cloned().flatten();
             let ev = node_event(t, uid, &inputs.recorder.instance);
             inputs.recorder.send(&ev).await;
         }
+        memory.node_addrs = addrs;
         let (own, others): (BTreeSet<ServiceKey>, BTreeSet<ServiceKey>) = match own {
             Some(own) => (own, changed.clone()),
             // A first look: every Service, those nodelb no longer handles too (a status of
@@ -327,15 +339,10 @@ impl StatusWriter {
             ),
         };
         for key in &own {
-            memory.node_caused.remove(key);
             memory.queue.push(key.clone(), Urgency::Own);
         }
         let retry = std::mem::take(&mut memory.retry);
         for key in others.difference(&own).chain(&retry) {
-            if !moved.is_empty() && changed.contains(key) {
-                // Told once on the Node: no Event per Service for it.
-                memory.node_caused.insert(key.clone());
-            }
             let want = memory.status.desired().get(key);
             let urgency = objects
                 .service(key)
@@ -399,7 +406,6 @@ impl StatusWriter {
         let Some(svc) = objects.service(key) else {
             memory.written.remove(key);
             memory.reported.remove(key);
-            memory.node_caused.remove(key);
             return None;
         };
         let want = memory.status.desired().get(key).cloned();
@@ -419,7 +425,6 @@ impl StatusWriter {
         match ingress::decide(svc, want, inputs.ip_mode, Timestamp::now()) {
             Write::Nothing => {
                 memory.foreign.remove(&key);
-                memory.node_caused.remove(&key);
                 // The stored status is the one wanted: nothing left to remember of the write
                 // (at 10,000 Services the records would hold about a MiB for nothing).
                 memory.written.remove(&key);
@@ -452,7 +457,8 @@ impl StatusWriter {
                 ingress_changed,
             } => {
                 let want = want.expect("apply only for handled Services");
-                let node_caused = memory.node_caused.remove(&key);
+                // Told once on the Node(s) it came from, not on every Service.
+                let node_caused = fanout::node_caused(svc, want, &memory.moved);
                 let list: Vec<String> = want.ingress.iter().map(|a| a.to_string()).collect();
                 let event = (ingress_changed && !node_caused).then(|| {
                     let (reason, verb) = if first {

@@ -12,7 +12,9 @@ use super::ingress;
 use super::Desired;
 use crate::objects::index::Service;
 use crate::vocab::ServiceKey;
+use k8s_openapi::api::core::v1::Node;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 
 /// The order Services are written in: lower first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -42,6 +44,29 @@ pub fn urgency(svc: &Service, want: Option<&Desired>, own: bool) -> Urgency {
     } else {
         Urgency::Other
     }
+}
+
+/// Every address a node may put in a status: those its Node lists, and those its
+/// `nodelb.io/published-addresses` names.
+pub fn node_addresses(node: &Node) -> BTreeSet<IpAddr> {
+    let listed = node
+        .status
+        .iter()
+        .flat_map(|s| s.addresses.iter().flatten())
+        .filter_map(|a| a.address.parse().ok());
+    listed.chain(super::published::of_node(node)).collect()
+}
+
+/// Whether the change from `svc`'s stored ingress to `want`'s is all addresses of nodes that
+/// started or stopped serving (`moved`): told on those Nodes, not in an Event on the Service.
+pub fn node_caused(svc: &Service, want: &Desired, moved: &BTreeSet<IpAddr>) -> bool {
+    let stored: BTreeSet<IpAddr> = ingress::stored(svc)
+        .iter()
+        .filter_map(|i| i.ip.as_deref()?.parse().ok())
+        .collect();
+    let wanted: BTreeSet<IpAddr> = want.ingress.iter().copied().collect();
+    let mut diff = stored.symmetric_difference(&wanted).peekable();
+    diff.peek().is_some() && diff.all(|a| moved.contains(a))
 }
 
 /// Services waiting to be settled, most urgent first, first come first within an urgency;
@@ -118,7 +143,7 @@ impl Transition {
                 "its nodelb heartbeat is not renewed (agent or node down, or the node is gone)",
             );
             format!(
-                "node {} no longer serves LoadBalancer Services ({why}): its addresses are removed from their status",
+                "node {} no longer serves LoadBalancer Services: {why}; its addresses are removed from their status",
                 self.node
             )
         }
@@ -152,7 +177,6 @@ mod tests {
     use super::*;
     use crate::fixtures::Svc;
     use crate::status::condition::Serving;
-    use std::net::IpAddr;
 
     fn key(name: &str) -> ServiceKey {
         ServiceKey::new("default", name)
@@ -191,6 +215,43 @@ mod tests {
         assert_eq!(urgency(&stored, Some(&more), false), Urgency::Other);
         assert_eq!(urgency(&svc_with(&[]), None, false), Urgency::Other);
         assert!(Urgency::Own < Urgency::Removal && Urgency::Removal < Urgency::Other);
+    }
+
+    #[test]
+    fn a_change_made_only_of_moved_nodes_addresses_is_the_nodes_to_tell() {
+        let moved: BTreeSet<IpAddr> = ["192.0.2.2".parse().unwrap()].into();
+        let stored = svc_with(&["192.0.2.1", "192.0.2.2"]);
+        assert!(node_caused(&stored, &desired(&["192.0.2.1"]), &moved));
+        // Another address changed too: the Service's own Event.
+        assert!(!node_caused(&stored, &desired(&["192.0.2.3"]), &moved));
+        // Nothing changed: nothing to tell.
+        assert!(!node_caused(
+            &stored,
+            &desired(&["192.0.2.1", "192.0.2.2"]),
+            &moved
+        ));
+        let joined = svc_with(&["192.0.2.1"]);
+        assert!(node_caused(
+            &joined,
+            &desired(&["192.0.2.1", "192.0.2.2"]),
+            &moved
+        ));
+    }
+
+    #[test]
+    fn a_nodes_addresses_are_its_listed_and_its_published_ones() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "annotations": {"nodelb.io/published-addresses": "203.0.113.9"}},
+            "status": {"addresses": [
+                {"type": "InternalIP", "address": "192.0.2.1"},
+                {"type": "Hostname", "address": "a"}]},
+        }))
+        .unwrap();
+        let got: Vec<String> = node_addresses(&node)
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        assert_eq!(got, ["192.0.2.1", "203.0.113.9"]);
     }
 
     #[test]
@@ -251,7 +312,7 @@ mod tests {
         );
         assert_eq!(t[0].reason(), "NodeNotServing");
         assert!(
-            t[0].note().contains("(cordoned for removal)"),
+            t[0].note().contains(": cordoned for removal;"),
             "{}",
             t[0].note()
         );

@@ -246,7 +246,10 @@ pub(crate) fn first_round(n: usize, cfg: &Config, phases: &mut Phases) -> Res<Ro
     let t = Instant::now();
     let fan = fan_out(&mut setup, leader, n, cfg)?;
     fan.print();
-    phases.done("first round: the follower killed, its node dropped from every status", t);
+    phases.done(
+        "first round: the follower killed, its node dropped from every status",
+        t,
+    );
     keep_logs(&setup.c)?;
     Ok(RoundResult {
         fan_out: Some(fan),
@@ -270,7 +273,9 @@ fn fan_out(s: &mut Setup, leader: usize, n: usize, cfg: &Config) -> Res<FanOut> 
     let api: Api<EndpointSlice> = Api::namespaced(s.c.admin().clone(), &s.ns);
     loop {
         if t_kill.elapsed() > ROUND_TIMEOUT {
-            return Err(format!("the leader did not drop node {follower} within {ROUND_TIMEOUT:?}"));
+            return Err(format!(
+                "the leader did not drop node {follower} within {ROUND_TIMEOUT:?}"
+            ));
         }
         if Instant::now() >= next_poll {
             next_poll = Instant::now() + ROUND_POLL;
@@ -283,11 +288,16 @@ fn fan_out(s: &mut Setup, leader: usize, n: usize, cfg: &Config) -> Res<FanOut> 
         let (i, _, _) = move_endpoint(&mut s.slices, k);
         let name = format!("{}-1", service_name(i));
         let put = Instant::now();
-        s.slices[i] = s
-            .c
-            .block_on(api.replace(&name, &PostParams::default(), &s.slices[i]))
-            .map_err(|e| format!("PUT EndpointSlice {name}: {e}"))?;
-        let seen = next_change(&watch, s.pids[leader], put, put + ROUND_SAMPLE_TIMEOUT, &mut skipped)?;
+        s.slices[i] =
+            s.c.block_on(api.replace(&name, &PostParams::default(), &s.slices[i]))
+                .map_err(|e| format!("PUT EndpointSlice {name}: {e}"))?;
+        let seen = next_change(
+            &watch,
+            s.pids[leader],
+            put,
+            put + ROUND_SAMPLE_TIMEOUT,
+            &mut skipped,
+        )?;
         latencies.push(ms(seen - put));
         std::thread::sleep((put + cfg.spacing).saturating_duration_since(Instant::now()));
     }
