@@ -24,6 +24,9 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
 use tracing::{info, info_span, warn, Instrument};
 
+/// Objects per page of the Service and EndpointSlice watches' initial lists.
+pub const PAGE_SIZE: u32 = 500;
+
 /// This node's Node changed (sent by its watch).
 #[derive(Debug)]
 pub struct NodeChanged;
@@ -195,7 +198,8 @@ fn forward<K: Watched, T: Send + 'static>(
     to: Sink<T>,
     wrap: fn(Event<DeserializeGuard<K>>) -> T,
 ) -> tokio::task::JoinHandle<()> {
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let config = watcher::Config::default().page_size(PAGE_SIZE);
+    let stream = watcher::watcher(api, config).default_backoff();
     drain(stream, to, wrap)
 }
 

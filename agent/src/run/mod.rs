@@ -11,6 +11,7 @@ pub mod listeners;
 pub mod logging;
 pub mod malloc;
 mod record;
+pub mod startup;
 pub mod sync;
 pub mod verify;
 
@@ -164,9 +165,11 @@ pub struct Settings {
 
 /// The agent, until SIGTERM/SIGINT.
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
+    let mut startup = startup::Startup::new(std::time::Instant::now());
     let config = settings.config.clone();
     let (metrics, readiness, sysctls, _http) = start(&settings).await?;
     let client = crate::kube::client(settings.kubeconfig.as_deref()).await?;
+    startup.client_ready();
     let (tx, rx) = mpsc::unbounded_channel();
     let (caches, _watches) = watches::Caches::start(
         &client,
@@ -213,7 +216,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         &settings.node_name,
         settings.pod_name_given.then(|| settings.pod_name.clone()),
     );
-    let sync = sync::SyncLoop::new(ctx, node_events);
+    let sync = sync::SyncLoop::new(ctx, node_events, startup);
     let (stop_tx, stop_rx) = watch::channel(false);
     let status = StatusTasks::spawn(
         &settings,

@@ -19,6 +19,7 @@ use super::decisions::{decide_families, programmed_counts, FamilyDecision, Pacer
 use super::kernel::{self, Kernel};
 use super::listeners::Listeners;
 use super::record::{NodeReport, Outcome, Outputs, PlanSummary, Told};
+use super::startup::{FirstSync, Startup};
 use super::Trigger;
 use crate::host::addresses::Snapshot;
 use crate::host::sysctl::{Forwarding, Sysctls};
@@ -73,6 +74,8 @@ pub struct State {
     pacer: Pacer,
     /// What telling the outcomes keeps (notes, backoff, Node Events).
     told: Told,
+    /// The start-up timeline, until the first sync commits.
+    startup: Option<Startup>,
 }
 
 /// The sync loop: its context and its state.
@@ -101,7 +104,7 @@ impl Wake {
 }
 
 impl SyncLoop {
-    pub fn new(ctx: Context, node_events: NodeEvents) -> SyncLoop {
+    pub fn new(ctx: Context, node_events: NodeEvents, startup: Startup) -> SyncLoop {
         let state = State {
             inbox: Inbox::default(),
             planner: Planner::new(),
@@ -109,6 +112,7 @@ impl SyncLoop {
             warnings: WarningLog::default(),
             pacer: Pacer::new(ctx.debounce),
             told: Told::new(node_events),
+            startup: Some(startup),
         };
         SyncLoop { ctx, state }
     }
@@ -165,6 +169,9 @@ impl SyncLoop {
             },
             _ = stop.wait_for(|s| *s) => return None,
         }
+        if let Some(s) = &mut self.state.startup {
+            s.node_listed();
+        }
         let mut wake = Wake::default();
         while !self.state.inbox.synced() {
             tokio::select! {
@@ -193,6 +200,9 @@ impl SyncLoop {
     fn take(&mut self, t: Trigger, wake: &mut Wake) {
         match t {
             Trigger::Object(ev, received) => {
+                if let Some(s) = &mut self.state.startup {
+                    s.saw(&ev, received);
+                }
                 wake.objects = true;
                 if self.state.inbox.apply(ev) {
                     wake.sync = true;
@@ -229,10 +239,18 @@ impl SyncLoop {
         let span = info_span!("sync");
         let delay = async {
             let outcome = self.sync(wake).await;
+            let first = first_sync(&outcome);
             let state = &mut self.state;
-            self.ctx
+            let delay = self
+                .ctx
                 .outputs
-                .record(&mut state.told, &state.inbox, outcome)
+                .record(&mut state.told, &state.inbox, outcome);
+            if let Some(sync) = first.filter(|_| delay.is_none()) {
+                if let Some(s) = state.startup.take() {
+                    s.ready(sync);
+                }
+            }
+            delay
         }
         .instrument(span)
         .await;
@@ -263,6 +281,17 @@ impl SyncLoop {
             kernel,
         }
     }
+}
+
+/// What a sync that committed took, for the start-up timeline.
+fn first_sync(o: &Outcome) -> Option<FirstSync> {
+    let sent = o.kernel.result.as_ref().ok()?;
+    Some(FirstSync {
+        plan: o.plan.took,
+        encode: sent.stats.encode,
+        commit: sent.stats.commit,
+        took: o.kernel.at.saturating_duration_since(o.started),
+    })
 }
 
 /// What a sync plans from.

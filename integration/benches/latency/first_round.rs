@@ -90,11 +90,7 @@ impl RoundResult {
     /// PASS or MISS against the goal: under 100 ms on the leader and on the follower during
     /// the round, judged on p99 (as the latency goal is) and on every change (max).
     pub fn print_goals(&self, goal: impl Fn(bool) -> &'static str) {
-        if self.services != GOAL_SERVICES {
-            println!(
-                "  not judged: the first-round goal is stated at {GOAL_SERVICES} Services; this run's round had {}",
-                self.services
-            );
+        if !at_goal_size("first-round", self.services) {
             return;
         }
         for (role, s) in [("leader", &self.leader_ms), ("follower", &self.follower_ms)] {
@@ -414,19 +410,7 @@ fn set_up(n: usize, cfg: &Config, phases: &mut Phases) -> Res<Setup> {
     let renewer = runtime.spawn(renew_other(leases.clone()));
 
     let t = Instant::now();
-    let node0 = c.node_name(0).to_string();
-    let slices = load(
-        &c,
-        &ns,
-        &ports,
-        ENDPOINTS,
-        &[node0.as_str()],
-        cfg.concurrency,
-    )?;
-    println!(
-        "  load: {n} Services + {n} EndpointSlices in {:.1} s",
-        t.elapsed().as_secs_f64()
-    );
+    let slices = load_on_node0(&c, &ns, &ports, cfg)?;
     phases.done("first round: load through the API", t);
 
     let t = Instant::now();
