@@ -459,34 +459,8 @@ impl StatusWriter {
                 let want = want.expect("apply only for handled Services");
                 // Told once on the Node(s) it came from, not on every Service.
                 let node_caused = fanout::node_caused(svc, want, &memory.moved);
-                let list: Vec<String> = want.ingress.iter().map(|a| a.to_string()).collect();
-                let event = (ingress_changed && !node_caused).then(|| {
-                    let (reason, verb) = if first {
-                        ("EnsuredLoadBalancer", "Ensured")
-                    } else {
-                        ("UpdatedLoadBalancer", "Updated")
-                    };
-                    let note = if list.is_empty() {
-                        format!("{verb} load balancer: no node serves it")
-                    } else {
-                        format!("{verb} load balancer: {}", list.join(", "))
-                    };
-                    service_event(svc, EventType::Normal, reason, &note, recorder)
-                });
-                let (digest, serving) = (wrote(want), want.serving.reason);
-                Some(Box::pin(async move {
-                    let result = recorder.apply(&key, body).await;
-                    if let (Ok(_), Some(ev)) = (&result, &event) {
-                        recorder.send(ev).await;
-                    }
-                    let outcome = Outcome::Applied {
-                        digest,
-                        list,
-                        serving,
-                        result,
-                    };
-                    Done { key, outcome }
-                }))
+                let event = (ingress_changed && !node_caused).then_some(first);
+                Some(apply_job(svc, key, want, body, event, recorder))
             }
             Write::Clear { body } => Some(Box::pin(async move {
                 let result = recorder.apply(&key, body).await;
@@ -566,6 +540,47 @@ enum Outcome {
         result: Result<Option<String>, kube::Error>,
     },
     Cleared(Result<Option<String>, kube::Error>),
+}
+
+/// The apply of `want` to `svc`'s status, then, once it is answered, its
+/// `EnsuredLoadBalancer` (`event`: `Some(true)`, a first ingress) or `UpdatedLoadBalancer`
+/// (`Some(false)`) Event.
+fn apply_job<'r>(
+    svc: &Service,
+    key: ServiceKey,
+    want: &Desired,
+    body: serde_json::Value,
+    event: Option<bool>,
+    recorder: &'r Requests,
+) -> BoxFuture<'r, Done> {
+    let list: Vec<String> = want.ingress.iter().map(|a| a.to_string()).collect();
+    let event = event.map(|first| {
+        let (reason, verb) = if first {
+            ("EnsuredLoadBalancer", "Ensured")
+        } else {
+            ("UpdatedLoadBalancer", "Updated")
+        };
+        let note = if list.is_empty() {
+            format!("{verb} load balancer: no node serves it")
+        } else {
+            format!("{verb} load balancer: {}", list.join(", "))
+        };
+        service_event(svc, EventType::Normal, reason, &note, recorder)
+    });
+    let (digest, serving) = (wrote(want), want.serving.reason);
+    Box::pin(async move {
+        let result = recorder.apply(&key, body).await;
+        if let (Ok(_), Some(ev)) = (&result, &event) {
+            recorder.send(ev).await;
+        }
+        let outcome = Outcome::Applied {
+            digest,
+            list,
+            serving,
+            result,
+        };
+        Done { key, outcome }
+    })
 }
 
 /// Warning Events for the Service's problems that are new since `before`.

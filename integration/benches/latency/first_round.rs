@@ -196,9 +196,9 @@ pub(crate) fn first_round(n: usize, cfg: &Config, phases: &mut Phases) -> Res<Ro
     );
 
     let t = Instant::now();
-    wait_status_written(&c, leader, n, 0.0)?;
+    wait_status_written(c, leader, n, 0.0)?;
     for i in 0..2 {
-        wait_quiet(&c, i, None)?;
+        wait_quiet(c, i, None)?;
     }
     let after = [c.try_metrics(0)?, c.try_metrics(1)?];
     drop(watches);
@@ -211,7 +211,7 @@ pub(crate) fn first_round(n: usize, cfg: &Config, phases: &mut Phases) -> Res<Ro
     }
     phases.done("first round: settle and kernel check", t);
 
-    let (writes, events) = leader_requests(&c, &ns, &sampled)?;
+    let (writes, events) = leader_requests(c, &ns, &sampled)?;
     let last = writes.iter().chain(&events).max().copied();
     let round = last.map_or(Duration::ZERO, |l| since(sampled.released_wall, l));
     let per_s = |k: usize| k as f64 / round.as_secs_f64().max(1e-9);
