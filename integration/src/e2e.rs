@@ -936,29 +936,27 @@ impl Cluster {
 
     /// `events.k8s.io/v1` Events in the test namespace, as JSON.
     pub fn events(&self) -> Vec<Value> {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.admin.clone(), &self.namespace, &api_resource("Event"));
-        let list = self
-            .block_on(api.list(&Default::default()))
-            .unwrap_or_else(|e| panic!("listing Events: {e}"));
-        list.items
-            .into_iter()
-            .map(|e| serde_json::to_value(e).expect("an Event as JSON"))
-            .collect()
+        self.events_in(&self.namespace)
     }
 
     /// `events.k8s.io/v1` Events about Node `node` (the server keeps a cluster-scoped object's
     /// Events in `default`).
     pub fn node_events(&self, node: &str) -> Vec<Value> {
+        self.events_in("default")
+            .into_iter()
+            .filter(|e| e["regarding"]["kind"] == "Node" && e["regarding"]["name"] == node)
+            .collect()
+    }
+
+    fn events_in(&self, namespace: &str) -> Vec<Value> {
         let api: Api<DynamicObject> =
-            Api::namespaced_with(self.admin.clone(), "default", &api_resource("Event"));
+            Api::namespaced_with(self.admin.clone(), namespace, &api_resource("Event"));
         let list = self
             .block_on(api.list(&Default::default()))
-            .unwrap_or_else(|e| panic!("listing Events in default: {e}"));
+            .unwrap_or_else(|e| panic!("listing Events in {namespace}: {e}"));
         list.items
             .into_iter()
             .map(|e| serde_json::to_value(e).expect("an Event as JSON"))
-            .filter(|e| e["regarding"]["kind"] == "Node" && e["regarding"]["name"] == node)
             .collect()
     }
 

@@ -275,8 +275,7 @@ fn fan_out(s: &mut Setup, leader: usize, n: usize, cfg: &Config) -> Res<FanOut> 
         }
         if Instant::now() >= next_poll {
             next_poll = Instant::now() + ROUND_POLL;
-            let log = s.c.agent_log(leader);
-            if log.get(log_at..).unwrap_or("").matches(WRITTEN).count() >= n {
+            if wrote_all(&s.c, leader, log_at, n) {
                 break;
             }
         }
@@ -501,8 +500,7 @@ fn sample_round(s: &mut Setup, n: usize, cfg: &Config) -> Res<Sampled> {
                     .map(|i| (i, t_release.elapsed()));
             }
             if let Some((l, _)) = leader {
-                let log = s.c.agent_log(l);
-                if log.get(log_at[l]..).unwrap_or("").matches(WRITTEN).count() >= n {
+                if wrote_all(&s.c, l, log_at[l], n) {
                     break;
                 }
             }
@@ -781,6 +779,12 @@ fn release(c: &Cluster, leases: &Api<Lease>) -> Res<()> {
     c.block_on(leases.replace("nodelb-status", &PostParams::default(), &lease))
         .map(|_| ())
         .map_err(|e| format!("releasing the nodelb-status Lease: {e}"))
+}
+
+/// Whether agent `i`'s log says, after its first `log_at` bytes, that it wrote `n` statuses.
+fn wrote_all(c: &Cluster, i: usize, log_at: usize, n: usize) -> bool {
+    let log = c.agent_log(i);
+    log.get(log_at..).unwrap_or("").matches(WRITTEN).count() >= n
 }
 
 /// The first transaction on nodelb's tables with element changes by agent `pid` that the
