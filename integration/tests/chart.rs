@@ -9,7 +9,6 @@
 use clap::Parser;
 use nodelb_agent::cli::{Cli, Command, RunArgs};
 use nodelb_agent::kube::clear_status::STOP_LABEL;
-use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -58,11 +57,7 @@ fn helm(args: &[&str]) -> String {
 /// `kind namespace/name` → object, of a multi-document YAML text.
 fn objects(text: &str) -> BTreeMap<String, Value> {
     let mut out = BTreeMap::new();
-    for doc in serde_yaml_ng::Deserializer::from_str(text) {
-        let v = Value::deserialize(doc).unwrap();
-        if v.is_null() {
-            continue;
-        }
+    for v in nodelb_integration::e2e::parse_documents(text) {
         let at = |p: &str| {
             v.pointer(p)
                 .and_then(Value::as_str)
