@@ -330,7 +330,7 @@ impl StatusWriter {
         }
         memory.node_addrs = addrs;
         let (own, others): (BTreeSet<ServiceKey>, BTreeSet<ServiceKey>) = match own {
-            Some(own) => (own, changed.clone()),
+            Some(own) => (own, changed),
             // A first look: every Service, those nodelb no longer handles too (a status of
             // nodelb's left on them is cleared).
             None => (

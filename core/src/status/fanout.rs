@@ -33,17 +33,22 @@ pub fn urgency(svc: &Service, want: Option<&Desired>, own: bool) -> Urgency {
     if own {
         return Urgency::Own;
     }
-    let stored = ingress::stored(svc);
-    let kept = |ip: &str| want.is_some_and(|d| d.ingress.iter().any(|a| a.to_string() == ip));
-    if stored
+    let kept =
+        |ip: &Option<IpAddr>| ip.is_some_and(|a| want.is_some_and(|d| d.ingress.contains(&a)));
+    if stored(svc).iter().all(kept) {
+        Urgency::Other
+    } else {
+        Urgency::Removal
+    }
+}
+
+/// The addresses of `svc`'s stored ingress (`None` for an entry that is not an address).
+fn stored(svc: &Service) -> Vec<Option<IpAddr>> {
+    ingress::stored(svc)
         .iter()
         .filter_map(|i| i.ip.as_deref())
-        .any(|ip| !kept(ip))
-    {
-        Urgency::Removal
-    } else {
-        Urgency::Other
-    }
+        .map(|ip| ip.parse().ok())
+        .collect()
 }
 
 /// Every address a node may put in a status: those its Node lists, and those its
@@ -60,10 +65,7 @@ pub fn node_addresses(node: &Node) -> BTreeSet<IpAddr> {
 /// Whether the change from `svc`'s stored ingress to `want`'s is all addresses of nodes that
 /// started or stopped serving (`moved`): told on those Nodes, not in an Event on the Service.
 pub fn node_caused(svc: &Service, want: &Desired, moved: &BTreeSet<IpAddr>) -> bool {
-    let stored: BTreeSet<IpAddr> = ingress::stored(svc)
-        .iter()
-        .filter_map(|i| i.ip.as_deref()?.parse().ok())
-        .collect();
+    let stored: BTreeSet<IpAddr> = stored(svc).into_iter().flatten().collect();
     let wanted: BTreeSet<IpAddr> = want.ingress.iter().copied().collect();
     let mut diff = stored.symmetric_difference(&wanted).peekable();
     diff.peek().is_some() && diff.all(|a| moved.contains(a))
