@@ -64,8 +64,14 @@ pub fn node_addresses(node: &Node) -> BTreeSet<IpAddr> {
 
 /// Whether the change from `svc`'s stored ingress to `want`'s is all addresses of nodes that
 /// started or stopped serving (`moved`): told on those Nodes, not in an Event on the Service.
+/// A first ingress never is: a Service that gets its first address is told so on itself
+/// (`EnsuredLoadBalancer`), whichever node or endpoint brought it.
 pub fn node_caused(svc: &Service, want: &Desired, moved: &BTreeSet<IpAddr>) -> bool {
-    let stored: BTreeSet<IpAddr> = stored(svc).into_iter().flatten().collect();
+    let entries = stored(svc);
+    if entries.is_empty() {
+        return false;
+    }
+    let stored: BTreeSet<IpAddr> = entries.into_iter().flatten().collect();
     let wanted: BTreeSet<IpAddr> = want.ingress.iter().copied().collect();
     let mut diff = stored.symmetric_difference(&wanted).peekable();
     diff.peek().is_some() && diff.all(|a| moved.contains(a))
@@ -238,6 +244,8 @@ mod tests {
             &desired(&["192.0.2.1", "192.0.2.2"]),
             &moved
         ));
+        // A first ingress is the Service's own news, even when a node's joining brought it.
+        assert!(!node_caused(&svc_with(&[]), &desired(&["192.0.2.2"]), &moved));
     }
 
     #[test]
