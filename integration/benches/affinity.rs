@@ -18,12 +18,12 @@
 //! `NODELB_BENCH_ITERATIONS` (7). Needs root; without it prints SKIP and exits 0, or 1 when
 //! `CI=true`. Run: `cargo bench -p nodelb-integration --bench affinity`.
 
-use nodelb_core::plan::{Context, Objects, Planner, TableChange};
+use nodelb_core::plan::{Context, Objects, Planner};
 use nodelb_integration::bench::{env_usize, goal, ms};
+use nodelb_integration::commit::planned_slice_syncs;
 use nodelb_integration::models::{bench_endpoints, bench_planner, bench_slice};
 use nodelb_integration::netns::Netns;
 use nodelb_netfilter::{Commit, Committer, Drift, Nft, Table};
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 const GOAL_INSTALL_MS: f64 = 300.0;
@@ -270,29 +270,9 @@ fn change(
         })
         .collect();
     let ns = Netns::new("bench-aff-sync");
-    // The committer keeps the planned table as its model, as the agent's does.
-    let mut c = ns.run(|| -> Res<Committer> {
-        let mut c = Committer::new(Nft::open().map_err(|e| format!("Nft::open: {e}"))?);
-        let mut build = || planner.tables();
-        c.commit(Commit::replace(&mut build))
-            .map_err(|e| format!("install: {e}"))?;
-        Ok(c)
-    })?;
-    let (mut wall, mut com, mut msgs) = (Vec::new(), Vec::new(), BTreeSet::new());
-    for i in 0..iterations {
-        let slice = variants[i % 2].clone();
-        let t0 = Instant::now();
-        let dirty: BTreeSet<_> = objects.put_slice(slice).into_iter().collect();
-        let TableChange::Edit(edits) = planner.update(&objects, &ctx, Some(&dirty)).change else {
-            return Err("a slice change planned as a rebuild".into());
-        };
-        let done = c
-            .commit(Commit::edit(edits))
-            .map_err(|e| format!("sync: {e}"))?;
-        wall.push(t0.elapsed());
-        com.push(done.stats.commit);
-        msgs.insert(done.stats.messages);
-    }
+    let slices: Vec<_> = (0..iterations).map(|i| variants[i % 2].clone()).collect();
+    let syncs = planned_slice_syncs(&ns, &mut planner, &mut objects, &ctx, &slices)?;
+    let (wall, com, msgs) = (syncs.wall, syncs.commit, syncs.messages);
     check(&ns, &planner.tables()[0])?;
     println!(
         "  one endpoint change: median {:.3} ms, batches of {msgs:?} messages",

@@ -18,9 +18,15 @@
 //! 3. Goals next to the results, PASS/MISS; a MISS does not fail the run, a kernel state
 //!    mismatch or any error does.
 //!
+//! 4. Endpoints at Kubernetes' limits: 10,000 Services × 15 endpoints, and one Service with
+//!    5,000 endpoints in 50 slices (see `netfilter/limits.rs`).
+//!
 //! Env: `NODELB_BENCH_SERVICES` (10000), `NODELB_BENCH_ENDPOINTS` (5),
-//! `NODELB_BENCH_ITERATIONS` (7). Needs root; without it prints SKIP and exits 0, or 1 when
+//! `NODELB_BENCH_ITERATIONS` (7), `NODELB_BENCH_LIMITS` (1; 0 skips part 4, `big` runs only its 5,000-endpoint Service). Needs root; without it prints SKIP and exits 0, or 1 when
 //! `CI=true`. Run: `cargo bench -p nodelb-integration --bench netfilter`.
+
+#[path = "netfilter/limits.rs"]
+mod limits;
 
 use nodelb_integration::bench::{env_usize, goal, wait_quiet};
 use nodelb_integration::commit::{edit_between, replace, sync};
@@ -406,6 +412,21 @@ fn run() -> Res<()> {
         goal(sync_wall.median < GOAL_CHANGE_MS),
         sync_wall.median
     );
+
+    let limits = match std::env::var("NODELB_BENCH_LIMITS").as_deref() {
+        Err(_) | Ok("") | Ok("1") => Some(true),
+        Ok("big") => Some(false),
+        Ok("0") => None,
+        Ok(v) => return Err(format!("NODELB_BENCH_LIMITS={v:?}: expected 0, 1 or big")),
+    };
+    if let Some(wide_too) = limits {
+        let goals = limits::run(&mut report, cfg.iterations, wide_too)?;
+        println!();
+        println!("Goals at the limits (medians; a MISS is reported, not failed)");
+        for line in goals {
+            println!("{line}");
+        }
+    }
 
     println!();
     report.print_grep_lines();

@@ -67,10 +67,16 @@ pub fn bench_table(n: usize, eps: usize) -> Table {
 /// and the context it planned them in (the node of [`bench_table`]), for benchmarks that
 /// change the objects and commit the planner's edits as the agent does.
 pub fn bench_planner(n: usize, eps: usize, affinity: bool) -> (Planner, Objects, Context) {
-    let (services, slices): (Vec<_>, Vec<_>) = bench_objects_with(n, eps, affinity)
-        .into_iter()
-        .map(|(service, slice)| (service.index(), slice.index()))
-        .unzip();
+    let (services, slices): (Vec<_>, Vec<_>) =
+        bench_objects_with(n, eps, affinity).into_iter().unzip();
+    planner_for(&services, &slices)
+}
+
+/// The agent's planner after planning `services` and `slices` from nothing on the node of
+/// [`bench_table`], with the objects and the context it planned them in.
+pub fn planner_for(services: &[Svc], slices: &[Slice]) -> (Planner, Objects, Context) {
+    let services: Vec<_> = services.iter().map(Svc::index).collect();
+    let slices: Vec<_> = slices.iter().map(Slice::index).collect();
     let node = node("bench-node")
         .address("InternalIP", BENCH_NODE_ADDRESS)
         .info();
