@@ -72,7 +72,10 @@ pub(crate) struct ColdResult {
 
 pub(crate) fn cold_start(n: usize, cfg: &Config) -> Res<ColdResult> {
     println!();
-    println!("== cold start: {n} Services x {ENDPOINTS} endpoints, agent a follower ==");
+    println!(
+        "== cold start: {n} Services x {} endpoints, agent a follower ==",
+        endpoints()
+    );
     let (mut c, version) = cluster(1, AGENT_RESYNC)?;
     let ns = c.namespace().to_string();
     let leases: Api<Lease> = Api::namespaced(c.admin().clone(), AGENT_NAMESPACE);

@@ -171,7 +171,8 @@ struct Sampled {
 pub(crate) fn first_round(n: usize, cfg: &Config, phases: &mut Phases) -> Res<RoundResult> {
     println!();
     println!(
-        "== first round: {n} Services x {ENDPOINTS} endpoints, two serving nodes, a new leader writes every status (--resync-interval {}s, an nftables listener in each node) ==",
+        "== first round: {n} Services x {} endpoints, two serving nodes, a new leader writes every status (--resync-interval {}s, an nftables listener in each node) ==",
+        endpoints(),
         ROUND_RESYNC.as_secs()
     );
     let mut setup = set_up(n, cfg, phases)?;
