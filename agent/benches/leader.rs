@@ -1,6 +1,6 @@
 //! The status leader at N nodes: the heap and the time of a whole status round
 //! (`Status::compute` from nothing, as a new leader does) for 10,000 Services × 5 endpoints on
-//! N = 10, 100 and 1,000 nodes. The nodes fall into a handful of classes (three zones, and
+//! N = 10, 100, 1,000 and 5,000 nodes. The nodes fall into a handful of classes (three zones, and
 //! every tenth node excluded from load balancers) while each carries labels of its own
 //! (`kubernetes.io/hostname`); 30% of the Services are `Local`, one in ten has a node
 //! selector on the zone, one in 500 loses its port to an older Service, and each Service's
@@ -16,13 +16,19 @@
 //! NODELB_BENCH_LEADER_OLD_NODES nodes, default 10: it grows with the nodes, see
 //! docs/benchmarks.md), and
 //! each goal as PASS or MISS.
-//! `cargo bench -p nodelb-agent --bench leader`; NODELB_BENCH_LEADER_NODES (`10,100,1000`),
+//! The row's `writes_per_s` is the steady API write rate of the agents and the leader together
+//! at the agent's default flags (see `steady_writes_per_s`), judged at 5,000 nodes against a
+//! budget of one write per node per 60 s.
+//! `cargo bench -p nodelb-agent --bench leader`; NODELB_BENCH_LEADER_NODES (`10,100,1000,5000`),
 //! NODELB_BENCH_SERVICES (10,000).
 
 mod heap;
 
+use clap::Parser;
 use heap::{mib, peak_above, peak_from_now};
 use k8s_openapi::api::core::v1::Node;
+use nodelb_agent::cli::{Cli, Command};
+use nodelb_agent::kube::lease::heartbeat_period;
 use nodelb_core::fixtures::{self, heartbeat, Ep, Slice, Svc};
 use nodelb_core::objects::wire::{EndpointSlice, Service};
 use nodelb_core::plan::config::Config;
@@ -251,10 +257,11 @@ fn measure(nodes: usize, services: usize, old_up_to: usize) -> Measured {
     let retained = heap::live() - base;
     assert_eq!(changed, services, "every Service gets a status");
     println!(
-        "bench leader nodes={nodes} services={services} heap_mib={:.1} round_ms={:.0} classes={}",
+        "bench leader nodes={nodes} services={services} heap_mib={:.1} round_ms={:.0} classes={} writes_per_s={:.1}",
         mib(heap),
         ms(round),
-        status.classes()
+        status.classes(),
+        steady_writes_per_s(nodes)
     );
     let desired = status.desired();
     let published: usize = desired.values().map(|d| d.ingress.len()).sum();
@@ -335,6 +342,20 @@ fn old_per_node(c: &Cluster) {
     );
 }
 
+/// The API writes a second the agents and the leader make together once every status is
+/// written, at the agent's default flags: each agent renews its heartbeat Lease every
+/// `heartbeat_period(--node-lease-duration)`, and the leader renews `nodelb-status` every
+/// `--retry-period` (followers only read it). A status is written only when it changes.
+fn steady_writes_per_s(nodes: usize) -> f64 {
+    let cli = Cli::try_parse_from(["nodelb-agent", "run", "--node-name", "bench"])
+        .expect("the agent's defaults parse");
+    let Command::Run(run) = cli.command else {
+        unreachable!("parsed as run")
+    };
+    let beat = heartbeat_period(run.node_lease_duration).as_secs_f64();
+    nodes as f64 / beat + 1.0 / run.retry_period.as_secs_f64()
+}
+
 fn verdict(pass: bool) -> &'static str {
     if pass {
         "PASS"
@@ -348,7 +369,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
     let sizes: Vec<usize> = env("NODELB_BENCH_LEADER_NODES")
-        .unwrap_or_else(|| "10,100,1000".into())
+        .unwrap_or_else(|| "10,100,1000,5000".into())
         .split(',')
         .map(|n| {
             n.trim()
@@ -390,5 +411,13 @@ fn main() {
             );
         }
         _ => println!("bench leader goal heap at 1000 nodes <= 1.5 x heap at 10: not measured"),
+    }
+    for m in measured.iter().filter(|m| m.nodes == 5000) {
+        let writes = steady_writes_per_s(m.nodes);
+        let budget = m.nodes as f64 / 60.0;
+        println!(
+            "bench leader goal steady writes at 5000 nodes <= one per node per 60 s ({budget:.1}/s): {writes:.1}/s {}",
+            verdict(writes <= budget)
+        );
     }
 }

@@ -182,6 +182,12 @@ async fn release(api: &Api<Lease>, me: &str) -> Result<(), kube::Error> {
         .map(|_| ())
 }
 
+/// How often an agent renews its heartbeat: three times per node lease duration, at most
+/// once a second (its only steady write to the API).
+pub fn heartbeat_period(node_lease_duration: Duration) -> Duration {
+    (node_lease_duration / 3).max(Duration::from_secs(1))
+}
+
 /// This node's heartbeat Lease, and how it is renewed.
 pub struct Heartbeat {
     pub client: Client,

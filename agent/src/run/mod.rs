@@ -383,7 +383,7 @@ impl StatusTasks {
             namespace: settings.namespace.clone(),
             node: settings.node_name.clone(),
             holder: settings.pod_name.clone(),
-            period: (settings.node_lease_duration / 3).max(Duration::from_secs(1)),
+            period: lease::heartbeat_period(settings.node_lease_duration),
             metrics: metrics.clone(),
         };
         let heartbeat = tokio::spawn(heartbeat.run(report, stop.clone()));
