@@ -245,7 +245,11 @@ mod tests {
             &moved
         ));
         // A first ingress is the Service's own news, even when a node's joining brought it.
-        assert!(!node_caused(&svc_with(&[]), &desired(&["192.0.2.2"]), &moved));
+        assert!(!node_caused(
+            &svc_with(&[]),
+            &desired(&["192.0.2.2"]),
+            &moved
+        ));
     }
 
     #[test]
