@@ -19,13 +19,13 @@
 //!    mismatch or any error does.
 //!
 //! 4. Endpoints at Kubernetes' limits: 10,000 Services × 15 endpoints, and one Service with
-//!    5,000 endpoints in 50 slices (see `netfilter/limits.rs`).
+//!    5,000 endpoints in 50 slices (see `integration/benches/netfilter/limits.rs`).
 //!
 //! Env: `NODELB_BENCH_SERVICES` (10000), `NODELB_BENCH_ENDPOINTS` (5),
 //! `NODELB_BENCH_ITERATIONS` (7), `NODELB_BENCH_LIMITS` (1; 0 skips part 4, `big` runs only its 5,000-endpoint Service). Needs root; without it prints SKIP and exits 0, or 1 when
 //! `CI=true`. Run: `cargo bench -p nodelb-integration --bench netfilter`.
 
-#[path = "netfilter/limits.rs"]
+#[path = "./netfilter/limits.rs"]
 mod limits;
 
 use nodelb_integration::bench::{env_usize, goal, wait_quiet};
