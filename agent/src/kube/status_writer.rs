@@ -27,8 +27,8 @@ use nodelb_core::objects::index::Service;
 use nodelb_core::objects::wire;
 use nodelb_core::plan::Objects;
 use nodelb_core::status::fanout::{self, Urgency, WorkQueue};
-use nodelb_core::status::heartbeat;
 use nodelb_core::status::ingress::{self, Write, FIELD_MANAGER};
+use nodelb_core::status::{classes, heartbeat};
 use nodelb_core::status::{Desired, Problem, Status, StatusConfig};
 use nodelb_core::vocab::ServiceKey;
 use nodelb_core::vocab::Str;
@@ -125,7 +125,9 @@ struct Memory {
     candidates: Option<BTreeSet<String>>,
 }
 
-fn store<K>(api: Api<K>, wake: Arc<Notify>, what: &'static str) -> Store<K>
+/// A reflector's store of `api`'s objects, each trimmed by `trim` before it is kept; `wake` is
+/// told of every change.
+fn store<K>(api: Api<K>, wake: Arc<Notify>, what: &'static str, trim: fn(&mut K)) -> Store<K>
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -138,7 +140,9 @@ where
     let (reader, writer) = reflector::store();
     let stream = reflector::reflector(
         writer,
-        watcher::watcher(api, watcher::Config::default()).default_backoff(),
+        watcher::watcher(api, watcher::Config::default())
+            .modify(trim)
+            .default_backoff(),
     );
     tokio::spawn(
         async move {
@@ -158,11 +162,17 @@ where
 impl StatusWriter {
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
         let wake = Arc::new(Notify::new());
-        let nodes: Store<Node> = store(Api::all(self.client.clone()), wake.clone(), "nodes");
+        let nodes: Store<Node> = store(
+            Api::all(self.client.clone()),
+            wake.clone(),
+            "nodes",
+            classes::trim_node,
+        );
         let leases: Store<Lease> = store(
             Api::namespaced(self.client.clone(), &self.namespace),
             wake.clone(),
             "leases",
+            |l| l.metadata.managed_fields = None,
         );
         let recorder = Requests {
             client: self.client.clone(),

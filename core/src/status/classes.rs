@@ -80,6 +80,34 @@ pub fn ineligible(node: &Node, beat: &Heartbeat) -> Option<String> {
     }
 }
 
+/// Drop what the leader never reads of a Node, before it is stored: of its metadata all but
+/// the name, uid, labels, `nodelb.io/` annotations, deletion timestamp and resource version;
+/// of its spec all but the taints; of its status all but the addresses. A kubelet's Node also
+/// carries its images, conditions, capacity and managed fields, kilobytes a node, which the
+/// leader would otherwise hold for every node of the cluster and copy on every look.
+pub fn trim_node(node: &mut Node) {
+    use k8s_openapi::api::core::v1::{NodeSpec, NodeStatus};
+    let m = &mut node.metadata;
+    m.managed_fields = None;
+    m.owner_references = None;
+    m.finalizers = None;
+    if let Some(a) = &mut m.annotations {
+        a.retain(|k, _| k.starts_with("nodelb.io/"));
+    }
+    if let Some(spec) = &mut node.spec {
+        *spec = NodeSpec {
+            taints: spec.taints.take(),
+            ..NodeSpec::default()
+        };
+    }
+    if let Some(status) = &mut node.status {
+        *status = NodeStatus {
+            addresses: status.addresses.take(),
+            ..NodeStatus::default()
+        };
+    }
+}
+
 /// The nodes with a fresh heartbeat that serve nothing, each with why (see [`ineligible`]).
 pub fn ineligible_nodes(
     nodes: &[Node],
@@ -494,6 +522,78 @@ impl Classes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A kubelet's Node, trimmed, reads the same to the leader: its planner input, whether it
+    /// may serve, its addresses and its published ones.
+    #[test]
+    fn a_trimmed_node_reads_as_the_whole_one() {
+        let whole: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "node-a", "uid": "u-1", "resourceVersion": "42",
+                "labels": {"kubernetes.io/hostname": "node-a", "topology.kubernetes.io/zone": "a"},
+                "annotations": {
+                    "nodelb.io/published-addresses": "203.0.113.9",
+                    "node.alpha.kubernetes.io/ttl": "0",
+                    "volumes.kubernetes.io/controller-managed-attach-detach": "true"
+                },
+                "managedFields": [{"manager": "kubelet", "operation": "Update",
+                                   "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}]
+            },
+            "spec": {"podCIDR": "10.244.0.0/24", "providerID": "metal://a",
+                     "taints": [{"key": TO_BE_DELETED_TAINT, "effect": "NoSchedule"}]},
+            "status": {
+                "addresses": [{"type": "InternalIP", "address": "192.0.2.10"},
+                              {"type": "Hostname", "address": "node-a"}],
+                "images": [{"names": ["registry.example/app@sha256:0123", "registry.example/app:1"],
+                            "sizeBytes": 123456789}],
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                "message": "kubelet is posting ready status"}],
+                "capacity": {"cpu": "2", "memory": "4Gi"},
+                "nodeInfo": {"machineID": "m", "systemUUID": "s", "bootID": "b",
+                             "kernelVersion": "6.1", "osImage": "Debian", "containerRuntimeVersion": "containerd://1.7",
+                             "kubeletVersion": "v1.36.3", "kubeProxyVersion": "", "operatingSystem": "linux",
+                             "architecture": "amd64"}
+            }
+        }))
+        .unwrap();
+        let mut trimmed = whole.clone();
+        trim_node(&mut trimmed);
+        let beat = Heartbeat {
+            node: "node-a".into(),
+            holder: None,
+            renewed: "2026-01-01T00:00:00Z".parse().unwrap(),
+            families: Families {
+                v4: true,
+                v6: false,
+            },
+            blocked: BlockedPorts::default(),
+            unhealthy: None,
+        };
+        assert_eq!(NodeInfo::from_node(&trimmed), NodeInfo::from_node(&whole));
+        assert_eq!(ineligible(&trimmed, &beat), ineligible(&whole, &beat));
+        assert!(ineligible(&trimmed, &beat).is_some(), "the taint is kept");
+        assert_eq!(
+            super::super::fanout::node_addresses(&trimmed),
+            super::super::fanout::node_addresses(&whole)
+        );
+        assert_eq!(
+            super::super::published::of_node(&trimmed),
+            super::super::published::of_node(&whole)
+        );
+        assert_eq!(trimmed.metadata.uid, whole.metadata.uid);
+        assert_eq!(
+            trimmed.metadata.resource_version,
+            whole.metadata.resource_version
+        );
+        let size = |n: &Node| serde_json::to_string(n).unwrap().len();
+        assert!(
+            size(&trimmed) * 2 < size(&whole),
+            "trimmed {} bytes, whole {}",
+            size(&trimmed),
+            size(&whole)
+        );
+        assert!(trimmed.status.unwrap().images.is_none());
+    }
 
     #[test]
     fn a_stand_in_lies_in_exactly_the_cidrs_its_address_lies_in() {
