@@ -116,8 +116,8 @@ struct Memory {
     /// The addresses of the nodes that started or stopped serving since the queue was last
     /// empty: a status change made only of them is told on those Nodes, not on the Service.
     moved: BTreeSet<IpAddr>,
-    /// Every address each Node had at the last look (a deleted Node's are still known then).
-    node_addrs: BTreeMap<String, BTreeSet<IpAddr>>,
+    /// The Nodes at the last look (a deleted Node's addresses are still known from them).
+    last_nodes: Vec<Arc<Node>>,
     /// Services whose write failed, queued again at the next look.
     retry: BTreeSet<ServiceKey>,
     /// The serving candidates at the last look (`None` before the first: a new leader tells
@@ -298,7 +298,8 @@ impl StatusWriter {
         let Some(objects) = self.objects.borrow_and_update().clone() else {
             return false;
         };
-        let nodes: Vec<Node> = inputs.nodes.state().iter().map(|n| (**n).clone()).collect();
+        let seen = inputs.nodes.state();
+        let nodes: Vec<Node> = seen.iter().map(|n| (**n).clone()).collect();
         let leases: Vec<Lease> = inputs
             .leases
             .state()
@@ -308,14 +309,6 @@ impl StatusWriter {
         let beats = heartbeat::read(&leases);
         let ages = memory.liveness.ages(&beats, std::time::Instant::now());
         self.record_heartbeat_ages(&ages);
-        let uids: BTreeMap<String, Option<String>> = nodes
-            .iter()
-            .filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.uid.clone())))
-            .collect();
-        let addrs: BTreeMap<String, BTreeSet<IpAddr>> = nodes
-            .iter()
-            .filter_map(|n| Some((n.metadata.name.clone()?, fanout::node_addresses(n))))
-            .collect();
         let Some(changed) = self.compute(memory, &objects, nodes, beats, ages).await else {
             return false;
         };
@@ -331,14 +324,18 @@ impl StatusWriter {
         };
         memory.candidates = Some(candidates);
         for t in &moved {
-            let known = addrs.get(&t.node).or(memory.node_addrs.get(&t.node));
-            memory.moved.extend(known.into_iter().flatten());
+            let now = named(&seen, &t.node);
+            // A deleted Node's addresses are known from the last look.
+            let node = now.or_else(|| named(&memory.last_nodes, &t.node));
+            memory
+                .moved
+                .extend(node.iter().flat_map(|n| fanout::node_addresses(n)));
             info!(node = %t.node, joined = t.joined, "{}", t.note());
-            let uid = uids.get(&t.node).cloned().flatten();
+            let uid = now.and_then(|n| n.metadata.uid.clone());
             let ev = node_event(t, uid, &inputs.recorder.instance);
             inputs.recorder.send(&ev).await;
         }
-        memory.node_addrs = addrs;
+        memory.last_nodes = seen;
         let (own, others): (BTreeSet<ServiceKey>, BTreeSet<ServiceKey>) = match own {
             Some(own) => (own, changed),
             // A first look: every Service, those nodelb no longer handles too (a status of
@@ -550,6 +547,14 @@ enum Outcome {
         result: Result<Option<String>, kube::Error>,
     },
     Cleared(Result<Option<String>, kube::Error>),
+}
+
+/// The Node named `name` among `nodes`.
+fn named<'n>(nodes: &'n [Arc<Node>], name: &str) -> Option<&'n Node> {
+    nodes
+        .iter()
+        .find(|n| n.metadata.name.as_deref() == Some(name))
+        .map(|n| &**n)
 }
 
 /// The apply of `want` to `svc`'s status, then, once it is answered, its
