@@ -22,7 +22,8 @@
 //!    5,000 endpoints in 50 slices (see `integration/benches/netfilter/limits.rs`).
 //!
 //! Env: `NODELB_BENCH_SERVICES` (10000), `NODELB_BENCH_ENDPOINTS` (5),
-//! `NODELB_BENCH_ITERATIONS` (7), `NODELB_BENCH_LIMITS` (1; 0 skips part 4, `big` runs only its 5,000-endpoint Service). Needs root; without it prints SKIP and exits 0, or 1 when
+//! `NODELB_BENCH_ITERATIONS` (7), `NODELB_BENCH_LIMITS` (1; 0 skips part 4, `big` runs only
+//! its 5,000-endpoint Service). Needs root; without it prints SKIP and exits 0, or 1 when
 //! `CI=true`. Run: `cargo bench -p nodelb-integration --bench netfilter`.
 
 #[path = "./netfilter/limits.rs"]

@@ -2,9 +2,14 @@
 //! [`Edit`]; a test that holds two models of a table derives the edit between them here and
 //! commits it through [`Committer::commit`], the one call the agent uses.
 
+use crate::netns::Netns;
+use nodelb_core::objects::index::EndpointSlice;
+use nodelb_core::plan::{Context, Objects, Planner, TableChange};
 use nodelb_netfilter::*;
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// The edit that turns `old` (what the kernel holds) into `new`, or `None` when only a whole
 /// replace can (see [`needs_full_replace`]).
@@ -144,6 +149,50 @@ fn twice(tables: Vec<Table>) -> impl FnMut() -> Vec<Table> {
             _ => tables.take().unwrap_or_default(),
         }
     }
+}
+
+/// What a series of planned syncs took, each from the slice's put to the last ACK.
+#[derive(Default)]
+pub struct PlannedSyncs {
+    pub wall: Vec<Duration>,
+    pub commit: Vec<Duration>,
+    /// The distinct message counts of their batches.
+    pub messages: BTreeSet<usize>,
+}
+
+/// Install `planner`'s tables in `ns` with a fresh [`Committer`] (which keeps them as its
+/// model, as the agent's does), then, for each of `slices` in turn, put it into `objects`, let
+/// the planner update only what it changed, and commit the planner's edit: the agent's sync,
+/// without the watch. A change the planner cannot make as an edit is an error.
+pub fn planned_slice_syncs(
+    ns: &Netns,
+    planner: &mut Planner,
+    objects: &mut Objects,
+    ctx: &Context,
+    slices: &[Arc<EndpointSlice>],
+) -> Result<PlannedSyncs, String> {
+    let mut c = ns.run(|| -> Result<Committer, String> {
+        let mut c = Committer::new(Nft::open().map_err(|e| format!("Nft::open: {e}"))?);
+        let mut build = || planner.tables();
+        c.commit(Commit::replace(&mut build))
+            .map_err(|e| format!("install: {e}"))?;
+        Ok(c)
+    })?;
+    let mut out = PlannedSyncs::default();
+    for slice in slices {
+        let t0 = Instant::now();
+        let dirty: BTreeSet<_> = objects.put_slice(slice.clone()).into_iter().collect();
+        let TableChange::Edit(edits) = planner.update(objects, ctx, Some(&dirty)).change else {
+            return Err("a slice change planned as a rebuild".into());
+        };
+        let done = c
+            .commit(Commit::edit(edits))
+            .map_err(|e| format!("sync: {e}"))?;
+        out.wall.push(t0.elapsed());
+        out.commit.push(done.stats.commit);
+        out.messages.insert(done.stats.messages);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -333,50 +382,4 @@ mod tests {
         edit.apply(&mut got);
         assert_eq!(got, want);
     }
-}
-
-/// What a series of planned syncs took, each from the slice's put to the last ACK.
-#[derive(Default)]
-pub struct PlannedSyncs {
-    pub wall: Vec<std::time::Duration>,
-    pub commit: Vec<std::time::Duration>,
-    /// The distinct message counts of their batches.
-    pub messages: std::collections::BTreeSet<usize>,
-}
-
-/// Install `planner`'s tables in `ns` with a fresh [`Committer`] (which keeps them as its
-/// model, as the agent's does), then, for each of `slices` in turn, put it into `objects`, let
-/// the planner update only what it changed, and commit the planner's edit: the agent's sync,
-/// without the watch. A change the planner cannot make as an edit is an error.
-pub fn planned_slice_syncs(
-    ns: &crate::netns::Netns,
-    planner: &mut nodelb_core::plan::Planner,
-    objects: &mut nodelb_core::plan::Objects,
-    ctx: &nodelb_core::plan::Context,
-    slices: &[std::sync::Arc<nodelb_core::objects::index::EndpointSlice>],
-) -> Result<PlannedSyncs, String> {
-    use nodelb_core::plan::TableChange;
-    let mut c = ns.run(|| -> Result<Committer, String> {
-        let mut c = Committer::new(Nft::open().map_err(|e| format!("Nft::open: {e}"))?);
-        let mut build = || planner.tables();
-        c.commit(Commit::replace(&mut build))
-            .map_err(|e| format!("install: {e}"))?;
-        Ok(c)
-    })?;
-    let mut out = PlannedSyncs::default();
-    for slice in slices {
-        let t0 = std::time::Instant::now();
-        let dirty: std::collections::BTreeSet<_> =
-            objects.put_slice(slice.clone()).into_iter().collect();
-        let TableChange::Edit(edits) = planner.update(objects, ctx, Some(&dirty)).change else {
-            return Err("a slice change planned as a rebuild".into());
-        };
-        let done = c
-            .commit(Commit::edit(edits))
-            .map_err(|e| format!("sync: {e}"))?;
-        out.wall.push(t0.elapsed());
-        out.commit.push(done.stats.commit);
-        out.messages.insert(done.stats.messages);
-    }
-    Ok(out)
 }

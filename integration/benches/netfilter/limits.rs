@@ -107,7 +107,8 @@ fn big(report: &mut Report, iterations: usize, goals: &mut Vec<String>) -> Res<(
         let addresses = big_addresses();
         big_slice(last, &addresses[v % 2..])
     };
-    // The first count change removes the endpoint (odd: back to all of them).
+    // An odd `v` removes the slice's first endpoint, an even one puts it back: the series starts
+    // at 1, with a removal.
     let changes = [
         Change {
             name: "move",
