@@ -275,6 +275,17 @@ pub struct RunArgs {
           value_name = "DURATION")]
     pub node_lease_duration: Duration,
 
+    /// The kubelet's health check on this node. In a Pod with a readiness probe the agent
+    /// writes its heartbeat Lease only when it changes, and renews it only while this does
+    /// not answer (the leader reads the agent's liveness from its Pod and from the kubelet's
+    /// node Lease).
+    #[arg(
+        long,
+        default_value = "http://127.0.0.1:10248/healthz",
+        value_name = "URL"
+    )]
+    pub kubelet_healthz: String,
+
     /// Status leader election: how long a leader's Lease `nodelb-status` is valid.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "15s",
           value_name = "DURATION")]
@@ -393,6 +404,7 @@ impl RunArgs {
             sync_debounce: self.sync_debounce,
             resync_interval: self.resync_interval,
             node_lease_duration: self.node_lease_duration,
+            kubelet_healthz: self.kubelet_healthz.clone(),
             health_check_node_ports: self.health_check_node_ports,
             election: nodelb_core::status::election::Params {
                 lease_duration: self.lease_duration,

@@ -1,8 +1,10 @@
 //! Leader election on the Lease `nodelb-status` (see `status::election` for the rules) and this
 //! node's heartbeat Lease `nodelb-node-<node>`, both in the agent's namespace.
 
+use super::kubelet;
 use crate::metrics::{Metrics, ResultLabel};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
@@ -10,7 +12,8 @@ use kube::Client;
 use nodelb_core::status::election::{Action, Election, Params, LEASE_NAME};
 use nodelb_core::status::format_families;
 use nodelb_core::status::heartbeat::{
-    lease_name, Report, BLOCKED_ANNOTATION, FAMILIES_ANNOTATION, NODE_LABEL, UNHEALTHY_ANNOTATION,
+    lease_name, Report, BLOCKED_ANNOTATION, FAMILIES_ANNOTATION, LIVENESS_ANNOTATION, LIVENESS_POD,
+    NODE_LABEL, UNHEALTHY_ANNOTATION,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -196,48 +199,82 @@ pub struct Heartbeat {
     pub node: String,
     /// The agent's Pod.
     pub holder: String,
+    /// `--pod-name` was given: the agent may run in that Pod.
+    pub pod_given: bool,
+    /// The kubelet's health check (`--kubelet-healthz`).
+    pub kubelet_healthz: String,
     pub period: Duration,
+    /// `--node-lease-duration`.
+    pub lease_duration: Duration,
     pub metrics: Arc<Metrics>,
 }
 
+/// How often an agent in a Pod reads its Lease back, to write it again if someone changed or
+/// deleted it.
+const CHECK_EVERY: Duration = Duration::from_secs(300);
+
 impl Heartbeat {
-    /// Renew the heartbeat every `period` once the first sync committed, with the families
-    /// programmed and the Service ports host listeners hold (from `report`, published by the
-    /// sync loop), until `stop`.
+    /// Write the heartbeat once the first sync committed, with the families programmed and
+    /// the Service ports host listeners hold (from `report`, published by the sync loop), and
+    /// again whenever they change, until `stop`. An agent outside a Pod renews it every
+    /// `period`; one in a Pod ([`runs_in_pod`]) only while its kubelet does not answer (and for
+    /// a lease duration after it answers again), since the leader then reads its Pod and its
+    /// kubelet's node Lease instead (`heartbeat::Liveness::ages`).
     pub async fn run(
         self,
         mut report: watch::Receiver<Option<Report>>,
         mut stop: watch::Receiver<bool>,
     ) {
-        let Heartbeat {
-            client,
-            namespace,
-            node,
-            holder,
-            period,
-            metrics,
-        } = self;
-        let api: Api<Lease> = Api::namespaced(client, &namespace);
-        let name = lease_name(&node);
+        let by_pod = self.pod_given
+            && runs_in_pod(&self.client, &self.namespace, &self.holder, &self.node).await;
+        let (renewing_tx, mut renewing) = watch::channel(!by_pod);
+        if by_pod {
+            let check = kubelet::watch(
+                self.kubelet_healthz.clone(),
+                self.lease_duration,
+                renewing_tx,
+            );
+            tokio::spawn(check.instrument(info_span!("kubelet health")));
+        }
+        let lease = LeaseWriter {
+            api: Api::namespaced(self.client.clone(), &self.namespace),
+            name: lease_name(&self.node),
+            node: self.node.clone(),
+            holder: self.holder.clone(),
+            by_pod,
+            period: self.period,
+            metrics: self.metrics.clone(),
+        };
+        let mut written: Option<Report> = None;
+        let mut checked = Instant::now();
         async {
             loop {
                 let current = report.borrow_and_update().clone();
-                if let Some(f) = current {
-                    let r = renew(&api, &name, &node, &holder, &f, period).await;
-                    let result = if r.is_ok() { "ok" } else { "error" };
-                    metrics
-                        .heartbeats
-                        .get_or_create(&ResultLabel { result })
-                        .inc();
-                    if let Err(e) = r {
-                        warn!(error = %e, lease = %name, "heartbeat not renewed");
+                let renew = *renewing.borrow_and_update();
+                let check = checked.elapsed() >= CHECK_EVERY;
+                if let Some(f) = current.filter(|f| renew || check || written.as_ref() != Some(f)) {
+                    if lease.write(&f, renew).await {
+                        written = Some(f);
                     }
+                    checked = Instant::now();
                 }
+                let wait = if renew { self.period } else { CHECK_EVERY };
                 tokio::select! {
                     _ = stop.wait_for(|s| *s) => break,
-                    _ = tokio::time::sleep(period) => {}
+                    _ = tokio::time::sleep(wait) => {}
                     // Families or held ports changed: say so at once.
                     r = report.changed() => if r.is_err() { break },
+                    _ = renewing.changed() => {}
+                }
+            }
+            // Stopping (a rolling update, a deleted Pod): the rules stay in the kernel until
+            // the next agent takes them over, so one last renewal keeps the node serving for
+            // a lease duration, as a renewing agent's last renewal does, instead of from the
+            // moment its Pod stops being Ready.
+            if let (true, Some(f)) = (by_pod, &written) {
+                let last = lease.write(f, true);
+                if tokio::time::timeout(Duration::from_secs(2), last).await == Ok(true) {
+                    info!(lease = %lease.name, "renewed the heartbeat Lease on the way out");
                 }
             }
         }
@@ -246,61 +283,123 @@ impl Heartbeat {
     }
 }
 
-async fn renew(
-    api: &Api<Lease>,
-    name: &str,
-    node: &str,
-    holder: &str,
-    report: &Report,
+/// Writes one node's heartbeat Lease.
+struct LeaseWriter {
+    api: Api<Lease>,
+    name: String,
+    node: String,
+    holder: String,
+    /// The agent runs in the Pod it names ([`LIVENESS_POD`]).
+    by_pod: bool,
     period: Duration,
-) -> Result<(), kube::Error> {
-    match api.get_opt(name).await? {
-        None => {
+    metrics: Arc<Metrics>,
+}
+
+impl LeaseWriter {
+    /// Write `report`, renewing the Lease if `renew` (else only if it said something else);
+    /// counted and, when it fails, logged. `true`: the Lease says `report` now.
+    async fn write(&self, report: &Report, renew: bool) -> bool {
+        let r = self.try_write(report, renew).await;
+        let result = match &r {
+            Ok(true) => "ok",
+            Ok(false) => "unchanged",
+            Err(_) => "error",
+        };
+        self.metrics
+            .heartbeats
+            .get_or_create(&ResultLabel { result })
+            .inc();
+        if let Err(e) = &r {
+            warn!(error = %e, lease = %self.name, "heartbeat not written");
+        }
+        r.is_ok()
+    }
+
+    /// Write the Lease, or create it. `Ok(false)`: it already said all this and was not to be
+    /// renewed, so nothing was written.
+    async fn try_write(&self, report: &Report, renew: bool) -> Result<bool, kube::Error> {
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
             let mut annotations = Default::default();
-            annotate(&mut annotations, report);
+            annotate(&mut annotations, report, self.by_pod);
             let lease = Lease {
                 metadata: kube::api::ObjectMeta {
-                    name: Some(name.to_string()),
-                    labels: Some([(NODE_LABEL.to_string(), node.to_string())].into()),
+                    name: Some(self.name.clone()),
+                    labels: Some([(NODE_LABEL.to_string(), self.node.clone())].into()),
                     annotations: Some(annotations),
                     ..Default::default()
                 },
                 spec: Some(LeaseSpec {
-                    holder_identity: Some(holder.to_string()),
-                    lease_duration_seconds: Some(secs(period * 3)),
+                    holder_identity: Some(self.holder.clone()),
+                    lease_duration_seconds: Some(secs(self.period * 3)),
                     acquire_time: Some(now_micro()),
                     renew_time: Some(now_micro()),
                     ..Default::default()
                 }),
             };
-            api.create(&PostParams::default(), &lease).await?;
+            self.api.create(&PostParams::default(), &lease).await?;
+            return Ok(true);
+        };
+        let before = (lease.metadata.clone(), lease.spec.clone());
+        let annotations = lease
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default);
+        annotate(annotations, report, self.by_pod);
+        lease
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(NODE_LABEL.to_string(), self.node.clone());
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        spec.holder_identity = Some(self.holder.clone());
+        spec.lease_duration_seconds = Some(secs(self.period * 3));
+        if !renew && (lease.metadata.clone(), lease.spec.clone()) == before {
+            return Ok(false);
         }
-        Some(mut lease) => {
-            annotate(
-                lease
-                    .metadata
-                    .annotations
-                    .get_or_insert_with(Default::default),
-                report,
-            );
-            lease
-                .metadata
-                .labels
-                .get_or_insert_with(Default::default)
-                .insert(NODE_LABEL.to_string(), node.to_string());
-            let spec = lease.spec.get_or_insert_with(Default::default);
-            spec.holder_identity = Some(holder.to_string());
-            spec.renew_time = Some(now_micro());
-            spec.lease_duration_seconds = Some(secs(period * 3));
-            api.replace(name, &PostParams::default(), &lease).await?;
-        }
+        lease.spec.get_or_insert_with(Default::default).renew_time = Some(now_micro());
+        self.api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await?;
+        Ok(true)
     }
-    Ok(())
+}
+
+/// Whether this agent runs in Pod `pod` of `namespace` on `node`, with a readiness probe: the
+/// kubelet then says whether it is alive, and the agent need not renew its Lease. Says which,
+/// and why, in one line.
+async fn runs_in_pod(client: &Client, namespace: &str, pod: &str, node: &str) -> bool {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let why_not = match api.get_opt(pod).await {
+        Err(e) => format!("cannot read Pod {namespace}/{pod}: {e}"),
+        Ok(None) => format!("no Pod {namespace}/{pod}"),
+        Ok(Some(p)) => {
+            let spec = p.spec.unwrap_or_default();
+            if spec.node_name.as_deref() != Some(node) {
+                format!("Pod {namespace}/{pod} is not on node {node}")
+            } else if !spec.containers.iter().any(|c| c.readiness_probe.is_some()) {
+                format!("Pod {namespace}/{pod} has no readiness probe")
+            } else {
+                info!(pod, "in a Pod with a readiness probe: the heartbeat Lease is written when it changes, and renewed only while the kubelet does not answer");
+                return true;
+            }
+        }
+    };
+    info!(reason = %why_not, "renewing the heartbeat Lease every period");
+    false
 }
 
 /// A heartbeat's annotations: the families programmed, and the Service ports host listeners
 /// hold (no annotation when there are none).
-fn annotate(annotations: &mut std::collections::BTreeMap<String, String>, report: &Report) {
+fn annotate(
+    annotations: &mut std::collections::BTreeMap<String, String>,
+    report: &Report,
+    by_pod: bool,
+) {
+    if by_pod {
+        annotations.insert(LIVENESS_ANNOTATION.to_string(), LIVENESS_POD.to_string());
+    } else {
+        annotations.remove(LIVENESS_ANNOTATION);
+    }
     annotations.insert(
         FAMILIES_ANNOTATION.to_string(),
         format_families(report.families),
@@ -346,10 +445,10 @@ mod tests {
     #[test]
     fn an_unhealthy_report_is_annotated_and_a_healthy_one_clears_it() {
         let mut a = Default::default();
-        annotate(&mut a, &report(Some(&"x".repeat(2000))));
+        annotate(&mut a, &report(Some(&"x".repeat(2000))), true);
         let why = &a[UNHEALTHY_ANNOTATION];
         assert!(why.starts_with("xxx") && why.ends_with('…') && why.chars().count() == 501);
-        annotate(&mut a, &report(None));
+        annotate(&mut a, &report(None), true);
         assert!(!a.contains_key(UNHEALTHY_ANNOTATION), "{a:?}");
         assert_eq!(a[FAMILIES_ANNOTATION], "IPv4");
     }

@@ -6,6 +6,7 @@
 pub mod clear_status;
 pub mod events;
 pub mod inbox;
+pub mod kubelet;
 pub mod lease;
 pub mod node_events;
 pub mod rate_limit;

@@ -156,6 +156,8 @@ pub struct Settings {
     pub sync_debounce: Duration,
     pub resync_interval: Duration,
     pub node_lease_duration: Duration,
+    /// `--kubelet-healthz`.
+    pub kubelet_healthz: String,
     /// `--health-check-node-ports`.
     pub health_check_node_ports: bool,
     pub election: nodelb_core::status::election::Params,
@@ -383,7 +385,10 @@ impl StatusTasks {
             namespace: settings.namespace.clone(),
             node: settings.node_name.clone(),
             holder: settings.pod_name.clone(),
+            pod_given: settings.pod_name_given,
+            kubelet_healthz: settings.kubelet_healthz.clone(),
             period: lease::heartbeat_period(settings.node_lease_duration),
+            lease_duration: settings.node_lease_duration,
             metrics: metrics.clone(),
         };
         let heartbeat = tokio::spawn(heartbeat.run(report, stop.clone()));

@@ -568,6 +568,7 @@ mod tests {
             },
             blocked: BlockedPorts::default(),
             unhealthy: None,
+            by_pod: false,
         };
         assert_eq!(NodeInfo::from_node(&trimmed), NodeInfo::from_node(&whole));
         assert_eq!(ineligible(&trimmed, &beat), ineligible(&whole, &beat));

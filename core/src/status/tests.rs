@@ -2,7 +2,7 @@
 //! input.
 
 use super::condition::Serving;
-use super::heartbeat::{self, Heartbeat};
+use super::heartbeat::{self, AgentPod, Heartbeat, KubeletLease, Kubelets};
 use super::ingress::{self, Write};
 use super::*;
 use crate::fixtures::{heartbeat, node, Slice, Svc, NOW};
@@ -546,7 +546,7 @@ fn a_node_clock_minutes_behind_or_ahead_still_serves() {
             beat_at("node-ahead", at + SignedDuration::from_mins(3)),
         ]
         .into();
-        let ages = o.ages(&beats, t0 + secs(round * 2));
+        let ages = o.ages(&beats, &Kubelets::default(), LEASE, t0 + secs(round * 2));
         assert_eq!(ages["node-behind"], Duration::ZERO, "round {round}");
         assert_eq!(ages["node-ahead"], Duration::ZERO, "round {round}");
     }
@@ -558,12 +558,137 @@ fn a_node_whose_renewals_stop_ages_from_the_last_change_seen() {
     let t0 = Instant::now();
     let secs = |s| Duration::from_secs(s);
     let beats: BTreeMap<_, _> = [beat_at("node-a", now())].into();
-    o.ages(&beats, t0);
+    o.ages(&beats, &Kubelets::default(), LEASE, t0);
     let renewed: BTreeMap<_, _> = [beat_at("node-a", now() + SignedDuration::from_secs(5))].into();
-    assert_eq!(o.ages(&renewed, t0 + secs(5))["node-a"], Duration::ZERO);
+    assert_eq!(
+        o.ages(&renewed, &Kubelets::default(), LEASE, t0 + secs(5))["node-a"],
+        Duration::ZERO
+    );
     // No renewal after that: the age grows on the leader's clock alone.
-    assert_eq!(o.ages(&renewed, t0 + secs(19))["node-a"], secs(14));
-    assert_eq!(o.ages(&renewed, t0 + secs(21))["node-a"], secs(16));
+    assert_eq!(
+        o.ages(&renewed, &Kubelets::default(), LEASE, t0 + secs(19))["node-a"],
+        secs(14)
+    );
+    assert_eq!(
+        o.ages(&renewed, &Kubelets::default(), LEASE, t0 + secs(21))["node-a"],
+        secs(16)
+    );
+}
+
+/// `--node-lease-duration`'s default, as the liveness tests judge ages against it.
+const LEASE: Duration = Duration::from_secs(15);
+
+/// The kubelets' view: each node's kubelet Lease renewed at `renewed` (40 s, the kubelet's
+/// default duration), and Pod `nodelb-<node>` on its node, Ready or not.
+fn kubelets(nodes: &[(&str, Timestamp, bool)]) -> Kubelets {
+    Kubelets {
+        pods: nodes
+            .iter()
+            .map(|(n, _, ready)| {
+                let pod = AgentPod {
+                    node: n.to_string(),
+                    ready: *ready,
+                };
+                (format!("nodelb-{n}"), pod)
+            })
+            .collect(),
+        leases: nodes
+            .iter()
+            .map(|(n, renewed, _)| {
+                let lease = KubeletLease {
+                    renewed: *renewed,
+                    duration: Some(Duration::from_secs(40)),
+                };
+                (n.to_string(), lease)
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn an_agent_in_a_ready_pod_lives_on_its_kubelets_renewals_without_its_own() {
+    let mut o = heartbeat::Liveness::default();
+    let t0 = Instant::now();
+    let secs = |s| Duration::from_secs(s);
+    let written = now();
+    let pod = heartbeat("node-a")
+        .renewed(written)
+        .families("IPv4")
+        .by_pod();
+    let plain = heartbeat("node-b").renewed(written).families("IPv4");
+    let beats: BTreeMap<_, _> = [
+        ("node-a".to_string(), pod.heartbeat()),
+        ("node-b".to_string(), plain.heartbeat()),
+    ]
+    .into();
+    // The kubelets renew every 10 s; the agents never write again.
+    for round in 0..12u64 {
+        let kubelet = written + SignedDuration::from_secs(round as i64 * 10);
+        let k = kubelets(&[("node-a", kubelet, true), ("node-b", kubelet, true)]);
+        o.ages(&beats, &k, LEASE, t0 + secs(round * 10));
+        let ages = o.ages(&beats, &k, LEASE, t0 + secs(round * 10 + 9));
+        assert_eq!(ages["node-a"], secs(9), "round {round}");
+        assert_eq!(
+            ages["node-b"],
+            secs(round * 10 + 9),
+            "round {round}: not by Pod"
+        );
+    }
+}
+
+#[test]
+fn a_pod_not_ready_or_on_another_node_or_a_kubelet_that_stops_leaves_the_agents_own_age() {
+    let secs = |s| Duration::from_secs(s);
+    let written = now();
+    let beats: BTreeMap<_, _> = [(
+        "node-a".to_string(),
+        heartbeat("node-a").renewed(written).by_pod().heartbeat(),
+    )]
+    .into();
+    let age_at = |k: &Kubelets, later: u64| {
+        let mut o = heartbeat::Liveness::default();
+        let t0 = Instant::now();
+        o.ages(&beats, k, LEASE, t0);
+        // The kubelet renews once more at 10 s, then stops.
+        let mut renewed = k.clone();
+        for l in renewed.leases.values_mut() {
+            l.renewed = written + SignedDuration::from_secs(10);
+        }
+        o.ages(&beats, &renewed, LEASE, t0 + secs(10));
+        o.ages(&beats, &renewed, LEASE, t0 + secs(later))["node-a"]
+    };
+    let ready = kubelets(&[("node-a", written, true)]);
+    assert_eq!(age_at(&ready, 24), secs(14));
+    assert_eq!(age_at(&ready, 26), secs(16), "the kubelet stopped: dropped");
+    let not_ready = kubelets(&[("node-a", written, false)]);
+    assert_eq!(age_at(&not_ready, 12), secs(12), "Pod not Ready");
+    let mut elsewhere = ready.clone();
+    elsewhere.pods.get_mut("nodelb-node-a").unwrap().node = "node-b".into();
+    assert_eq!(age_at(&elsewhere, 12), secs(12), "Pod on another node");
+    let no_pod = Kubelets {
+        pods: BTreeMap::new(),
+        ..ready.clone()
+    };
+    assert_eq!(age_at(&no_pod, 12), secs(12), "no Pod");
+}
+
+#[test]
+fn a_kubelet_renewing_less_often_than_the_lease_duration_allows_is_judged_on_its_own_period() {
+    let mut o = heartbeat::Liveness::default();
+    let t0 = Instant::now();
+    let secs = |s| Duration::from_secs(s);
+    let written = now();
+    let beats: BTreeMap<_, _> = [(
+        "node-a".to_string(),
+        heartbeat("node-a").renewed(written).by_pod().heartbeat(),
+    )]
+    .into();
+    // A 80 s kubelet Lease: renewed every 20 s, judged against 30 s, so 15 s is taken off.
+    let mut k = kubelets(&[("node-a", written, true)]);
+    k.leases.get_mut("node-a").unwrap().duration = Some(secs(80));
+    o.ages(&beats, &k, LEASE, t0);
+    assert_eq!(o.ages(&beats, &k, LEASE, t0 + secs(20))["node-a"], secs(5));
+    assert_eq!(o.ages(&beats, &k, LEASE, t0 + secs(31))["node-a"], secs(16));
 }
 
 #[test]
@@ -573,7 +698,10 @@ fn a_new_leader_gives_every_node_one_lease_duration_of_grace() {
     let mut o = heartbeat::Liveness::default();
     let t0 = Instant::now();
     let beats: BTreeMap<_, _> = [beat_at("node-a", now() - SignedDuration::from_hours(1))].into();
-    assert_eq!(o.ages(&beats, t0)["node-a"], Duration::ZERO);
+    assert_eq!(
+        o.ages(&beats, &Kubelets::default(), LEASE, t0)["node-a"],
+        Duration::ZERO
+    );
     let w = World::two_nodes().service(lb("web", 80));
     let mut s = Status::default();
     let lease = Duration::from_secs(15);
@@ -1414,4 +1542,71 @@ fn a_heartbeat_lists_the_ports_a_service_may_ask_for_before_one_does() {
     taken.push(((v4, Protocol::Udp, 45000), &dns, true));
     let b = heartbeat::BlockedPorts::report(&taken, &held, &reserved, None);
     assert_eq!(b.format(), "IPv4/UDP/45000=dnsd");
+}
+
+#[test]
+fn agent_pods_and_kubelet_leases_read_the_same_trimmed_or_whole() {
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "nodelb-agent-x1", "namespace": "nodelb-system", "uid": "u1",
+                     "labels": {"app.kubernetes.io/name": "nodelb"}, "resourceVersion": "7"},
+        "spec": {"nodeName": "node-a", "containers": [{"name": "agent", "image": "nodelb"}]},
+        "status": {"phase": "Running", "conditions": [
+            {"type": "Initialized", "status": "True"},
+            {"type": "Ready", "status": "True"},
+            {"type": "ContainersReady", "status": "True"}]},
+    }))
+    .unwrap();
+    let mut unready = pod.clone();
+    unready.metadata.name = Some("nodelb-agent-x2".into());
+    unready
+        .status
+        .as_mut()
+        .unwrap()
+        .conditions
+        .as_mut()
+        .unwrap()[1]
+        .status = "False".into();
+    let pending: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "nodelb-agent-x3"}, "spec": {"containers": []},
+    }))
+    .unwrap();
+    let whole = [pod, unready, pending];
+    let mut trimmed = whole.clone();
+    trimmed.iter_mut().for_each(heartbeat::trim_pod);
+    let read = heartbeat::agent_pods(&whole);
+    assert_eq!(read, heartbeat::agent_pods(&trimmed));
+    let want: BTreeMap<String, AgentPod> = [("nodelb-agent-x1", true), ("nodelb-agent-x2", false)]
+        .map(|(n, ready)| {
+            let pod = AgentPod {
+                node: "node-a".into(),
+                ready,
+            };
+            (n.to_string(), pod)
+        })
+        .into();
+    assert_eq!(read, want, "a Pod not scheduled yet is no agent of a node");
+    assert!(trimmed[0].spec.as_ref().unwrap().containers.is_empty());
+    assert!(trimmed[0].metadata.labels.is_none());
+
+    let lease: Lease = serde_json::from_value(json!({
+        "metadata": {"name": "node-a", "namespace": "kube-node-lease",
+                     "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "node-a",
+                                          "uid": "n1"}]},
+        "spec": {"holderIdentity": "node-a", "leaseDurationSeconds": 40,
+                 "renewTime": "2026-01-01T12:00:00.000000Z"},
+    }))
+    .unwrap();
+    let mut small = lease.clone();
+    heartbeat::trim_kubelet_lease(&mut small);
+    assert_eq!(
+        heartbeat::kubelet_leases(&[lease]),
+        heartbeat::kubelet_leases(&[small.clone()])
+    );
+    assert_eq!(
+        heartbeat::kubelet_leases(&[small])["node-a"],
+        KubeletLease {
+            renewed: NOW.parse().unwrap(),
+            duration: Some(Duration::from_secs(40)),
+        }
+    );
 }
