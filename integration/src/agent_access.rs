@@ -13,7 +13,12 @@ pub enum Scope {
     Cluster,
     /// Only the agent's own namespace (`$POD_NAMESPACE`, `nodelb-system`): a `Role` rule there.
     AgentNamespace,
+    /// Only `kube-node-lease`, the kubelets' node Leases: a `Role` rule there.
+    KubeletLeases,
 }
+
+/// The namespace of [`Scope::KubeletLeases`].
+pub const KUBELET_LEASE_NAMESPACE: &str = "kube-node-lease";
 
 /// One kind of request: an RBAC verb on a resource of an API group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -47,6 +52,7 @@ impl AgentRequest {
             && match self.scope {
                 Scope::Cluster => true,
                 Scope::AgentNamespace => namespace == agent_namespace,
+                Scope::KubeletLeases => namespace == KUBELET_LEASE_NAMESPACE,
             }
     }
 }
@@ -67,7 +73,7 @@ const fn req(
     }
 }
 
-use Scope::{AgentNamespace, Cluster};
+use Scope::{AgentNamespace, Cluster, KubeletLeases};
 
 const WATCH_SERVICES: &str =
     "agent/src/kube/watches.rs: Caches::start, watcher over Api::<Service>::all \
@@ -88,7 +94,30 @@ const LEASES: &str = "agent/src/kube/lease.rs: heartbeat Leases nodelb-node-<nod
      update/patch to renew; the leader lists and watches them all) and election on the Lease \
      nodelb-status (get, create, update/patch)";
 
-static EXPECTATIONS: [AgentRequest; 14] = [
+const PODS: &str = "agent/src/kube/lease.rs: runs_in_pod gets the agent's own Pod once at \
+     start; the status leader lists and watches the Pods of its namespace for their Ready \
+     condition (agent/src/kube/status_writer.rs)";
+const KUBELET_LEASES: &str = "agent/src/kube/status_writer.rs: the status leader lists and \
+     watches the kubelets' node Leases in kube-node-lease (node liveness, read only)";
+
+static EXPECTATIONS: [AgentRequest; 19] = [
+    req("get", "", "pods", AgentNamespace, PODS),
+    req("list", "", "pods", AgentNamespace, PODS),
+    req("watch", "", "pods", AgentNamespace, PODS),
+    req(
+        "list",
+        "coordination.k8s.io",
+        "leases",
+        KubeletLeases,
+        KUBELET_LEASES,
+    ),
+    req(
+        "watch",
+        "coordination.k8s.io",
+        "leases",
+        KubeletLeases,
+        KUBELET_LEASES,
+    ),
     req("list", "", "services", Cluster, WATCH_SERVICES),
     req("watch", "", "services", Cluster, WATCH_SERVICES),
     req("patch", "", "services/status", Cluster, STATUS_APPLY),

@@ -15,4 +15,6 @@ pub mod real_cluster;
 pub mod sctp;
 pub mod traffic;
 
-pub use agent_access::{is_expected, rbac_expectations, AgentRequest, Scope};
+pub use agent_access::{
+    is_expected, rbac_expectations, AgentRequest, Scope, KUBELET_LEASE_NAMESPACE,
+};

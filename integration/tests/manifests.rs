@@ -13,7 +13,7 @@ use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use nodelb_agent::cli::{Cli, Command, RunArgs};
-use nodelb_integration::{rbac_expectations, Scope};
+use nodelb_integration::{rbac_expectations, Scope, KUBELET_LEASE_NAMESPACE};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -768,7 +768,11 @@ fn rbac_grants_exactly_the_reviewed_requests() {
                 bound.insert(("ClusterRole", b.role_ref.name.clone()));
             }
             Object::RoleBinding(b) if binds_agent(&b.subjects) => {
-                assert_eq!(b.metadata.namespace.as_deref(), Some(namespace.as_str()));
+                let ns = b.metadata.namespace.as_deref();
+                assert!(
+                    ns == Some(namespace.as_str()) || ns == Some(KUBELET_LEASE_NAMESPACE),
+                    "RoleBindings live in the agent's namespace or kube-node-lease: {ns:?}"
+                );
                 assert_eq!(
                     b.role_ref.kind, "Role",
                     "a ClusterRole bound in one namespace is not in the reviewed list's terms"
@@ -788,13 +792,13 @@ fn rbac_grants_exactly_the_reviewed_requests() {
                 roles.insert(("ClusterRole", name));
             }
             Object::Role(r) => {
-                assert_eq!(
-                    r.metadata.namespace.as_deref(),
-                    Some(namespace.as_str()),
-                    "Roles live in the agent's namespace"
-                );
+                let scope = match r.metadata.namespace.as_deref() {
+                    Some(ns) if ns == namespace => Scope::AgentNamespace,
+                    Some(KUBELET_LEASE_NAMESPACE) => Scope::KubeletLeases,
+                    ns => panic!("Roles live in the agent's namespace or kube-node-lease: {ns:?}"),
+                };
                 let name = r.metadata.name.clone().unwrap();
-                add(&r.rules, Scope::AgentNamespace, &name);
+                add(&r.rules, scope, &name);
                 roles.insert(("Role", name));
             }
             _ => {}
@@ -850,6 +854,21 @@ fn every_reviewed_request_names_the_code_that_makes_it() {
         "coordination.k8s.io",
         "leases",
         "default",
+        "nodelb-system"
+    ));
+    // The kubelets' node Leases are read, never written.
+    assert!(nodelb_integration::is_expected(
+        "watch",
+        "coordination.k8s.io",
+        "leases",
+        KUBELET_LEASE_NAMESPACE,
+        "nodelb-system"
+    ));
+    assert!(!nodelb_integration::is_expected(
+        "update",
+        "coordination.k8s.io",
+        "leases",
+        KUBELET_LEASE_NAMESPACE,
         "nodelb-system"
     ));
     assert!(nodelb_integration::is_expected(
