@@ -281,6 +281,17 @@ control_plane() {
     --listen-peer-urls=http://127.0.0.1:2380 --initial-advertise-peer-urls=http://127.0.0.1:2380 \
     --initial-cluster=nodelb-cluster=http://127.0.0.1:2380 --listen-metrics-urls= \
     --log-level=warn --logger=zap
+  # Every write at Metadata (who wrote what, when), nothing else: the real-cluster tests count
+  # nodelb's steady-state writes from it (issue 30's write budget).
+  put "$dir/audit-policy.yaml" <<EOF
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    verbs: [create, update, patch, delete, deletecollection]
+  - level: None
+EOF
   start kube-apiserver ip netns exec "$ns_cp" "$k/kube-apiserver" \
     --etcd-servers=http://127.0.0.1:2379 --bind-address=0.0.0.0 --secure-port="$api_port" \
     --advertise-address="$cp_ip" --tls-cert-file="$p/apiserver.crt" \
@@ -293,7 +304,9 @@ control_plane() {
     --kubelet-client-certificate="$p/kubelet-client.crt" \
     --kubelet-client-key="$p/kubelet-client.key" \
     --kubelet-preferred-address-types=InternalIP \
-    --profiling=false --cert-dir="$dir/apiserver-certs" --v=1
+    --profiling=false --cert-dir="$dir/apiserver-certs" --v=1 \
+    --audit-policy-file="$dir/audit-policy.yaml" --audit-log-path="$dir/audit.log" \
+    --audit-log-mode=blocking --audit-log-maxsize=0 --audit-log-maxbackup=0
   # The admin's way in from the machine's own namespace: TCP on loopback -> unix socket ->
   # the API server, bytes only (TLS end to end).
   local port
@@ -524,6 +537,7 @@ print_env() {
   echo "KUBECONFIG=$dir/admin.kubeconfig"
   echo "NODES=$list"
   echo "CLIENT_NETNS=$ns_client"
+  echo "AUDIT_LOG=$dir/audit.log"
 }
 
 up() {

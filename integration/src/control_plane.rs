@@ -430,7 +430,7 @@ impl Drop for ControlPlane {
 }
 
 /// The object a request was about.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ObjectRef {
     /// API group, `""` for the core group.
     pub group: String,

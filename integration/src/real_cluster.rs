@@ -57,6 +57,8 @@ pub struct RealCluster {
     kubectl: PathBuf,
     rt: tokio::runtime::Runtime,
     admin: Client,
+    /// kube-apiserver's audit log of every write (`scripts/cluster.sh`'s cluster only).
+    audit_log: Option<PathBuf>,
 }
 
 /// Lines `KEY=value` of a script's output.
@@ -112,42 +114,44 @@ impl RealCluster {
 
     fn start() -> Result<RealCluster, String> {
         let kubectl = crate::control_plane::kubectl()?;
-        let (kubeconfig, client, managed, agent_image, backend_image) = match external_cluster() {
-            Some(kc) => {
-                let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-                let agent = env("NODELB_E2E_AGENT_IMAGE").ok_or(
+        let (kubeconfig, client, managed, agent_image, backend_image, audit_log) =
+            match external_cluster() {
+                Some(kc) => {
+                    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+                    let agent = env("NODELB_E2E_AGENT_IMAGE").ok_or(
                     "NODELB_E2E_KUBECONFIG is set: NODELB_E2E_AGENT_IMAGE must name the nodelb \
                      image its nodes pull",
                 )?;
-                let backend = env("NODELB_E2E_BACKEND_IMAGE").ok_or(
+                    let backend = env("NODELB_E2E_BACKEND_IMAGE").ok_or(
                     "NODELB_E2E_KUBECONFIG is set: NODELB_E2E_BACKEND_IMAGE must name the backend \
                      image (scripts/images.sh builds it) its nodes pull",
                 )?;
-                let client = match env("NODELB_E2E_CLIENT_NETNS") {
-                    Some(ns) => Netns::existing(&ns)?,
-                    None => Netns::existing_current(),
-                };
-                (kc, client, false, agent, backend)
-            }
-            None => {
-                let began = Instant::now();
-                let up = keyed_lines(&script(&["cluster.sh", "up"])?);
-                println!("measured: scripts/cluster.sh up took {:?}", began.elapsed());
-                let images = keyed_lines(&script(&["images.sh"])?);
-                let get = |m: &BTreeMap<String, String>, k: &str| {
-                    m.get(k)
-                        .cloned()
-                        .ok_or_else(|| format!("no {k}= line in the script's output: {m:?}"))
-                };
-                (
-                    PathBuf::from(get(&up, "KUBECONFIG")?),
-                    Netns::existing(&get(&up, "CLIENT_NETNS")?)?,
-                    true,
-                    get(&images, "AGENT_IMAGE")?,
-                    get(&images, "BACKEND_IMAGE")?,
-                )
-            }
-        };
+                    let client = match env("NODELB_E2E_CLIENT_NETNS") {
+                        Some(ns) => Netns::existing(&ns)?,
+                        None => Netns::existing_current(),
+                    };
+                    (kc, client, false, agent, backend, None)
+                }
+                None => {
+                    let began = Instant::now();
+                    let up = keyed_lines(&script(&["cluster.sh", "up"])?);
+                    println!("measured: scripts/cluster.sh up took {:?}", began.elapsed());
+                    let images = keyed_lines(&script(&["images.sh"])?);
+                    let get = |m: &BTreeMap<String, String>, k: &str| {
+                        m.get(k)
+                            .cloned()
+                            .ok_or_else(|| format!("no {k}= line in the script's output: {m:?}"))
+                    };
+                    (
+                        PathBuf::from(get(&up, "KUBECONFIG")?),
+                        Netns::existing(&get(&up, "CLIENT_NETNS")?)?,
+                        true,
+                        get(&images, "AGENT_IMAGE")?,
+                        get(&images, "BACKEND_IMAGE")?,
+                        Some(PathBuf::from(get(&up, "AUDIT_LOG")?)),
+                    )
+                }
+            };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -166,6 +170,7 @@ impl RealCluster {
             kubectl,
             rt,
             admin,
+            audit_log,
         };
         c.nodes = c.node_addresses()?;
         println!(
@@ -210,6 +215,14 @@ impl RealCluster {
         }
         out.sort();
         Ok(out)
+    }
+
+    /// The writes kube-apiserver's audit log holds so far (`None` against an external
+    /// cluster, whose audit log the tests cannot read).
+    pub fn audit_writes(&self) -> Option<Vec<crate::control_plane::AuditRecord>> {
+        let path = self.audit_log.as_ref()?;
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        Some(crate::control_plane::parse_audit(&text))
     }
 
     /// Node names and addresses.

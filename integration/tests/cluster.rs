@@ -884,6 +884,206 @@ mod on_real_cluster {
         );
     }
 
+    /// The agent process of `node` (`nodelb-agent run` with `NODE_NAME=<node>`), found in
+    /// `/proc`: the cluster's nodes share the machine's process namespace.
+    fn agent_pid(node: &str) -> nix::unistd::Pid {
+        let env = format!("NODE_NAME={node}");
+        let found: Vec<i32> = std::fs::read_dir("/proc")
+            .expect("/proc")
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                let read = |f: &str| std::fs::read(format!("/proc/{pid}/{f}")).unwrap_or_default();
+                let fields = |b: Vec<u8>| -> Vec<String> {
+                    b.split(|c| *c == 0)
+                        .map(|f| String::from_utf8_lossy(f).into_owned())
+                        .collect()
+                };
+                let cmdline = fields(read("cmdline"));
+                cmdline.first().is_some_and(|c| c.ends_with("nodelb-agent"))
+                    && cmdline.get(1).is_some_and(|a| a == "run")
+                    && fields(read("environ")).contains(&env)
+            })
+            .collect();
+        assert_eq!(found.len(), 1, "one agent process on {node}: {found:?}");
+        nix::unistd::Pid::from_raw(found[0])
+    }
+
+    /// Sends SIGCONT to a stopped agent when the test ends, whether it passed or not.
+    struct Resume(nix::unistd::Pid);
+
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+        }
+    }
+
+    /// The node whose agent does not hold the status Lease.
+    fn follower(c: &RealCluster) -> String {
+        let leader = c
+            .kubectl(&[
+                "-n",
+                "nodelb-system",
+                "get",
+                "lease",
+                "nodelb-status",
+                "-o",
+                "jsonpath={.spec.holderIdentity}",
+            ])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let pods = c.agent_pods().unwrap_or_else(|e| panic!("{e}"));
+        pods.into_iter()
+            .find(|(pod, _)| *pod != leader)
+            .map(|(_, node)| node)
+            .unwrap_or_else(|| panic!("an agent besides the leader {leader}"))
+    }
+
+    /// The writes of nodelb's ServiceAccount among kube-apiserver's audit records, counted by
+    /// verb, resource and object.
+    fn nodelb_writes(
+        records: &[nodelb_integration::control_plane::AuditRecord],
+    ) -> std::collections::BTreeMap<(String, String, String), usize> {
+        let mut out = std::collections::BTreeMap::new();
+        for r in records {
+            if r.user != "system:serviceaccount:nodelb-system:nodelb" {
+                continue;
+            }
+            let o = r.object.clone().unwrap_or_default();
+            let resource = format!(
+                "{}{}",
+                o.resource,
+                if o.subresource.is_empty() {
+                    String::new()
+                } else {
+                    format!("/{}", o.subresource)
+                }
+            );
+            *out.entry((
+                r.verb.clone(),
+                resource,
+                format!("{}/{}", o.namespace, o.name),
+            ))
+            .or_default() += 1;
+        }
+        out
+    }
+
+    /// Issue 30's write budget and liveness, with the manifests' DaemonSet. Agents in Pods
+    /// write nothing at steady state: over 60 s, kube-apiserver's audit log holds no heartbeat
+    /// write, no status and no Event of theirs, only the status leader's election renewals.
+    /// Their liveness comes from the Pods' Ready condition and the kubelets' node Leases: a
+    /// hung agent (SIGSTOP) turns unready and leaves the status within `--node-lease-duration`
+    /// (15 s); a node whose kubelet and agent both stop leaves it within 15 s of the kubelet's
+    /// last renewal, plus one 2 s look (as a renewing agent's node does). A stopped kubelet
+    /// alone changes nothing (`cordon_drain_a_stopped_kubelet_and_a_deleted_node_reach_the_status`).
+    #[test]
+    fn agents_in_pods_write_nothing_at_steady_state_and_a_hung_agent_or_a_dead_node_leaves_the_status(
+    ) {
+        let Some((_turn, c)) = RealCluster::get(
+            "agents_in_pods_write_nothing_at_steady_state_and_a_hung_agent_or_a_dead_node_leaves_the_status",
+        ) else {
+            return;
+        };
+        if !c.is_managed() {
+            println!("SKIP steady-state writes and liveness: they need scripts/cluster.sh's nodes and audit log");
+            return;
+        }
+        let ns = setup(c, "rc-budget", 2, 1, &[("web", 80, "")]);
+        let ns = ns.name();
+        for (node, _) in c.nodes() {
+            let liveness = c
+                .kubectl(&[
+                    "-n",
+                    "nodelb-system",
+                    "get",
+                    "lease",
+                    &format!("nodelb-node-{node}"),
+                    "-o",
+                    "jsonpath={.metadata.annotations.nodelb\\.io/liveness}",
+                ])
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(liveness, "Pod", "{node}'s agent says it lives by its Pod");
+        }
+
+        // Steady state: nothing changes for a minute.
+        std::thread::sleep(Duration::from_secs(5));
+        let before = c
+            .audit_writes()
+            .expect("the managed cluster's audit log")
+            .len();
+        let window = Duration::from_secs(60);
+        std::thread::sleep(window);
+        let records = c.audit_writes().expect("the managed cluster's audit log");
+        let writes = nodelb_writes(&records[before..]);
+        for ((verb, resource, object), n) in &writes {
+            println!("audit: nodelb wrote {n} x {verb} {resource} {object}");
+        }
+        let count = |f: &dyn Fn(&str) -> bool| -> usize {
+            writes
+                .iter()
+                .filter(|((_, _, o), _)| f(o))
+                .map(|(_, n)| n)
+                .sum()
+        };
+        let heartbeats = count(&|o| o.starts_with("nodelb-system/nodelb-node-"));
+        let election = count(&|o| o == "nodelb-system/nodelb-status");
+        let other = count(&|o| {
+            !o.starts_with("nodelb-system/nodelb-node-") && o != "nodelb-system/nodelb-status"
+        });
+        let nodes = c.nodes().len();
+        println!(
+            "measured: in {window:?} at steady state on {nodes} nodes, nodelb wrote {heartbeats} \
+             heartbeat Leases ({:.2} per node per minute), {election} election renewals (one \
+             Lease for the cluster) and {other} other objects",
+            heartbeats as f64 / nodes as f64 * 60.0 / window.as_secs_f64()
+        );
+        assert_eq!(
+            heartbeats, 0,
+            "agents in Pods write no heartbeat at steady state"
+        );
+        assert_eq!(other, 0, "no status or Event at steady state");
+        assert!(
+            election <= (window.as_secs() / 2 + 1) as usize,
+            "the leader renews its Lease every --retry-period (2 s): {election}"
+        );
+
+        // A hung agent: its Pod turns unready, its node leaves the status.
+        let node = follower(c);
+        let rest = all_but(c, &node);
+        let all = all_nodes(c);
+        let pid = agent_pid(&node);
+        let resume = Resume(pid);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+        let took = wait_publishing(c, ns, "web", &rest, Duration::from_secs(40));
+        println!(
+            "measured: agent on {node} stopped (SIGSTOP): {node} left the status after {took:.1?}"
+        );
+        assert!(
+            took < Duration::from_secs(15),
+            "a hung agent's node leaves within 15 s: {took:?}"
+        );
+        drop(resume);
+        let back = wait_publishing(c, ns, "web", &all, Duration::from_secs(60));
+        println!(
+            "measured: agent on {node} resumed (SIGCONT): back in the status after {back:.1?}"
+        );
+
+        // A dead node: kubelet and agent both stop.
+        let _restore = NodeBack(c, node.clone());
+        let resume = Resume(pid);
+        c.cluster_sh(&["kubelet", "stop", &node])
+            .unwrap_or_else(|e| panic!("{e}"));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+        let took = wait_publishing(c, ns, "web", &rest, Duration::from_secs(40));
+        println!(
+            "measured: kubelet and agent on {node} stopped: {node} left the status after {took:.1?}"
+        );
+        assert!(
+            took < Duration::from_secs(15 + 2 + 1),
+            "a dead node leaves within 15 s of its last renewal and one look: {took:?}"
+        );
+        drop(resume);
+    }
+
     #[test]
     fn kube_proxy_in_iptables_mode_beside_nodelb() {
         let Some((_turn, c)) = RealCluster::get("kube_proxy_in_iptables_mode_beside_nodelb") else {
