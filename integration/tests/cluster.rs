@@ -618,6 +618,23 @@ mod on_real_cluster {
             !left.as_deref().unwrap_or_default().contains("/nodelb"),
             "helm uninstall left cluster objects: {left:?}"
         );
+        assert_no_kubelet_lease_role(c);
+    }
+
+    /// The Role and RoleBinding nodelb has in `kube-node-lease` are gone.
+    fn assert_no_kubelet_lease_role(c: &RealCluster) {
+        let left = c.kubectl(&[
+            "-n",
+            "kube-node-lease",
+            "get",
+            "roles,rolebindings",
+            "-o",
+            "name",
+        ]);
+        assert!(
+            !left.as_deref().unwrap_or_default().contains("/nodelb"),
+            "the uninstall left nodelb's rights in kube-node-lease: {left:?}"
+        );
     }
 
     #[test]
@@ -672,6 +689,7 @@ mod on_real_cluster {
             Ok(""),
             "the second command removed nodelb-system"
         );
+        assert_no_kubelet_lease_role(c);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
