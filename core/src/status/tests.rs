@@ -605,6 +605,12 @@ fn kubelets(nodes: &[(&str, Timestamp, bool)]) -> Kubelets {
     }
 }
 
+/// The heartbeat of `node`, whose agent runs in a Pod, written at `written`.
+fn by_pod(node: &str, written: Timestamp) -> BTreeMap<String, Heartbeat> {
+    let beat = heartbeat(node).renewed(written).by_pod().heartbeat();
+    [(node.to_string(), beat)].into()
+}
+
 #[test]
 fn an_agent_in_a_ready_pod_lives_on_its_kubelets_renewals_without_its_own() {
     let mut o = heartbeat::Liveness::default();
@@ -640,11 +646,7 @@ fn an_agent_in_a_ready_pod_lives_on_its_kubelets_renewals_without_its_own() {
 fn a_pod_not_ready_or_on_another_node_or_a_kubelet_that_stops_leaves_the_agents_own_age() {
     let secs = |s| Duration::from_secs(s);
     let written = now();
-    let beats: BTreeMap<_, _> = [(
-        "node-a".to_string(),
-        heartbeat("node-a").renewed(written).by_pod().heartbeat(),
-    )]
-    .into();
+    let beats = by_pod("node-a", written);
     let age_at = |k: &Kubelets, later: u64| {
         let mut o = heartbeat::Liveness::default();
         let t0 = Instant::now();
@@ -678,11 +680,7 @@ fn a_kubelet_renewing_less_often_than_the_lease_duration_allows_is_judged_on_its
     let t0 = Instant::now();
     let secs = |s| Duration::from_secs(s);
     let written = now();
-    let beats: BTreeMap<_, _> = [(
-        "node-a".to_string(),
-        heartbeat("node-a").renewed(written).by_pod().heartbeat(),
-    )]
-    .into();
+    let beats = by_pod("node-a", written);
     // A 80 s kubelet Lease: renewed every 20 s, judged against 30 s, so 15 s is taken off.
     let mut k = kubelets(&[("node-a", written, true)]);
     k.leases.get_mut("node-a").unwrap().duration = Some(secs(80));
