@@ -369,8 +369,20 @@ impl LeaseWriter {
 /// and why, in one line.
 async fn runs_in_pod(client: &Client, namespace: &str, pod: &str, node: &str) -> bool {
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let why_not = match api.get_opt(pod).await {
-        Err(e) => format!("cannot read Pod {namespace}/{pod}: {e}"),
+    let mut got = api.get_opt(pod).await;
+    for _ in 0..2 {
+        // Forbidden is for good; anything else may pass.
+        if !matches!(&got, Err(e) if !matches!(e, kube::Error::Api(s) if s.code == 403)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        got = api.get_opt(pod).await;
+    }
+    let why_not = match got {
+        Err(e) => {
+            warn!(error = %e, "cannot read this agent's Pod {namespace}/{pod} (RBAC: get pods, as manifests/base/rbac.yaml grants): renewing the heartbeat Lease every period");
+            return false;
+        }
         Ok(None) => format!("no Pod {namespace}/{pod}"),
         Ok(Some(p)) => {
             let spec = p.spec.unwrap_or_default();

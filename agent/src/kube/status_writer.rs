@@ -159,6 +159,9 @@ where
     reader
 }
 
+/// How long a new leader waits for the watches its liveness reads besides the heartbeats.
+const LIVENESS_WAIT: Duration = Duration::from_secs(10);
+
 /// What the leader watches besides the objects the sync loop shares.
 struct Watched {
     nodes: Store<Node>,
@@ -207,11 +210,27 @@ impl Watched {
     }
 
     /// Wait until every watch has listed once.
+    /// Wait until the Nodes and the heartbeats have listed, and the Pods and the kubelets'
+    /// Leases too, for at most [`LIVENESS_WAIT`]: without them (an older RBAC that does not
+    /// grant them) the leader still judges every node by its own heartbeat, and says so. The
+    /// agents cannot read their Pods then either, so they renew their heartbeats.
     async fn ready(&self) -> Result<(), reflector::store::WriterDropped> {
         self.nodes.wait_until_ready().await?;
         self.leases.wait_until_ready().await?;
-        self.pods.wait_until_ready().await?;
-        self.kubelet_leases.wait_until_ready().await
+        let liveness = async {
+            self.pods.wait_until_ready().await?;
+            self.kubelet_leases.wait_until_ready().await
+        };
+        match tokio::time::timeout(LIVENESS_WAIT, liveness).await {
+            Ok(r) => r,
+            Err(_) => {
+                warn!(
+                    "the agents' Pods or the kubelets' node Leases in {} have not listed within {LIVENESS_WAIT:?} (RBAC: list and watch them, as manifests/base/rbac.yaml grants): nodes are judged by their own heartbeats until they do",
+                    heartbeat::KUBELET_LEASE_NAMESPACE
+                );
+                Ok(())
+            }
+        }
     }
 }
 
