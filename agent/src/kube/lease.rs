@@ -203,6 +203,8 @@ pub struct Heartbeat {
     pub pod_given: bool,
     /// The kubelet's health check (`--kubelet-healthz`).
     pub kubelet_healthz: String,
+    /// What this agent's `/readyz` answers (the kubelet's probe).
+    pub readiness: crate::run::http::SharedReadiness,
     pub period: Duration,
     /// `--node-lease-duration`.
     pub lease_duration: Duration,
@@ -231,6 +233,7 @@ impl Heartbeat {
         if by_pod {
             let check = kubelet::watch(
                 self.kubelet_healthz.clone(),
+                self.readiness.clone(),
                 self.lease_duration,
                 renewing_tx,
             );

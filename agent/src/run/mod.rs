@@ -202,7 +202,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         },
         outputs: record::Outputs {
             metrics: metrics.clone(),
-            readiness,
+            readiness: readiness.clone(),
             report: report_tx,
             objects: objects_tx,
             leading: leading_rx.clone(),
@@ -223,7 +223,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let status = StatusTasks::spawn(
         &settings,
         client,
-        report_rx,
+        (report_rx, readiness),
         objects_rx,
         (leading_tx, leading_rx),
         metrics,
@@ -365,7 +365,10 @@ impl StatusTasks {
     fn spawn(
         settings: &Settings,
         client: ::kube::Client,
-        report: watch::Receiver<Option<nodelb_core::status::heartbeat::Report>>,
+        (report, readiness): (
+            watch::Receiver<Option<nodelb_core::status::heartbeat::Report>>,
+            http::SharedReadiness,
+        ),
         objects: watch::Receiver<Option<Arc<nodelb_core::plan::Objects>>>,
         (leading_tx, leading_rx): (watch::Sender<bool>, watch::Receiver<bool>),
         metrics: Arc<metrics::Metrics>,
@@ -387,6 +390,7 @@ impl StatusTasks {
             holder: settings.pod_name.clone(),
             pod_given: settings.pod_name_given,
             kubelet_healthz: settings.kubelet_healthz.clone(),
+            readiness,
             period: lease::heartbeat_period(settings.node_lease_duration),
             lease_duration: settings.node_lease_duration,
             metrics: metrics.clone(),
