@@ -990,7 +990,7 @@ mod on_real_cluster {
     /// write, no status and no Event of theirs, only the status leader's election renewals.
     /// Their liveness comes from the Pods' Ready condition and the kubelets' node Leases: a
     /// hung agent (SIGSTOP) turns unready and leaves the status within `--node-lease-duration`
-    /// (15 s); a node whose kubelet and agent both stop leaves it within 15 s of the kubelet's
+    /// (15 s); a node whose kubelet and agent both stop leaves it within 15 s of its
     /// last renewal, plus one 2 s look (as a renewing agent's node does). A stopped kubelet
     /// alone changes nothing (`cordon_drain_a_stopped_kubelet_and_a_deleted_node_reach_the_status`).
     #[test]
@@ -1022,8 +1022,10 @@ mod on_real_cluster {
             assert_eq!(liveness, "Pod", "{node}'s agent says it lives by its Pod");
         }
 
-        // Steady state: nothing changes for a minute.
-        std::thread::sleep(Duration::from_secs(5));
+        // Steady state: nothing changes for a minute. It begins once the agents' start is
+        // over: an agent renews its Lease until it has been ready for a lease duration (15 s),
+        // the time the kubelet takes to probe its Pod ready.
+        std::thread::sleep(Duration::from_secs(20));
         let before = c
             .audit_writes()
             .expect("the managed cluster's audit log")
