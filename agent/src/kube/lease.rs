@@ -219,9 +219,9 @@ impl Heartbeat {
     /// Write the heartbeat once the first sync committed, with the families programmed and
     /// the Service ports host listeners hold (from `report`, published by the sync loop), and
     /// again whenever they change, until `stop`. An agent outside a Pod renews it every
-    /// `period`; one in a Pod ([`runs_in_pod`]) only while its kubelet does not answer (and for
-    /// a lease duration after it answers again), since the leader then reads its Pod and its
-    /// kubelet's node Lease instead (`heartbeat::Liveness::ages`).
+    /// `period`; one in a Pod ([`runs_in_pod`]) only while the kubelet's word on it is not
+    /// current (`kubelet::watch`: the kubelet does not answer, or `/readyz` fails), since the
+    /// leader otherwise reads its Pod and its kubelet's node Lease (`heartbeat::Liveness::ages`).
     pub async fn run(
         self,
         mut report: watch::Receiver<Option<Report>>,
@@ -255,13 +255,22 @@ impl Heartbeat {
                 let current = report.borrow_and_update().clone();
                 let renew = *renewing.borrow_and_update();
                 let check = checked.elapsed() >= CHECK_EVERY;
-                if let Some(f) = current.filter(|f| renew || check || written.as_ref() != Some(f)) {
-                    if lease.write(&f, renew).await {
-                        written = Some(f);
+                if let Some(f) = current
+                    .as_ref()
+                    .filter(|f| renew || check || written.as_ref() != Some(f))
+                {
+                    if lease.write(f, renew).await {
+                        written = Some(f.clone());
                     }
                     checked = Instant::now();
                 }
-                let wait = if renew { self.period } else { CHECK_EVERY };
+                // A write that failed is tried again after a period, as a renewal would be.
+                let failed = current.is_some() && written != current;
+                let wait = if renew || failed {
+                    self.period
+                } else {
+                    CHECK_EVERY
+                };
                 tokio::select! {
                     _ = stop.wait_for(|s| *s) => break,
                     _ = tokio::time::sleep(wait) => {}
