@@ -209,7 +209,6 @@ impl Watched {
         }
     }
 
-    /// Wait until every watch has listed once.
     /// Wait until the Nodes and the heartbeats have listed, and the Pods and the kubelets'
     /// Leases too, for at most [`LIVENESS_WAIT`]: without them (an older RBAC that does not
     /// grant them) the leader still judges every node by its own heartbeat, and says so. The
@@ -361,14 +360,7 @@ impl StatusWriter {
         };
         let seen = inputs.watched.nodes.state();
         let nodes: Vec<Node> = seen.iter().map(|n| (**n).clone()).collect();
-        let leases: Vec<Lease> = inputs
-            .watched
-            .leases
-            .state()
-            .iter()
-            .map(|l| (**l).clone())
-            .collect();
-        let beats = heartbeat::read(&leases);
+        let beats = heartbeat::read(&inputs.watched.leases.state());
         let kubelets = heartbeat::Kubelets {
             pods: heartbeat::agent_pods(&inputs.watched.pods.state()),
             leases: heartbeat::kubelet_leases(&inputs.watched.kubelet_leases.state()),

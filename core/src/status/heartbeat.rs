@@ -5,7 +5,8 @@
 //! How the leader tells an agent is alive depends on where it runs. An agent outside a Pod
 //! renews its Lease every third of `--node-lease-duration`. An agent in a Pod with a readiness
 //! probe (the manifests' DaemonSet) writes its Lease only when what the Lease carries changes,
-//! or while its kubelet is down: the leader takes its liveness from its Pod's Ready condition
+//! or while the kubelet's word on it is not current (its kubelet down, or its `/readyz`
+//! failing): the leader takes its liveness from its Pod's Ready condition
 //! (the kubelet probes `/readyz`) and from the kubelet's own node Lease in `kube-node-lease`,
 //! renewals the cluster writes anyway ([`Liveness::ages`]).
 
@@ -15,6 +16,7 @@ use crate::plan::reserved::ReservedPorts;
 use crate::vocab::{Families, IpFamily, Listener, Protocol};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -354,10 +356,8 @@ pub fn trim_kubelet_lease(lease: &mut Lease) {
 
 /// Of an object's metadata, what a reflector's store needs: name, namespace, uid and
 /// resourceVersion.
-fn kube_meta(
-    m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-    k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+fn kube_meta(m: &ObjectMeta) -> ObjectMeta {
+    ObjectMeta {
         name: m.name.clone(),
         namespace: m.namespace.clone(),
         uid: m.uid.clone(),
@@ -372,9 +372,10 @@ pub fn lease_name(node: &str) -> String {
 }
 
 /// Heartbeats by node, from the Leases in the agents' namespace (others are ignored).
-pub fn read(leases: &[Lease]) -> BTreeMap<String, Heartbeat> {
+pub fn read<L: Borrow<Lease>>(leases: &[L]) -> BTreeMap<String, Heartbeat> {
     let mut out = BTreeMap::new();
     for l in leases {
+        let l: &Lease = l.borrow();
         let name = l.metadata.name.as_deref().unwrap_or("");
         let Some(from_name) = name.strip_prefix(LEASE_PREFIX) else {
             continue;
