@@ -276,7 +276,9 @@ impl Heartbeat {
                     _ = tokio::time::sleep(wait) => {}
                     // Families or held ports changed: say so at once.
                     r = report.changed() => if r.is_err() { break },
-                    _ = renewing.changed() => {}
+                    // (Should the health check's task end, its last word stands: a closed
+                    // channel must not wake this loop, or it would spin.)
+                    Ok(()) = renewing.changed() => {}
                 }
             }
             // Stopping (a rolling update, a deleted Pod): the rules stay in the kernel until
@@ -381,10 +383,14 @@ impl LeaseWriter {
 /// and why, in one line.
 async fn runs_in_pod(client: &Client, namespace: &str, pod: &str, node: &str) -> bool {
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    // An error may pass, but Forbidden is for good.
+    let retry = |r: &Result<Option<Pod>, kube::Error>| match r {
+        Err(kube::Error::Api(s)) => s.code != 403,
+        r => r.is_err(),
+    };
     let mut got = api.get_opt(pod).await;
     for _ in 0..2 {
-        // Forbidden is for good; anything else may pass.
-        if !matches!(&got, Err(e) if !matches!(e, kube::Error::Api(s) if s.code == 403)) {
+        if !retry(&got) {
             break;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
