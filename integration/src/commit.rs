@@ -6,7 +6,6 @@ use crate::netns::Netns;
 use nodelb_core::objects::index::EndpointSlice;
 use nodelb_core::plan::{Context, Objects, Planner, TableChange};
 use nodelb_netfilter::*;
-use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,7 +32,7 @@ pub fn edit_between(old: &Table, new: &Table) -> Option<Edit> {
         .collect();
     for s in new.sets.values() {
         if let Some(o) = old.sets.get(&s.name) {
-            let change = element_changes(&o.elements, &s.elements);
+            let change = ElemEdit::between(&o.elements, &s.elements);
             if !change.del.is_empty() || !change.add.is_empty() {
                 e.elements.insert(s.name.clone(), change);
             }
@@ -73,36 +72,6 @@ fn only_in<'a, V>(
 
 fn names<'a, V: 'a>(it: impl Iterator<Item = &'a V>, name: fn(&V) -> &String) -> Vec<String> {
     it.map(|v| name(v).clone()).collect()
-}
-
-/// Elements only in `old` (or changed), and only in `new` (or changed), by walking both sorted
-/// maps side by side.
-fn element_changes(old: &BTreeMap<Key, Element>, new: &BTreeMap<Key, Element>) -> ElemEdit {
-    let mut out = ElemEdit::default();
-    let (mut o, mut n) = (old.iter().peekable(), new.iter().peekable());
-    loop {
-        let order = match (o.peek(), n.peek()) {
-            (None, None) => break,
-            (Some(_), None) => Ordering::Less,
-            (None, Some(_)) => Ordering::Greater,
-            (Some((ok, _)), Some((nk, _))) => ok.cmp(nk),
-        };
-        match order {
-            Ordering::Less => out.del.push(o.next().expect("peeked").0.clone()),
-            Ordering::Greater => {
-                let (k, v) = n.next().expect("peeked");
-                out.add.push((k.clone(), v.clone()));
-            }
-            Ordering::Equal => {
-                let ((ok, oe), (nk, ne)) = (o.next().expect("peeked"), n.next().expect("peeked"));
-                if oe != ne {
-                    out.del.push(ok.clone());
-                    out.add.push((nk.clone(), ne.clone()));
-                }
-            }
-        }
-    }
-    out
 }
 
 /// Bring the kernel from the committer's models to `tables` in one commit: their edits when

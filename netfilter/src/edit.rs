@@ -39,6 +39,56 @@ pub struct Edit {
     pub del_counters: Vec<String>,
 }
 
+/// The entries of two sorted maps that differ, each key once and in order, with its value in
+/// `old` and in `new` (`None`: not there). One walk of both maps side by side, so comparing
+/// two large maps costs no lookup per key.
+pub fn changed_entries<'a, K: Ord, V: PartialEq>(
+    old: &'a BTreeMap<K, V>,
+    new: &'a BTreeMap<K, V>,
+) -> impl Iterator<Item = (&'a K, Option<&'a V>, Option<&'a V>)> {
+    let (mut o, mut n) = (old.iter().peekable(), new.iter().peekable());
+    std::iter::from_fn(move || loop {
+        let order = match (o.peek(), n.peek()) {
+            (None, None) => return None,
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (Some((ok, _)), Some((nk, _))) => ok.cmp(nk),
+        };
+        let (k, ov, nv) = match order {
+            std::cmp::Ordering::Less => o.next().map(|(k, v)| (k, Some(v), None))?,
+            std::cmp::Ordering::Greater => n.next().map(|(k, v)| (k, None, Some(v)))?,
+            std::cmp::Ordering::Equal => {
+                let ((k, ov), (_, nv)) = (o.next()?, n.next()?);
+                (k, Some(ov), Some(nv))
+            }
+        };
+        if ov != nv {
+            return Some((k, ov, nv));
+        }
+    })
+}
+
+impl ElemEdit {
+    /// The elements to remove and add to go from `old` to `new`.
+    pub fn between(old: &BTreeMap<Key, Element>, new: &BTreeMap<Key, Element>) -> ElemEdit {
+        let mut out = ElemEdit::default();
+        for (k, o, n) in changed_entries(old, new) {
+            out.note(k, o.is_some(), n);
+        }
+        out
+    }
+
+    /// One key changes: removed if `was` there, then added with `now` if any.
+    pub fn note(&mut self, key: &Key, was: bool, now: Option<&Element>) {
+        if was {
+            self.del.push(key.clone());
+        }
+        if let Some(e) = now {
+            self.add.push((key.clone(), e.clone()));
+        }
+    }
+}
+
 impl Edit {
     pub fn is_empty(&self) -> bool {
         self.add_sets.is_empty()

@@ -9,7 +9,6 @@ use super::topology::{self, Place, Topology};
 use crate::objects::index::{EndpointSlice, Hints, TrafficDistribution};
 use crate::vocab::IpFamily;
 use crate::vocab::{Protocol, ServiceKey, ServicePortId};
-use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -144,7 +143,9 @@ pub fn candidates<'s>(
     family: IpFamily,
     warnings: &mut Vec<Warning>,
 ) -> Candidates<'s> {
-    let mut out = Candidates::default();
+    // Gathered in slice order, then sorted (stably: the first copy stays first) and merged,
+    // so a Service with thousands of endpoints costs one sort, not a map search per endpoint.
+    let mut all: Vec<(EndpointAddr, Candidate<'s>)> = Vec::new();
     for s in slices {
         if slice_family(s) != Some(family) {
             continue;
@@ -200,19 +201,20 @@ pub fn candidates<'s>(
                 node: ep.node_name.as_deref(),
                 hints,
             };
-            match out.endpoints.entry(endpoint) {
-                Entry::Vacant(v) => {
-                    v.insert(candidate);
-                }
-                Entry::Occupied(mut o) => {
-                    if o.get().terminating && !candidate.terminating {
-                        o.insert(candidate);
-                    }
-                }
-            }
+            all.push((endpoint, candidate));
         }
     }
-    out
+    all.sort_by_key(|(e, _)| *e);
+    all.dedup_by(|(later_e, later), (first_e, first)| {
+        let same = later_e == first_e;
+        if same && first.terminating && !later.terminating {
+            *first = *later;
+        }
+        same
+    });
+    Candidates {
+        endpoints: all.into_iter().collect(),
+    }
 }
 
 /// The target port a slice gives for a Service port, if it lists one; a matching slice port

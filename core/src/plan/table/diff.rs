@@ -2,6 +2,7 @@
 //! elements several Services share (the hairpin set) kept consistent as Services come and go.
 
 use super::*;
+use nodelb_netfilter::edit::changed_entries;
 
 /// Record in `edit` what changes when a Service's Part goes from `old` to `new` (hairpin
 /// elements are shared and handled by [`edit_hairpin`]).
@@ -11,17 +12,8 @@ pub fn edit_part(old: Option<&Part>, new: Option<&Part>, edit: &mut Edit) {
     if old == new {
         return;
     }
-    for ((set, key), e) in &old.elements {
-        match new.elements.get(&(*set, key.clone())) {
-            Some(n) if n == e => {}
-            _ => elem_edit(edit, set).del.push(key.clone()),
-        }
-    }
-    for ((set, key), e) in &new.elements {
-        match old.elements.get(&(*set, key.clone())) {
-            Some(o) if o == e => {}
-            _ => elem_edit(edit, set).add.push((key.clone(), e.clone())),
-        }
+    for ((set, key), o, n) in changed_entries(&old.elements, &new.elements) {
+        elem_edit(edit, set).note(key, o.is_some(), n);
     }
     // A set declared anew (another timeout or comment) goes and comes back in the edit: every
     // chain of the Service that may use it is replaced, so none holds the old one.
@@ -60,17 +52,10 @@ pub(super) fn edit_sets(old: &Part, new: &Part, edit: &mut Edit) -> bool {
             None => edit.add_sets.push(n.clone()),
             Some(o) if o == n => {}
             Some(o) if o.same_decl(n) => {
+                let change = ElemEdit::between(&o.elements, &n.elements);
                 let e = elem_edit(edit, name);
-                for k in o.elements.keys() {
-                    if n.elements.get(k) != o.elements.get(k) {
-                        e.del.push(k.clone());
-                    }
-                }
-                for (k, v) in &n.elements {
-                    if o.elements.get(k) != Some(v) {
-                        e.add.push((k.clone(), v.clone()));
-                    }
-                }
+                e.del.extend(change.del);
+                e.add.extend(change.add);
             }
             Some(_) => {
                 redeclared = true;

@@ -195,27 +195,27 @@ pub(super) fn add_endpoints(
     eps: &[EndpointAddr],
     hairpin: bool,
 ) {
-    for (i, e) in eps.iter().enumerate() {
-        part.elements.insert(
-            (
-                ENDPOINTS_MAP,
-                Key::Values(
-                    vec![
-                        Value::Proto(p.port.protocol.l4()),
-                        Value::Port(p.port.port),
-                        Value::U32(i as u32),
-                    ]
-                    .into(),
-                ),
-            ),
-            element(
-                Some(ElemData::Values(
-                    vec![value(e.addr), Value::Port(e.port)].into(),
-                )),
-                note,
-            ),
-        );
-        if hairpin {
+    // Built apart and appended: the keys come in order, so the map is built in one pass,
+    // where inserting each would search it (a Service may have thousands of endpoints).
+    let mut elements: BTreeMap<_, _> = eps
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let key = Key::Values(
+                [
+                    Value::Proto(p.port.protocol.l4()),
+                    Value::Port(p.port.port),
+                    Value::U32(i as u32),
+                ]
+                .into(),
+            );
+            let data = ElemData::Values([value(e.addr), Value::Port(e.port)].into());
+            ((ENDPOINTS_MAP, key), element(Some(data), note))
+        })
+        .collect();
+    part.elements.append(&mut elements);
+    if hairpin {
+        for e in eps {
             part.hairpin.entry(e.addr).or_insert_with(|| note.clone());
         }
     }
