@@ -21,6 +21,7 @@ pub mod selector;
 pub mod service;
 pub mod servicelb;
 pub mod settled;
+pub mod slots;
 pub mod table;
 pub mod topology;
 

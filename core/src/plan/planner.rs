@@ -11,6 +11,7 @@ use super::diagnosis::{ServiceOutcome, Warning};
 use super::flows::{self, FlowChange, Flows, Touched};
 use super::prepare::{prepare, Context, Prepared, Stage};
 use super::settled::{self, Settled};
+use super::slots::{self, Orders};
 use super::table::{self, HairpinUsers, Shared, SharedBefore};
 use crate::objects::index::Objects;
 use crate::vocab::IpFamily;
@@ -59,6 +60,9 @@ pub struct Planner {
     warnings: BTreeMap<ServiceKey, Vec<Warning>>,
     /// Who uses the shared `endpoints-N` chains and hairpin elements.
     shared: Shared,
+    /// The endpoint slots of the ports whose endpoints are not in sorted order (see `slots`),
+    /// by Service. Empty after a rebuild.
+    slots: BTreeMap<ServiceKey, Orders>,
     /// The UDP and SCTP ports that DNAT and the endpoints whose flows they keep (not kept by an
     /// outcomes-only planner).
     flows: Flows,
@@ -339,10 +343,16 @@ impl Planner {
             };
             let old_outcome = self.outcomes.remove(&key);
             let tables = !self.no_tables;
+            let old_orders = self.slots.remove(&key).unwrap_or_default();
+            let new_orders = match tables {
+                true => slots::follow(old_prep.as_ref(), &old_orders, new_prep.as_ref()),
+                false => Orders::new(),
+            };
             let claims = &self.claims;
-            let new = new_prep
-                .as_ref()
-                .map(|p| settled::build(p, |s| settled::holder_now(ctx, claims, s), tables));
+            let new = new_prep.as_ref().map(|p| {
+                let holder = |s: &_| settled::holder_now(ctx, claims, s);
+                settled::build(p, holder, tables.then_some(&new_orders))
+            });
             // The Service's Parts before this update, rebuilt from what it was prepared as and
             // the holders its outcome recorded (the context is unchanged when not rebuilding,
             // but for its listeners, whose earlier holds the outcome recorded too).
@@ -350,7 +360,7 @@ impl Planner {
                 (Some(outcome), Some(p), false) => Some(settled::build(
                     &p,
                     |s| settled::recorded_holder(outcome, s),
-                    true,
+                    Some(&old_orders),
                 )),
                 _ => None,
             };
@@ -366,6 +376,9 @@ impl Planner {
             }
             self.replace_parts(old.as_ref(), new.as_ref(), ctx, rebuild, &mut out);
             if let Some(n) = new {
+                if tables && !new_orders.is_empty() {
+                    self.slots.insert(key.clone(), new_orders);
+                }
                 self.outcomes.insert(key, n.outcome);
             }
         }
@@ -408,11 +421,14 @@ impl Planner {
             })
             .collect();
         if !self.no_tables {
+            let sorted = Orders::new();
             for key in self.outcomes.keys() {
                 let Some(p) = prepare_in(&self.objects, key, ctx) else {
                     continue;
                 };
-                let f = settled::build(&p, |s| settled::holder_now(ctx, &self.claims, s), true);
+                let orders = self.slots.get(key).unwrap_or(&sorted);
+                let holder = |s: &_| settled::holder_now(ctx, &self.claims, s);
+                let f = settled::build(&p, holder, Some(orders));
                 for (family, part) in f.parts.into_parts() {
                     if let Some((_, a)) = assemblies.iter_mut().find(|(f, _)| *f == family) {
                         a.add(part);

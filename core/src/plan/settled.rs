@@ -8,6 +8,7 @@ use super::diagnosis::{
 use super::endpoints::Selection;
 use super::prepare::{Context, Prepared, PreparedPort, Stage};
 use super::service::{Cidr, ClientIpAffinity, TrafficPolicy};
+use super::slots::{self, Orders};
 use super::table::{self, Action, Part, PortProgram};
 use crate::vocab::IpFamily;
 use crate::vocab::{ServiceKey, ServicePortId};
@@ -74,11 +75,13 @@ pub fn holder_now(ctx: &Context, claims: &Claims, slot: &Slot) -> Option<PortHol
 /// outcome, which rebuilds that earlier settling: a settled Service is a function of the
 /// prepared Service, which holds the addresses serving it, and the slots' holders, so only
 /// outcomes are kept between syncs).
-/// `tables: false` decides outcomes only (for the status writer, which plans for every node).
+/// `tables`: the table content too, each port's endpoints in these slots (see `slots`; a port
+/// not listed has them sorted); `None` decides outcomes only (for the status writer, which
+/// plans for every node).
 pub fn build(
     prep: &Prepared,
     holder: impl Fn(&Slot) -> Option<PortHolder>,
-    tables: bool,
+    tables: Option<&Orders>,
 ) -> Settled {
     let Stage::Ports {
         policy,
@@ -118,7 +121,8 @@ pub fn build(
             source_ranges: ranges_of(source_ranges.as_deref(), *family),
             affinity: *affinity,
         };
-        outcomes.push(program.outcome(ports, &holder, tables.then_some(&mut parts)));
+        let tables = tables.map(|orders| (orders, &mut parts));
+        outcomes.push(program.outcome(ports, &holder, tables));
     }
     outcomes.shrink_to_fit();
     Settled {
@@ -153,7 +157,7 @@ impl FamilyProgram<'_> {
         &self,
         ports: &[PreparedPort],
         holder: impl Fn(&Slot) -> Option<PortHolder>,
-        mut parts: Option<&mut FamilyParts>,
+        mut tables: Option<(&Orders, &mut FamilyParts)>,
     ) -> FamilyOutcome {
         let mine = || ports.iter().filter(|p| p.family == self.family);
         let lost_to = |p: &PreparedPort| {
@@ -173,7 +177,11 @@ impl FamilyProgram<'_> {
                 },
                 (None, None) => {
                     let (result, action) = port_action(&p.selection);
-                    if let Some(parts) = parts.as_deref_mut() {
+                    if let Some((orders, parts)) = tables.as_mut() {
+                        let action = match slots::recorded(orders, self.family, &p.port) {
+                            Some(order) => action.in_order(order),
+                            None => action,
+                        };
                         self.add_port(parts.entry(self.family), &p.port, action);
                     }
                     result

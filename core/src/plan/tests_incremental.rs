@@ -1,6 +1,7 @@
 //! The incremental planner against planning from scratch: after every change in a long
 //! random sequence, the edit it returns, applied to the previous tables, must give exactly the
-//! tables `plan()` computes anew, and the outcomes must be the same; and the conntrack entries
+//! planner's own tables, and those the tables `plan()` computes anew but for which slot of the
+//! endpoint map each endpoint holds (see `slots`); the outcomes must be the same; and the conntrack entries
 //! it makes stale are those a rebuild from the same planner makes stale.
 
 use super::config::Config;
@@ -150,6 +151,8 @@ fn incremental_updates_equal_planning_from_scratch() {
     let (mut sets_added, mut sets_deleted, mut sets_redeclared) = (0, 0, 0);
     // Ports narrowed to this node's or zone's endpoints, and ports whose hints were ignored.
     let (mut narrowed, mut ignored) = (0, 0);
+    // Tables whose endpoints were not in sorted slots.
+    let mut unsorted = 0;
     for step in 0..1200 {
         let mut dirty = BTreeSet::new();
         for _ in 0..1 + rng.next(3) {
@@ -313,8 +316,18 @@ fn incremental_updates_equal_planning_from_scratch() {
             config: &config,
             listeners: &ctx.listeners,
         });
+        // The edits build the planner's own tables exactly; a fresh plan numbers endpoints
+        // sorted where the updates kept them in their slots, and is the same otherwise.
+        assert!(
+            tables == planner.tables(),
+            "step {step}: edits and planner differ"
+        );
         for (a, b) in tables.iter().zip(&fresh.tables) {
-            if a != b {
+            let renumbered = slots::renumbered_sorted(a.clone());
+            if renumbered != *a {
+                unsorted += 1;
+            }
+            if renumbered != *b {
                 panic!(
                     "step {step}: incremental table differs from a fresh plan\n--- incremental\n{}\n--- fresh\n{}",
                     nodelb_netfilter::render_table(a),
@@ -348,6 +361,10 @@ fn incremental_updates_equal_planning_from_scratch() {
     assert!(
         narrowed > 200 && ignored > 500,
         "the sequence planned {narrowed} ports narrowed by topology, {ignored} ignoring hints"
+    );
+    assert!(
+        unsorted > 50,
+        "the sequence kept endpoints out of sorted order in {unsorted} tables"
     );
     assert!(
         edits_seen > 300,
@@ -501,6 +518,58 @@ fn an_endpoint_added_to_or_removed_from_an_affinity_service_changes_only_its_own
         assert!(!e.put_chains.iter().any(|c| c.name == ep(kept)), "{e:?}");
     }
     assert!(table.sets.contains_key(&set(11)) && table.sets.contains_key(&set(12)));
+}
+
+#[test]
+fn an_endpoint_that_comes_or_goes_rewrites_at_most_two_endpoint_elements() {
+    let ctx = ipv4_node();
+    let service = Svc::lb("ns", "s")
+        .created("2024-01-01T00:00:00Z")
+        .bare_port(80);
+    let slice = |hosts: &[u8]| {
+        Slice::ipv4("ns", "s-1", "s")
+            .raw_port(json!({"port": 8080, "protocol": "TCP"}))
+            .endpoints(hosts.iter().map(|h| Ep::at(format!("198.51.100.{h}"))))
+    };
+    let mut objects = Objects::default();
+    objects.put_service(Arc::new(service.index()));
+    objects.put_slice(Arc::new(slice(&[10, 11, 12, 13, 14, 15, 16, 17]).index()));
+    let mut planner = Planner::new();
+    planner.update(&objects, &ctx, None);
+    let mut table = planner.tables().remove(0);
+    let mut step = |hosts: &[u8]| -> (usize, usize) {
+        let dirty: BTreeSet<ServiceKey> = objects
+            .put_slice(Arc::new(slice(hosts).index()))
+            .into_iter()
+            .collect();
+        let TableChange::Edit(mut edits) = planner.update(&objects, &ctx, Some(&dirty)).change
+        else {
+            panic!("expected an edit")
+        };
+        let (_, edit) = edits.remove(0);
+        edit.ops(&table).expect("the edit fits the table");
+        edit.clone().apply(&mut table);
+        assert!(
+            table == planner.tables()[0],
+            "{hosts:?}: edits and planner differ"
+        );
+        let endpoints = &edit.elements["endpoints"];
+        (endpoints.del.len(), endpoints.add.len())
+    };
+    // The third of eight goes: the last takes its index, and index 7 goes.
+    assert_eq!(step(&[10, 11, 13, 14, 15, 16, 17]), (2, 1));
+    // Another comes: it takes the next index, nothing else moves.
+    assert_eq!(step(&[10, 11, 13, 14, 15, 16, 17, 20]), (0, 1));
+    // One goes and one comes at once: one index changes endpoint.
+    assert_eq!(step(&[10, 13, 14, 15, 16, 17, 20, 21]), (1, 1));
+    // The one in the last index (20) goes: only that index.
+    assert_eq!(step(&[10, 13, 14, 15, 16, 17, 21]), (1, 0));
+    // A planner from nothing numbers them sorted; the kept slots hold the same endpoints.
+    let mut fresh = Planner::new();
+    fresh.update(&objects, &ctx, None);
+    let planned = fresh.tables().remove(0);
+    assert_ne!(table, planned, "the slots should have left sorted order");
+    assert_eq!(slots::renumbered_sorted(table), planned);
 }
 
 #[test]

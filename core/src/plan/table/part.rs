@@ -13,6 +13,17 @@ pub enum Action {
     Reject,
 }
 
+impl Action {
+    /// The same endpoints in `order` (their slots in the endpoint map, see `plan::slots`).
+    pub fn in_order(self, order: &[EndpointAddr]) -> Action {
+        match self {
+            Action::Forward(_) => Action::Forward(order.to_vec()),
+            Action::DropExceptNode(_) => Action::DropExceptNode(order.to_vec()),
+            Action::Reject => Action::Reject,
+        }
+    }
+}
+
 /// One Service port to program in one family's table.
 #[derive(Clone, Debug)]
 pub struct PortProgram<'a> {

@@ -1,0 +1,236 @@
+//! Stable endpoint slots: the index of `map endpoints` each endpoint of a Service port holds,
+//! the value `numgen random mod N` picks it by.
+//!
+//! Planned from nothing, a port's endpoints take the indexes in sorted order. After that an
+//! endpoint keeps its index as long as it stays: one that comes takes the index of one that
+//! went, or the next one; one that goes leaves its index to the endpoint in the last. So one
+//! endpoint more or less rewrites at most two elements, where numbering them sorted again would
+//! renumber every endpoint after it (5,000 elements behind one Service at Kubernetes' limit).
+//!
+//! The order is history, not a function of the objects: the planner keeps it ([`Orders`],
+//! only where it differs from sorted), and a planner started from nothing (an agent that
+//! restarts, a rebuild) numbers sorted again, in the commit that replaces the table. Which
+//! index an endpoint has changes nothing a packet sees: each is picked as likely. Ports with
+//! session affinity do not use the map (each endpoint has its own chain) and keep sorted order.
+
+use super::endpoints::{EndpointAddr, Selection};
+use super::prepare::{Prepared, Stage};
+use super::table::ENDPOINTS_MAP;
+use crate::vocab::{IpFamily, ServicePortId};
+use nodelb_netfilter::values::Values;
+use nodelb_netfilter::{Element, Key, Table, Value};
+use std::collections::BTreeMap;
+
+/// One Service's ports whose endpoints are not in sorted order, with their order (by family
+/// and port, sorted).
+pub type Orders = Vec<((IpFamily, ServicePortId), Vec<EndpointAddr>)>;
+
+/// The order recorded for one port, if it is not sorted.
+pub fn recorded<'a>(
+    orders: &'a Orders,
+    family: IpFamily,
+    port: &ServicePortId,
+) -> Option<&'a [EndpointAddr]> {
+    orders
+        .iter()
+        .find(|((f, p), _)| *f == family && p == port)
+        .map(|(_, o)| o.as_slice())
+}
+
+/// The endpoints of `now` (sorted) in slots that follow `before` (the order last planned):
+/// each that stays keeps its index, those that come fill the freed indexes in sorted order,
+/// then the end; indexes left over past the new count are filled from the last.
+pub fn stable(before: &[EndpointAddr], now: &[EndpointAddr]) -> Vec<EndpointAddr> {
+    let mut known = before.to_vec();
+    // A stable sort: a recorded order is mostly sorted runs, which it merges.
+    known.sort();
+    let (gone, coming) = differences(&known, now);
+    let mut coming = coming.into_iter();
+    let mut slots: Vec<Option<EndpointAddr>> = before
+        .iter()
+        .map(|e| gone.binary_search(e).is_err().then_some(*e))
+        .collect();
+    for slot in slots.iter_mut().filter(|s| s.is_none()) {
+        match coming.next() {
+            Some(e) => *slot = Some(e),
+            None => break,
+        }
+    }
+    slots.extend(coming.map(Some));
+    let mut i = 0;
+    while i < slots.len() {
+        if slots[i].is_none() {
+            // The last slot's endpoint takes it (if the last is free too, look again).
+            slots.swap_remove(i);
+        } else {
+            i += 1;
+        }
+    }
+    slots.into_iter().flatten().collect()
+}
+
+/// What is only in `before` and what is only in `now`, both sorted, in one walk of the two.
+fn differences(
+    before: &[EndpointAddr],
+    now: &[EndpointAddr],
+) -> (Vec<EndpointAddr>, Vec<EndpointAddr>) {
+    let (mut gone, mut coming) = (Vec::new(), Vec::new());
+    let (mut b, mut n) = (before.iter().peekable(), now.iter().peekable());
+    loop {
+        match (b.peek(), n.peek()) {
+            (None, None) => break,
+            (Some(x), Some(y)) if x == y => {
+                b.next();
+                n.next();
+            }
+            (Some(x), Some(y)) if x < y => gone.extend(b.next()),
+            (Some(_), None) => gone.extend(b.next()),
+            _ => coming.extend(n.next()),
+        }
+    }
+    (gone, coming)
+}
+
+/// The endpoints a port's selection sends to through the map (none with affinity).
+fn mapped(selection: &Selection) -> Option<&[EndpointAddr]> {
+    match selection {
+        Selection::Forward { endpoints, .. } => Some(endpoints),
+        Selection::DropNotLocal { elsewhere } => Some(elsewhere),
+        Selection::Reject => None,
+    }
+}
+
+/// The ports of a prepared Service whose endpoints go through the map, each with them sorted.
+fn mapped_ports(
+    p: Option<&Prepared>,
+) -> impl Iterator<Item = (IpFamily, &ServicePortId, &[EndpointAddr])> {
+    let ports = match p.map(|p| &p.stage) {
+        Some(Stage::Ports {
+            ports,
+            affinity: None,
+            ..
+        }) => ports.as_slice(),
+        _ => &[],
+    };
+    ports
+        .iter()
+        .filter_map(|pp| Some((pp.family, &pp.port, mapped(&pp.selection)?)))
+}
+
+/// The orders of a Service prepared as `new`, following those it had as `old` (`old_orders`
+/// recorded for it; a port not recorded was sorted). Only orders that are not sorted are
+/// returned.
+pub fn follow(old: Option<&Prepared>, old_orders: &Orders, new: Option<&Prepared>) -> Orders {
+    let mut out = Orders::new();
+    for (family, port, now) in mapped_ports(new) {
+        let before = recorded(old_orders, family, port).or_else(|| {
+            mapped_ports(old)
+                .find(|(f, p, _)| *f == family && *p == port)
+                .map(|(_, _, eps)| eps)
+        });
+        let Some(before) = before.filter(|b| *b != now) else {
+            continue;
+        };
+        let order = stable(before, now);
+        if order != now {
+            out.push(((family, port.clone()), order));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// `table` with every Service port's endpoints numbered in sorted order, as a planner from
+/// nothing numbers them: what a table planned through updates is compared with a fresh plan
+/// as (tests, benches).
+pub fn renumbered_sorted(mut table: Table) -> Table {
+    let Some(map) = table.sets.get_mut(ENDPOINTS_MAP) else {
+        return table;
+    };
+    let mut ports: BTreeMap<Vec<Value>, Vec<Element>> = BTreeMap::new();
+    for (key, e) in std::mem::take(&mut map.elements) {
+        let mut port: Vec<Value> = match &key {
+            Key::Values(v) => v.iter().collect(),
+            Key::Prefix(..) => Vec::new(),
+        };
+        port.pop();
+        ports.entry(port).or_default().push(e);
+    }
+    for (port, mut endpoints) in ports {
+        endpoints.sort_by(|a, b| a.data.cmp(&b.data));
+        for (i, e) in endpoints.into_iter().enumerate() {
+            let key: Values = port.iter().copied().chain([Value::U32(i as u32)]).collect();
+            map.elements.insert(Key::Values(key), e);
+        }
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(i: u8) -> EndpointAddr {
+        EndpointAddr {
+            addr: [192, 0, 2, i].into(),
+            port: 80,
+        }
+    }
+
+    fn eps(ids: &[u8]) -> Vec<EndpointAddr> {
+        ids.iter().map(|i| ep(*i)).collect()
+    }
+
+    #[test]
+    fn an_endpoint_that_goes_leaves_its_slot_to_the_last() {
+        assert_eq!(
+            stable(&eps(&[1, 2, 3, 4, 5]), &eps(&[1, 3, 4, 5])),
+            eps(&[1, 5, 3, 4])
+        );
+        // The last itself goes: nothing else moves.
+        assert_eq!(stable(&eps(&[1, 2, 3]), &eps(&[1, 2])), eps(&[1, 2]));
+        // Two go, one of them among the last: the other last fills the first hole.
+        assert_eq!(
+            stable(&eps(&[1, 2, 3, 4, 5]), &eps(&[1, 3, 4])),
+            eps(&[1, 4, 3])
+        );
+    }
+
+    #[test]
+    fn an_endpoint_that_comes_takes_a_freed_slot_or_the_next() {
+        assert_eq!(
+            stable(&eps(&[3, 1, 2]), &eps(&[1, 2, 3, 4])),
+            eps(&[3, 1, 2, 4])
+        );
+        // One goes and one comes in the same update: one slot changes.
+        assert_eq!(stable(&eps(&[3, 1, 2]), &eps(&[1, 3, 9])), eps(&[3, 1, 9]));
+        // More come than went: the rest at the end, sorted.
+        assert_eq!(
+            stable(&eps(&[5, 1]), &eps(&[1, 7, 8, 9])),
+            eps(&[7, 1, 8, 9])
+        );
+    }
+
+    #[test]
+    fn every_endpoint_once_whatever_the_history() {
+        let mut order = eps(&[4, 2, 9]);
+        for step in 0..200u32 {
+            let now: Vec<EndpointAddr> = (1..30u8)
+                .filter(|i| (u32::from(*i) * 7 + step * 13) % 5 < 3)
+                .map(ep)
+                .collect();
+            let next = stable(&order, &now);
+            let mut sorted = next.clone();
+            sorted.sort();
+            assert_eq!(sorted, now, "step {step}");
+            // Every endpoint that stayed kept its index unless it was one of the last.
+            let moved = order
+                .iter()
+                .enumerate()
+                .filter(|(i, e)| *i < next.len() && now.contains(e) && next[*i] != **e)
+                .count();
+            assert_eq!(moved, 0, "step {step}: an endpoint that stayed moved");
+            order = next;
+        }
+    }
+}
