@@ -6,7 +6,8 @@
 //!   not grow with the number of Services. A plain Service port's element (no source ranges, no
 //!   affinity, endpoints to forward to) goes (`goto`) straight to the shared chain `endpoints-N`
 //!   for its endpoint count N, which DNATs through `numgen random mod N` and the global `map
-//!   endpoints` (`l4proto . th dport . index : daddr . th dport`). A chain per Service port
+//!   endpoints` (`l4proto . th dport . index : daddr . th dport`; an endpoint keeps its index
+//!   while it stays, see `plan::slots`). A chain per Service port
 //!   would cost the full install a large part of its kernel time (the `install_shapes` bench
 //!   of `nodelb-integration`, docs/benchmarks.md), for a new-connection count no metric
 //!   reads: the per-Service counters below count its traffic.
