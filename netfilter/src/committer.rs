@@ -12,7 +12,7 @@ use crate::readback::Drift;
 use crate::transact::{CommitStats, Error, Nft};
 use crate::watch::WatchPause;
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 /// What one commit changes.
@@ -98,6 +98,12 @@ pub struct Committed {
     pub restored: usize,
     /// Tables deleted because they had to be absent.
     pub deleted: Vec<TableRef>,
+    /// A replace: the time before encoding (the tables built, counters and learned elements
+    /// read from the kernel, the tables validated).
+    pub prepared: Duration,
+    /// A replace: the time after the commit (absent tables deleted, the tables built again as
+    /// the models kept).
+    pub adopted: Duration,
 }
 
 /// Keeps what was last committed per table, so each sync sends only its edits, and deletes
@@ -191,6 +197,7 @@ impl Committer {
         // The models are dropped before the tables are built, so both are never held.
         self.committed.clear();
         self.stale.clear();
+        let started = Instant::now();
         let mut tables = build();
         let mut done = Committed::default();
         if carry_counters {
@@ -220,17 +227,20 @@ impl Committer {
                 .ok()
         });
         let t0 = Instant::now();
+        done.prepared = t0 - started;
         let batch = Batch::encode_replace(self.nft.next_batch_seq(), tables, &learned, freed)?;
         drop(learned);
         let encode = t0.elapsed();
         done.stats = self.nft.commit(&batch)?;
         done.stats.encode = encode;
         drop(batch);
+        let committed = Instant::now();
         self.delete_absent(absent, &mut done)?;
         drop(_paused);
         for t in build() {
             self.committed.insert(TableRef::of(&t), t);
         }
+        done.adopted = committed.elapsed();
         Ok(done)
     }
 

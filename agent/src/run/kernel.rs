@@ -41,7 +41,7 @@ use nodelb_netfilter::{
     Commit as NftCommit, CommitStats, Committed, Committer, Edit, Nft, Table, TableRef, WatchPause,
 };
 use std::panic::AssertUnwindSafe;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
@@ -61,6 +61,9 @@ enum Request {
 /// One sync's change, for the kernel.
 pub struct Commit {
     pub change: TableChange,
+    /// The whole tables, when the plan built them already (a rebuild before the first commit,
+    /// see `Planner::update_with_tables`): a whole replace sends these.
+    pub tables: Option<Vec<Table>>,
     /// The families programmed: nodelb's tables of the others are deleted.
     pub families: Families,
     /// Drift was reported: replace the tables whole, whatever the change.
@@ -80,6 +83,8 @@ pub struct Done {
     pub at: Instant,
     /// The foreign forward policies, read after a whole replace (`/readyz` notes).
     pub notes: Option<Vec<String>>,
+    /// After a whole replace, reading those policies and returning the freed pages.
+    pub tidied: Duration,
     /// The conntrack cleanup after the commit (`None`: the commit failed, or nothing was
     /// stale).
     pub cleanup: Option<Result<Vec<Cleaned>, nodelb_netfilter::conntrack::Error>>,
@@ -93,6 +98,10 @@ pub struct Sent {
     pub stats: CommitStats,
     /// The tables were replaced whole.
     pub whole: bool,
+    /// A whole replace's time before encoding and after the commit ([`Committed::prepared`],
+    /// [`Committed::adopted`]; zero for edits).
+    pub prepared: Duration,
+    pub adopted: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -164,6 +173,7 @@ impl Done {
             result: Err(Error::Lost),
             at: Instant::now(),
             notes: None,
+            tidied: Duration::ZERO,
             cleanup: None,
         }
     }
@@ -225,6 +235,7 @@ impl Actor {
     fn commit(&mut self, c: Commit) -> (Planner, Done) {
         let Commit {
             change,
+            tables,
             families,
             drift,
             planner,
@@ -235,15 +246,18 @@ impl Actor {
         let whole = replaces_whole(self.committer.is_some(), drift, rebuilt);
         let work = match change {
             TableChange::Edit(edits) if !whole => Work::Edit(edits),
-            _ => Work::Replace,
+            _ => Work::Replace(tables),
         };
         let result = self
             .send(work, families, &planner)
-            .map(|(objects, stats)| Sent {
+            .map(|(objects, done)| Sent {
                 objects,
-                stats,
+                stats: done.stats,
                 whole,
+                prepared: done.prepared,
+                adopted: done.adopted,
             });
+        let sent = Instant::now();
         // Foreign forward policies: read after whole replaces (a dump of every chain), and by
         // each verify.
         let notes = whole
@@ -253,6 +267,7 @@ impl Actor {
             super::malloc::trim();
         }
         let at = Instant::now();
+        let tidied = at - sent;
         let cleanup = match result {
             Ok(_) => self.clean(),
             Err(_) => None,
@@ -261,6 +276,7 @@ impl Actor {
             result,
             at,
             notes,
+            tidied,
             cleanup,
         };
         (planner, done)
@@ -273,7 +289,7 @@ impl Actor {
         work: Work,
         families: Families,
         planner: &Planner,
-    ) -> Result<(usize, CommitStats), Error> {
+    ) -> Result<(usize, Committed), Error> {
         // After a failure the committer is dropped: the next try opens a fresh socket (and
         // replaces every table whole).
         let mut committer = match self.committer.take() {
@@ -292,7 +308,7 @@ impl Actor {
             info!(table = %tr, "deleted: family not programmed");
         }
         self.committer = Some(committer);
-        Ok((objects, done.stats))
+        Ok((objects, done))
     }
 
     /// Delete the conntrack entries the changes committed since the last cleanup made stale
@@ -384,9 +400,10 @@ impl Actor {
     }
 }
 
-/// What a commit sends: the planner's whole tables, or edits of the tables committed before.
+/// What a commit sends: the planner's whole tables (built already, or built here), or edits
+/// of the tables committed before.
 enum Work {
-    Replace,
+    Replace(Option<Vec<Table>>),
     Edit(Vec<(TableRef, Edit)>),
 }
 
@@ -406,10 +423,10 @@ fn commit_blocking(
             let objects = edits.iter().map(|(_, e)| e.size()).sum();
             Ok((objects, committer.commit(NftCommit::edit(edits))?))
         }
-        Work::Replace => {
+        Work::Replace(mut built) => {
             let mut objects = None;
             let mut build = || {
-                let tables = planner.tables();
+                let tables = built.take().unwrap_or_else(|| planner.tables());
                 objects.get_or_insert_with(|| tables.iter().map(Table::object_count).sum());
                 tables
             };

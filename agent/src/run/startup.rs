@@ -40,9 +40,16 @@ impl Listing {
 pub struct FirstSync {
     /// From the start of the sync to the plan (its inputs read, every Service planned).
     pub plan: Duration,
+    /// Before encoding: the tables built from the plan, counters and learned elements read
+    /// from the kernel, the tables validated.
+    pub tables: Duration,
     pub encode: Duration,
     /// The kernel's commit (the batch sent and acknowledged).
     pub commit: Duration,
+    /// After the commit: the tables built again as the committer's model.
+    pub model: Duration,
+    /// Then the foreign forward policies read and the freed pages returned.
+    pub tidy: Duration,
     /// The whole sync, up to the end of the commit.
     pub took: Duration,
 }
@@ -101,8 +108,11 @@ impl Startup {
             slices_first_ms = ms(self.slices.first),
             slices_listed_ms = ms(self.slices.done),
             plan_ms = round_ms(sync.plan),
+            tables_ms = round_ms(sync.tables),
             encode_ms = round_ms(sync.encode),
             commit_ms = round_ms(sync.commit),
+            model_ms = round_ms(sync.model),
+            tidy_ms = round_ms(sync.tidy),
             sync_ms = round_ms(sync.took),
             ready_ms = round_ms(self.began.elapsed()),
             "{READY}"

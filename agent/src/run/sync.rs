@@ -29,11 +29,10 @@ use crate::kube::watches::{valid, Caches};
 use nodelb_core::plan::config::Config;
 use nodelb_core::plan::conflicts::Slot;
 use nodelb_core::plan::diagnosis::{ObjectKind, ObjectRef, Warning};
-use nodelb_core::plan::flows::FlowChange;
 use nodelb_core::plan::health::health_checks;
 use nodelb_core::plan::listeners::HostListeners;
 use nodelb_core::plan::node::NodeInfo;
-use nodelb_core::plan::{Planner, TableChange};
+use nodelb_core::plan::{Planner, Update};
 use nodelb_core::status::heartbeat::BlockedPorts;
 use nodelb_core::status::published;
 use nodelb_core::vocab::{Families, IpFamily};
@@ -262,13 +261,14 @@ impl SyncLoop {
     async fn sync(&mut self, wake: Wake) -> Outcome {
         let started = Instant::now();
         let mut inputs = self.ctx.read_inputs();
-        let (change, flows, plan) = self.state.plan(&self.ctx, &mut inputs, started);
+        let (update, plan) = self.state.plan(&self.ctx, &mut inputs, started);
         let commit = kernel::Commit {
-            change,
+            change: update.change,
+            tables: update.tables,
             families: inputs.families,
             drift: wake.drift.is_some(),
             planner: std::mem::take(&mut self.state.planner),
-            flows,
+            flows: update.flows,
         };
         let (planner, kernel) = self.ctx.kernel.commit(commit).await;
         self.state.planner = planner;
@@ -288,8 +288,11 @@ fn first_sync(o: &Outcome) -> Option<FirstSync> {
     let sent = o.kernel.result.as_ref().ok()?;
     Some(FirstSync {
         plan: o.plan.took,
+        tables: sent.prepared,
         encode: sent.stats.encode,
         commit: sent.stats.commit,
+        model: sent.adopted,
+        tidy: o.kernel.tidied,
         took: o.kernel.at.saturating_duration_since(o.started),
     })
 }
@@ -381,11 +384,17 @@ impl State {
         ctx: &Context,
         inputs: &mut Inputs,
         started: Instant,
-    ) -> (TableChange, FlowChange, PlanSummary) {
+    ) -> (Update, PlanSummary) {
         let dirty = self.inbox.take_dirty();
-        let update = self
-            .planner
-            .update(self.inbox.objects(), &inputs.plan, dirty.as_ref());
+        let objects = self.inbox.objects();
+        // Before the first commit nothing holds the tables, so the rebuild keeps the ones it
+        // assembles for the commit: they are not built a second time on the way to ready.
+        let update = match self.startup {
+            Some(_) => self
+                .planner
+                .update_with_tables(objects, &inputs.plan, dirty.as_ref()),
+            None => self.planner.update(objects, &inputs.plan, dirty.as_ref()),
+        };
         let took = started.elapsed();
         let mut warnings = std::mem::take(&mut inputs.node_warnings);
         warnings.extend(self.planner.warnings().cloned());
@@ -418,7 +427,7 @@ impl State {
             blocked,
             health,
         };
-        (update.change, update.flows, summary)
+        (update, summary)
     }
 
     /// The ports host listeners hold, for the heartbeat; log the Service ports they took or

@@ -29,7 +29,7 @@ const POLL: Duration = Duration::from_millis(5);
 const PAGES: [u32; 2] = [500, nodelb_agent::kube::watches::PAGE_SIZE];
 
 /// The fields of the agent's start-up line, in the order printed.
-const FIELDS: [&str; 11] = [
+const FIELDS: [&str; 14] = [
     "client_ms",
     "node_listed_ms",
     "services_first_ms",
@@ -37,8 +37,11 @@ const FIELDS: [&str; 11] = [
     "slices_first_ms",
     "slices_listed_ms",
     "plan_ms",
+    "tables_ms",
     "encode_ms",
     "commit_ms",
+    "model_ms",
+    "tidy_ms",
     "sync_ms",
     "ready_ms",
 ];
