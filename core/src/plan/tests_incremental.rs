@@ -459,38 +459,71 @@ fn one_endpoint_change_replans_one_service() {
     }
 }
 
-#[test]
-fn an_endpoint_added_to_or_removed_from_an_affinity_service_changes_only_its_own_chain_and_set() {
-    let ctx = ipv4_node();
-    let service = Svc::lb("ns", "s")
-        .created("2024-01-01T00:00:00Z")
-        .bare_port(80)
-        .spec("sessionAffinity", "ClientIP");
-    let slice = |hosts: &[u8]| {
+/// One Service whose one slice `ns/s-1` (target port 8080, endpoints 198.51.100.<host>)
+/// changes step by step on `ipv4_node`, each step's edit applied to the table as committed.
+struct OneSlice {
+    ctx: Context,
+    objects: Objects,
+    planner: Planner,
+    table: nodelb_netfilter::Table,
+}
+
+impl OneSlice {
+    fn slice(hosts: &[u8]) -> Slice {
         Slice::ipv4("ns", "s-1", "s")
             .raw_port(json!({"port": 8080, "protocol": "TCP"}))
             .endpoints(hosts.iter().map(|h| Ep::at(format!("198.51.100.{h}"))))
-    };
-    let mut objects = Objects::default();
-    objects.put_service(Arc::new(service.index()));
-    objects.put_slice(Arc::new(slice(&[10, 11]).index()));
-    let mut planner = Planner::new();
-    planner.update(&objects, &ctx, None);
-    let mut table = planner.tables().remove(0);
-    let mut step = |hosts: &[u8]| -> nodelb_netfilter::Edit {
-        let dirty: BTreeSet<ServiceKey> = objects
-            .put_slice(Arc::new(slice(hosts).index()))
+    }
+
+    fn new(service: Svc, hosts: &[u8]) -> OneSlice {
+        let ctx = ipv4_node();
+        let mut objects = Objects::default();
+        objects.put_service(Arc::new(service.index()));
+        objects.put_slice(Arc::new(Self::slice(hosts).index()));
+        let mut planner = Planner::new();
+        planner.update(&objects, &ctx, None);
+        let table = planner.tables().remove(0);
+        OneSlice {
+            ctx,
+            objects,
+            planner,
+            table,
+        }
+    }
+
+    /// The slice now lists `hosts`: the edit, which must fit the table and make the
+    /// planner's own.
+    fn step(&mut self, hosts: &[u8]) -> nodelb_netfilter::Edit {
+        let dirty: BTreeSet<ServiceKey> = self
+            .objects
+            .put_slice(Arc::new(Self::slice(hosts).index()))
             .into_iter()
             .collect();
-        let TableChange::Edit(mut edits) = planner.update(&objects, &ctx, Some(&dirty)).change
-        else {
+        let update = self.planner.update(&self.objects, &self.ctx, Some(&dirty));
+        let TableChange::Edit(mut edits) = update.change else {
             panic!("expected an edit")
         };
         let (_, edit) = edits.remove(0);
-        edit.ops(&table).expect("the edit fits the table");
-        edit.clone().apply(&mut table);
+        edit.ops(&self.table).expect("the edit fits the table");
+        edit.clone().apply(&mut self.table);
+        assert!(
+            self.table == self.planner.tables()[0],
+            "{hosts:?}: edits and planner differ"
+        );
         edit
-    };
+    }
+}
+
+#[test]
+fn an_endpoint_added_to_or_removed_from_an_affinity_service_changes_only_its_own_chain_and_set() {
+    let mut one = OneSlice::new(
+        Svc::lb("ns", "s")
+            .created("2024-01-01T00:00:00Z")
+            .bare_port(80)
+            .spec("sessionAffinity", "ClientIP"),
+        &[10, 11],
+    );
+    let mut step = |hosts: &[u8]| one.step(hosts);
     let names = |v: Vec<&String>| {
         let mut v: Vec<String> = v.into_iter().cloned().collect();
         v.sort();
@@ -522,43 +555,19 @@ fn an_endpoint_added_to_or_removed_from_an_affinity_service_changes_only_its_own
     for kept in [11, 12] {
         assert!(!e.put_chains.iter().any(|c| c.name == ep(kept)), "{e:?}");
     }
-    assert!(table.sets.contains_key(&set(11)) && table.sets.contains_key(&set(12)));
+    assert!(one.table.sets.contains_key(&set(11)) && one.table.sets.contains_key(&set(12)));
 }
 
 #[test]
 fn an_endpoint_that_comes_or_goes_rewrites_at_most_two_endpoint_elements() {
-    let ctx = ipv4_node();
-    let service = Svc::lb("ns", "s")
-        .created("2024-01-01T00:00:00Z")
-        .bare_port(80);
-    let slice = |hosts: &[u8]| {
-        Slice::ipv4("ns", "s-1", "s")
-            .raw_port(json!({"port": 8080, "protocol": "TCP"}))
-            .endpoints(hosts.iter().map(|h| Ep::at(format!("198.51.100.{h}"))))
-    };
-    let mut objects = Objects::default();
-    objects.put_service(Arc::new(service.index()));
-    objects.put_slice(Arc::new(slice(&[10, 11, 12, 13, 14, 15, 16, 17]).index()));
-    let mut planner = Planner::new();
-    planner.update(&objects, &ctx, None);
-    let mut table = planner.tables().remove(0);
-    let mut step = |hosts: &[u8]| -> (usize, usize) {
-        let dirty: BTreeSet<ServiceKey> = objects
-            .put_slice(Arc::new(slice(hosts).index()))
-            .into_iter()
-            .collect();
-        let TableChange::Edit(mut edits) = planner.update(&objects, &ctx, Some(&dirty)).change
-        else {
-            panic!("expected an edit")
-        };
-        let (_, edit) = edits.remove(0);
-        edit.ops(&table).expect("the edit fits the table");
-        edit.clone().apply(&mut table);
-        assert!(
-            table == planner.tables()[0],
-            "{hosts:?}: edits and planner differ"
-        );
-        let endpoints = &edit.elements["endpoints"];
+    let mut one = OneSlice::new(
+        Svc::lb("ns", "s")
+            .created("2024-01-01T00:00:00Z")
+            .bare_port(80),
+        &[10, 11, 12, 13, 14, 15, 16, 17],
+    );
+    let mut step = |hosts: &[u8]| {
+        let endpoints = &one.step(hosts).elements["endpoints"];
         (endpoints.del.len(), endpoints.add.len())
     };
     // The third of eight goes: the last takes its index, and index 7 goes.
@@ -571,10 +580,13 @@ fn an_endpoint_that_comes_or_goes_rewrites_at_most_two_endpoint_elements() {
     assert_eq!(step(&[10, 13, 14, 15, 16, 17, 21]), (1, 0));
     // A planner from nothing numbers them sorted; the kept slots hold the same endpoints.
     let mut fresh = Planner::new();
-    fresh.update(&objects, &ctx, None);
+    fresh.update(&one.objects, &one.ctx, None);
     let planned = fresh.tables().remove(0);
-    assert_ne!(table, planned, "the slots should have left sorted order");
-    assert_eq!(slots::renumbered_sorted(table), planned);
+    assert_ne!(
+        one.table, planned,
+        "the slots should have left sorted order"
+    );
+    assert_eq!(slots::renumbered_sorted(one.table), planned);
 }
 
 #[test]
