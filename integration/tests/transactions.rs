@@ -605,9 +605,7 @@ fn the_kernel_actor_commits_edits_verifies_and_repairs_drift() {
         let mut dirty = std::collections::BTreeSet::new();
         dirty.extend(objects.put_service(std::sync::Arc::new(svc.index())));
         dirty.extend(objects.put_slice(std::sync::Arc::new(slice.index())));
-        // As the agent plans before its first commit: a rebuild hands its tables over.
-        let u = planner.update_with_tables(&objects, &ctx, Some(&dirty));
-        (u.change, u.tables)
+        planner.update(&objects, &ctx, Some(&dirty)).change
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -617,10 +615,9 @@ fn the_kernel_actor_commits_edits_verifies_and_repairs_drift() {
     let kernel = ns
         .run(|| Kernel::spawn(Config::default(), None, tell))
         .expect("the kernel actor's thread");
-    let commit = |(change, tables), drift, planner: &mut Planner| {
+    let commit = |change, drift, planner: &mut Planner| {
         let c = Commit {
             change,
-            tables,
             families,
             drift,
             planner: std::mem::take(planner),
@@ -653,7 +650,7 @@ fn the_kernel_actor_commits_edits_verifies_and_repairs_drift() {
     let drift = verified(&kernel).drift.expect("a foreign chain is drift");
     assert!(drift.contains("chain intruder is not nodelb's"), "{drift}");
 
-    let nothing = (nodelb_core::plan::TableChange::Edit(Vec::new()), None);
+    let nothing = nodelb_core::plan::TableChange::Edit(Vec::new());
     assert!(
         commit(nothing, true, &mut planner).whole,
         "drift is repaired whole"

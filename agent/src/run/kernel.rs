@@ -61,9 +61,6 @@ enum Request {
 /// One sync's change, for the kernel.
 pub struct Commit {
     pub change: TableChange,
-    /// The whole tables, when the plan built them already (a rebuild before the first commit,
-    /// see `Planner::update_with_tables`): a whole replace sends these.
-    pub tables: Option<Vec<Table>>,
     /// The families programmed: nodelb's tables of the others are deleted.
     pub families: Families,
     /// Drift was reported: replace the tables whole, whatever the change.
@@ -235,7 +232,6 @@ impl Actor {
     fn commit(&mut self, c: Commit) -> (Planner, Done) {
         let Commit {
             change,
-            tables,
             families,
             drift,
             planner,
@@ -246,7 +242,7 @@ impl Actor {
         let whole = replaces_whole(self.committer.is_some(), drift, rebuilt);
         let work = match change {
             TableChange::Edit(edits) if !whole => Work::Edit(edits),
-            _ => Work::Replace(tables),
+            _ => Work::Replace,
         };
         let result = self
             .send(work, families, &planner)
@@ -400,10 +396,9 @@ impl Actor {
     }
 }
 
-/// What a commit sends: the planner's whole tables (built already, or built here), or edits
-/// of the tables committed before.
+/// What a commit sends: the planner's whole tables, or edits of the tables committed before.
 enum Work {
-    Replace(Option<Vec<Table>>),
+    Replace,
     Edit(Vec<(TableRef, Edit)>),
 }
 
@@ -423,10 +418,10 @@ fn commit_blocking(
             let objects = edits.iter().map(|(_, e)| e.size()).sum();
             Ok((objects, committer.commit(NftCommit::edit(edits))?))
         }
-        Work::Replace(mut built) => {
+        Work::Replace => {
             let mut objects = None;
             let mut build = || {
-                let tables = built.take().unwrap_or_else(|| planner.tables());
+                let tables = planner.tables();
                 objects.get_or_insert_with(|| tables.iter().map(Table::object_count).sum());
                 tables
             };

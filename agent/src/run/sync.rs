@@ -264,7 +264,6 @@ impl SyncLoop {
         let (update, plan) = self.state.plan(&self.ctx, &mut inputs, started);
         let commit = kernel::Commit {
             change: update.change,
-            tables: update.tables,
             families: inputs.families,
             drift: wake.drift.is_some(),
             planner: std::mem::take(&mut self.state.planner),
@@ -386,15 +385,9 @@ impl State {
         started: Instant,
     ) -> (Update, PlanSummary) {
         let dirty = self.inbox.take_dirty();
-        let objects = self.inbox.objects();
-        // Before the first commit nothing holds the tables, so the rebuild keeps the ones it
-        // assembles for the commit: they are not built a second time on the way to ready.
-        let update = match self.startup {
-            Some(_) => self
-                .planner
-                .update_with_tables(objects, &inputs.plan, dirty.as_ref()),
-            None => self.planner.update(objects, &inputs.plan, dirty.as_ref()),
-        };
+        let update = self
+            .planner
+            .update(self.inbox.objects(), &inputs.plan, dirty.as_ref());
         let took = started.elapsed();
         let mut warnings = std::mem::take(&mut inputs.node_warnings);
         warnings.extend(self.planner.warnings().cloned());

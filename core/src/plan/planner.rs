@@ -10,7 +10,7 @@ use super::conflicts::{Claim, Claims, Slot};
 use super::diagnosis::{ServiceOutcome, Warning};
 use super::flows::{self, FlowChange, Flows, Touched};
 use super::prepare::{prepare, Context, Prepared, Stage};
-use super::settled::{self, FamilyParts, Settled};
+use super::settled::{self, Settled};
 use super::slots::{self, Orders};
 use super::table::{self, HairpinUsers, Shared, SharedBefore};
 use crate::objects::index::Objects;
@@ -40,9 +40,6 @@ pub struct Update {
     /// this update is committed ([`FlowChange::stale`]). The same after a rebuild as after the
     /// edit that gets to the same plan.
     pub flows: FlowChange,
-    /// After a rebuild by [`Planner::update_with_tables`]: the whole tables, as
-    /// [`Planner::tables`] returns them.
-    pub tables: Option<Vec<Table>>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -106,40 +103,6 @@ struct Replanned {
     touched: Touched,
 }
 
-/// The tables being assembled from Services' Parts, one per programmed family.
-struct Assemblies(Vec<(IpFamily, table::Assembly)>);
-
-impl Assemblies {
-    fn new(ctx: &Context) -> Assemblies {
-        Assemblies(
-            ctx.families
-                .iter()
-                .map(|family| {
-                    let skeleton =
-                        table::skeleton(family, &ctx.config.table_name, &ctx.local_addresses);
-                    (family, table::Assembly::new(skeleton))
-                })
-                .collect(),
-        )
-    }
-
-    fn add(&mut self, parts: FamilyParts) {
-        for (family, part) in parts.into_parts() {
-            if let Some((_, a)) = self.0.iter_mut().find(|(f, _)| *f == family) {
-                a.add(part);
-            }
-        }
-    }
-
-    fn finish(self, shared: &Shared) -> Vec<Table> {
-        let empty = HairpinUsers::new();
-        self.0
-            .into_iter()
-            .map(|(family, a)| a.finish(shared.hairpin(family).unwrap_or(&empty)))
-            .collect()
-    }
-}
-
 /// One Service of `objects`, prepared (`None`: not nodelb's).
 fn prepare_in(objects: &Objects, key: &ServiceKey, ctx: &Context) -> Option<Prepared> {
     prepare(key, objects.service(key), &objects.slices_of(key), ctx)
@@ -198,30 +161,6 @@ impl Planner {
         ctx: &Context,
         dirty: Option<&BTreeSet<ServiceKey>>,
     ) -> Update {
-        self.update_keeping(objects, ctx, dirty, false)
-    }
-
-    /// [`Planner::update`], and after a rebuild the whole tables too ([`Update::tables`]),
-    /// assembled from the Parts the rebuild builds anyway, where [`Planner::tables`] would
-    /// build every Service again (at 10,000 Services, about 100 ms of an agent's start). The
-    /// caller then holds the tables until it commits them: worth it when nothing else holds a
-    /// copy (an agent's first sync).
-    pub fn update_with_tables(
-        &mut self,
-        objects: &Objects,
-        ctx: &Context,
-        dirty: Option<&BTreeSet<ServiceKey>>,
-    ) -> Update {
-        self.update_keeping(objects, ctx, dirty, true)
-    }
-
-    fn update_keeping(
-        &mut self,
-        objects: &Objects,
-        ctx: &Context,
-        dirty: Option<&BTreeSet<ServiceKey>>,
-        keep_tables: bool,
-    ) -> Update {
         let rebuild =
             dirty.is_none() || !self.ctx.as_ref().is_some_and(|c| c.same_but_listeners(ctx));
         // A rebuild forgets everything but what the ports DNATed to, to compare with after.
@@ -243,21 +182,12 @@ impl Planner {
             refresh.extend(self.claims.claimants(slot).cloned());
         }
         let replanned = refresh.len();
-        let mut assembled =
-            (rebuild && keep_tables && !self.no_tables).then(|| Assemblies::new(ctx));
         let Replanned {
             mut edits,
             shared_before,
             changed,
             touched,
-        } = self.replan(
-            refresh,
-            reprepared,
-            objects,
-            ctx,
-            rebuild,
-            assembled.as_mut(),
-        );
+        } = self.replan(refresh, reprepared, objects, ctx, rebuild);
         let flows = match flows_before {
             Some(before) => FlowChange::between(&before, &self.flows),
             None => self.flows.change_since(touched),
@@ -269,7 +199,6 @@ impl Planner {
                 changed,
                 replanned,
                 flows,
-                tables: assembled.map(|a| a.finish(&self.shared)),
             };
         }
         self.shared.edits(shared_before, &mut edits);
@@ -284,7 +213,6 @@ impl Planner {
             changed,
             replanned,
             flows,
-            tables: None,
         }
     }
 
@@ -394,8 +322,7 @@ impl Planner {
     }
 
     /// New settled Services and outcomes for the `refresh` Services, and what they change in each
-    /// table. `assembled`: a rebuild whose Parts go into these tables (else a rebuild's Parts
-    /// are dropped once their shared objects are counted).
+    /// table.
     fn replan(
         &mut self,
         refresh: BTreeSet<ServiceKey>,
@@ -403,7 +330,6 @@ impl Planner {
         objects: &Objects,
         ctx: &Context,
         rebuild: bool,
-        mut assembled: Option<&mut Assemblies>,
     ) -> Replanned {
         let mut out = Replanned::default();
         for key in refresh {
@@ -449,14 +375,11 @@ impl Planner {
                 self.flows.replace(&key, now, &mut out.touched);
             }
             self.replace_parts(old.as_ref(), new.as_ref(), ctx, rebuild, &mut out);
-            if let Some(Settled { outcome, parts }) = new {
+            if let Some(n) = new {
                 if tables && !new_orders.is_empty() {
                     self.slots.insert(key.clone(), new_orders);
                 }
-                if let Some(a) = assembled.as_deref_mut() {
-                    a.add(parts);
-                }
-                self.outcomes.insert(key, outcome);
+                self.outcomes.insert(key, n.outcome);
             }
         }
         out
@@ -488,7 +411,15 @@ impl Planner {
         let Some(ctx) = &self.ctx else {
             return Vec::new();
         };
-        let mut assembled = Assemblies::new(ctx);
+        let mut assemblies: Vec<(IpFamily, table::Assembly)> = ctx
+            .families
+            .iter()
+            .map(|family| {
+                let skeleton =
+                    table::skeleton(family, &ctx.config.table_name, &ctx.local_addresses);
+                (family, table::Assembly::new(skeleton))
+            })
+            .collect();
         if !self.no_tables {
             let sorted = Orders::new();
             for key in self.outcomes.keys() {
@@ -497,10 +428,19 @@ impl Planner {
                 };
                 let orders = self.slots.get(key).unwrap_or(&sorted);
                 let holder = |s: &_| settled::holder_now(ctx, &self.claims, s);
-                assembled.add(settled::build(&p, holder, Some(orders)).parts);
+                let f = settled::build(&p, holder, Some(orders));
+                for (family, part) in f.parts.into_parts() {
+                    if let Some((_, a)) = assemblies.iter_mut().find(|(f, _)| *f == family) {
+                        a.add(part);
+                    }
+                }
             }
         }
-        assembled.finish(&self.shared)
+        let empty = HairpinUsers::new();
+        assemblies
+            .into_iter()
+            .map(|(family, a)| a.finish(self.shared.hairpin(family).unwrap_or(&empty)))
+            .collect()
     }
 
     /// The (family, protocol, port)s host listeners take on this node, each with its
