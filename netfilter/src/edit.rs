@@ -39,14 +39,14 @@ pub struct Edit {
     pub del_counters: Vec<String>,
 }
 
-/// The entries of two sorted maps that differ, each key once and in order, with its value in
-/// `old` and in `new` (`None`: not there). One walk of both maps side by side, so comparing
-/// two large maps costs no lookup per key.
-pub fn changed_entries<'a, K: Ord, V: PartialEq>(
-    old: &'a BTreeMap<K, V>,
-    new: &'a BTreeMap<K, V>,
-) -> impl Iterator<Item = (&'a K, Option<&'a V>, Option<&'a V>)> {
-    let (mut o, mut n) = (old.iter().peekable(), new.iter().peekable());
+/// The entries of two sorted maps (or lists of key and value, sorted by key, each key once)
+/// that differ, each key once and in order, with its value in `old` and in `new` (`None`: not
+/// there). One walk of both side by side, so comparing two large maps costs no lookup per key.
+pub fn changed_entries<K: Ord, V: PartialEq>(
+    old: impl IntoIterator<Item = (K, V)>,
+    new: impl IntoIterator<Item = (K, V)>,
+) -> impl Iterator<Item = (K, Option<V>, Option<V>)> {
+    let (mut o, mut n) = (old.into_iter().peekable(), new.into_iter().peekable());
     std::iter::from_fn(move || loop {
         let order = match (o.peek(), n.peek()) {
             (None, None) => return None,

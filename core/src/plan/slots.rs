@@ -17,6 +17,7 @@ use super::endpoints::{EndpointAddr, Selection};
 use super::prepare::{Prepared, Stage};
 use super::table::ENDPOINTS_MAP;
 use crate::vocab::{IpFamily, ServicePortId};
+use nodelb_netfilter::edit::changed_entries;
 use nodelb_netfilter::values::Values;
 use nodelb_netfilter::{Element, Key, Table, Value};
 use std::collections::BTreeMap;
@@ -75,17 +76,12 @@ fn differences(
     now: &[EndpointAddr],
 ) -> (Vec<EndpointAddr>, Vec<EndpointAddr>) {
     let (mut gone, mut coming) = (Vec::new(), Vec::new());
-    let (mut b, mut n) = (before.iter().peekable(), now.iter().peekable());
-    loop {
-        match (b.peek(), n.peek()) {
-            (None, None) => break,
-            (Some(x), Some(y)) if x == y => {
-                b.next();
-                n.next();
-            }
-            (Some(x), Some(y)) if x < y => gone.extend(b.next()),
-            (Some(_), None) => gone.extend(b.next()),
-            _ => coming.extend(n.next()),
+    let before = before.iter().map(|e| (*e, ()));
+    let now = now.iter().map(|e| (*e, ()));
+    for (e, was, _) in changed_entries(before, now) {
+        match was {
+            Some(()) => gone.push(e),
+            None => coming.push(e),
         }
     }
     (gone, coming)

@@ -52,10 +52,10 @@ pub(super) fn edit_sets(old: &Part, new: &Part, edit: &mut Edit) -> bool {
             None => edit.add_sets.push(n.clone()),
             Some(o) if o == n => {}
             Some(o) if o.same_decl(n) => {
-                let change = ElemEdit::between(&o.elements, &n.elements);
                 let e = elem_edit(edit, name);
-                e.del.extend(change.del);
-                e.add.extend(change.add);
+                for (k, was, now) in changed_entries(&o.elements, &n.elements) {
+                    e.note(k, was.is_some(), now);
+                }
             }
             Some(_) => {
                 redeclared = true;
