@@ -15,12 +15,8 @@
 
 use super::endpoints::{EndpointAddr, Selection};
 use super::prepare::{Prepared, Stage};
-use super::table::ENDPOINTS_MAP;
 use crate::vocab::{IpFamily, ServicePortId};
 use nodelb_netfilter::edit::changed_entries;
-use nodelb_netfilter::values::Values;
-use nodelb_netfilter::{Element, Key, Table, Value};
-use std::collections::BTreeMap;
 
 /// One Service's ports whose endpoints are not in sorted order, with their order (by family
 /// and port, sorted).
@@ -134,32 +130,6 @@ pub fn follow(old: Option<&Prepared>, old_orders: &Orders, new: Option<&Prepared
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
-}
-
-/// `table` with every Service port's endpoints numbered in sorted order, as a planner from
-/// nothing numbers them: what a table planned through updates is compared with a fresh plan
-/// as (tests, benches).
-pub fn renumbered_sorted(mut table: Table) -> Table {
-    let Some(map) = table.sets.get_mut(ENDPOINTS_MAP) else {
-        return table;
-    };
-    let mut ports: BTreeMap<Vec<Value>, Vec<Element>> = BTreeMap::new();
-    for (key, e) in std::mem::take(&mut map.elements) {
-        let mut port: Vec<Value> = match &key {
-            Key::Values(v) => v.iter().collect(),
-            Key::Prefix(..) => Vec::new(),
-        };
-        port.pop();
-        ports.entry(port).or_default().push(e);
-    }
-    for (port, mut endpoints) in ports {
-        endpoints.sort_by(|a, b| a.data.cmp(&b.data));
-        for (i, e) in endpoints.into_iter().enumerate() {
-            let key: Values = port.iter().copied().chain([Value::U32(i as u32)]).collect();
-            map.elements.insert(Key::Values(key), e);
-        }
-    }
-    table
 }
 
 #[cfg(test)]
