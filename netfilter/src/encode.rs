@@ -805,11 +805,11 @@ impl RuleCtx {
                 }
                 x
             }
-            Expr::Numgen { modulus } => NlExpr::new("numgen")
+            Expr::Numgen { modulus, offset } => NlExpr::new("numgen")
                 .u32(nsys::NFTNL_EXPR_NG_DREG, reg)
                 .u32(nsys::NFTNL_EXPR_NG_MODULUS, modulus)
                 .u32(nsys::NFTNL_EXPR_NG_TYPE, 1)
-                .u32(nsys::NFTNL_EXPR_NG_OFFSET, 0),
+                .u32(nsys::NFTNL_EXPR_NG_OFFSET, offset),
         }
     }
 

@@ -334,10 +334,27 @@ pub enum Expr {
     Payload(Payload),
     Meta(MetaKey),
     Ct(CtKey),
-    /// `numgen random mod N`.
+    /// `numgen random mod N offset O`: one of O..O+N. With N 1 it is always O: a constant
+    /// that nft can print inside a concatenated key, where a literal cannot be.
     Numgen {
         modulus: u32,
+        offset: u32,
     },
+}
+
+impl Expr {
+    /// `numgen random mod N`: one of 0..N.
+    pub const fn random(modulus: u32) -> Expr {
+        Expr::Numgen { modulus, offset: 0 }
+    }
+
+    /// `numgen random mod 1 offset V`: always V.
+    pub const fn constant(value: u32) -> Expr {
+        Expr::Numgen {
+            modulus: 1,
+            offset: value,
+        }
+    }
 }
 
 /// `ct state` bits.

@@ -222,7 +222,10 @@ impl Expr {
             }
             Expr::Ct(CtKey::OriginalDaddr) => "ct original ip daddr".into(),
             Expr::Ct(CtKey::OriginalProtoDst) => "ct original proto-dst".into(),
-            Expr::Numgen { modulus } => format!("numgen random mod {modulus}"),
+            Expr::Numgen { modulus, offset: 0 } => format!("numgen random mod {modulus}"),
+            Expr::Numgen { modulus, offset } => {
+                format!("numgen random mod {modulus} offset {offset}")
+            }
         }
     }
 
@@ -243,12 +246,12 @@ impl Expr {
                     n.put_u32(0, k.number());
                 });
             }
-            Expr::Numgen { modulus } => {
+            Expr::Numgen { modulus, offset } => {
                 u.put_u32(ud::TYPEOF_EXPR, expr_type::NUMGEN);
                 u.nest(ud::TYPEOF_DATA, |n| {
                     n.put_u32(0, 1); // NFT_NG_RANDOM
                     n.put_u32(1, modulus);
-                    n.put_u32(2, 0); // offset
+                    n.put_u32(2, offset);
                 });
             }
             Expr::Ct(_) => {
@@ -518,7 +521,7 @@ mod tests {
         let ty = SetType::Typeof(vec![
             Expr::Meta(MetaKey::L4Proto),
             Expr::Payload(Payload::ThDport),
-            Expr::Numgen { modulus: 5 },
+            Expr::random(5),
         ]);
         assert_eq!(
             typeof_bytes(&ty),

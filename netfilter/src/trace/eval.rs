@@ -25,8 +25,11 @@ enum Load {
     Value(Value),
     /// Not there for this packet (a `tcp dport` of a UDP packet): the rule does not match.
     Absent,
-    /// `numgen random mod N`: any of 0..N, each as likely.
-    Random(u32),
+    /// `numgen random mod N offset O`: any of O..O+N, each as likely.
+    Random {
+        modulus: u32,
+        offset: u32,
+    },
 }
 
 /// The values a list of keys takes, one list per combination of `numgen` draws, each with
@@ -214,10 +217,10 @@ impl Scope<'_> {
                 ported(b, &self.text(e))?;
                 Value::Port(b.orig_dport)
             }
-            Expr::Numgen { modulus: 0 } => {
+            Expr::Numgen { modulus: 0, .. } => {
                 return Err(Problem::Invalid("numgen random mod 0".into()))
             }
-            Expr::Numgen { modulus } => return Ok(Load::Random(modulus)),
+            Expr::Numgen { modulus, offset } => return Ok(Load::Random { modulus, offset }),
         };
         Ok(Load::Value(v))
     }
@@ -255,8 +258,8 @@ impl Scope<'_> {
             let draws: Vec<(Chance, Value)> = match self.load(b, *k)? {
                 Load::Absent => return Ok(None),
                 Load::Value(v) => vec![(Chance::CERTAIN, v)],
-                Load::Random(n) => (0..n)
-                    .map(|i| (Chance::of(1, n.into()), Value::U32(i)))
+                Load::Random { modulus: n, offset } => (0..n)
+                    .map(|i| (Chance::of(1, n.into()), Value::U32(offset.wrapping_add(i))))
                     .collect(),
             };
             combos = combos

@@ -115,7 +115,7 @@ fn lb() -> Table {
     t.add_set(services);
     let mut endpoints = Set::map(
         "endpoints",
-        SetType::Typeof(vec![L4, TH_DPORT, Expr::Numgen { modulus: 1 }]),
+        SetType::Typeof(vec![L4, TH_DPORT, Expr::random(1)]),
         MapData::Value(SetType::Typeof(vec![DADDR, TH_DPORT])),
     );
     for (i, to) in ["198.51.100.1", "198.51.100.2"].iter().enumerate() {
@@ -165,7 +165,7 @@ fn lb_chains(t: &mut Table) {
     t.add_chain(nat("output", Hook::Output, -110).rule(dispatch));
     t.add_chain(Chain::regular("endpoints-2").rule(rule(vec![Stmt::NatMap {
         kind: NatKind::Dnat,
-        keys: vec![L4, TH_DPORT, Expr::Numgen { modulus: 2 }],
+        keys: vec![L4, TH_DPORT, Expr::random(2)],
         map: "endpoints".into(),
     }])));
     t.add_chain(nat("postrouting", Hook::Postrouting, 100).rule(rule(vec![
@@ -500,9 +500,7 @@ fn sticky(endpoints: &[&str]) -> Table {
     for i in 0..n {
         let mut stmts = Vec::new();
         if n - i > 1 {
-            let draw = Expr::Numgen {
-                modulus: (n - i) as u32,
-            };
+            let draw = Expr::random((n - i) as u32);
             stmts.push(Stmt::cmp(draw, Value::U32(0)));
         }
         stmts.push(goto(&format!("ep-{i}")));
