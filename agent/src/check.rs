@@ -244,7 +244,7 @@ fn add_endpoints(t: &mut Table, addr_ty: Expr, addr: IpAddr) {
     let dport = Expr::Payload(Payload::ThDport);
     let mut map = Set::map(
         "endpoints",
-        SetType::Typeof(vec![l4, dport, Expr::Numgen { modulus: 1 }]),
+        SetType::Typeof(vec![l4, dport, Expr::random(1)]),
         MapData::Value(SetType::Typeof(vec![addr_ty, dport])),
     );
     map.insert(
@@ -258,7 +258,7 @@ fn add_endpoints(t: &mut Table, addr_ty: Expr, addr: IpAddr) {
     t.add_chain(
         Chain::regular("endpoints-1").rule(Rule::new(vec![Stmt::NatMap {
             kind: NatKind::Dnat,
-            keys: vec![l4, dport, Expr::Numgen { modulus: 1 }],
+            keys: vec![l4, dport, Expr::random(1)],
             map: "endpoints".into(),
         }])),
     );

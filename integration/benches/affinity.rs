@@ -1,6 +1,6 @@
 //! What `sessionAffinity: ClientIP` costs a commit: the same N Services × E endpoints planned by
 //! the agent's planner twice, plain (the shared `endpoints-N` shape) and every Service with
-//! ClientIP affinity (a chain and a dynamic set per endpoint), committed through the agent's
+//! ClientIP affinity (the shared `affinity-T-N` chains and `affinity-T` set), committed through the agent's
 //! `Committer`, in the same run, in network namespaces of its own.
 //!
 //! 1. Full install into a fresh namespace (validate, encode, commit), each shape.

@@ -11,16 +11,6 @@
 //!   `svc-counters` map, no counting rules): what keeping the counters costs.
 //! - `agent-no-counter-map`: the counter objects without the map and the rules that use it.
 //! - `agent-no-comments`: no element, rule or counter comments.
-//! - `affinity-slots`: a ClientIP affinity shape measured for issue 30 (affinity at no more
-//!   than 2x the plain install), every Service with affinity and nothing per Service port
-//!   but elements. Per endpoint slot `s` (the endpoint's index in the endpoint map) a dynamic
-//!   set `affinity-s` of `ip saddr . l4proto . th dport` (the clients slot `s` keeps), a map
-//!   `slot-s` (`l4proto . th dport` : endpoint) and a set `members-s` (`l4proto . port .
-//!   endpoint`); the dispatch goes to one shared chain `affinity-E` that sends a client found
-//!   in `affinity-s` to `slot-s`'s endpoint and the others to `endpoints-E`; nat `postrouting`
-//!   records each DNATed client in the set of the slot its endpoint holds. Measured for its
-//!   cost only: it keeps a client by slot, not by endpoint, which the agent's shape does not
-//!   (docs/design.md, "Session affinity").
 //!
 //! Every iteration installs each shape once, in turn, into a fresh namespace (never the host's
 //! netfilter): encode (`full_replace` + `Batch::encode`) and commit (send + every ACK) timed,
@@ -118,115 +108,6 @@ fn no_comments(t: &mut Table) {
     }
 }
 
-/// Every Service with ClientIP affinity kept in per-slot sets and maps (the module's
-/// `affinity-slots`).
-fn affinity_slots(t: &mut Table) {
-    const L4: Expr = Expr::Meta(MetaKey::L4Proto);
-    const DPORT: Expr = Expr::Payload(Payload::ThDport);
-    let saddr = Expr::Payload(Payload::IpSaddr);
-    let daddr = Expr::Payload(Payload::IpDaddr);
-    let timeout = Duration::from_secs(10_800);
-    let endpoints = t.set_mut("endpoints").expect("the endpoint map").clone();
-    let mut slots: BTreeMap<u32, (Set, Set)> = BTreeMap::new();
-    for (key, e) in &endpoints.elements {
-        let (Key::Values(k), Some(ElemData::Values(d))) = (key, &e.data) else {
-            continue;
-        };
-        let [proto, port, Value::U32(slot)] = k.to_vec()[..] else {
-            continue;
-        };
-        let (map, members) = slots.entry(slot).or_insert_with(|| {
-            (
-                Set::map(
-                    format!("slot-{slot}"),
-                    SetType::Typeof(vec![L4, DPORT]),
-                    MapData::Value(SetType::Typeof(vec![daddr, DPORT])),
-                ),
-                Set::new(
-                    format!("members-{slot}"),
-                    SetType::Type(vec![
-                        DataType::InetProto,
-                        DataType::InetService,
-                        DataType::Ipv4Addr,
-                        DataType::InetService,
-                    ]),
-                ),
-            )
-        });
-        let mut member = vec![proto, port];
-        member.extend(d.iter());
-        map.insert(
-            Key::Values([proto, port].into()),
-            e.data.clone(),
-            e.comment.clone(),
-        );
-        members.insert(Key::Values(member.into()), None, e.comment.clone());
-    }
-    let top = slots.len();
-    let mut sticky = Chain::regular(format!("affinity-{top}"));
-    let mut record = Vec::new();
-    for (slot, (map, members)) in slots {
-        let clients = format!("affinity-{slot}");
-        t.add_set(
-            Set::new(
-                &clients,
-                SetType::Type(vec![
-                    DataType::Ipv4Addr,
-                    DataType::InetProto,
-                    DataType::InetService,
-                ]),
-            )
-            .dynamic(timeout),
-        );
-        sticky.push(Rule::new(vec![
-            Stmt::Lookup {
-                keys: vec![saddr, L4, DPORT],
-                set: clients.clone(),
-                negate: false,
-            },
-            Stmt::NatMap {
-                kind: NatKind::Dnat,
-                keys: vec![L4, DPORT],
-                map: map.name.clone(),
-            },
-        ]));
-        for proto in [L4Proto::Tcp, L4Proto::Udp, L4Proto::Sctp] {
-            let original = Expr::Ct(CtKey::OriginalProtoDst);
-            record.push(Rule::new(vec![
-                Stmt::cmp(L4, Value::Proto(proto)),
-                Stmt::Lookup {
-                    keys: vec![L4, original, daddr, DPORT],
-                    set: members.name.clone(),
-                    negate: false,
-                },
-                Stmt::SetUpdate {
-                    keys: vec![saddr, L4, original],
-                    set: clients.clone(),
-                    timeout: Some(timeout),
-                },
-            ]));
-        }
-        t.add_set(map);
-        t.add_set(members);
-    }
-    sticky.push(Rule::new(vec![Stmt::Verdict(Verdict::Goto(format!(
-        "endpoints-{top}"
-    )))]));
-    let postrouting = t.chain_mut("postrouting").expect("the postrouting chain");
-    record.append(&mut postrouting.rules);
-    postrouting.rules = record;
-    let to = sticky.name.clone();
-    t.add_chain(sticky);
-    let map = t.set_mut("services").expect("the services map");
-    for e in map.elements.values_mut() {
-        if let Some(ElemData::Verdict(Verdict::Goto(target))) = &mut e.data {
-            if target.starts_with("endpoints-") {
-                *target = to.clone();
-            }
-        }
-    }
-}
-
 type Shape = (&'static str, fn(&mut Table));
 
 const SHAPES: &[Shape] = &[
@@ -236,7 +117,6 @@ const SHAPES: &[Shape] = &[
     ("agent-no-counters", no_counters),
     ("agent-no-counter-map", no_counter_map),
     ("agent-no-comments", no_comments),
-    ("affinity-slots", affinity_slots),
 ];
 
 /// One shape's table and its samples (ms).

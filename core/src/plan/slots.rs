@@ -9,9 +9,11 @@
 //!
 //! The order is history, not a function of the objects: the planner keeps it ([`Orders`],
 //! only where it differs from sorted), and a planner started from nothing (an agent that
-//! restarts, a rebuild) numbers sorted again, in the commit that replaces the table. Which
-//! index an endpoint has changes nothing a packet sees: each is picked as likely. Ports with
-//! session affinity do not use the map (each endpoint has its own chain) and keep sorted order.
+//! restarts, a rebuild) numbers sorted again, in the commit that replaces the table, unless it
+//! was given the kernel's order first ([`seed`]). For a plain port, which index an endpoint
+//! has changes nothing a packet sees: each is picked as likely. A port with ClientIP affinity
+//! keeps its clients by index (`affinity-T` holds `client . protocol . port . slot`), so there
+//! an index that moves moves its clients.
 
 use super::endpoints::{EndpointAddr, Selection};
 use super::prepare::{Prepared, Stage};
@@ -83,7 +85,7 @@ fn differences(
     (gone, coming)
 }
 
-/// The endpoints a port's selection sends to through the map (none with affinity).
+/// The endpoints a port's selection sends to through the map.
 fn mapped(selection: &Selection) -> Option<&[EndpointAddr]> {
     match selection {
         Selection::Forward { endpoints, .. } => Some(endpoints),
@@ -97,11 +99,7 @@ fn mapped_ports(
     p: Option<&Prepared>,
 ) -> impl Iterator<Item = (IpFamily, &ServicePortId, &[EndpointAddr])> {
     let ports = match p.map(|p| &p.stage) {
-        Some(Stage::Ports {
-            ports,
-            affinity: None,
-            ..
-        }) => ports.as_slice(),
+        Some(Stage::Ports { ports, .. }) => ports.as_slice(),
         _ => &[],
     };
     ports

@@ -9,7 +9,7 @@ use super::*;
 use crate::fixtures::{node, Ep, Slice, Svc};
 use crate::objects::wire::{EndpointSlice, Service};
 use crate::vocab::ServiceKey;
-use nodelb_netfilter::{Element, Key, Table, Value};
+use nodelb_netfilter::{Chain, Edit, Element, Key, L4Proto, Table, Value};
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -53,7 +53,8 @@ fn service(i: u64, rng: &mut Lcg) -> Service {
         );
     }
     if rng.next(3) == 0 {
-        // ClientIP affinity, its timeout changing now and then (the sets are declared anew).
+        // ClientIP affinity, its timeout changing now and then (its clients move to another
+        // timeout's set and chains).
         s = s.client_ip_affinity([10, 60][rng.next(2) as usize]);
     }
     s.created(&format!("2024-01-{:02}T00:00:00Z", 1 + rng.next(3)))
@@ -149,7 +150,7 @@ fn incremental_updates_equal_planning_from_scratch() {
     // Endpoints that left, ports that opened.
     let mut stale_seen = (0, 0);
     // Affinity sets created, deleted, and declared anew (both in one edit).
-    let (mut sets_added, mut sets_deleted, mut sets_redeclared) = (0, 0, 0);
+    let (mut sets_added, mut sets_deleted, mut affinity_chains) = (0, 0, 0);
     // Ports narrowed to this node's or zone's endpoints, and ports whose hints were ignored.
     let (mut narrowed, mut ignored) = (0, 0);
     // Tables whose endpoints were not in sorted slots.
@@ -288,14 +289,22 @@ fn incremental_updates_equal_planning_from_scratch() {
                 );
             }
             counter_edits += edit.add_counters.len() + edit.del_counters.len();
-            let affinity = |n: &str| n.starts_with("affinity-") && n.contains('/');
-            sets_added += edit.add_sets.iter().filter(|s| affinity(&s.name)).count();
-            sets_deleted += edit.del_sets.iter().filter(|s| affinity(s)).count();
-            sets_redeclared += edit
+            // `affinity-T` sets, `affinity-T-N` chains.
+            let affinity = |n: &str, dashes: usize| {
+                n.starts_with("affinity-") && n.matches('-').count() == dashes
+            };
+            sets_added += edit
                 .add_sets
                 .iter()
-                .filter(|s| affinity(&s.name) && edit.del_sets.contains(&s.name))
+                .filter(|s| affinity(&s.name, 1))
                 .count();
+            sets_deleted += edit.del_sets.iter().filter(|s| affinity(s, 1)).count();
+            affinity_chains += edit
+                .put_chains
+                .iter()
+                .filter(|c| affinity(&c.name, 2))
+                .count()
+                + edit.del_chains.iter().filter(|c| affinity(c, 2)).count();
             edit.apply(t);
         }
 
@@ -384,9 +393,9 @@ fn incremental_updates_equal_planning_from_scratch() {
         "the sequence made {stale_seen:?} flows stale (left, opened)"
     );
     assert!(
-        sets_added > 100 && sets_deleted > 100 && sets_redeclared > 10,
-        "the sequence added {sets_added}, deleted {sets_deleted} and declared anew \
-         {sets_redeclared} affinity sets"
+        sets_added > 20 && sets_deleted > 20 && affinity_chains > 100,
+        "the sequence added {sets_added} and deleted {sets_deleted} affinity sets, and \
+         created or deleted {affinity_chains} affinity chains"
     );
 }
 
@@ -538,7 +547,7 @@ impl OneSlice {
 }
 
 #[test]
-fn an_endpoint_added_to_or_removed_from_an_affinity_service_changes_only_its_own_chain_and_set() {
+fn an_endpoint_added_to_or_removed_from_an_affinity_service_keeps_the_others_slots() {
     let mut one = OneSlice::new(
         Svc::lb("ns", "s")
             .created("2024-01-01T00:00:00Z")
@@ -547,38 +556,43 @@ fn an_endpoint_added_to_or_removed_from_an_affinity_service_changes_only_its_own
         &[10, 11],
     );
     let mut step = |hosts: &[u8]| one.step(hosts);
-    let names = |v: Vec<&String>| {
-        let mut v: Vec<String> = v.into_iter().cloned().collect();
-        v.sort();
-        v
+    let slot = |i: u32| {
+        Key::Values(vec![Value::Proto(L4Proto::Tcp), Value::Port(80), Value::U32(i)].into())
     };
-    let ep = |h: u8| format!("ep-ns/s-tcp-80-198.51.100.{h}-8080");
-    let set = |h: u8| format!("affinity-ns/s-tcp-80-198.51.100.{h}-8080");
+    let endpoint = |e: &Edit, i: u32| {
+        let (add, del) = (&e.elements["endpoints"].add, &e.elements["endpoints"].del);
+        (
+            add.iter().any(|(k, _)| *k == slot(i)),
+            del.contains(&slot(i)),
+        )
+    };
+    let names = |v: &[Chain]| v.iter().map(|c| c.name.clone()).collect::<Vec<_>>();
 
-    // A third endpoint: its set and chain come, the Service port's chain picks among three;
-    // the sets of the two others (what their clients are remembered in) and their chains are
-    // not touched.
+    // A third endpoint takes slot 2: the clients of slots 0 and 1 (kept in `affinity-10800`
+    // by slot) stay where they are. The port goes to the chain shared by affinity ports of
+    // three endpoints; the set stays.
     let e = step(&[10, 11, 12]);
     assert_eq!(
-        names(e.add_sets.iter().map(|s| &s.name).collect()),
-        [set(12)]
+        (endpoint(&e, 0), endpoint(&e, 1), endpoint(&e, 2)),
+        ((false, false), (false, false), (true, false)),
+        "{e:?}"
     );
-    assert!(e.del_sets.is_empty(), "{:?}", e.del_sets);
-    assert_eq!(
-        names(e.put_chains.iter().map(|c| &c.name).collect()),
-        [ep(12), "svc-ns/s-tcp-80".into()]
-    );
-    assert!(e.del_chains.is_empty(), "{:?}", e.del_chains);
+    assert!(e.add_sets.is_empty() && e.del_sets.is_empty(), "{e:?}");
+    assert_eq!(names(&e.put_chains), ["affinity-10800-3"]);
+    assert_eq!(e.del_chains, ["affinity-10800-2"]);
 
-    // The first one goes: only its set and chain go with it.
+    // The first one goes: the last takes its slot (its clients are picked for anew, and the
+    // first one's clients go to it); the middle one's slot and clients stay.
     let e = step(&[11, 12]);
-    assert!(e.add_sets.is_empty(), "{:?}", e.add_sets);
-    assert_eq!(e.del_sets, [set(10)]);
-    assert_eq!(e.del_chains, [ep(10)]);
-    for kept in [11, 12] {
-        assert!(!e.put_chains.iter().any(|c| c.name == ep(kept)), "{e:?}");
-    }
-    assert!(one.table.sets.contains_key(&set(11)) && one.table.sets.contains_key(&set(12)));
+    assert_eq!(
+        (endpoint(&e, 0), endpoint(&e, 1), endpoint(&e, 2)),
+        ((true, true), (false, false), (false, true)),
+        "{e:?}"
+    );
+    assert!(e.add_sets.is_empty() && e.del_sets.is_empty(), "{e:?}");
+    assert_eq!(names(&e.put_chains), ["affinity-10800-2"]);
+    assert_eq!(e.del_chains, ["affinity-10800-3"]);
+    assert!(one.table.sets["affinity-10800"].is_dynamic());
 }
 
 #[test]

@@ -102,7 +102,7 @@ fn add_dispatch_maps(t: &mut Table, f: Fam) {
 
     let mut endpoints = Set::map(
         "endpoints",
-        SetType::Typeof(vec![L4, TH_DPORT, Expr::Numgen { modulus: 2 }]),
+        SetType::Typeof(vec![L4, TH_DPORT, Expr::random(2)]),
         MapData::Value(SetType::Typeof(vec![f.daddr(), TH_DPORT])),
     );
     for i in 0..2u32 {
@@ -119,7 +119,7 @@ fn add_dispatch_maps(t: &mut Table, f: Fam) {
     // A verdict map declared with typeof, with elements (ClientIP affinity's random pick).
     let mut pick = Set::map(
         "pick",
-        SetType::Typeof(vec![L4, TH_DPORT, Expr::Numgen { modulus: 1 }]),
+        SetType::Typeof(vec![L4, TH_DPORT, Expr::random(1)]),
         MapData::Verdict,
     )
     .with_comment("protocol . port . random index: the endpoint's chain");
@@ -262,7 +262,7 @@ fn add_service_chains(t: &mut Table, f: Fam) {
         Chain::regular("svc-a").rule(
             rule(vec![Stmt::NatMap {
                 kind: NatKind::Dnat,
-                keys: vec![L4, TH_DPORT, Expr::Numgen { modulus: 2 }],
+                keys: vec![L4, TH_DPORT, Expr::random(2)],
                 map: "endpoints".into(),
             }])
             .with_comment("default/web:http"),
@@ -298,14 +298,14 @@ fn add_service_chains(t: &mut Table, f: Fam) {
             }]))
             // A pick among endpoints by independent draws.
             .rule(rule(vec![
-                Stmt::cmp(Expr::Numgen { modulus: 3 }, Value::U32(0)),
+                Stmt::cmp(Expr::random(3), Value::U32(0)),
                 Stmt::counter(),
                 verdict(Verdict::Goto("svc-a".into())),
             ]))
             .rule(rule(vec![verdict(Verdict::Goto("svc-b".into()))])),
     );
     t.add_chain(Chain::regular("pick-2").rule(rule(vec![Stmt::Vmap {
-        keys: vec![L4, TH_DPORT, Expr::Numgen { modulus: 2 }],
+        keys: vec![L4, TH_DPORT, Expr::random(2)],
         map: "pick".into(),
     }])));
     t.add_chain(Chain::regular("svc-b").rule(rule(vec![
@@ -457,7 +457,7 @@ fn forward_lookups(fwd: &mut Chain, f: Fam) {
     fwd.push(rule(vec![
         Stmt::cmp(f.proto(), Value::Proto(L4Proto::Tcp)),
         Stmt::AnonVmap {
-            keys: vec![Expr::Numgen { modulus: 2 }],
+            keys: vec![Expr::random(2)],
             map: AnonVmap {
                 elements: vec![
                     (vec![Value::U32(0)], Verdict::Jump("count".into())),

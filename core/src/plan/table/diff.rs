@@ -77,21 +77,22 @@ pub(super) fn elem_edit<'e>(edit: &'e mut Edit, set: &str) -> &'e mut ElemEdit {
 }
 
 /// What several Services' Parts share in the tables, with who uses it, per family: the
-/// `endpoints-N` chains (how many Service ports go to each) and the `hairpin` set's elements
+/// `endpoints-N` and `affinity-T-N` chains (how many Service ports go to each; an
+/// `affinity-T` set exists while one of its chains does) and the `hairpin` set's elements
 /// (the users of each address). Moving a Part's uses is recorded in a [`SharedBefore`]; the
 /// edits that follow are known once every Part of an update has moved ([`Shared::edits`]), so
 /// an object one Service drops and another takes is left alone.
 #[derive(Clone, Debug, Default)]
 pub struct Shared {
-    endpoint_chains: BTreeMap<IpFamily, BTreeMap<usize, usize>>,
+    chains: BTreeMap<IpFamily, BTreeMap<SharedChain, usize>>,
     hairpin: BTreeMap<IpFamily, HairpinUsers>,
 }
 
-/// What each shared object an update touched was before it, per family: whether an
-/// `endpoints-N` chain existed, and the first user of a hairpin address.
+/// What each shared object an update touched was before it, per family: whether a shared
+/// chain existed, and the first user of a hairpin address.
 #[derive(Debug, Default)]
 pub struct SharedBefore {
-    chains: BTreeMap<IpFamily, BTreeMap<usize, bool>>,
+    chains: BTreeMap<IpFamily, BTreeMap<SharedChain, bool>>,
     hairpin: BTreeMap<IpFamily, BTreeMap<IpAddr, Option<Arc<str>>>>,
 }
 
@@ -110,9 +111,9 @@ impl Shared {
         new: Option<&Part>,
         before: &mut SharedBefore,
     ) {
-        let uses = self.endpoint_chains.entry(family).or_default();
+        let uses = self.chains.entry(family).or_default();
         let existed = before.chains.entry(family).or_default();
-        for n in old.iter().flat_map(|p| &p.endpoint_chains) {
+        for n in old.iter().flat_map(|p| &p.shared_chains) {
             existed.entry(*n).or_insert_with(|| uses.contains_key(n));
             if let Some(c) = uses.get_mut(n) {
                 *c -= 1;
@@ -121,7 +122,7 @@ impl Shared {
                 }
             }
         }
-        for n in new.iter().flat_map(|p| &p.endpoint_chains) {
+        for n in new.iter().flat_map(|p| &p.shared_chains) {
             existed.entry(*n).or_insert_with(|| uses.contains_key(n));
             *uses.entry(*n).or_default() += 1;
         }
@@ -153,17 +154,33 @@ impl Shared {
     }
 
     /// The edits the moves since `before` was empty cause, added to each family's edit: the
-    /// `endpoints-N` chains that came or went, then the hairpin elements whose first user
-    /// changed.
+    /// shared chains and `affinity-T` sets that came or went, then the hairpin elements whose
+    /// first user changed.
     pub fn edits(&self, before: SharedBefore, edits: &mut BTreeMap<IpFamily, Edit>) {
+        let none = BTreeMap::new();
         for (family, existed) in &before.chains {
-            let uses = self.endpoint_chains.get(family);
+            let uses = self.chains.get(family).unwrap_or(&none);
             let edit = edits.entry(*family).or_default();
-            for (n, existed) in existed {
-                let exists = uses.is_some_and(|u| u.contains_key(n));
-                match (existed, exists) {
-                    (false, true) => edit.put_chains.push(endpoint_chain(*n)),
-                    (true, false) => edit.del_chains.push(endpoint_chain_name(*n)),
+            let ip = IpHeader(*family);
+            for (c, existed) in existed {
+                match (existed, uses.contains_key(c)) {
+                    (false, true) => edit.put_chains.push(c.chain(&ip)),
+                    (true, false) => edit.del_chains.push(c.name()),
+                    _ => {}
+                }
+            }
+            // A set is used before (after) when a chain of its timeout was: one the update
+            // touched, as noted, or one it did not, as it is now.
+            let timeouts: BTreeSet<u32> = existed.keys().filter_map(|c| c.timeout()).collect();
+            for t in timeouts {
+                let of_t = |c: &SharedChain| c.timeout() == Some(t);
+                let untouched = |c: &&SharedChain| !existed.contains_key(*c);
+                let after = uses.keys().any(of_t);
+                let before = existed.iter().any(|(c, e)| *e && of_t(c))
+                    || uses.keys().filter(untouched).any(of_t);
+                match (before, after) {
+                    (false, true) => edit.add_sets.push(affinity_clients(&ip, t)),
+                    (true, false) => edit.del_sets.push(affinity_set(t)),
                     _ => {}
                 }
             }

@@ -19,17 +19,14 @@
 //!   refer to the endpoint map: the kernel walks a whole map each time a new chain binds to it,
 //!   so a DNAT rule per Service port would make a commit's cost grow with Services times
 //!   endpoints, where a few shared chains bind it a few times.
-//! - `sessionAffinity: ClientIP` (as kube-proxy's nftables mode does it): each endpoint of
-//!   the Service port has a chain `ep-<namespace>/<name>-<proto>-<port>-<address>-<target
-//!   port>` that records the client in its own set `affinity-<same>` (`flags
-//!   dynamic,timeout`, `timeout` the Service's `timeoutSeconds`) and DNATs to the endpoint.
-//!   The Service port's chain first sends a client found in an endpoint's set to that
-//!   endpoint's chain, then picks one for the others: endpoint `i` of `N` when `numgen random
-//!   mod (N - i)` is 0, the last one otherwise, each as likely. No map: a verdict map shared by
-//!   the Service ports would make the kernel's loop check walk all of it once per Service port
-//!   that reaches it, on every commit. Only affinity Services pay for chains and sets per
-//!   endpoint. Chains and sets are named for the endpoint, not its index, so an endpoint that
-//!   comes or goes leaves the others' clients where they are.
+//! - `sessionAffinity: ClientIP`: the port's endpoints are `map endpoints`' elements as for
+//!   any port, and it goes to the shared chain `affinity-<timeout>-<N>`, which keeps a client
+//!   on the slot the set `affinity-<timeout>` (`client . protocol . port . slot`, `flags
+//!   dynamic,timeout`) holds for it, or picks a slot and remembers it (`part::affinity_chain`).
+//!   Nothing per Service port but elements, so affinity costs a commit what the plain shape
+//!   costs; the shape with a chain and a set per endpoint (kube-proxy's) cost about 100x,
+//!   since the kernel finds a set by walking a list of them by name. A client is kept by its
+//!   endpoint's slot, which the endpoint keeps while it stays (`plan::slots`).
 //! - Services without any endpoint are in `set no-endpoints`, whose new connections (`ct state
 //!   new`: never a reply to the node's own connection from that port) are rejected in filter
 //!   `input` and `filter-output` (TCP reset, ICMP port unreachable): reject is not allowed in
@@ -182,11 +179,12 @@ pub struct Assembly {
     /// By set: the skeleton's sets, the shared ones every Service's elements go in.
     elements: BTreeMap<String, Packed<Key, Element>>,
     counters: Packed<String, Counter>,
-    endpoint_counts: BTreeSet<usize>,
+    shared_chains: BTreeSet<SharedChain>,
+    ip: IpHeader,
 }
 
 impl Assembly {
-    pub fn new(mut skeleton: Table) -> Assembly {
+    pub fn new(family: IpFamily, mut skeleton: Table) -> Assembly {
         let elements = skeleton
             .sets
             .iter_mut()
@@ -202,13 +200,14 @@ impl Assembly {
             table: skeleton,
             elements,
             counters,
-            endpoint_counts: BTreeSet::new(),
+            shared_chains: BTreeSet::new(),
+            ip: IpHeader(family),
         }
     }
 
     pub fn add(&mut self, part: Part) {
         let t = &mut self.table;
-        self.endpoint_counts.extend(part.endpoint_chains);
+        self.shared_chains.extend(part.shared_chains);
         for ((set, key), e) in part.elements {
             if let Some(s) = self.elements.get_mut(set) {
                 s.insert(key, e);
@@ -226,8 +225,13 @@ impl Assembly {
     }
 
     pub fn finish(mut self, hairpin: &HairpinUsers) -> Table {
-        for n in std::mem::take(&mut self.endpoint_counts) {
-            self.table.add_chain(endpoint_chain(n));
+        let chains = std::mem::take(&mut self.shared_chains);
+        let timeouts: BTreeSet<u32> = chains.iter().filter_map(|c| c.timeout()).collect();
+        for t in timeouts {
+            self.table.add_set(affinity_clients(&self.ip, t));
+        }
+        for c in chains {
+            self.table.add_chain(c.chain(&self.ip));
         }
         if let Some(s) = self.elements.get_mut(HAIRPIN_SET) {
             for (addr, users) in hairpin {

@@ -29,51 +29,16 @@ pub fn service_chain(service: &ServiceKey, port: &ServicePortId) -> String {
     format!("svc-{}", port_ident(service, port))
 }
 
-/// An endpoint in a chain or set name: its address and port, IPv6 with `.` for `:` (names
-/// hold no `:`), written so that two addresses never read the same (no dotted IPv4 tail).
-pub(super) fn endpoint_ident(e: &EndpointAddr) -> String {
-    let addr = match e.addr {
-        IpAddr::V4(a) => a.to_string(),
-        IpAddr::V6(a) => {
-            let seg = a.segments();
-            // The longest run of zero groups (two or more), the first of equals, as `..`.
-            let mut run = (0, 0);
-            let mut i = 0;
-            while i < 8 {
-                let len = seg[i..].iter().take_while(|g| **g == 0).count();
-                if len > run.1 {
-                    run = (i, len);
-                }
-                i += len.max(1);
-            }
-            let hex = |s: &[u16]| s.iter().map(|g| format!("{g:x}")).collect::<Vec<_>>();
-            if run.1 >= 2 {
-                let (head, tail) = (hex(&seg[..run.0]), hex(&seg[run.0 + run.1..]));
-                format!("{}..{}", head.join("."), tail.join("."))
-            } else {
-                hex(&seg).join(".")
-            }
-        }
-    };
-    format!("{addr}-{}", e.port)
+/// The set of the clients that Service ports with ClientIP affinity and this timeout keep:
+/// `client . protocol . port . slot`, the slot being the endpoint's index in `map endpoints`.
+pub fn affinity_set(timeout_seconds: u32) -> String {
+    format!("affinity-{timeout_seconds}")
 }
 
-/// The chain of one endpoint of a Service port with ClientIP affinity.
-pub fn affinity_endpoint_chain(
-    service: &ServiceKey,
-    port: &ServicePortId,
-    e: &EndpointAddr,
-) -> String {
-    format!("ep-{}-{}", port_ident(service, port), endpoint_ident(e))
-}
-
-/// The set of the clients one endpoint of a ClientIP affinity Service port keeps.
-pub fn affinity_set(service: &ServiceKey, port: &ServicePortId, e: &EndpointAddr) -> String {
-    format!(
-        "affinity-{}-{}",
-        port_ident(service, port),
-        endpoint_ident(e)
-    )
+/// The shared chain that keeps a client on, or picks for it, one of `n` endpoints of a Service
+/// port with ClientIP affinity and this timeout.
+pub fn affinity_chain_name(timeout_seconds: u32, n: usize) -> String {
+    format!("affinity-{timeout_seconds}-{n}")
 }
 
 /// What a counter object counts.

@@ -45,15 +45,48 @@ pub struct Part {
     /// Elements of the shared sets and maps, by set name and key.
     pub elements: BTreeMap<(&'static str, Key), Element>,
     pub chains: SmallMap<Chain>,
-    /// The Service's own sets: its source-range set, and with ClientIP affinity each
-    /// endpoint's set of clients.
+    /// The Service's own sets: its source-range set.
     pub sets: SmallMap<Set>,
     /// Endpoint addresses for the shared `hairpin` set, with this Service port's comment.
     pub hairpin: BTreeMap<IpAddr, Arc<str>>,
     /// The Service's counter objects, by name (equal by name and comment only).
     pub counters: SmallMap<Counter>,
-    /// Endpoint counts whose shared `endpoints-N` chain this Service goes to.
-    pub endpoint_chains: BTreeSet<usize>,
+    /// The shared chains this Service goes to.
+    pub shared_chains: BTreeSet<SharedChain>,
+}
+
+/// A chain Service ports share, made only of what names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SharedChain {
+    /// `endpoints-N`: one of N endpoints.
+    Endpoints(usize),
+    /// `affinity-T-N`: one of N endpoints, kept for a client for T seconds (it uses the set
+    /// `affinity-T`).
+    Affinity(u32, usize),
+}
+
+impl SharedChain {
+    pub fn name(self) -> String {
+        match self {
+            SharedChain::Endpoints(n) => endpoint_chain_name(n),
+            SharedChain::Affinity(t, n) => affinity_chain_name(t, n),
+        }
+    }
+
+    pub(super) fn chain(self, ip: &IpHeader) -> Chain {
+        match self {
+            SharedChain::Endpoints(n) => endpoint_chain(n),
+            SharedChain::Affinity(t, n) => affinity_chain(ip, t, n),
+        }
+    }
+
+    /// The ClientIP affinity timeout whose set this chain uses.
+    pub(super) fn timeout(self) -> Option<u32> {
+        match self {
+            SharedChain::Endpoints(_) => None,
+            SharedChain::Affinity(t, _) => Some(t),
+        }
+    }
 }
 
 /// The shared chain that picks one of `n` endpoints of the Service port the packet is for.
@@ -61,11 +94,81 @@ pub(super) fn endpoint_chain(n: usize) -> Chain {
     Chain::regular(endpoint_chain_name(n)).rule(
         Rule::new(vec![Stmt::NatMap {
             kind: NatKind::Dnat,
-            keys: vec![L4, TH_DPORT, Expr::Numgen { modulus: n as u32 }],
+            keys: vec![L4, TH_DPORT, Expr::random(n as u32)],
             map: ENDPOINTS_MAP.into(),
         }])
         .with_comment(format!("one of {n} endpoints")),
     )
+}
+
+/// The shared chain that keeps a client on one of `n` endpoints of a Service port with
+/// ClientIP affinity (`timeout` seconds), or picks one for it and remembers it: the slot a
+/// client was sent to is in `affinity-T` as `client . protocol . port . slot`, and slot `i` is
+/// `map endpoints`' element `protocol . port . i`, as `endpoints-N` picks them. The slot is
+/// written `numgen random mod 1 offset i`: a constant nft prints inside a concatenation.
+pub(super) fn affinity_chain(ip: &IpHeader, timeout: u32, n: usize) -> Chain {
+    let set = affinity_set(timeout);
+    let slot = |i: usize| Expr::constant(i as u32);
+    let client = |i: usize| vec![ip.saddr(), L4, TH_DPORT, slot(i)];
+    let dnat = |i: usize| Stmt::NatMap {
+        kind: NatKind::Dnat,
+        keys: vec![L4, TH_DPORT, slot(i)],
+        map: ENDPOINTS_MAP.into(),
+    };
+    let remember = |i: usize| Stmt::SetUpdate {
+        keys: client(i),
+        set: set.clone(),
+        timeout: None,
+    };
+    let mut chain = Chain::regular(affinity_chain_name(timeout, n));
+    chain.rules.reserve_exact(2 * n + 1);
+    for i in 0..n {
+        let known = Stmt::Lookup {
+            keys: client(i),
+            set: set.clone(),
+            negate: false,
+        };
+        chain.push(
+            Rule::new(vec![known, remember(i), dnat(i)])
+                .with_comment(format!("a client kept on endpoint {i} of {n}")),
+        );
+    }
+    // Endpoint i of n when a draw of n - i comes up 0: each is picked with chance 1/n (the
+    // first 1/n, the next (n-1)/n * 1/(n-1), ...). Remembering a new client fails only when
+    // the set is full, which stops that rule; the last rule still sends it somewhere.
+    for i in 0..n {
+        let mut stmts = Vec::with_capacity(3);
+        if n - i > 1 {
+            let draw = Expr::random((n - i) as u32);
+            stmts.push(Stmt::cmp(draw, Value::U32(0)));
+        }
+        stmts.extend([remember(i), dnat(i)]);
+        chain.push(Rule::new(stmts).with_comment(format!("a new client to endpoint {i} of {n}")));
+    }
+    chain.push(
+        Rule::new(vec![Stmt::NatMap {
+            kind: NatKind::Dnat,
+            keys: vec![L4, TH_DPORT, Expr::random(n as u32)],
+            map: ENDPOINTS_MAP.into(),
+        }])
+        .with_comment(format!(
+            "one of {n} endpoints, not remembered: {set} is full"
+        )),
+    );
+    chain
+}
+
+/// The dynamic set of the clients ClientIP affinity keeps for `timeout` seconds.
+pub(super) fn affinity_clients(ip: &IpHeader, timeout: u32) -> Set {
+    let slot = Expr::random(1);
+    Set::new(
+        affinity_set(timeout),
+        SetType::Typeof(vec![ip.saddr(), L4, TH_DPORT, slot]),
+    )
+    .dynamic(Duration::from_secs(timeout.into()))
+    .with_comment(format!(
+        "client . protocol . port . endpoint slot: ClientIP affinity for {timeout} s"
+    ))
 }
 
 /// A few named items (a Service's chains or counters: one to three), sorted by name in a
@@ -133,24 +236,30 @@ pub fn add_port(part: &mut Part, family: IpFamily, p: &PortProgram<'_>) {
     };
     // Endpoints that serve only this node's own clients are not reached by hairpin traffic.
     let hairpin = !local_only;
-    let last = match p.affinity {
-        Some(a) => {
-            let sticky = add_affinity_endpoints(part, &ip, p, &note, eps, a, hairpin);
-            Last::Affinity { sticky, local_only }
-        }
-        None => {
-            add_endpoints(part, p, &note, eps, hairpin);
-            match local_only {
-                true => Last::DropExceptNode(eps.len()),
-                false => Last::Dnat(eps.len()),
-            }
-        }
+    add_endpoints(part, p, &note, eps, hairpin);
+    let n = eps.len();
+    let last = match (p.affinity, local_only) {
+        (Some(a), local_only) => Last::Affinity {
+            timeout: a.timeout_seconds,
+            n,
+            local_only,
+        },
+        (None, true) => Last::DropExceptNode(n),
+        (None, false) => Last::Dnat(n),
     };
     let target = match last {
         // Nothing to check first: the dispatch goes to the shared chain itself.
         Last::Dnat(n) if p.source_ranges.is_none() => {
-            part.endpoint_chains.insert(n);
+            part.shared_chains.insert(SharedChain::Endpoints(n));
             endpoint_chain_name(n)
+        }
+        Last::Affinity {
+            timeout,
+            n,
+            local_only: false,
+        } if p.source_ranges.is_none() => {
+            part.shared_chains.insert(SharedChain::Affinity(timeout, n));
+            affinity_chain_name(timeout, n)
         }
         last => service_port_chain(part, &ip, p, &note, last),
     };
@@ -232,52 +341,6 @@ pub(super) fn add_endpoints(
     }
 }
 
-/// With ClientIP affinity, each endpoint's set of clients and its chain, which records the
-/// client there and DNATs. Returns each endpoint's (set, chain), in endpoint order.
-pub(super) fn add_affinity_endpoints(
-    part: &mut Part,
-    ip: &IpHeader,
-    p: &PortProgram<'_>,
-    note: &Arc<str>,
-    eps: &[EndpointAddr],
-    affinity: ClientIpAffinity,
-    hairpin: bool,
-) -> Vec<(String, String)> {
-    let timeout = Duration::from_secs(affinity.timeout_seconds.into());
-    let mut sticky = Vec::with_capacity(eps.len());
-    for e in eps {
-        let set = affinity_set(p.service, p.port, e);
-        let chain = affinity_endpoint_chain(p.service, p.port, e);
-        part.sets.insert(
-            set.clone(),
-            Set::new(&set, SetType::Type(vec![ip.addr_type()]))
-                .dynamic(timeout)
-                .with_comment(note.to_string()),
-        );
-        // Two rules: a full set stops the update, never the DNAT.
-        let record = Stmt::SetUpdate {
-            keys: vec![ip.saddr()],
-            set: set.clone(),
-            timeout: Some(timeout),
-        };
-        let dnat = Stmt::Nat {
-            kind: NatKind::Dnat,
-            addr: e.addr,
-            port: Some(e.port),
-        };
-        let mut c = Chain::regular(&chain)
-            .rule(Rule::new(vec![record]).with_comment(note.to_string()))
-            .rule(Rule::new(vec![l4_is(p.port.protocol), dnat]).with_comment(note.to_string()));
-        c.rules.shrink_to_fit();
-        part.chains.insert(chain.clone(), c);
-        if hairpin {
-            part.hairpin.entry(e.addr).or_insert_with(|| note.clone());
-        }
-        sticky.push((set, chain));
-    }
-    sticky
-}
-
 /// How a Service port's chain ends, after the source-range check.
 pub(super) enum Last {
     /// DNAT to one of `n` endpoints.
@@ -285,12 +348,12 @@ pub(super) enum Last {
     /// `Local` policy without a local endpoint: clients on this node DNAT to one of `n`
     /// endpoints elsewhere, everyone else is dropped.
     DropExceptNode(usize),
-    /// ClientIP affinity: a client in an endpoint's set goes to that endpoint's chain, the
-    /// others to one picked at random (`sticky`: each endpoint's set and chain, in endpoint
-    /// order); `local_only`: as [`Last::DropExceptNode`], only this node's own clients get
-    /// that far.
+    /// ClientIP affinity (`timeout` seconds) among `n` endpoints, through the shared chain
+    /// `affinity-T-N`; `local_only`: as [`Last::DropExceptNode`], only this node's own
+    /// clients get that far.
     Affinity {
-        sticky: Vec<(String, String)>,
+        timeout: u32,
+        n: usize,
         local_only: bool,
     },
     /// Nothing: allowed clients go on (to the no-endpoints reject).
@@ -370,53 +433,36 @@ pub(super) fn last_rules(part: &mut Part, ip: &IpHeader, note: &str, last: Last)
     let node_note = || format!("{note}: Local policy, this node's own clients");
     match last {
         Last::Dnat(n) => {
-            part.endpoint_chains.insert(n);
+            part.shared_chains.insert(SharedChain::Endpoints(n));
             let goto = Verdict::Goto(endpoint_chain_name(n));
             vec![Rule::new(count_and(goto)).with_comment(note)]
         }
         Last::DropExceptNode(n) => {
-            part.endpoint_chains.insert(n);
+            part.shared_chains.insert(SharedChain::Endpoints(n));
             let mut stmts = vec![from_node()];
             stmts.extend(count_and(Verdict::Goto(endpoint_chain_name(n))));
             vec![Rule::new(stmts).with_comment(node_note()), drop_rule()]
         }
-        Last::Affinity { sticky, local_only } => {
-            let mut rules = Vec::with_capacity(2 * sticky.len() + 1);
-            if local_only {
-                let mut stmts = vec![Stmt::Lookup {
-                    keys: vec![ip.saddr()],
-                    set: LOCAL_ADDRESSES_SET.into(),
-                    negate: true,
-                }];
-                stmts.extend(count_and(Verdict::Drop));
-                rules.push(Rule::new(stmts).with_comment(drop_note()));
+        Last::Affinity {
+            timeout,
+            n,
+            local_only,
+        } => {
+            part.shared_chains.insert(SharedChain::Affinity(timeout, n));
+            let goto = Verdict::Goto(affinity_chain_name(timeout, n));
+            if !local_only {
+                return vec![Rule::new(count_and(goto)).with_comment(note)];
             }
-            for (set, chain) in sticky.iter() {
-                let known = Stmt::Lookup {
-                    keys: vec![ip.saddr()],
-                    set: set.clone(),
-                    negate: false,
-                };
-                let mut stmts = vec![known];
-                stmts.extend(count_and(Verdict::Goto(chain.clone())));
-                rules.push(Rule::new(stmts).with_comment(note));
-            }
-            // Endpoint i of n when a draw of n - i comes up 0: each is picked with chance
-            // 1/n (the first 1/n, the next (n-1)/n * 1/(n-1), ...).
-            let pick_note = if local_only { node_note() } else { note.into() };
-            let n = sticky.len();
-            for (i, (_, chain)) in sticky.iter().enumerate() {
-                let mut stmts = Vec::with_capacity(3);
-                if n - i > 1 {
-                    let draw = Expr::Numgen {
-                        modulus: (n - i) as u32,
-                    };
-                    stmts.push(Stmt::cmp(draw, Value::U32(0)));
-                }
-                stmts.extend(count_and(Verdict::Goto(chain.clone())));
-                rules.push(Rule::new(stmts).with_comment(pick_note.clone()));
-            }
-            rules
+            let mut stmts = vec![Stmt::Lookup {
+                keys: vec![ip.saddr()],
+                set: LOCAL_ADDRESSES_SET.into(),
+                negate: true,
+            }];
+            stmts.extend(count_and(Verdict::Drop));
+            vec![
+                Rule::new(stmts).with_comment(drop_note()),
+                Rule::new(count_and(goto)).with_comment(node_note()),
+            ]
         }
         Last::Nothing => Vec::new(),
     }

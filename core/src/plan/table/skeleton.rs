@@ -16,7 +16,7 @@ pub fn skeleton(family: IpFamily, name: &str, local_addresses: &BTreeSet<IpAddr>
     t.add_set(
         Set::map(
             ENDPOINTS_MAP,
-            SetType::Typeof(vec![L4, TH_DPORT, Expr::Numgen { modulus: 1 }]),
+            SetType::Typeof(vec![L4, TH_DPORT, Expr::random(1)]),
             MapData::Value(SetType::Typeof(vec![ip.daddr(), TH_DPORT])),
         )
         .with_comment("protocol . port . random index: endpoint"),

@@ -1,7 +1,7 @@
 //! Session affinity: ClientIP keeps a client on its endpoint.
 
 use super::*;
-use nodelb_netfilter::{DataType, Rule, SetType, Stmt, TableRef, Value};
+use nodelb_netfilter::{Expr, L4Proto, MetaKey, Payload, SetType, Stmt, TableRef, Value};
 use std::time::Duration;
 
 /// `default/web` with `sessionAffinity: ClientIP` and the given timeout (none: the default).
@@ -19,6 +19,27 @@ fn sticky_web(timeout: Option<i64>) -> Svc {
 /// The sets a way wrote its client into.
 fn learned_in(o: &Outcome) -> Vec<&str> {
     o.learned.iter().map(|l| l.set.as_str()).collect()
+}
+
+/// The key of `affinity-T`: client, protocol, port, slot.
+fn client_key(saddr: Payload) -> SetType {
+    SetType::Typeof(vec![
+        Expr::Payload(saddr),
+        Expr::Meta(MetaKey::L4Proto),
+        Expr::Payload(Payload::ThDport),
+        Expr::random(1),
+    ])
+}
+
+/// What `affinity-T` holds for a client of TCP port `port` kept on slot `slot`.
+fn kept(client: &str, port: u16, slot: u32) -> [Value; 4] {
+    let client: IpAddr = client.parse().unwrap();
+    [
+        Value::from(client),
+        Value::Proto(L4Proto::Tcp),
+        Value::Port(port),
+        Value::U32(slot),
+    ]
 }
 
 /// The affinity set `set` of `t`: how long it remembers a client, and of which type.
@@ -40,11 +61,9 @@ fn client_ip_affinity_keeps_a_client_on_its_endpoint() {
             .parse::<SocketAddr>()
             .unwrap()
     };
-    let chain = |h: u8| format!("ep-default/web-tcp-80-198.51.100.{h}-8080");
-    let set = |h: u8| format!("affinity-default/web-tcp-80-198.51.100.{h}-8080");
     // A new client is drawn to either endpoint, 1/2 each, masqueraded as for any Cluster
-    // Service, through the Service port's chain and the endpoint's own (not the shared
-    // DNAT of Services without affinity); the endpoint's set learns the client as it goes.
+    // Service, through the chain every such port of two endpoints shares; the client's slot
+    // (the endpoint's index in the endpoint map) is remembered in the set of its timeout.
     let mut tracer = Tracer::new(&p.tables).host(w.local.iter().copied());
     let first = tracer.trace(&to_web()).unwrap();
     assert_eq!(
@@ -56,29 +75,35 @@ fn client_ip_affinity_keeps_a_client_on_its_endpoint() {
     for h in [10, 11] {
         assert_eq!(first.chance_of(ep(h)), Chance::of(1, 2), "{first}");
         let way = first.to(ep(h)).unwrap();
-        assert_eq!(
-            chains(way)[..3],
-            ["prerouting", "svc-default/web-tcp-80", &chain(h)],
-            "{way}"
-        );
-        assert_eq!(learned_in(way), [set(h)], "{way}");
-        // Each endpoint remembers its clients for the timeout, in a set of its own.
-        let v4 = SetType::Type(vec![DataType::Ipv4Addr]);
-        assert_eq!(remembers(t, &set(h)), (Some(Duration::from_secs(60)), v4));
-        // The set is filled by a rule of its own before the DNAT's: a full set must not
-        // stop the DNAT (the tracer does not model a full set).
-        let rules = &t.chains[&chain(h)].rules;
-        let update = |r: &Rule| r.stmts.iter().any(|s| matches!(s, Stmt::SetUpdate { .. }));
-        let dnat = |r: &Rule| r.stmts.iter().any(|s| matches!(s, Stmt::Nat { .. }));
-        assert!(rules.len() == 2 && update(&rules[0]) && dnat(&rules[1]) && !dnat(&rules[0]));
+        assert_eq!(chains(way)[..2], ["prerouting", "affinity-60-2"], "{way}");
+        assert_eq!(learned_in(way), ["affinity-60"], "{way}");
+        let slot = u32::from(h - 10);
+        assert_eq!(way.learned[0].key, kept(CLIENT, 80, slot)[..], "{way}");
     }
+    // The set remembers each client for the timeout.
+    assert_eq!(
+        remembers(t, "affinity-60"),
+        (Some(Duration::from_secs(60)), client_key(Payload::IpSaddr))
+    );
+    // The chain's last rule DNATs without remembering: a full set must not stop the DNAT
+    // (the tracer does not model a full set).
+    let last = t.chains["affinity-60-2"].rules.last().unwrap();
+    let update = last
+        .stmts
+        .iter()
+        .any(|s| matches!(s, Stmt::SetUpdate { .. }));
+    let dnat = last.stmts.iter().any(|s| matches!(s, Stmt::NatMap { .. }));
+    assert!(dnat && !update, "{last:?}");
     // A client the second endpoint remembers goes there, and is remembered again; another
     // client is drawn anew.
     tracer.learn(first.to(ep(11)).unwrap());
     let again = tracer.trace(&to_web()).unwrap();
     assert_eq!(again.endpoints(), BTreeSet::from([ep(11)]), "{again}");
     assert!(again.masqueraded(), "{again}");
-    assert!(again.iter().all(|o| learned_in(o) == [set(11)]), "{again}");
+    assert!(
+        again.iter().all(|o| learned_in(o) == ["affinity-60"]),
+        "{again}"
+    );
     let other = tracer
         .trace(&Packet::tcp("203.0.113.8", NODE_V4, 80))
         .unwrap();
@@ -169,20 +194,20 @@ fn services_without_affinity_keep_the_shared_endpoint_chains() {
     let sticky = mixed.trace(Packet::tcp(CLIENT, NODE_V4, 81));
     let first: SocketAddr = "198.51.100.20:8080".parse().unwrap();
     assert_eq!(sticky.chance_of(first), Chance::of(1, 2), "{sticky}");
-    let path = [
-        "prerouting",
-        "svc-default/sticky-tcp-81",
-        "ep-default/sticky-tcp-81-198.51.100.20-8080",
-    ];
-    assert_eq!(chains(sticky.to(first).unwrap())[..3], path, "{sticky}");
+    let path = ["prerouting", "affinity-10800-2"];
+    assert_eq!(chains(sticky.to(first).unwrap())[..2], path, "{sticky}");
 }
 
 #[test]
 fn affinity_timeout_defaults_to_three_hours_and_bad_values_are_warned_about() {
     let timeout_of = |w: World| {
         let p = w.slice(web_slice("web-1", &["198.51.100.10"])).plan();
-        let set = &p.tables[0].sets["affinity-default/web-tcp-80-198.51.100.10-8080"];
-        (set.timeout.map(|t| t.as_secs()), p)
+        let mut sets = p.tables[0].sets.values().filter(|s| s.is_dynamic());
+        let set = sets.next().expect("a set of clients");
+        assert!(sets.next().is_none());
+        let t = set.timeout.map(|t| t.as_secs());
+        assert_eq!(Some(set.name.clone()), t.map(|t| format!("affinity-{t}")));
+        (t, p)
     };
     let (t, p) = timeout_of(World::new().service(sticky_web(None)));
     assert_eq!(t, Some(3 * 3600));
@@ -224,30 +249,24 @@ fn client_ip_affinity_in_both_families() {
         ));
     let p = w.plan();
     assert_eq!(p.port("default/web", IpFamily::V6), &forwards(2));
-    // IPv6 addresses name chains and sets with `.` for `:` (names hold no `:`).
     let t6 = &p.tables[1];
     let mut tracer = Tracer::new(&p.tables).host(w.local.iter().copied());
     let first = tracer.trace(&to_web6()).unwrap();
-    let v6 = SetType::Type(vec![DataType::Ipv6Addr]);
-    for (e, name) in [
-        ("[2001:db8:b::10]:8080", "2001.db8.b..10-8080"),
-        ("[2001:db8:0:1::a]:8080", "2001.db8.0.1..a-8080"),
-    ] {
+    for e in ["[2001:db8:b::10]:8080", "[2001:db8:0:1::a]:8080"] {
         let e: SocketAddr = e.parse().unwrap();
         assert_eq!(first.chance_of(e), Chance::of(1, 2), "{first}");
         let way = first.to(e).unwrap();
-        let set = format!("affinity-default/web-tcp-80-{name}");
-        assert_eq!(learned_in(way), [set.as_str()], "{way}");
-        assert_eq!(chains(way)[2], format!("ep-default/web-tcp-80-{name}"));
-        assert_eq!(
-            remembers(t6, &set),
-            (Some(Duration::from_secs(10)), v6.clone())
-        );
+        assert_eq!(learned_in(way), ["affinity-10"], "{way}");
+        assert_eq!(chains(way)[1], "affinity-10-2");
     }
-    let kept: SocketAddr = "[2001:db8:0:1::a]:8080".parse().unwrap();
-    tracer.learn(first.to(kept).unwrap());
+    assert_eq!(
+        remembers(t6, "affinity-10"),
+        (Some(Duration::from_secs(10)), client_key(Payload::Ip6Saddr))
+    );
+    let stays: SocketAddr = "[2001:db8:0:1::a]:8080".parse().unwrap();
+    tracer.learn(first.to(stays).unwrap());
     let again = tracer.trace(&to_web6()).unwrap();
-    assert_eq!(again.endpoints(), BTreeSet::from([kept]), "{again}");
+    assert_eq!(again.endpoints(), BTreeSet::from([stays]), "{again}");
     // One endpoint in IPv4: nothing to draw, and it remembers the client all the same.
     let out = w.trace(to_web());
     assert_eq!(out.len(), 1, "{out}");
@@ -255,55 +274,9 @@ fn client_ip_affinity_in_both_families() {
         out.chance_of("198.51.100.10:8080".parse().unwrap()),
         Chance::CERTAIN
     );
-    let set = "affinity-default/web-tcp-80-198.51.100.10-8080";
-    assert!(out.iter().all(|o| learned_in(o) == [set]), "{out}");
-}
-
-#[test]
-fn endpoint_names_never_read_the_same_for_two_addresses() {
-    use crate::plan::endpoints::EndpointAddr;
-    use crate::plan::table::affinity_set;
-    let key = ServiceKey::new("default", "web");
-    let port = crate::vocab::ServicePortId {
-        name: None,
-        protocol: Protocol::Tcp,
-        port: 80,
-    };
-    let name = |a: &str| {
-        affinity_set(
-            &key,
-            &port,
-            &EndpointAddr {
-                addr: a.parse().unwrap(),
-                port: 8080,
-            },
-        )
-    };
-    // An IPv4-mapped address has no dotted tail that another address could also spell.
-    assert_ne!(name("::ffff:1.2.3.4"), name("::ffff:1:2:3:4"));
-    assert_eq!(
-        name("::ffff:1.2.3.4"),
-        "affinity-default/web-tcp-80-..ffff.102.304-8080"
-    );
-    assert_eq!(
-        name("2001:db8::"),
-        "affinity-default/web-tcp-80-2001.db8..-8080"
-    );
-    assert_eq!(
-        name("1:0:0:2:0:0:0:3"),
-        "affinity-default/web-tcp-80-1.0.0.2..3-8080"
-    );
-    assert_eq!(
-        name("1:2:3:4:5:6:7:8"),
-        "affinity-default/web-tcp-80-1.2.3.4.5.6.7.8-8080"
-    );
-    assert_eq!(
-        name("1:0:2:3:4:5:6:7"),
-        "affinity-default/web-tcp-80-1.0.2.3.4.5.6.7-8080"
-    );
-    assert_eq!(
-        name("192.0.2.7"),
-        "affinity-default/web-tcp-80-192.0.2.7-8080"
+    assert!(
+        out.iter().all(|o| learned_in(o) == ["affinity-10"]),
+        "{out}"
     );
 }
 
@@ -317,12 +290,11 @@ fn local_policy_affinity_without_local_endpoint_serves_only_the_nodes_own_client
         p.port("default/web", IpFamily::V4),
         &PortResult::DropsNoLocalEndpoint { elsewhere: 1 }
     );
-    let set = "affinity-default/web-tcp-80-198.51.100.11-8080";
+    let set = "affinity-10800";
     let mut tracer = Tracer::new(&p.tables).host(w.local.iter().copied());
     // Outside clients are dropped, even one the endpoint's set remembers (the drop comes
     // first), and so is the endpoint itself (no hairpin to an endpoint elsewhere).
-    let client: IpAddr = CLIENT.parse().unwrap();
-    tracer.knows(&TableRef::of(&p.tables[0]), set, [Value::from(client)]);
+    tracer.knows(&TableRef::of(&p.tables[0]), set, kept(CLIENT, 80, 0));
     for from in [CLIENT, "198.51.100.11"] {
         let out = tracer.trace(&Packet::tcp(from, NODE_V4, 80)).unwrap();
         assert!(out.dropped(), "{from}: {out}");
