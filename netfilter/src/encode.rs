@@ -698,14 +698,17 @@ fn encode_set_decl(t: &TableRef, s: &Set, id: u32) -> Result<NlSet, EncodeError>
     if s.interval {
         flags |= NFT_SET_INTERVAL;
     }
-    // `flags dynamic,timeout` and the default timeout. No size: nft gives a set an `update`
-    // names a size of 65535, which makes the kernel allocate its hash table for that many
-    // elements up front, for every affinity endpoint (docs/benchmarks.md); without one the
-    // table starts small and grows, and the kernel caps the set at the same 65535 once a rule
-    // updates it.
+    // `flags dynamic,timeout` and the default timeout. nft gives a set an `update` names a
+    // size of 65535 when none is said, and the kernel sizes the set's first hash table from
+    // the size (as a 16-bit number): 65535 allocates about 2 MiB up front. Without a size the
+    // table starts small and grows, and the kernel caps the set at 65535 once a rule updates
+    // it; a size given here (a multiple of 65536 reads as no hint) raises that cap.
     if let Some(timeout) = s.timeout {
         flags |= NFT_SET_TIMEOUT | NFT_SET_EVAL;
         ns.u64(nsys::NFTNL_SET_TIMEOUT, timeout.as_millis() as u64);
+    }
+    if let Some(size) = s.size {
+        ns.u32(nsys::NFTNL_SET_DESC_SIZE, size);
     }
     match s.data {
         Some(MapData::Counter) => flags |= NFT_SET_OBJECT,

@@ -612,6 +612,9 @@ pub struct Set {
     /// refresh elements ([`Stmt::SetUpdate`]) and the kernel expires them. The model holds
     /// none of them; they are what the kernel learned (see `Table::dynamic_sets`).
     pub timeout: Option<Duration>,
+    /// The most elements the set holds (`size`); `None`: none declared (a set a rule fills
+    /// then holds 65,535).
+    pub size: Option<u32>,
     pub comment: Option<String>,
     pub elements: BTreeMap<Key, Element>,
 }
@@ -624,6 +627,7 @@ impl Set {
             data: None,
             interval: false,
             timeout: None,
+            size: None,
             comment: None,
             elements: BTreeMap::new(),
         }
@@ -648,6 +652,12 @@ impl Set {
         self
     }
 
+    /// Declare the most elements the set holds.
+    pub fn with_size(mut self, size: u32) -> Set {
+        self.size = Some(size);
+        self
+    }
+
     /// Whether packets fill this set (its elements are the kernel's, not the model's).
     pub fn is_dynamic(&self) -> bool {
         self.timeout.is_some()
@@ -669,8 +679,16 @@ impl Set {
             && self.data == other.data
             && self.interval == other.interval
             && self.timeout == other.timeout
+            && self.size == other.size
             && self.comment == other.comment
     }
+}
+
+/// One element of a map as the kernel holds it: key and data bytes (`Nft::read_map`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawElement {
+    pub key: Vec<u8>,
+    pub data: Vec<u8>,
 }
 
 /// One element a dynamic set learned from packets: its key as the kernel holds it, and how

@@ -3,7 +3,9 @@
 //! model nodelb last committed.
 
 use crate::model::TableRef;
-use crate::model::{expected_element_count, Family, Hook, Learned, LearnedElements, Policy, Table};
+use crate::model::{
+    expected_element_count, Family, Hook, Learned, LearnedElements, Policy, RawElement, Table,
+};
 use crate::netlink::{Attrs, Msg, Request};
 use crate::transact::{Error, Nft};
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,6 +38,7 @@ const NFT_SET_EVAL: u32 = 0x20;
 /// `NFTA_SET_ELEM_LIST_ELEMENTS`, each element an `NFTA_LIST_ELEM` of `NFTA_SET_ELEM_*`.
 const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
 const NFTA_SET_ELEM_KEY: u16 = 1;
+const NFTA_SET_ELEM_DATA: u16 = 2;
 const NFTA_SET_ELEM_EXPIRATION: u16 = 5;
 const NFTA_DATA_VALUE: u16 = 1;
 
@@ -392,6 +395,28 @@ impl Nft {
             }
         }
         Ok(out)
+    }
+
+    /// Every element of map `set` as the kernel holds it: key and data bytes, in no order.
+    /// A table or map that does not exist reads as none.
+    pub fn read_map(&mut self, t: &TableRef, set: &str) -> Result<Vec<RawElement>, Error> {
+        let mut out = Vec::new();
+        let read = self.dump_elements(t, set, |e| {
+            let value = |attr| e.get(attr).and_then(|v| Attrs(v).get(NFTA_DATA_VALUE));
+            if let (Some(key), Some(data)) = (value(NFTA_SET_ELEM_KEY), value(NFTA_SET_ELEM_DATA)) {
+                out.push(RawElement {
+                    key: key.to_vec(),
+                    data: data.to_vec(),
+                });
+            }
+        });
+        match read {
+            Ok(()) => Ok(out),
+            Err(Error::Dump { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(Vec::new())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Call `each` with the attributes of every element of a set, in one dump.

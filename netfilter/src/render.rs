@@ -84,6 +84,9 @@ fn render_set(out: &mut String, family: Family, s: &Set) {
         ),
     };
     let _ = writeln!(out, "\t\t{}{}", set_type_text(&s.key, family), data_text);
+    if let Some(size) = s.size {
+        let _ = writeln!(out, "\t\tsize {size}");
+    }
     // nft lists a set's flags in this order, and its timeout after them.
     match (s.interval, s.timeout) {
         (_, Some(timeout)) => {
