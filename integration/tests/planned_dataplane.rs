@@ -20,6 +20,7 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use nodelb_agent::run::kernel::seed_slots;
 use nodelb_core::fixtures::{Slice, Svc};
 use nodelb_core::plan::config::Config;
 use nodelb_core::plan::table::{HAIRPIN_SET, LOCAL_ADDRESSES_SET};
@@ -1106,6 +1107,19 @@ impl Agent {
         agent
     }
 
+    /// The agent starts again: a planner from nothing, over the tables the last one left;
+    /// `seed`: it first takes the endpoint slots the kernel holds, as the agent does.
+    fn restart(&mut self, seed: bool) -> Committed {
+        self.planner = Planner::new();
+        let u = self.planner.update(&self.objects, &self.ctx, None);
+        assert!(matches!(u.change, TableChange::Rebuild));
+        if seed {
+            let tables = FAMILIES.map(|f| (f, self.ctx.config.table_ref(f)));
+            seed_slots(self.committer.nft(), &mut self.planner, tables).expect("seed");
+        }
+        self.replace()
+    }
+
     /// A whole replace of what is planned, as at start and to repair drift.
     fn replace(&mut self) -> Committed {
         let planner = &self.planner;
@@ -1129,6 +1143,62 @@ impl Agent {
             .commit(Commit::edit(edits.clone()))
             .expect("incremental sync");
         edits
+    }
+}
+
+#[test]
+fn client_ip_affinity_keeps_its_clients_over_a_restart_after_endpoints_moved() {
+    if !require_root("client_ip_affinity_keeps_its_clients_over_a_restart_after_endpoints_moved") {
+        return;
+    }
+    let topo = Topology::new(3);
+    let _servers = start_backends(&topo);
+    let t = &topo;
+    let sticky = |eps: &[(usize, &str)]| slices(t, "sticky", &STICKY, eps);
+    let services = [service("sticky", "Cluster", &STICKY).client_ip_affinity(600)];
+    let all = [(0, NODE), (1, "node-b"), (2, "node-c")];
+    let mut agent = Agent::start(&topo, &services, &sticky(&all));
+    // The first endpoint goes: the last takes its slot, so the kernel holds b2 in slot 0 and
+    // b1 in slot 1, where a planner from nothing numbers them b1, b2.
+    agent.slices_changed(&sticky(&all[1..]));
+    let clients: Vec<(IpAddr, SocketAddr)> = FAMILIES
+        .iter()
+        .flat_map(|f| {
+            let dst = SocketAddr::new(node_addr(t, *f), 80);
+            more_client_addresses(t, *f, 0, 12)
+                .into_iter()
+                .map(move |c| (c, dst))
+        })
+        .collect();
+    let kept: Vec<usize> = clients
+        .iter()
+        .map(|(c, dst)| tcp_answer_from(t, *c, *dst, &format!("{c} first")))
+        .collect();
+    assert!(
+        kept.contains(&1) && kept.contains(&2),
+        "24 clients all on one endpoint: {kept:?}"
+    );
+    let on = |what: &str| -> Vec<usize> {
+        clients
+            .iter()
+            .map(|(c, dst)| tcp_answer_from(t, *c, *dst, &format!("{c} {what}")))
+            .collect()
+    };
+
+    // The agent starts again and takes the kernel's slots: every client stays.
+    let done = agent.restart(true);
+    assert!(done.restored >= clients.len(), "restored {}", done.restored);
+    assert_eq!(on("after a restart"), kept);
+
+    // Numbering sorted instead, every client moves: the slots swap endpoints.
+    agent.restart(false);
+    let moved = on("after a restart that numbers sorted");
+    for (i, (was, now)) in kept.iter().zip(&moved).enumerate() {
+        assert_ne!(
+            was, now,
+            "{:?} stayed where sorted slots send it elsewhere",
+            clients[i]
+        );
     }
 }
 

@@ -34,12 +34,15 @@ use crate::host::conntrack::{self as ct, Cleaned};
 use crate::host::forward_policy;
 use nodelb_core::plan::config::Config;
 use nodelb_core::plan::flows::FlowChange;
+use nodelb_core::plan::slots;
+use nodelb_core::plan::table::ENDPOINTS_MAP;
 use nodelb_core::plan::{Planner, TableChange};
 use nodelb_core::vocab::{Families, IpFamily};
 use nodelb_netfilter::conntrack::Conntrack;
 use nodelb_netfilter::{
     Commit as NftCommit, CommitStats, Committed, Committer, Edit, Nft, Table, TableRef, WatchPause,
 };
+use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
@@ -234,7 +237,7 @@ impl Actor {
             change,
             families,
             drift,
-            planner,
+            mut planner,
             flows,
         } = c;
         self.flows = std::mem::take(&mut self.flows).then(flows);
@@ -245,7 +248,7 @@ impl Actor {
             _ => Work::Replace,
         };
         let result = self
-            .send(work, families, &planner)
+            .send(work, families, &mut planner)
             .map(|(objects, done)| Sent {
                 objects,
                 stats: done.stats,
@@ -284,7 +287,7 @@ impl Actor {
         &mut self,
         work: Work,
         families: Families,
-        planner: &Planner,
+        planner: &mut Planner,
     ) -> Result<(usize, Committed), Error> {
         // After a failure the committer is dropped: the next try opens a fresh socket (and
         // replaces every table whole).
@@ -292,6 +295,12 @@ impl Actor {
             Some(c) => c,
             None => Committer::new(Nft::open()?),
         };
+        if matches!(work, Work::Replace) {
+            let tables = families.iter().map(|f| (f, self.config.table_ref(f)));
+            if let Err(e) = seed_slots(committer.nft(), planner, tables) {
+                warn!(error = %e, "cannot read the endpoint slots in the kernel: ClientIP affinity clients of ports whose endpoints changed since the last start are picked for anew");
+            }
+        }
         let absent: Vec<TableRef> = [IpFamily::V4, IpFamily::V6]
             .into_iter()
             .filter(|f| !families.contains(*f))
@@ -394,6 +403,27 @@ impl Actor {
         let notes = verify::policy_notes(read.forward);
         let _ = self.tell.send(Trigger::Verified(Verified { drift, notes }));
     }
+}
+
+/// Before a whole replace, give the planner the endpoint slots the kernel's tables hold for
+/// the ClientIP affinity ports whose order it does not know ([`Planner::seed_slots`]): an
+/// agent that starts then keeps their clients where they are. Reads each table's `map
+/// endpoints`, only when some Service asks for affinity.
+pub fn seed_slots(
+    nft: &mut Nft,
+    planner: &mut Planner,
+    tables: impl IntoIterator<Item = (IpFamily, TableRef)>,
+) -> Result<(), nodelb_netfilter::Error> {
+    if !planner.has_affinity() {
+        return Ok(());
+    }
+    let mut kernel = BTreeMap::new();
+    for (family, tr) in tables {
+        let elements = nft.read_map(&tr, ENDPOINTS_MAP)?;
+        kernel.insert(family, slots::kernel_orders(family, &elements));
+    }
+    planner.seed_slots(&kernel);
+    Ok(())
 }
 
 /// What a commit sends: the planner's whole tables, or edits of the tables committed before.

@@ -405,6 +405,37 @@ impl Planner {
         }
     }
 
+    /// Whether some Service nodelb handles asks for ClientIP affinity (its ports keep clients
+    /// by endpoint slot, see [`Planner::seed_slots`]).
+    pub fn has_affinity(&self) -> bool {
+        self.outcomes.keys().any(|k| {
+            let spec = self.objects.service(k).and_then(|s| s.spec.as_ref());
+            spec.is_some_and(|s| s.session_affinity.as_deref() == Some("ClientIP"))
+        })
+    }
+
+    /// Take the endpoint slots the kernel's tables hold (`kernel`, by family; see
+    /// [`slots::kernel_orders`]) for the ClientIP affinity ports whose order this planner
+    /// does not know: a planner started from nothing would number them sorted and move their
+    /// clients. Call it before the tables are built for a whole replace.
+    pub fn seed_slots(&mut self, kernel: &BTreeMap<IpFamily, slots::KernelOrders>) {
+        let (Some(ctx), false) = (&self.ctx, self.no_tables) else {
+            return;
+        };
+        for key in self.outcomes.keys() {
+            if self.slots.contains_key(key) {
+                continue;
+            }
+            let Some(p) = prepare_in(&self.objects, key, ctx) else {
+                continue;
+            };
+            let orders = slots::seed(&p, |f| kernel.get(&f));
+            if !orders.is_empty() {
+                self.slots.insert(key.clone(), orders);
+            }
+        }
+    }
+
     /// Every table as planned now, one per programmed family. Each Service's Parts are built
     /// again here and moved into the tables.
     pub fn tables(&self) -> Vec<Table> {

@@ -19,6 +19,9 @@ use super::endpoints::{EndpointAddr, Selection};
 use super::prepare::{Prepared, Stage};
 use crate::vocab::{IpFamily, ServicePortId};
 use nodelb_netfilter::edit::changed_entries;
+use nodelb_netfilter::RawElement;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 /// One Service's ports whose endpoints are not in sorted order, with their order (by family
 /// and port, sorted).
@@ -130,6 +133,80 @@ pub fn follow(old: Option<&Prepared>, old_orders: &Orders, new: Option<&Prepared
     out
 }
 
+/// The endpoint order of each port (protocol number, port) in a table's `map endpoints` as
+/// the kernel holds it (`l4proto . th dport . index : address . port`, as the skeleton declares
+/// it), from index 0 up to the first index missing. Elements of another shape are skipped.
+pub type KernelOrders = BTreeMap<(u8, u16), Vec<EndpointAddr>>;
+
+pub fn kernel_orders(family: IpFamily, elements: &[RawElement]) -> KernelOrders {
+    let addr_len = match family {
+        IpFamily::V4 => 4,
+        IpFamily::V6 => 16,
+    };
+    let mut slots: BTreeMap<(u8, u16), BTreeMap<u32, EndpointAddr>> = BTreeMap::new();
+    for e in elements {
+        // Each field takes a multiple of 4 bytes: the protocol 1, a port 2 (network order),
+        // the index 4 (host order).
+        let (k, d) = (&e.key, &e.data);
+        if k.len() != 12 || d.len() != addr_len + 4 {
+            continue;
+        }
+        let port = u16::from_be_bytes([k[4], k[5]]);
+        let index = u32::from_ne_bytes([k[8], k[9], k[10], k[11]]);
+        let addr = match family {
+            IpFamily::V4 => IpAddr::from(<[u8; 4]>::try_from(&d[..4]).expect("4 bytes")),
+            IpFamily::V6 => IpAddr::from(<[u8; 16]>::try_from(&d[..16]).expect("16 bytes")),
+        };
+        let target = u16::from_be_bytes([d[addr_len], d[addr_len + 1]]);
+        let endpoint = EndpointAddr { addr, port: target };
+        slots
+            .entry((k[0], port))
+            .or_default()
+            .insert(index, endpoint);
+    }
+    slots
+        .into_iter()
+        .map(|(port, by_index)| {
+            let order = by_index
+                .into_iter()
+                .enumerate()
+                .take_while(|(i, (index, _))| *i as u32 == *index)
+                .map(|(_, (_, e))| e)
+                .collect();
+            (port, order)
+        })
+        .collect()
+}
+
+/// The orders of a Service prepared as `p` that follow the kernel's (`kernel`, of each
+/// family), for its ports with ClientIP affinity: they keep clients by slot, so a planner
+/// started from nothing takes the slots the kernel holds rather than number them sorted.
+/// Only orders that are not sorted are returned.
+pub fn seed<'k>(p: &Prepared, kernel: impl Fn(IpFamily) -> Option<&'k KernelOrders>) -> Orders {
+    let mut out = Orders::new();
+    if !matches!(
+        &p.stage,
+        Stage::Ports {
+            affinity: Some(_),
+            ..
+        }
+    ) {
+        return out;
+    }
+    for (family, port, now) in mapped_ports(Some(p)) {
+        let key = (port.protocol.l4().number(), port.port);
+        let Some(before) = kernel(family).and_then(|k| k.get(&key)) else {
+            continue;
+        };
+        let order = stable(before, now);
+        if order != now {
+            out.push(((family, port.clone()), order));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,6 +249,49 @@ mod tests {
         assert_eq!(
             stable(&eps(&[5, 1]), &eps(&[1, 7, 8, 9])),
             eps(&[7, 1, 8, 9])
+        );
+    }
+
+    /// A `map endpoints` element as the kernel holds it.
+    fn raw(proto: u8, port: u16, index: u32, addr: IpAddr, target: u16) -> RawElement {
+        let mut key = vec![proto, 0, 0, 0];
+        key.extend(port.to_be_bytes());
+        key.extend([0, 0]);
+        key.extend(index.to_ne_bytes());
+        let mut data = match addr {
+            IpAddr::V4(a) => a.octets().to_vec(),
+            IpAddr::V6(a) => a.octets().to_vec(),
+        };
+        data.extend(target.to_be_bytes());
+        data.extend([0, 0]);
+        RawElement { key, data }
+    }
+
+    #[test]
+    fn the_kernels_slots_are_read_by_port_up_to_the_first_gap() {
+        let a = |i: u8| IpAddr::from([192, 0, 2, i]);
+        let elements = [
+            raw(6, 80, 1, a(1), 80),
+            raw(6, 80, 0, a(3), 80),
+            raw(17, 53, 0, a(9), 5353),
+            // Index 1 is missing: index 2 cannot be told apart from a stale element.
+            raw(17, 53, 2, a(8), 5353),
+            // Another family's element: not this table's shape.
+            raw(6, 81, 0, "2001:db8::1".parse().unwrap(), 80),
+        ];
+        let orders = kernel_orders(IpFamily::V4, &elements);
+        assert_eq!(orders[&(6, 80)], eps(&[3, 1]));
+        let dns = EndpointAddr {
+            addr: a(9),
+            port: 5353,
+        };
+        assert_eq!(orders[&(17, 53)], [dns]);
+        assert!(!orders.contains_key(&(6, 81)));
+        let v6 = kernel_orders(IpFamily::V6, &elements);
+        assert_eq!(v6.len(), 1, "{v6:?}");
+        assert_eq!(
+            v6[&(6, 81)][0].addr,
+            "2001:db8::1".parse::<IpAddr>().unwrap()
         );
     }
 

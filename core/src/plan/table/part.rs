@@ -158,6 +158,13 @@ pub(super) fn affinity_chain(ip: &IpHeader, timeout: u32, n: usize) -> Chain {
     chain
 }
 
+/// The most clients one `affinity-T` set holds: 4 x the 65,535 a set a rule fills holds when
+/// it declares no size (kube-proxy's, per endpoint). Each costs the kernel about 165 bytes
+/// (100,000 took 16.5 MB of slab), so a full set about 42 MiB. A multiple of 65,536: the
+/// kernel sizes a set's first hash table from a 16-bit hint, which this leaves at its
+/// smallest, where 65,535 would allocate about 2 MiB up front.
+pub const AFFINITY_CLIENTS: u32 = 1 << 18;
+
 /// The dynamic set of the clients ClientIP affinity keeps for `timeout` seconds.
 pub(super) fn affinity_clients(ip: &IpHeader, timeout: u32) -> Set {
     let slot = Expr::random(1);
@@ -166,6 +173,7 @@ pub(super) fn affinity_clients(ip: &IpHeader, timeout: u32) -> Set {
         SetType::Typeof(vec![ip.saddr(), L4, TH_DPORT, slot]),
     )
     .dynamic(Duration::from_secs(timeout.into()))
+    .with_size(AFFINITY_CLIENTS)
     .with_comment(format!(
         "client . protocol . port . endpoint slot: ClientIP affinity for {timeout} s"
     ))
