@@ -1146,6 +1146,27 @@ impl Agent {
     }
 }
 
+/// Twelve clients per family of the sticky Service on port 80.
+fn twelve_clients_per_family(t: &Topology) -> Vec<(IpAddr, SocketAddr)> {
+    FAMILIES
+        .iter()
+        .flat_map(|f| {
+            let dst = SocketAddr::new(node_addr(t, *f), 80);
+            more_client_addresses(t, *f, 0, 12)
+                .into_iter()
+                .map(move |c| (c, dst))
+        })
+        .collect()
+}
+
+/// The backend each client's TCP connection reaches.
+fn answers_of(t: &Topology, clients: &[(IpAddr, SocketAddr)], what: &str) -> Vec<usize> {
+    clients
+        .iter()
+        .map(|(c, dst)| tcp_answer_from(t, *c, *dst, &format!("{c} {what}")))
+        .collect()
+}
+
 #[test]
 fn client_ip_affinity_keeps_its_clients_over_a_restart_after_endpoints_moved() {
     if !require_root("client_ip_affinity_keeps_its_clients_over_a_restart_after_endpoints_moved") {
@@ -1161,29 +1182,13 @@ fn client_ip_affinity_keeps_its_clients_over_a_restart_after_endpoints_moved() {
     // The first endpoint goes: the last takes its slot, so the kernel holds b2 in slot 0 and
     // b1 in slot 1, where a planner from nothing numbers them b1, b2.
     agent.slices_changed(&sticky(&all[1..]));
-    let clients: Vec<(IpAddr, SocketAddr)> = FAMILIES
-        .iter()
-        .flat_map(|f| {
-            let dst = SocketAddr::new(node_addr(t, *f), 80);
-            more_client_addresses(t, *f, 0, 12)
-                .into_iter()
-                .map(move |c| (c, dst))
-        })
-        .collect();
-    let kept: Vec<usize> = clients
-        .iter()
-        .map(|(c, dst)| tcp_answer_from(t, *c, *dst, &format!("{c} first")))
-        .collect();
+    let clients = twelve_clients_per_family(t);
+    let kept = answers_of(t, &clients, "first");
     assert!(
         kept.contains(&1) && kept.contains(&2),
         "24 clients all on one endpoint: {kept:?}"
     );
-    let on = |what: &str| -> Vec<usize> {
-        clients
-            .iter()
-            .map(|(c, dst)| tcp_answer_from(t, *c, *dst, &format!("{c} {what}")))
-            .collect()
-    };
+    let on = |what: &str| answers_of(t, &clients, what);
 
     // The agent starts again and takes the kernel's slots: every client stays.
     let done = agent.restart(true);
@@ -1215,19 +1220,8 @@ fn client_ip_affinity_survives_an_incremental_sync_and_a_full_replace() {
     let mut agent = Agent::start(&topo, &services, &sticky(&[(0, NODE), (1, "node-b")]));
 
     // Twelve clients per family, each on the endpoint it was first sent to.
-    let clients: Vec<(IpAddr, SocketAddr)> = FAMILIES
-        .iter()
-        .flat_map(|f| {
-            let dst = SocketAddr::new(node_addr(t, *f), 80);
-            more_client_addresses(t, *f, 0, 12)
-                .into_iter()
-                .map(move |c| (c, dst))
-        })
-        .collect();
-    let kept: Vec<usize> = clients
-        .iter()
-        .map(|(c, dst)| tcp_answer_from(t, *c, *dst, &format!("{c} first")))
-        .collect();
+    let clients = twelve_clients_per_family(t);
+    let kept = answers_of(t, &clients, "first");
     let still_there = |what: &str| {
         for ((c, dst), b) in clients.iter().zip(&kept) {
             let what = format!("{c} {what}");

@@ -114,14 +114,24 @@ fn mapped_ports(
 /// recorded for it; a port not recorded was sorted). Only orders that are not sorted are
 /// returned.
 pub fn follow(old: Option<&Prepared>, old_orders: &Orders, new: Option<&Prepared>) -> Orders {
-    let mut out = Orders::new();
-    for (family, port, now) in mapped_ports(new) {
-        let before = recorded(old_orders, family, port).or_else(|| {
+    following(new, |family, port| {
+        recorded(old_orders, family, port).or_else(|| {
             mapped_ports(old)
                 .find(|(f, p, _)| *f == family && *p == port)
                 .map(|(_, _, eps)| eps)
-        });
-        let Some(before) = before.filter(|b| *b != now) else {
+        })
+    })
+}
+
+/// The orders of the mapped ports of a Service prepared as `new` that follow the order
+/// `before` gives each (none: sorted). Only orders that are not sorted are returned.
+fn following<'b>(
+    new: Option<&Prepared>,
+    before: impl Fn(IpFamily, &ServicePortId) -> Option<&'b [EndpointAddr]>,
+) -> Orders {
+    let mut out = Orders::new();
+    for (family, port, now) in mapped_ports(new) {
+        let Some(before) = before(family, port).filter(|b| *b != now) else {
             continue;
         };
         let order = stable(before, now);
@@ -183,7 +193,6 @@ pub fn kernel_orders(family: IpFamily, elements: &[RawElement]) -> KernelOrders 
 /// started from nothing takes the slots the kernel holds rather than number them sorted.
 /// Only orders that are not sorted are returned.
 pub fn seed<'k>(p: &Prepared, kernel: impl Fn(IpFamily) -> Option<&'k KernelOrders>) -> Orders {
-    let mut out = Orders::new();
     if !matches!(
         &p.stage,
         Stage::Ports {
@@ -191,20 +200,12 @@ pub fn seed<'k>(p: &Prepared, kernel: impl Fn(IpFamily) -> Option<&'k KernelOrde
             ..
         }
     ) {
-        return out;
+        return Orders::new();
     }
-    for (family, port, now) in mapped_ports(Some(p)) {
+    following(Some(p), |family, port| {
         let key = (port.protocol.l4().number(), port.port);
-        let Some(before) = kernel(family).and_then(|k| k.get(&key)) else {
-            continue;
-        };
-        let order = stable(before, now);
-        if order != now {
-            out.push(((family, port.clone()), order));
-        }
-    }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
+        kernel(family)?.get(&key).map(Vec::as_slice)
+    })
 }
 
 #[cfg(test)]
