@@ -102,7 +102,7 @@ pub struct Committed {
     /// read from the kernel, the tables validated).
     pub prepared: Duration,
     /// A replace: the time after the commit (absent tables deleted, the tables built again as
-    /// the models kept).
+    /// the models kept, when `build` gives them).
     pub adopted: Duration,
 }
 
@@ -125,6 +125,14 @@ impl Committer {
 
     pub fn nft(&mut self) -> &mut Nft {
         &mut self.nft
+    }
+
+    /// Keep `tables` as what the kernel holds: the models of a replace whose `build` gave
+    /// none the second time (see [`Change::Replace`]), built once the caller was told.
+    pub fn adopt(&mut self, tables: Vec<Table>) {
+        for t in tables {
+            self.committed.insert(TableRef::of(&t), t);
+        }
     }
 
     /// What the kernel holds for a table, as far as this committer knows.

@@ -7,9 +7,10 @@
 //!   replace when there are none, after drift, or when the planner rebuilt), then, on the same
 //!   thread and so always after the new rules are in, delete the conntrack entries the change
 //!   made stale. The reply comes over a oneshot. The planner is lent with the request: a whole
-//!   replace has it build the tables inside the commit, once for the batch (consumed while
-//!   encoded) and once more for the models, so the agent never holds two copies of its tables,
-//!   nor a whole table and its whole batch. After a failed commit the committer (and its
+//!   replace has it build the tables inside the commit for the batch (consumed while
+//!   encoded), and once more for the models after the reply, before the planner goes back
+//!   ([`Kernel::commit_early`]), so the agent never holds two copies of its tables, nor a
+//!   whole table and its whole batch, and `/readyz` need not wait for the models. After a failed commit the committer (and its
 //!   socket) is dropped: the next commit opens a fresh one and replaces the tables whole.
 //! - [`Kernel::verify`]: the periodic resync. One verify path: read the tables back beside the
 //!   commits (a thread and a socket of its own, so changes keep reaching the kernel), compare
@@ -55,7 +56,7 @@ pub struct Kernel {
 
 /// What the actor is asked to do.
 enum Request {
-    Commit(Box<(Commit, oneshot::Sender<(Planner, Done)>)>),
+    Commit(Box<(Commit, Replies)>),
     Verify,
     /// A read beside the commits is done (`None`: it panicked).
     Read(Option<Readback>),
@@ -149,21 +150,52 @@ impl Kernel {
     /// Commit `c` and wait for it; the planner comes back with the reply (a fresh one, which
     /// replans everything, if the actor panicked meanwhile).
     pub async fn commit(&self, c: Commit) -> (Planner, Done) {
-        let (reply, done) = oneshot::channel();
-        if let Err(e) = self.requests.send(Request::Commit(Box::new((c, reply)))) {
+        let (done, back) = self.commit_early(c).await;
+        (back.get().await, done)
+    }
+
+    /// Commit `c` and wait for the commit only: after a whole replace the actor builds the
+    /// models the next edit starts from (the planner's tables, again) once it has replied,
+    /// and the planner comes back after that ([`PlannerBack`]). So the kernel programmed is
+    /// told, and `/readyz` answers, a table build sooner.
+    pub async fn commit_early(&self, c: Commit) -> (Done, PlannerBack) {
+        let (done, done_rx) = oneshot::channel();
+        let (planner, planner_rx) = oneshot::channel();
+        let replies = Replies { done, planner };
+        if let Err(e) = self.requests.send(Request::Commit(Box::new((c, replies)))) {
             let Request::Commit(request) = e.0 else {
                 unreachable!("a commit was sent")
             };
-            return (request.0.planner, Done::lost());
+            return (Done::lost(), PlannerBack(Err(request.0.planner)));
         }
-        done.await
-            .unwrap_or_else(|_| (Planner::default(), Done::lost()))
+        let done = done_rx.await.unwrap_or_else(|_| Done::lost());
+        (done, PlannerBack(Ok(planner_rx)))
     }
 
     /// Verify the tables against the models (the periodic resync); the verdict comes back as
     /// [`Trigger::Verified`].
     pub fn verify(&self) {
         let _ = self.requests.send(Request::Verify);
+    }
+}
+
+/// Where a commit's reply goes: what it did, then the planner lent with it.
+struct Replies {
+    done: oneshot::Sender<Done>,
+    planner: oneshot::Sender<Planner>,
+}
+
+/// The planner lent with a commit, on its way back ([`Kernel::commit_early`]).
+pub struct PlannerBack(Result<oneshot::Receiver<Planner>, Planner>);
+
+impl PlannerBack {
+    /// The planner, once the actor is done with it (a fresh one, which replans everything, if
+    /// the actor panicked meanwhile).
+    pub async fn get(self) -> Planner {
+        match self.0 {
+            Ok(rx) => rx.await.unwrap_or_default(),
+            Err(p) => p,
+        }
     }
 }
 
@@ -219,8 +251,14 @@ impl Actor {
     fn handle(&mut self, r: Request) {
         match r {
             Request::Commit(request) => {
-                let (c, reply) = *request;
-                let _ = reply.send(self.commit(c));
+                let (c, replies) = *request;
+                let (planner, done) = self.commit(c);
+                let adopt = done.result.as_ref().is_ok_and(|s| s.whole);
+                let _ = replies.done.send(done);
+                if adopt {
+                    self.adopt(&planner);
+                }
+                let _ = replies.planner.send(planner);
             }
             Request::Verify => {
                 if self.verifier.begin(self.committer.is_some()) {
@@ -279,6 +317,20 @@ impl Actor {
             cleanup,
         };
         (planner, done)
+    }
+
+    /// After a whole replace (and its reply): the planner's tables, built again, become the
+    /// models the next edit and verify start from.
+    fn adopt(&mut self, planner: &Planner) {
+        let Some(committer) = &mut self.committer else {
+            return;
+        };
+        let started = Instant::now();
+        committer.adopt(planner.tables());
+        debug!(
+            took_ms = started.elapsed().as_secs_f64() * 1e3,
+            "the replaced tables kept as models"
+        );
     }
 
     /// Commit the planner's tables (a whole replace) or edits, and delete nodelb's tables of
@@ -434,7 +486,7 @@ enum Work {
 
 /// One commit: a replace holds the drift watch's pause, consumes the tables while encoding them
 /// (the pages of what is dropped going back as the batch grows), deletes the absent tables,
-/// and has the planner build the tables again for the committer once the batch is freed.
+/// and leaves the models to [`Actor::adopt`].
 /// Returns the objects sent and what the commit did.
 fn commit_blocking(
     committer: &mut Committer,
@@ -450,7 +502,13 @@ fn commit_blocking(
         }
         Work::Replace => {
             let mut objects = None;
+            let mut built = false;
+            // The second call, for the models, gives nothing: the actor builds them after it
+            // has replied (`Actor::adopt`).
             let mut build = || {
+                if std::mem::replace(&mut built, true) {
+                    return Vec::new();
+                }
                 let tables = planner.tables();
                 objects.get_or_insert_with(|| tables.iter().map(Table::object_count).sum());
                 tables

@@ -46,8 +46,10 @@ pub struct FirstSync {
     pub encode: Duration,
     /// The kernel's commit (the batch sent and acknowledged).
     pub commit: Duration,
-    /// After the commit: the tables built again as the committer's model.
-    pub model: Duration,
+    /// After the commit: nodelb's tables of families not programmed deleted. (The tables are
+    /// built again as the committer's models after the sync is told, see
+    /// `Kernel::commit_early`.)
+    pub absent: Duration,
     /// Then the foreign forward policies read and the freed pages returned.
     pub tidy: Duration,
     /// The whole sync, up to the end of the commit.
@@ -111,7 +113,7 @@ impl Startup {
             tables_ms = round_ms(sync.tables),
             encode_ms = round_ms(sync.encode),
             commit_ms = round_ms(sync.commit),
-            model_ms = round_ms(sync.model),
+            absent_ms = round_ms(sync.absent),
             tidy_ms = round_ms(sync.tidy),
             sync_ms = round_ms(sync.took),
             ready_ms = round_ms(self.began.elapsed()),

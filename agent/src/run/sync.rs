@@ -16,7 +16,7 @@
 //! back as a trigger, and drift is repaired by a full replace.
 
 use super::decisions::{decide_families, programmed_counts, FamilyDecision, Pacer, WarningLog};
-use super::kernel::{self, Kernel};
+use super::kernel::{self, Kernel, PlannerBack};
 use super::listeners::Listeners;
 use super::record::{NodeReport, Outcome, Outputs, PlanSummary, Told};
 use super::startup::{FirstSync, Startup};
@@ -237,7 +237,7 @@ impl SyncLoop {
         }
         let span = info_span!("sync");
         let delay = async {
-            let outcome = self.sync(wake).await;
+            let (outcome, back) = self.sync(wake).await;
             let first = first_sync(&outcome);
             let state = &mut self.state;
             let delay = self
@@ -249,6 +249,9 @@ impl SyncLoop {
                     s.ready(sync);
                 }
             }
+            // After a whole replace the kernel actor keeps the planner for the models a moment
+            // longer: the outcome is told first.
+            state.planner = back.get().await;
             delay
         }
         .instrument(span)
@@ -257,8 +260,9 @@ impl SyncLoop {
         delay
     }
 
-    /// One sync: read the inputs, plan, commit through the kernel actor.
-    async fn sync(&mut self, wake: Wake) -> Outcome {
+    /// One sync: read the inputs, plan, commit through the kernel actor. The planner comes
+    /// back apart, once the actor is done with it.
+    async fn sync(&mut self, wake: Wake) -> (Outcome, PlannerBack) {
         let started = Instant::now();
         let mut inputs = self.ctx.read_inputs();
         let (update, plan) = self.state.plan(&self.ctx, &mut inputs, started);
@@ -269,16 +273,16 @@ impl SyncLoop {
             planner: std::mem::take(&mut self.state.planner),
             flows: update.flows,
         };
-        let (planner, kernel) = self.ctx.kernel.commit(commit).await;
-        self.state.planner = planner;
-        Outcome {
+        let (kernel, back) = self.ctx.kernel.commit_early(commit).await;
+        let outcome = Outcome {
             first_event: wake.first_event,
             drift: wake.drift,
             started,
             plan,
             node: inputs.node,
             kernel,
-        }
+        };
+        (outcome, back)
     }
 }
 
@@ -290,7 +294,7 @@ fn first_sync(o: &Outcome) -> Option<FirstSync> {
         tables: sent.prepared,
         encode: sent.stats.encode,
         commit: sent.stats.commit,
-        model: sent.adopted,
+        absent: sent.adopted,
         tidy: o.kernel.tidied,
         took: o.kernel.at.saturating_duration_since(o.started),
     })

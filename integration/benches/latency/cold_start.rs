@@ -40,7 +40,7 @@ const FIELDS: [&str; 14] = [
     "tables_ms",
     "encode_ms",
     "commit_ms",
-    "model_ms",
+    "absent_ms",
     "tidy_ms",
     "sync_ms",
     "ready_ms",
