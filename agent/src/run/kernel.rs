@@ -10,8 +10,9 @@
 //!   replace has it build the tables inside the commit for the batch (consumed while
 //!   encoded), and once more for the models after the reply, before the planner goes back
 //!   ([`Kernel::commit_early`]), so the agent never holds two copies of its tables, nor a
-//!   whole table and its whole batch, and `/readyz` need not wait for the models. After a failed commit the committer (and its
-//!   socket) is dropped: the next commit opens a fresh one and replaces the tables whole.
+//!   whole table and its whole batch, and `/readyz` need not wait for the models. After a
+//!   failed commit the committer (and its socket) is dropped: the next commit opens a fresh
+//!   one and replaces the tables whole.
 //! - [`Kernel::verify`]: the periodic resync. One verify path: read the tables back beside the
 //!   commits (a thread and a socket of its own, so changes keep reaching the kernel), compare
 //!   what was read with the models as committed when it is done, read again while commits made
