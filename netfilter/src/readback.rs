@@ -355,12 +355,7 @@ impl Nft {
                 d.get_be64(NFTA_COUNTER_BYTES).unwrap_or(0),
             );
         });
-        match read {
-            Err(Error::Dump { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {
-                Ok(())
-            }
-            r => r,
-        }
+        missing_reads_empty(read)
     }
 
     /// The elements each of the dynamic `sets` of a table holds now, with the time each has
@@ -385,11 +380,7 @@ impl Nft {
                     });
                 }
             });
-            match read {
-                Ok(()) => {}
-                Err(Error::Dump { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(e) => return Err(e),
-            }
+            missing_reads_empty(read)?;
             if !learned.is_empty() {
                 out.insert(set.to_string(), learned);
             }
@@ -410,13 +401,8 @@ impl Nft {
                 });
             }
         });
-        match read {
-            Ok(()) => Ok(out),
-            Err(Error::Dump { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {
-                Ok(Vec::new())
-            }
-            Err(e) => Err(e),
-        }
+        missing_reads_empty(read)?;
+        Ok(out)
     }
 
     /// Call `each` with the attributes of every element of a set, in one dump.
@@ -455,6 +441,14 @@ impl Nft {
             actual.as_ref(),
             stale_chains,
         ))
+    }
+}
+
+/// A dump of a table or set that does not exist (`ENOENT`) read nothing: not an error.
+fn missing_reads_empty(read: Result<(), Error>) -> Result<(), Error> {
+    match read {
+        Err(Error::Dump { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        r => r,
     }
 }
 
