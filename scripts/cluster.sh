@@ -7,10 +7,14 @@
 #   scripts/cluster.sh status                 exit 0 when every process of the cluster runs
 #   scripts/cluster.sh kubelet stop|start N   stop or start node N's kubelet (its containers keep running)
 #   scripts/cluster.sh kube-proxy-mode M      restart every node's kube-proxy in mode M (nftables, iptables)
+#   scripts/cluster.sh partition N on|off     drop, silently, every packet node N sends to the API server's
+#                                             in-cluster address (pods' and agents' API connections; the
+#                                             kubelet's and kube-proxy's keep theirs)
 #
 # What runs (all built from the pinned k8s.io/kubernetes module by scripts/kubernetes.sh, etcd,
 # containerd, runc and the CNI plugins from Debian):
-#   nodelb-cp      etcd, kube-apiserver (192.0.2.2:6443), kube-controller-manager, kube-scheduler
+#   nodelb-cp      etcd, kube-apiserver (192.0.2.2:6443, and 192.0.2.3:6443 for in-cluster
+#                  clients), kube-controller-manager, kube-scheduler
 #   nodelb-node-a  containerd, kubelet and kube-proxy of node-a (192.0.2.11, zone-a)
 #   nodelb-node-b  the same for node-b (192.0.2.12, zone-b)
 #   nodelb-client  a client (203.0.113.10) that reaches the two node addresses and nothing else
@@ -31,7 +35,10 @@
 # containerd root, socket and CNI configuration, and its own kubelet root directory.
 #
 # Addresses (documentation ranges only; no namespace has a default route):
-#   192.0.2.0/24       the nodes' network: lan .1, control plane .2, node-a .11, node-b .12
+#   192.0.2.0/24       the nodes' network: lan .1, control plane .2 and .3, node-a .11, node-b .12
+#                      (.3 is the API server's advertised address, the endpoint of the `kubernetes`
+#                      Service that pods reach at its ClusterIP; the kubelets, kube-proxy and the
+#                      controllers use .2, so `partition` can cut one path and not the other)
 #   198.51.100.0/25    node-a's pods (bridge cni0, hairpin mode on, as flannel configures it)
 #   198.51.100.128/25  node-b's pods; each node routes the other's pods via the other node
 #   203.0.113.0/24     the client's network: lan .1, client .10
@@ -56,6 +63,9 @@ declare -A node_zone=([node-a]=zone-a [node-b]=zone-b)
 declare -A pod_cidr=([node-a]=198.51.100.0/25 [node-b]=198.51.100.128/25)
 declare -A pod_gw=([node-a]=198.51.100.1 [node-b]=198.51.100.129)
 cp_ip=192.0.2.2
+# The address kube-apiserver advertises: the `kubernetes` Service's endpoint, what in-cluster
+# clients (nodelb's agents among them) reach through the ClusterIP.
+cp_service_ip=192.0.2.3
 lan_ip=192.0.2.1
 client_ip=203.0.113.10
 client_gw=203.0.113.1
@@ -167,6 +177,7 @@ network() {
   fi
   netns_add "$ns_cp" 0
   lan_port "$ns_cp" eth0 "$cp_ip"
+  ip -n "$ns_cp" addr replace "$cp_service_ip/24" dev eth0
   local n other
   for n in "${nodes[@]}"; do
     netns_add "$(node_ns "$n")" 1
@@ -212,7 +223,7 @@ pki() {
       rm "$1.csr"
     }
     cert apiserver "/CN=kube-apiserver" \
-      "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:localhost,IP:127.0.0.1,IP:$cp_ip,IP:$kubernetes_service_ip"
+      "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:localhost,IP:127.0.0.1,IP:$cp_ip,IP:$cp_service_ip,IP:$kubernetes_service_ip"
     # The API server's client certificate toward the kubelets (logs, exec, port-forward).
     cert kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
     openssl ecparam -name prime256v1 -genkey -noout -out sa.key 2>/dev/null
@@ -281,20 +292,24 @@ control_plane() {
     --listen-peer-urls=http://127.0.0.1:2380 --initial-advertise-peer-urls=http://127.0.0.1:2380 \
     --initial-cluster=nodelb-cluster=http://127.0.0.1:2380 --listen-metrics-urls= \
     --log-level=warn --logger=zap
-  # Every write at Metadata (who wrote what, when), nothing else: the real-cluster tests count
-  # nodelb's steady-state writes from it (issue 30's write budget).
+  # Every request of nodelb's ServiceAccounts, whatever its verb (get, list and watch too), and
+  # every write of anyone else, at Metadata (who asked for what, when), nothing else: the
+  # real-cluster tests count nodelb's requests at steady state from it (issue 38's request
+  # budget) and read the kubelets' node Lease renewals.
   put "$dir/audit-policy.yaml" <<EOF
 apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
   - level: Metadata
+    userGroups: [system:serviceaccounts:nodelb-system]
+  - level: Metadata
     verbs: [create, update, patch, delete, deletecollection]
   - level: None
 EOF
   start kube-apiserver ip netns exec "$ns_cp" "$k/kube-apiserver" \
     --etcd-servers=http://127.0.0.1:2379 --bind-address=0.0.0.0 --secure-port="$api_port" \
-    --advertise-address="$cp_ip" --tls-cert-file="$p/apiserver.crt" \
+    --advertise-address="$cp_service_ip" --tls-cert-file="$p/apiserver.crt" \
     --tls-private-key-file="$p/apiserver.key" --client-ca-file="$p/ca.crt" \
     --token-auth-file="$p/tokens.csv" --authorization-mode=Node,RBAC \
     --enable-admission-plugins=NodeRestriction --allow-privileged=true \
@@ -633,6 +648,22 @@ case "${1:-}" in
       *) die "usage: $0 kubelet stop|start NODE" ;;
     esac
     ;;
+  partition)
+    # A silent black hole (no RST, no ICMP) between node N and the API server's in-cluster
+    # address: a routing rule of the control plane's namespace discards whatever the server
+    # sends from that address to the node (its SYN-ACKs, data and ACKs), so the node's
+    # connections through the `kubernetes` ClusterIP hear nothing back. Routing policy, not
+    # netfilter: nothing is added to any table.
+    node="${2:?node}"
+    [ -n "${node_ip[$node]:-}" ] || die "no node $node"
+    rule=(from "$cp_service_ip" to "${node_ip[$node]}" blackhole)
+    case "${3:-}" in
+      on) ip -n "$ns_cp" rule show | grep -q "from $cp_service_ip to ${node_ip[$node]} blackhole" ||
+        ip -n "$ns_cp" rule add "${rule[@]}" ;;
+      off) while ip -n "$ns_cp" rule del "${rule[@]}" 2>/dev/null; do :; done ;;
+      *) die "usage: $0 partition NODE on|off" ;;
+    esac
+    ;;
   kube-proxy-mode)
     bins="$("$repo/scripts/kubernetes.sh")"
     proxy_mode="${2:?mode: nftables or iptables}"
@@ -645,7 +676,7 @@ case "${1:-}" in
     done
     ;;
   *)
-    sed -n '2,8p' "$0" >&2
+    sed -n '2,11p' "$0" >&2
     exit 2
     ;;
 esac
