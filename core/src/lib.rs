@@ -8,6 +8,8 @@
 //!   outcome here.
 //! - `status`: every node's outcome and liveness → each Service's status, its condition and
 //!   Events; heartbeats and the status election's state machine.
+//! - `readiness`: whether this node's agent is applying the cluster now, from how old each
+//!   part of what it knows is.
 //! - `packed`: maps built with full B-tree nodes.
 //!
 //! The agent (`nodelb-agent`) is the I/O around it: watches, the kernel, the status writer.
@@ -17,5 +19,6 @@ pub mod fixtures;
 pub mod objects;
 pub mod packed;
 pub mod plan;
+pub mod readiness;
 pub mod status;
 pub mod vocab;

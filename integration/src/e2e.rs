@@ -802,6 +802,25 @@ impl Cluster {
         api_net(i, 2)
     }
 
+    /// Cut node `i` off the API server without a word (`on`), or heal it: a routing rule in
+    /// the `api` namespace discards whatever the server sends node `i` over its link (its
+    /// SYN-ACKs, data and ACKs), so the agent's connections hear nothing back, no RST, no ICMP.
+    /// Routing policy, not netfilter. Local control plane only.
+    pub fn partition(&self, i: usize, on: bool) {
+        let from = api_addr(i).to_string();
+        let to = self.node_api_addr(i).to_string();
+        let rule = ["from", from.as_str(), "to", to.as_str(), "blackhole"];
+        if on {
+            let mut args = vec!["rule", "add"];
+            args.extend(rule);
+            self.api_ns.ip(&args);
+        } else {
+            let mut args = vec!["ip", "rule", "del"];
+            args.extend(rule);
+            while self.api_ns.exec(&args).status.success() {}
+        }
+    }
+
     /// An IPv4 EndpointSlice's endpoint for backend `j`, on its node, ready or not.
     pub fn endpoint_v4(&self, j: usize, ready: bool) -> Value {
         json!({"addresses": [self.backend_v4(j).to_string()],

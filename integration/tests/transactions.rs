@@ -613,7 +613,7 @@ fn the_kernel_actor_commits_edits_verifies_and_repairs_drift() {
         .unwrap();
     let (tell, mut told) = tokio::sync::mpsc::unbounded_channel();
     let kernel = ns
-        .run(|| Kernel::spawn(Config::default(), None, tell))
+        .run(|| Kernel::spawn(Config::default(), None, tell, Default::default()))
         .expect("the kernel actor's thread");
     let commit = |change, drift, planner: &mut Planner| {
         let c = Commit {

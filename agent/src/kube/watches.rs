@@ -3,10 +3,15 @@
 //! sync loop's [`Inbox`](super::inbox::Inbox) (the one copy of them), and this node's Node,
 //! kept in a kube-runtime reflector; with `--servicelb-compat`, whether any Node carries k3s
 //! ServiceLB's `enablelb` label, from a metadata-only watch of just those Nodes. Objects are read through `DeserializeGuard`, so one that
-//! does not deserialize is logged and counted once and never stops the watch.
+//! does not deserialize is logged and counted once and never stops the watch. Every event is
+//! noted in readiness as a change received (`Readiness::change_received`) before it is sent
+//! on, so a change the sync loop does not take and commit in time makes the agent unready;
+//! each watch is asked for as `watching` says (long-lived, retried soon).
 
 use super::inbox::ObjectEvent;
+use super::watching::{self, Retry};
 use crate::metrics::Metrics;
+use crate::readiness::Readiness;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
@@ -58,6 +63,7 @@ impl Caches {
         servicelb_compat: bool,
         tx: UnboundedSender<T>,
         metrics: Arc<Metrics>,
+        readiness: Readiness,
     ) -> (Caches, Vec<tokio::task::JoinHandle<()>>)
     where
         T: From<ObjectEvent> + From<NodeChanged> + Send + 'static,
@@ -66,6 +72,7 @@ impl Caches {
             resource,
             tx: tx.clone(),
             metrics: metrics.clone(),
+            readiness: readiness.clone(),
         };
         let t1 = forward::<Service, T>(Api::all(client.clone()), to("services"), |ev| {
             T::from(ObjectEvent::Service(Box::new(ev)))
@@ -76,7 +83,7 @@ impl Caches {
             });
         let (node, t3) = start_one::<Node, T>(
             Api::all(client.clone()),
-            watcher::Config::default().fields(&format!("metadata.name={node_name}")),
+            watching::config().fields(&format!("metadata.name={node_name}")),
             to("nodes"),
         );
         let mut tasks = vec![t1, t2, t3];
@@ -122,11 +129,12 @@ fn watch_enablelb<T: From<NodeChanged> + Send + 'static>(
         resource,
         tx,
         metrics,
+        readiness,
     }: Sink<T>,
 ) -> (watch::Receiver<Option<bool>>, tokio::task::JoinHandle<()>) {
     let (said, rx) = watch::channel(None);
-    let config = watcher::Config::default().labels(ENABLELB_LABEL);
-    let stream = watcher::watcher(api, config).default_backoff();
+    let config = watching::config().labels(ENABLELB_LABEL);
+    let stream = watcher::watcher(api, config).backoff(Retry::default());
     let task = tokio::spawn(
         async move {
             let mut stream = std::pin::pin!(stream);
@@ -159,6 +167,7 @@ fn watch_enablelb<T: From<NodeChanged> + Send + 'static>(
                 }
                 let now = Some(!labelled.is_empty());
                 if *said.borrow() != now {
+                    readiness.change_received(std::time::Instant::now());
                     info!(
                         nodes = labelled.len(),
                         "nodes labelled {ENABLELB_LABEL} (only those labelled true serve, if any)"
@@ -175,11 +184,13 @@ fn watch_enablelb<T: From<NodeChanged> + Send + 'static>(
     (rx, task)
 }
 
-/// Where a watch's events go, and what they are counted as.
+/// Where a watch's events go, what they are counted as, and where they are noted as changes
+/// received.
 struct Sink<T> {
     resource: &'static str,
     tx: UnboundedSender<T>,
     metrics: Arc<Metrics>,
+    readiness: Readiness,
 }
 
 /// What a watch here can read.
@@ -198,8 +209,8 @@ fn forward<K: Watched, T: Send + 'static>(
     to: Sink<T>,
     wrap: fn(Event<DeserializeGuard<K>>) -> T,
 ) -> tokio::task::JoinHandle<()> {
-    let config = watcher::Config::default().page_size(PAGE_SIZE);
-    let stream = watcher::watcher(api, config).default_backoff();
+    let config = watching::config().page_size(PAGE_SIZE);
+    let stream = watcher::watcher(api, config).backoff(Retry::default());
     drain(stream, to, wrap)
 }
 
@@ -210,7 +221,10 @@ fn start_one<K: Watched, T: From<NodeChanged> + Send + 'static>(
     to: Sink<T>,
 ) -> (Store<DeserializeGuard<K>>, tokio::task::JoinHandle<()>) {
     let (reader, writer) = reflector::store::<DeserializeGuard<K>>();
-    let stream = reflector::reflector(writer, watcher::watcher(api, config).default_backoff());
+    let stream = reflector::reflector(
+        writer,
+        watcher::watcher(api, config).backoff(Retry::default()),
+    );
     let task = drain(stream, to, |_| T::from(NodeChanged));
     (reader, task)
 }
@@ -224,6 +238,7 @@ fn drain<K: Watched, S, T: Send + 'static>(
         resource,
         tx,
         metrics,
+        readiness,
     }: Sink<T>,
     wrap: fn(Event<DeserializeGuard<K>>) -> T,
 ) -> tokio::task::JoinHandle<()>
@@ -247,6 +262,7 @@ where
                             }
                             Event::Init | Event::InitDone => {}
                         }
+                        readiness.change_received(std::time::Instant::now());
                         if tx.send(wrap(ev)).is_err() {
                             return;
                         }

@@ -1,80 +1,31 @@
-//! Health and metrics over HTTP: `/healthz` (the process answers), `/readyz` (caches synced,
-//! last sync committed, every enabled family forwarding; the body says what is missing) on
-//! `--health-addr`; `/metrics` on `--metrics-addr`.
+//! Health and metrics over HTTP: `/healthz` (the process answers), `/readyz` (the judgement of
+//! `crate::readiness` at the instant it is asked: caches synced, last sync committed, every
+//! enabled family forwarding, no change, watch or kernel request past its bound; the body says
+//! what is missing) on `--health-addr`; `/metrics` on `--metrics-addr`.
 
 use crate::metrics::{Metrics, CONTENT_TYPE};
+use crate::readiness::Readiness;
 use axum::body::Body;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use nodelb_core::vocab::IpFamily;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-/// What readiness depends on; the sync loop updates it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Readiness {
-    pub caches_synced: bool,
-    pub last_sync_committed: bool,
-    /// The last sync's error, when it failed.
-    pub last_error: Option<String>,
-    /// Each enabled family and why it is not programmed (`None`: forwarding and programmed).
-    pub families: Vec<(IpFamily, Option<String>)>,
-    /// Things that do not make the node unready but an operator should know (foreign forward
-    /// policies that drop).
-    pub notes: Vec<String>,
-}
-
-impl Readiness {
-    /// Ready or not, and a body that says what is missing.
-    pub fn report(&self) -> (bool, String) {
-        let mut missing = Vec::new();
-        if !self.caches_synced {
-            missing.push("watch caches not synced yet".to_string());
-        }
-        if !self.last_sync_committed {
-            missing.push(match &self.last_error {
-                Some(e) => format!("last sync not committed: {e}"),
-                None => "no sync committed yet".to_string(),
-            });
-        }
-        for (f, why) in &self.families {
-            if let Some(why) = why {
-                missing.push(format!("{f}: {why}"));
-            }
-        }
-        let mut body = if missing.is_empty() {
-            "ready\n".to_string()
-        } else {
-            let mut b = "not ready:\n".to_string();
-            for m in &missing {
-                b.push_str(&format!("- {m}\n"));
-            }
-            b
-        };
-        for n in &self.notes {
-            body.push_str(&format!("note: {n}\n"));
-        }
-        (missing.is_empty(), body)
-    }
-}
-
-pub type SharedReadiness = Arc<Mutex<Readiness>>;
-
-fn health_routes(ready: SharedReadiness) -> Router {
+fn health_routes(ready: Readiness) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/readyz",
             get(move || {
-                let (ok, body) = ready.lock().expect("readiness lock").report();
-                let code = if ok {
+                let verdict = ready.report(std::time::Instant::now());
+                let code = if verdict.ready {
                     StatusCode::OK
                 } else {
                     StatusCode::SERVICE_UNAVAILABLE
                 };
-                async move { (code, body) }
+                async move { (code, verdict.body()) }
             }),
         )
 }
@@ -114,7 +65,7 @@ pub struct BindError {
 pub async fn serve(
     health_addr: SocketAddr,
     metrics_addr: SocketAddr,
-    ready: SharedReadiness,
+    ready: Readiness,
     metrics: Arc<Metrics>,
 ) -> Result<Vec<tokio::task::JoinHandle<()>>, BindError> {
     let mut routers = vec![(health_addr, health_routes(ready))];
@@ -142,36 +93,8 @@ pub async fn serve(
 mod tests {
     use super::*;
     use crate::metrics::CounterSource;
+    use nodelb_core::vocab::IpFamily;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    #[test]
-    fn readiness_says_what_is_missing() {
-        let mut r = Readiness::default();
-        let (ok, body) = r.report();
-        assert!(!ok);
-        assert_eq!(
-            body,
-            "not ready:\n- watch caches not synced yet\n- no sync committed yet\n"
-        );
-        r.caches_synced = true;
-        r.last_sync_committed = true;
-        r.families = vec![
-            (IpFamily::V4, None),
-            (
-                IpFamily::V6,
-                Some("forwarding is off (run `sysctl -w net.ipv6.conf.all.forwarding=1`)".into()),
-            ),
-        ];
-        let (ok, body) = r.report();
-        assert!(!ok);
-        assert!(body.contains("- IPv6: forwarding is off"), "{body}");
-        r.families.pop();
-        r.notes
-            .push("table inet fw chain FORWARD (hook forward priority 0) has policy drop".into());
-        let (ok, body) = r.report();
-        assert!(ok);
-        assert!(body.starts_with("ready\nnote: table inet fw"), "{body}");
-    }
 
     /// A free port on loopback (port 0: the kernel picks).
     fn free_addr() -> SocketAddr {
@@ -194,7 +117,7 @@ mod tests {
 
     #[tokio::test]
     async fn serves_health_readiness_and_metrics() {
-        let ready: SharedReadiness = Default::default();
+        let ready = Readiness::new(Default::default());
         let metrics = Arc::new(Metrics::new());
         // One listener when both addresses are equal.
         let addr = free_addr();
@@ -205,12 +128,17 @@ mod tests {
         let get = |path: &'static str| get(addr, path);
         assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
         assert!(get("/readyz").await.starts_with("HTTP/1.1 503"));
-        {
-            let mut r = ready.lock().unwrap();
+        ready.set(|r| {
             r.caches_synced = true;
-            r.last_sync_committed = true;
-        }
+            r.last_sync = nodelb_core::readiness::LastSync::Committed;
+        });
         assert!(get("/readyz").await.starts_with("HTTP/1.1 200"));
+        // A change that waits past its bound (the sync loop or the kernel stuck) turns it
+        // unready by itself, with nobody recording anything.
+        ready.change_received(std::time::Instant::now() - std::time::Duration::from_secs(11));
+        let r = get("/readyz").await;
+        assert!(r.starts_with("HTTP/1.1 503"), "{r}");
+        assert!(r.contains("--max-change-wait"), "{r}");
         metrics.drift_repairs.inc();
         let m = get("/metrics").await;
         assert!(m.contains("nodelb_drift_repairs_total 1"), "{m}");
@@ -246,9 +174,14 @@ mod tests {
         // About 10 MB of text: more than the sockets hold.
         let metrics = Arc::new(Metrics::with_counters(Box::new(Ports(50_000))));
         let addr = free_addr();
-        let tasks = serve(addr, addr, Default::default(), metrics.clone())
-            .await
-            .unwrap();
+        let tasks = serve(
+            addr,
+            addr,
+            Readiness::new(Default::default()),
+            metrics.clone(),
+        )
+        .await
+        .unwrap();
         let idle = Arc::strong_count(&metrics);
         {
             let s = tokio::net::TcpSocket::new_v4().unwrap();

@@ -34,6 +34,7 @@ use super::verify::{self, Readback};
 use super::Trigger;
 use crate::host::conntrack::{self as ct, Cleaned};
 use crate::host::forward_policy;
+use crate::readiness::{KernelWait, Ticket};
 use nodelb_core::plan::config::Config;
 use nodelb_core::plan::flows::FlowChange;
 use nodelb_core::plan::slots;
@@ -52,16 +53,27 @@ use tracing::{debug, error, info, warn};
 
 /// The handle to the kernel actor. The actor ends once every handle is gone.
 pub struct Kernel {
-    requests: mpsc::UnboundedSender<Request>,
+    requests: mpsc::UnboundedSender<Asked>,
+    /// Readiness's record of the requests not answered yet.
+    waits: KernelWait,
 }
 
 /// What the actor is asked to do.
 enum Request {
     Commit(Box<(Commit, Replies)>),
     Verify,
+    /// Answer, nothing else: an idle actor is asked this every [`PING_EVERY`], so one stuck
+    /// in the kernel is found even when nothing changes (`--max-kernel-wait`).
+    Ping,
     /// A read beside the commits is done (`None`: it panicked).
     Read(Option<Readback>),
 }
+
+/// A request, and its ticket in readiness's record when something waits for its answer.
+struct Asked(Request, Option<Ticket>);
+
+/// How often an idle actor is pinged.
+const PING_EVERY: Duration = Duration::from_secs(2);
 
 /// One sync's change, for the kernel.
 pub struct Commit {
@@ -130,9 +142,11 @@ impl Kernel {
         config: Config,
         pause: Option<WatchPause>,
         tell: mpsc::UnboundedSender<Trigger>,
+        waits: KernelWait,
     ) -> std::io::Result<Kernel> {
         let (requests, rx) = mpsc::unbounded_channel();
         let actor = Actor {
+            waits: waits.clone(),
             committer: None,
             conntrack: None,
             flows: FlowChange::default(),
@@ -145,7 +159,17 @@ impl Kernel {
         std::thread::Builder::new()
             .name("nodelb-kernel".into())
             .spawn(move || actor.run(rx))?;
-        Ok(Kernel { requests })
+        ping(requests.downgrade(), waits.clone());
+        Ok(Kernel { requests, waits })
+    }
+
+    /// Send `r`, noted as waiting for its answer.
+    fn ask(&self, r: Request) -> Result<(), Box<Request>> {
+        let ticket = self.waits.asked(Instant::now());
+        self.requests.send(Asked(r, Some(ticket))).map_err(|e| {
+            self.waits.answered(ticket);
+            Box::new(e.0 .0)
+        })
     }
 
     /// Commit `c` and wait for it; the planner comes back with the reply (a fresh one, which
@@ -163,8 +187,8 @@ impl Kernel {
         let (done, done_rx) = oneshot::channel();
         let (planner, planner_rx) = oneshot::channel();
         let replies = Replies { done, planner };
-        if let Err(e) = self.requests.send(Request::Commit(Box::new((c, replies)))) {
-            let Request::Commit(request) = e.0 else {
+        if let Err(e) = self.ask(Request::Commit(Box::new((c, replies)))) {
+            let Request::Commit(request) = *e else {
                 unreachable!("a commit was sent")
             };
             return (Done::lost(), PlannerBack(Err(request.0.planner)));
@@ -176,7 +200,30 @@ impl Kernel {
     /// Verify the tables against the models (the periodic resync); the verdict comes back as
     /// [`Trigger::Verified`].
     pub fn verify(&self) {
-        let _ = self.requests.send(Request::Verify);
+        let _ = self.ask(Request::Verify);
+    }
+}
+
+/// Ping the actor every [`PING_EVERY`] while nothing else waits for it, until it is gone, from
+/// a thread of its own (so the pings do not depend on the runtime the sync loop may starve).
+fn ping(requests: mpsc::WeakUnboundedSender<Asked>, waits: KernelWait) {
+    let spawned = std::thread::Builder::new()
+        .name("nodelb-kernel-ping".into())
+        .spawn(move || loop {
+            std::thread::sleep(PING_EVERY);
+            let Some(requests) = requests.upgrade() else {
+                return;
+            };
+            if waits.idle() {
+                let ticket = waits.asked(Instant::now());
+                if requests.send(Asked(Request::Ping, Some(ticket))).is_err() {
+                    waits.answered(ticket);
+                    return;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        warn!(error = %e, "cannot start the kernel actor's pinger: a stuck actor is found only by a commit or a verify that waits");
     }
 }
 
@@ -214,6 +261,8 @@ impl Done {
 
 /// The actor: what it holds between requests.
 struct Actor {
+    /// Told when each request that waits on it (all but reads beside the commits) is done.
+    waits: KernelWait,
     /// The committed models and the nftables socket (none before the first commit, and after
     /// a failure).
     committer: Option<Committer>,
@@ -230,14 +279,18 @@ struct Actor {
     config: Config,
     /// For the reads beside the commits to send back what they read (weak, so the actor still
     /// ends with its last handle).
-    me: mpsc::WeakUnboundedSender<Request>,
+    me: mpsc::WeakUnboundedSender<Asked>,
     tell: mpsc::UnboundedSender<Trigger>,
 }
 
 impl Actor {
-    fn run(mut self, mut requests: mpsc::UnboundedReceiver<Request>) {
-        while let Some(r) = requests.blocking_recv() {
-            if std::panic::catch_unwind(AssertUnwindSafe(|| self.handle(r))).is_err() {
+    fn run(mut self, mut requests: mpsc::UnboundedReceiver<Asked>) {
+        while let Some(Asked(r, ticket)) = requests.blocking_recv() {
+            let handled = std::panic::catch_unwind(AssertUnwindSafe(|| self.handle(r, ticket)));
+            if let Some(t) = ticket {
+                self.waits.answered(t);
+            }
+            if handled.is_err() {
                 error!("the kernel actor panicked; the next sync replaces the tables whole");
                 self.committer = None;
                 self.conntrack = None;
@@ -249,13 +302,21 @@ impl Actor {
         debug!("the kernel actor stopped");
     }
 
-    fn handle(&mut self, r: Request) {
+    /// Do `r`; its ticket is answered as soon as its reply is sent (a commit's models are
+    /// built after that).
+    fn handle(&mut self, r: Request, ticket: Option<Ticket>) {
+        let answered = |waits: &KernelWait| {
+            if let Some(t) = ticket {
+                waits.answered(t);
+            }
+        };
         match r {
             Request::Commit(request) => {
                 let (c, replies) = *request;
                 let (planner, done) = self.commit(c);
                 let adopt = done.result.as_ref().is_ok_and(|s| s.whole);
                 let _ = replies.done.send(done);
+                answered(&self.waits);
                 if adopt {
                     self.adopt(&planner);
                 }
@@ -266,8 +327,10 @@ impl Actor {
                     self.read_beside();
                 }
             }
+            Request::Ping => {}
             Request::Read(read) => self.judge(read),
         }
+        answered(&self.waits);
     }
 
     /// Commit, then delete the conntrack entries the commit made stale.
@@ -406,7 +469,7 @@ impl Actor {
             .name("nodelb-readback".into())
             .spawn(move || {
                 let read = std::panic::catch_unwind(|| verify::read_beside(tables, &own));
-                let _ = me.send(Request::Read(read.ok()));
+                let _ = me.send(Asked(Request::Read(read.ok()), None));
             });
         if let Err(e) = spawned {
             warn!(error = %e, "cannot start reading the tables back; the next resync reads again");

@@ -4,16 +4,17 @@
 //! A verify's verdict, which is no sync, is counted in [`Outputs::verified`].
 
 use super::decisions::{Backoff, Programmed};
-use super::http::SharedReadiness;
 use super::kernel::{self, Done, Sent, Verified};
 use crate::health_check::{Answers, HealthCheckNodePorts};
 use crate::host::conntrack::Cleaned;
 use crate::kube::inbox::Inbox;
 use crate::kube::node_events::{NodeEvents, NodeProblem};
 use crate::metrics::{FlowLabels, Metrics, ResultLabel};
+use crate::readiness::Readiness;
 use nodelb_core::plan::diagnosis::ObjectKind;
 use nodelb_core::plan::health::HealthCheck;
 use nodelb_core::plan::Objects;
+use nodelb_core::readiness::LastSync;
 use nodelb_core::status::heartbeat::{BlockedPorts, Report};
 use nodelb_core::vocab::{Families, IpFamily, Protocol};
 use std::collections::BTreeMap;
@@ -25,7 +26,7 @@ use tracing::{debug, error, info, warn};
 /// Where a sync's outcome goes.
 pub struct Outputs {
     pub metrics: Arc<Metrics>,
-    pub readiness: SharedReadiness,
+    pub readiness: Readiness,
     /// For the heartbeat: the families committed by the last successful sync, and the
     /// Service ports host listeners hold.
     pub report: watch::Sender<Option<Report>>,
@@ -197,13 +198,14 @@ impl Outputs {
             }
         }
         self.publish_objects(inbox);
-        {
-            let mut r = self.readiness.lock().expect("readiness");
-            r.last_sync_committed = error.is_none();
-            r.last_error = error;
+        self.readiness.set(|r| {
+            r.last_sync = match error {
+                None => LastSync::Committed,
+                Some(e) => LastSync::Failed(e),
+            };
             r.families = node.states;
             r.notes = told.notes.clone();
-        }
+        });
         for p in told.node_events.update(node.problems, node.uid) {
             warn!(reason = p.reason, problem = %p.note, "node problem");
         }

@@ -126,7 +126,9 @@ impl SyncLoop {
             return;
         };
         loop {
-            let delay = self.act(std::mem::take(&mut wake)).await;
+            let delay = self
+                .act(std::mem::take(&mut wake), || !triggers.is_empty())
+                .await;
             // Wait for a reason to sync again (after a failure: for the backoff delay, then
             // try again).
             wake.sync = delay.is_some();
@@ -178,12 +180,7 @@ impl SyncLoop {
                 t = triggers.recv() => self.take(t?, &mut wake),
             }
         }
-        self.ctx
-            .outputs
-            .readiness
-            .lock()
-            .expect("readiness")
-            .caches_synced = true;
+        self.ctx.outputs.readiness.set(|r| r.caches_synced = true);
         let objects = self.state.inbox.objects();
         info!(
             services = objects.service_count(),
@@ -224,8 +221,9 @@ impl SyncLoop {
     }
 
     /// Sync when one is due (see `Wake::sync`) or drift asks for it; otherwise only hand the
-    /// status writer the objects. Returns the backoff delay after a failed sync.
-    async fn act(&mut self, wake: Wake) -> Option<Duration> {
+    /// status writer the objects. Returns the backoff delay after a failed sync. Once every
+    /// change taken is committed (or needed no commit), readiness hears that no change waits.
+    async fn act(&mut self, wake: Wake, queued: impl Fn() -> bool) -> Option<Duration> {
         if !wake.needs_sync() {
             if wake.objects {
                 // Status writes only: the planner keeps the new objects instead of holding
@@ -233,6 +231,9 @@ impl SyncLoop {
                 self.state.planner.follow(self.state.inbox.objects());
                 self.ctx.outputs.publish_objects(&self.state.inbox);
             }
+            // Only after a sync that committed does the loop wait for triggers: nothing
+            // taken waits for the kernel.
+            self.ctx.outputs.readiness.changes_applied(queued());
             return None;
         }
         let span = info_span!("sync");
@@ -249,8 +250,12 @@ impl SyncLoop {
                     s.ready(sync);
                 }
             }
+            if delay.is_none() {
+                self.ctx.outputs.readiness.changes_applied(queued());
+            }
             // After a whole replace the kernel actor keeps the planner for the models a moment
             // longer: the outcome is told first.
+            let state = &mut self.state;
             state.planner = back.get().await;
             delay
         }
