@@ -275,16 +275,24 @@ pub struct RunArgs {
           value_name = "DURATION")]
     pub node_lease_duration: Duration,
 
-    /// The kubelet's health check on this node. In a Pod with a readiness probe the agent
-    /// writes its heartbeat Lease only when it changes, and renews it only while this does
-    /// not answer (the leader reads the agent's liveness from its Pod and from the kubelet's
-    /// node Lease).
-    #[arg(
-        long,
-        default_value = "http://127.0.0.1:10248/healthz",
-        value_name = "URL"
-    )]
-    pub kubelet_healthz: String,
+    /// Readiness fails once a change a watch delivered has waited this long for its commit
+    /// (the sync loop or the kernel is stuck, or every sync fails).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s",
+          value_name = "DURATION")]
+    pub max_change_wait: Duration,
+
+    /// Readiness fails once a watch of the agent's inputs (Services, EndpointSlices, its Node)
+    /// has had no stream open this long: the agent does not hear the API server. A dead
+    /// connection is closed by TCP keep-alive within about 10 s first.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "20s",
+          value_name = "DURATION")]
+    pub max_view_age: Duration,
+
+    /// Readiness fails once a request to the kernel actor (a commit, a verify, its ping every
+    /// 2 s) has waited this long.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s",
+          value_name = "DURATION")]
+    pub max_kernel_wait: Duration,
 
     /// Status leader election: how long a leader's Lease `nodelb-status` is valid.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "15s",
@@ -404,12 +412,16 @@ impl RunArgs {
             sync_debounce: self.sync_debounce,
             resync_interval: self.resync_interval,
             node_lease_duration: self.node_lease_duration,
-            kubelet_healthz: self.kubelet_healthz.clone(),
             health_check_node_ports: self.health_check_node_ports,
             election: nodelb_core::status::election::Params {
                 lease_duration: self.lease_duration,
                 renew_deadline: self.renew_deadline,
                 retry_period: self.retry_period,
+            },
+            readiness: nodelb_core::readiness::Bounds {
+                change: self.max_change_wait,
+                view: self.max_view_age,
+                kernel: self.max_kernel_wait,
             },
             health_addr: self.health_addr,
             metrics_addr: self.metrics_addr,

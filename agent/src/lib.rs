@@ -4,7 +4,9 @@
 //! node's tables; its `status`: → each Service's status). This crate is the I/O around them,
 //! each in its room: `kube` (the API: watches, Leases, status writes, Events),
 //! `host` (sysctls, addresses, foreign forward policies), `run` (the agent: the sync loop,
-//! the kernel actor that owns nodelb's netfilter state, health and metrics HTTP), `metrics`;
+//! the kernel actor that owns nodelb's netfilter state, health and metrics HTTP), `metrics`,
+//! `readiness` (what the others record of their progress, judged when `/readyz` or the
+//! heartbeat asks);
 //! `object_files` reads objects from files for `render` and `apply`; `cli`, `check` and
 //! `oneshot` are the binary's faces.
 
@@ -28,6 +30,7 @@ pub mod kube;
 pub mod metrics;
 pub mod object_files;
 pub mod oneshot;
+pub mod readiness;
 pub mod run;
 
 /// An error and its sources, `: `-separated, as one line.

@@ -50,6 +50,13 @@ pub struct NodeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SignalLabel {
+    /// `pods` (the agents' Pods' Ready condition) or `kubelet-leases` (the kubelets' node
+    /// Leases).
+    pub signal: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabel {
     /// `ok`, `error`, `conflict` (another manager got there), `cleared`.
     pub result: &'static str,
@@ -292,6 +299,8 @@ pub struct Metrics {
     pub leader: Gauge,
     pub lease_transitions: Gauge,
     pub heartbeat_age: Family<NodeLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// The leader: 1 while it can read a liveness signal, 0 while its RBAC does not let it.
+    pub liveness_readable: Family<SignalLabel, Gauge>,
     pub status_writes: Family<WriteLabel, Counter>,
     pub heartbeats: Family<ResultLabel, Counter>,
     /// Reads of the host's listening sockets, by result.
@@ -333,6 +342,12 @@ impl Metrics {
         let (listener_reads, blocked_ports) = listener_metrics(&mut r);
         let (invalid_objects, watch_errors) = input_metrics(&mut r);
         let (conntrack_deleted, conntrack_cleanups) = conntrack_metrics(&mut r);
+        let liveness_readable = register(
+            &mut r,
+            "liveness_signal_readable",
+            "The status leader: 1 while it can list and watch a liveness signal (pods: the agents' Pods; kubelet-leases: the kubelets' node Leases), 0 while it cannot (its RBAC)",
+            Family::<SignalLabel, Gauge>::default(),
+        );
         build_info(&mut r);
         Metrics {
             registry: r,
@@ -352,6 +367,7 @@ impl Metrics {
             leader,
             lease_transitions,
             heartbeat_age,
+            liveness_readable,
             status_writes,
             heartbeats,
             listener_reads,
@@ -700,7 +716,7 @@ fn status_metrics(
     let heartbeat_age = register(
         r,
         "heartbeat_age_seconds",
-        "Time since the leader last saw each node's heartbeat renewal change, on its own clock",
+        "Age of the liveness signal the leader judges each node by (its kubelet's node Lease for an agent in a Pod, else its heartbeat Lease): time since it last saw the renewal change, on its own clock",
         Family::<NodeLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default(),
     );
     let status_writes = register(

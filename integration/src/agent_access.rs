@@ -90,13 +90,15 @@ const EVENTS_CREATE: &str = "agent/src/kube/events.rs: new_event, created by \
      (Service Events from the status leader); each Event is created once, never patched";
 const STATUS_APPLY: &str = "agent/src/kube/status_writer.rs: server-side apply of \
      services/status under field manager nodelb";
-const LEASES: &str = "agent/src/kube/lease.rs: heartbeat Leases nodelb-node-<node> (create, \
-     update/patch to renew; the leader lists and watches them all) and election on the Lease \
-     nodelb-status (get, create, update/patch)";
+const LEASES: &str = "agent/src/kube/heartbeat.rs: heartbeat Leases nodelb-node-<node> (get, \
+     create, update to write or renew; the leader lists and watches them all); \
+     agent/src/kube/election.rs: every agent lists and watches the Lease nodelb-status (field \
+     selector metadata.name) and creates or updates it to lead";
 
-const PODS: &str = "agent/src/kube/lease.rs: runs_in_pod gets the agent's own Pod once at \
-     start; the status leader lists and watches the Pods of its namespace for their Ready \
-     condition (agent/src/kube/status_writer.rs)";
+const PODS: &str = "agent/src/kube/heartbeat.rs: runs_in_pod gets the agent's own Pod at \
+     start (every 2 s until a kubelet runs it, at most 30 s); the status leader lists and \
+     watches the Pods of its namespace for their Ready condition \
+     (agent/src/kube/status_writer.rs)";
 const KUBELET_LEASES: &str = "agent/src/kube/status_writer.rs: the status leader lists and \
      watches the kubelets' node Leases in kube-node-lease (node liveness, read only)";
 

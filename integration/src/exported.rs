@@ -37,6 +37,9 @@ pub fn metric_names() -> Vec<String> {
             node: "node-a".into(),
         })
         .set(1.0);
+    m.liveness_readable
+        .get_or_create(&nodelb_agent::metrics::SignalLabel { signal: "pods" })
+        .set(1);
     m.status_writes
         .get_or_create(&nodelb_agent::metrics::WriteLabel { result: "ok" })
         .inc();

@@ -10,7 +10,8 @@
 
 use super::events::{create_event, new_event};
 use super::rate_limit::RateLimiter;
-use crate::metrics::{Metrics, NodeLabel, WriteLabel};
+use super::watching::{self, Retry};
+use crate::metrics::{Metrics, NodeLabel, SignalLabel, WriteLabel};
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
@@ -26,6 +27,7 @@ use kube::Client;
 use nodelb_core::objects::index::Service;
 use nodelb_core::objects::wire;
 use nodelb_core::plan::Objects;
+use nodelb_core::status::election::Takeover;
 use nodelb_core::status::fanout::{self, Urgency, WorkQueue};
 use nodelb_core::status::ingress::{self, Write, FIELD_MANAGER};
 use nodelb_core::status::{classes, heartbeat};
@@ -69,6 +71,12 @@ pub struct StatusWriter {
     pub period: Duration,
     pub objects: watch::Receiver<Option<Arc<Objects>>>,
     pub leading: watch::Receiver<bool>,
+    /// What this agent saw last of the holder it took the Lease over from, if that holder fell
+    /// silent (read when it starts leading).
+    pub takeover: watch::Receiver<Option<Takeover>>,
+    /// What the leader asks of agents in Pods, written on the Lease by the election: renew
+    /// heartbeats every this long, while it cannot read their Pods.
+    pub ask: watch::Sender<Option<Duration>>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -123,11 +131,53 @@ struct Memory {
     /// The serving candidates at the last look (`None` before the first: a new leader tells
     /// no transition).
     candidates: Option<BTreeSet<String>>,
+    /// Why each node with a heartbeat that is not alive is not, at the last look.
+    dead: BTreeMap<String, &'static str>,
+    /// The liveness signals this leader cannot read, as last told (`None`: nothing told yet).
+    unreadable: Option<Vec<Unreadable>>,
+}
+
+/// Whether a watch of the leader's can read what it watches.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+enum Readable {
+    /// Not listed yet.
+    #[default]
+    Unknown,
+    Yes,
+    /// The server refused it (RBAC): its answer.
+    Forbidden(String),
+}
+
+/// A reflector's store, whether its watch can read, and the task that runs it.
+struct Watch<K: kube::Resource<DynamicType = ()> + 'static> {
+    store: Store<K>,
+    readable: Arc<std::sync::Mutex<Readable>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<K: kube::Resource<DynamicType = ()> + Clone + 'static> Watch<K> {
+    fn readable(&self) -> Readable {
+        self.readable.lock().expect("readable").clone()
+    }
+}
+
+/// What a watch's error says of whether it may read: the server's answer when it is 403.
+fn forbidden(e: &watcher::Error) -> Option<String> {
+    let kube_error = match e {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => e,
+        _ => return None,
+    };
+    match kube_error {
+        kube::Error::Api(s) if s.code == 403 => Some(s.message.clone()),
+        _ => None,
+    }
 }
 
 /// A reflector's store of `api`'s objects, each trimmed by `trim` before it is kept; `wake` is
-/// told of every change.
-fn store<K>(api: Api<K>, wake: Arc<Notify>, what: &'static str, trim: fn(&mut K)) -> Store<K>
+/// told of every change. Its watch is asked for as `watching` says.
+fn store<K>(api: Api<K>, wake: Arc<Notify>, what: &'static str, trim: fn(&mut K)) -> Watch<K>
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -140,23 +190,45 @@ where
     let (reader, writer) = reflector::store();
     let stream = reflector::reflector(
         writer,
-        watcher::watcher(api, watcher::Config::default())
+        watcher::watcher(api, watching::config())
             .modify(trim)
-            .default_backoff(),
+            .backoff(Retry::default()),
     );
-    tokio::spawn(
+    let readable = Arc::new(std::sync::Mutex::new(Readable::Unknown));
+    let said = readable.clone();
+    let task = tokio::spawn(
         async move {
             let mut stream = std::pin::pin!(stream);
             while let Some(ev) = stream.next().await {
                 match ev {
-                    Ok(_) => wake.notify_one(),
-                    Err(e) => warn!(error = %e, "watch failed; retrying with backoff"),
+                    Ok(ev) => {
+                        if !matches!(ev, watcher::Event::Init | watcher::Event::InitApply(_)) {
+                            *said.lock().expect("readable") = Readable::Yes;
+                        }
+                        wake.notify_one();
+                    }
+                    Err(e) => {
+                        if let Some(why) = forbidden(&e) {
+                            let mut r = said.lock().expect("readable");
+                            if !matches!(*r, Readable::Forbidden(_)) {
+                                warn!(error = %e, "the status leader may not read {what}");
+                            }
+                            *r = Readable::Forbidden(why);
+                            wake.notify_one();
+                        } else {
+                            warn!(error = %e, "watch failed; retrying");
+                        }
+                    }
                 }
             }
         }
         .instrument(info_span!("watch", resource = what)),
     );
-    reader
+    Watch {
+        store: reader,
+        readable,
+        task,
+    }
 }
 
 /// How long a new leader waits for the watches its liveness reads besides the heartbeats.
@@ -167,9 +239,28 @@ struct Watched {
     nodes: Store<Node>,
     /// The heartbeats.
     leases: Store<Lease>,
-    /// The agents' Pods and the kubelets' node Leases ([`heartbeat::Liveness::ages`]).
-    pods: Store<Pod>,
-    kubelet_leases: Store<Lease>,
+    /// The agents' Pods and the kubelets' node Leases ([`heartbeat::Liveness`]).
+    pods: Watch<Pod>,
+    kubelet_leases: Watch<Lease>,
+    /// The watches' tasks, ended when this is dropped (leadership lost).
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.pods.task.abort();
+        self.kubelet_leases.task.abort();
+    }
+}
+
+/// A liveness signal the leader cannot read, and the server's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Unreadable {
+    signal: &'static str,
+    why: String,
 }
 
 impl Watched {
@@ -202,41 +293,80 @@ impl Watched {
             heartbeat::trim_kubelet_lease,
         );
         Watched {
-            nodes,
-            leases,
+            nodes: nodes.store,
+            leases: leases.store,
             pods,
             kubelet_leases,
+            tasks: vec![nodes.task, leases.task],
         }
     }
 
     /// Wait until the Nodes and the heartbeats have listed, and the Pods and the kubelets'
-    /// Leases too, for at most [`LIVENESS_WAIT`]: without them (an older RBAC that does not
-    /// grant them) the leader still judges every node by its own heartbeat, and says so. The
-    /// agents cannot read their Pods then either, so they renew their heartbeats.
+    /// Leases have listed or been refused, for at most [`LIVENESS_WAIT`]: a signal not listed
+    /// by then is judged unreadable until it lists ([`Watched::unreadable`]).
     async fn ready(&self) -> Result<(), reflector::store::WriterDropped> {
         self.nodes.wait_until_ready().await?;
         self.leases.wait_until_ready().await?;
-        let liveness = async {
-            self.pods.wait_until_ready().await?;
-            self.kubelet_leases.wait_until_ready().await
-        };
-        match tokio::time::timeout(LIVENESS_WAIT, liveness).await {
-            Ok(r) => r,
-            Err(_) => {
-                warn!(
-                    "the agents' Pods or the kubelets' node Leases in {} have not listed within {LIVENESS_WAIT:?} (RBAC: list and watch them, as manifests/base/rbac.yaml grants): nodes are judged by their own heartbeats until they do",
-                    heartbeat::KUBELET_LEASE_NAMESPACE
-                );
-                Ok(())
+        let settled = async {
+            while [self.pods.readable(), self.kubelet_leases.readable()]
+                .contains(&Readable::Unknown)
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
-        }
+        };
+        let _ = tokio::time::timeout(LIVENESS_WAIT, settled).await;
+        Ok(())
     }
+
+    /// The liveness signals the leader cannot read now, each with why, in a fixed order.
+    fn unreadable(&self, namespace: &str) -> Vec<Unreadable> {
+        let signals = [
+            ("pods", self.pods.readable(), format!("pods in {namespace}")),
+            (
+                "kubelet-leases",
+                self.kubelet_leases.readable(),
+                format!("leases in {}", heartbeat::KUBELET_LEASE_NAMESPACE),
+            ),
+        ];
+        signals
+            .into_iter()
+            .filter_map(|(signal, readable, what)| {
+                let why = match readable {
+                    Readable::Yes => return None,
+                    Readable::Forbidden(answer) => {
+                        format!("forbidden to list and watch {what}: {answer}")
+                    }
+                    Readable::Unknown => format!("could not list {what} within {LIVENESS_WAIT:?}"),
+                };
+                Some(Unreadable { signal, why })
+            })
+            .collect()
+    }
+}
+
+/// What a leader that cannot read `missing` says in every Service's condition, and in its
+/// Event on the Lease `nodelb-status`: what is missing, what to grant, what it costs meanwhile.
+fn degraded_note(missing: &[Unreadable], namespace: &str) -> Option<String> {
+    let parts: Vec<String> = missing
+        .iter()
+        .map(|u| match u.signal {
+            "kubelet-leases" => format!(
+                "nodelb cannot list and watch leases in {} (grant it the Role and RoleBinding nodelb-kubelet-leases of manifests/base/rbac.yaml in that namespace): a dead node leaves the status only once the node lifecycle controller marks it Unknown",
+                heartbeat::KUBELET_LEASE_NAMESPACE
+            ),
+            _ => format!(
+                "nodelb cannot list and watch pods in {namespace} (grant it the Role nodelb of manifests/base/rbac.yaml): agents renew their heartbeats every {}s and a hung agent leaves the status after up to {}s",
+                heartbeat::SLOW_RENEWAL.as_secs(),
+                heartbeat::SLOW_BOUND.as_secs()
+            ),
+        })
+        .collect();
+    (!parts.is_empty()).then(|| format!("liveness degraded: {}", parts.join("; ")))
 }
 
 impl StatusWriter {
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
         let wake = Arc::new(Notify::new());
-        let watched = Watched::start(&self.client, &self.namespace, &wake);
         let recorder = Requests {
             client: self.client.clone(),
             instance: self.pod_name.clone(),
@@ -248,6 +378,11 @@ impl StatusWriter {
                 _ = stop.wait_for(|s| *s) => return,
                 r = self.leading.wait_for(|l| *l) => if r.is_err() { return },
             }
+            // Only the leader watches the Nodes, the heartbeats, the Pods and the kubelets'
+            // Leases (a follower's watches of every kubelet's renewals would cost the server
+            // as much again per node); a new leader lists them, and stops when it no longer
+            // leads.
+            let watched = Watched::start(&self.client, &self.namespace, &wake);
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => return,
                 r = watched.ready() => if r.is_err() { return },
@@ -263,7 +398,10 @@ impl StatusWriter {
                     None
                 }
             };
-            let mut memory = Memory::default();
+            let mut memory = Memory {
+                liveness: heartbeat::Liveness::after(self.takeover.borrow().clone()),
+                ..Memory::default()
+            };
             info!("leading: writing Service status");
             let inputs = Inputs {
                 watched: &watched,
@@ -283,6 +421,12 @@ impl StatusWriter {
                 }
                 // Let a burst settle.
                 tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            self.ask.send_replace(None);
+            for signal in ["pods", "kubelet-leases"] {
+                self.metrics
+                    .liveness_readable
+                    .remove(&SignalLabel { signal });
             }
             info!("no longer leading: status writes stop");
         }
@@ -361,15 +505,7 @@ impl StatusWriter {
         let seen = inputs.watched.nodes.state();
         let nodes: Vec<Node> = seen.iter().map(|n| (**n).clone()).collect();
         let beats = heartbeat::read(&inputs.watched.leases.state());
-        let kubelets = heartbeat::Kubelets {
-            pods: heartbeat::agent_pods(&inputs.watched.pods.state()),
-            leases: heartbeat::kubelet_leases(&inputs.watched.kubelet_leases.state()),
-        };
-        let now = std::time::Instant::now();
-        let ages = memory
-            .liveness
-            .ages(&beats, &kubelets, self.cfg.node_lease_duration, now);
-        self.record_heartbeat_ages(&ages);
+        let ages = self.liveness(memory, &beats, &seen, inputs).await;
         let Some(changed) = self.compute(memory, &objects, nodes, beats, ages).await else {
             return false;
         };
@@ -380,7 +516,16 @@ impl StatusWriter {
         memory.version = Some(objects.version());
         let candidates = memory.status.candidates();
         let moved = match &memory.candidates {
-            Some(before) => fanout::transitions(before, &candidates, memory.status.ineligible()),
+            Some(before) => {
+                // Why a node left: its liveness, or why it is ineligible.
+                let mut why: BTreeMap<String, String> = memory
+                    .dead
+                    .iter()
+                    .map(|(n, w)| (n.clone(), w.to_string()))
+                    .collect();
+                why.extend(memory.status.ineligible().clone());
+                fanout::transitions(before, &candidates, &why)
+            }
             None => Vec::new(),
         };
         memory.candidates = Some(candidates);
@@ -420,6 +565,37 @@ impl StatusWriter {
         true
     }
 
+    /// Judge every node's liveness from what the leader can read (saying what it cannot):
+    /// the ages `Status::compute` reads, and why each dead node is dead (kept in `memory`).
+    async fn liveness(
+        &mut self,
+        memory: &mut Memory,
+        beats: &BTreeMap<String, heartbeat::Heartbeat>,
+        nodes: &[Arc<Node>],
+        inputs: &Inputs<'_>,
+    ) -> BTreeMap<String, Duration> {
+        let watched = inputs.watched;
+        let unreadable = watched.unreadable(&self.namespace);
+        let readable = |signal| !unreadable.iter().any(|u| u.signal == signal);
+        let kubelets = heartbeat::Kubelets {
+            pods: readable("pods").then(|| heartbeat::agent_pods(&watched.pods.store.state())),
+            leases: readable("kubelet-leases")
+                .then(|| heartbeat::kubelet_leases(&watched.kubelet_leases.store.state())),
+            unknown: heartbeat::unknown_nodes(nodes),
+        };
+        self.degraded(memory, unreadable, inputs).await;
+        let now = std::time::Instant::now();
+        let judged = memory
+            .liveness
+            .judge(beats, &kubelets, self.cfg.node_lease_duration, now);
+        self.record_heartbeat_ages(&judged);
+        memory.dead = judged
+            .iter()
+            .filter_map(|(n, j)| Some((n.clone(), j.why?.note())))
+            .collect();
+        heartbeat::ages(&judged, self.cfg.node_lease_duration)
+    }
+
     /// `Status::compute` on a blocking thread, so the runtime's threads (the sync loop's
     /// among them) are not held while it replans every Service for every serving node.
     /// `None` if it panicked: the memory then starts again from nothing.
@@ -451,13 +627,70 @@ impl StatusWriter {
         }
     }
 
-    fn record_heartbeat_ages(&self, ages: &BTreeMap<String, Duration>) {
-        for (node, age) in ages {
+    fn record_heartbeat_ages(&self, judged: &BTreeMap<String, heartbeat::Judged>) {
+        for (node, j) in judged {
             self.metrics
                 .heartbeat_age
                 .get_or_create(&NodeLabel { node: node.clone() })
-                .set(age.as_secs_f64());
+                .set(j.age.as_secs_f64());
         }
+    }
+
+    /// Say what liveness cannot read, when that changes: the metric, a warning in the log,
+    /// one Event on the Lease `nodelb-status` (not one per Service), the note every Service's
+    /// condition ends with, and, when the Pods cannot be read, the ask on the Lease that agents
+    /// in Pods renew their heartbeats themselves.
+    async fn degraded(&mut self, memory: &mut Memory, now: Vec<Unreadable>, inputs: &Inputs<'_>) {
+        for signal in ["pods", "kubelet-leases"] {
+            let readable = !now.iter().any(|u| u.signal == signal);
+            self.metrics
+                .liveness_readable
+                .get_or_create(&SignalLabel { signal })
+                .set(i64::from(readable));
+        }
+        if memory.unreadable.as_ref() == Some(&now) {
+            return;
+        }
+        let before = memory.unreadable.replace(now.clone()).unwrap_or_default();
+        let note = degraded_note(&now, &self.namespace);
+        self.cfg.liveness = note.clone();
+        let pods_unreadable = now.iter().any(|u| u.signal == "pods");
+        self.ask
+            .send_replace(pods_unreadable.then_some(heartbeat::SLOW_RENEWAL));
+        let (type_, reason, text) = match &note {
+            Some(note) => {
+                for u in &now {
+                    warn!(signal = u.signal, why = %u.why, "{note}");
+                }
+                (EventType::Warning, "LivenessDegraded", note.clone())
+            }
+            // Readable again after it was not: said once; a leader that reads everything from
+            // its start says nothing.
+            None if before.is_empty() => return,
+            None => {
+                info!("liveness reads every signal again");
+                (
+                    EventType::Normal,
+                    "LivenessRestored",
+                    "nodelb reads the agents' Pods and the kubelets' node Leases again: nodes are judged by them".to_string(),
+                )
+            }
+        };
+        let why: Vec<String> = now.iter().map(|u| u.why.clone()).collect();
+        let text = if why.is_empty() {
+            text
+        } else {
+            format!("{text} ({})", why.join("; "))
+        };
+        let regarding = ObjectReference {
+            api_version: Some("coordination.k8s.io/v1".into()),
+            kind: Some("Lease".into()),
+            name: Some(nodelb_core::status::election::LEASE_NAME.into()),
+            namespace: Some(self.namespace.clone()),
+            ..Default::default()
+        };
+        let ev = new_event(regarding, type_, reason, &text, &inputs.recorder.instance);
+        inputs.recorder.send(&ev).await;
     }
 
     /// Decide what one Service needs (its problem Events are sent here), and return the write

@@ -18,7 +18,7 @@ pub mod verify;
 use crate::health_check::HealthCheckNodePorts;
 use crate::host::addresses;
 use crate::host::sysctl::{Forwarding, Sysctls};
-use crate::kube::{inbox, lease, node_events, status_writer, watches};
+use crate::kube::{election, heartbeat, inbox, node_events, status_writer, watches};
 use crate::metrics;
 use anyhow::Context;
 use nodelb_core::plan::config::Config;
@@ -156,11 +156,11 @@ pub struct Settings {
     pub sync_debounce: Duration,
     pub resync_interval: Duration,
     pub node_lease_duration: Duration,
-    /// `--kubelet-healthz`.
-    pub kubelet_healthz: String,
     /// `--health-check-node-ports`.
     pub health_check_node_ports: bool,
     pub election: nodelb_core::status::election::Params,
+    /// `--max-change-wait`, `--max-view-age`, `--max-kernel-wait`.
+    pub readiness: nodelb_core::readiness::Bounds,
     pub health_addr: std::net::SocketAddr,
     pub metrics_addr: std::net::SocketAddr,
 }
@@ -170,15 +170,16 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let mut startup = startup::Startup::new(std::time::Instant::now());
     let config = settings.config.clone();
     let (metrics, readiness, sysctls, _http) = start(&settings).await?;
-    let client = crate::kube::client(settings.kubeconfig.as_deref()).await?;
+    let (inputs, client) = crate::kube::clients(settings.kubeconfig.as_deref(), &readiness).await?;
     startup.client_ready();
     let (tx, rx) = mpsc::unbounded_channel();
     let (caches, _watches) = watches::Caches::start(
-        &client,
+        &inputs,
         &settings.node_name,
         config.servicelb.enabled(),
         tx.clone(),
         metrics.clone(),
+        readiness.clone(),
     );
     let addrs = addresses::watch(settings.resync_interval)
         .await
@@ -188,7 +189,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let (leading_tx, leading_rx) = watch::channel(false);
     let (listeners, watch_pause) =
         wake_sources(&settings, &addrs.rx, &leading_rx, &metrics, tx.clone());
-    let kernel = kernel::Kernel::spawn(config.clone(), watch_pause, tx)
+    let kernel = kernel::Kernel::spawn(config.clone(), watch_pause, tx, readiness.kernel())
         .context("starting the kernel actor's thread")?;
     let ctx = sync::Context {
         node_name: settings.node_name.clone(),
@@ -251,7 +252,7 @@ async fn start(
     settings: &Settings,
 ) -> anyhow::Result<(
     Arc<metrics::Metrics>,
-    http::SharedReadiness,
+    crate::readiness::Readiness,
     Sysctls,
     Vec<tokio::task::JoinHandle<()>>,
 )> {
@@ -264,7 +265,7 @@ async fn start(
         info!("--masquerade-bit is accepted for compatibility and not used: masquerading follows conntrack state");
     }
     let metrics = new_metrics(config);
-    let readiness: http::SharedReadiness = Default::default();
+    let readiness = crate::readiness::Readiness::new(settings.readiness);
     let sysctls = Sysctls::default();
     if settings.set_sysctls {
         set_forwarding(&sysctls, config);
@@ -367,32 +368,40 @@ impl StatusTasks {
         client: ::kube::Client,
         (report, readiness): (
             watch::Receiver<Option<nodelb_core::status::heartbeat::Report>>,
-            http::SharedReadiness,
+            crate::readiness::Readiness,
         ),
         objects: watch::Receiver<Option<Arc<nodelb_core::plan::Objects>>>,
         (leading_tx, leading_rx): (watch::Sender<bool>, watch::Receiver<bool>),
         metrics: Arc<metrics::Metrics>,
         stop: watch::Receiver<bool>,
     ) -> StatusTasks {
-        let election = tokio::spawn(lease::elect(
+        let (takeover_tx, takeover_rx) = watch::channel(None);
+        let (asked_tx, asked_rx) = watch::channel(None);
+        let (ask_tx, ask_rx) = watch::channel(None);
+        let links = election::Links {
+            leading: leading_tx,
+            takeover: takeover_tx,
+            asked: asked_tx,
+            ask: ask_rx,
+        };
+        let election = tokio::spawn(election::elect(
             client.clone(),
             settings.namespace.clone(),
             settings.pod_name.clone(),
             settings.election,
-            leading_tx,
+            links,
             metrics.clone(),
             stop.clone(),
         ));
-        let heartbeat = lease::Heartbeat {
+        let heartbeat = heartbeat::Heartbeat {
             client: client.clone(),
             namespace: settings.namespace.clone(),
             node: settings.node_name.clone(),
             holder: settings.pod_name.clone(),
             pod_given: settings.pod_name_given,
-            kubelet_healthz: settings.kubelet_healthz.clone(),
             readiness,
-            period: lease::heartbeat_period(settings.node_lease_duration),
             lease_duration: settings.node_lease_duration,
+            asked: asked_rx,
             metrics: metrics.clone(),
         };
         let heartbeat = tokio::spawn(heartbeat.run(report, stop.clone()));
@@ -403,11 +412,14 @@ impl StatusTasks {
             cfg: nodelb_core::status::StatusConfig {
                 planner: settings.config.clone(),
                 node_lease_duration: settings.node_lease_duration,
+                liveness: None,
             },
             ip_mode: settings.ip_mode.clone(),
             period: settings.election.retry_period,
             objects,
             leading: leading_rx,
+            takeover: takeover_rx,
+            ask: ask_tx,
             metrics,
         };
         let writer = tokio::spawn(writer.run(stop));

@@ -82,11 +82,12 @@ pub fn ineligible(node: &Node, beat: &Heartbeat) -> Option<String> {
 
 /// Drop what the leader never reads of a Node, before it is stored: of its metadata all but
 /// the name, uid, labels, `nodelb.io/` annotations, deletion timestamp and resource version;
-/// of its spec all but the taints; of its status all but the addresses. A kubelet's Node also
+/// of its spec all but the taints; of its status all but the addresses and the Ready
+/// condition's status. A kubelet's Node also
 /// carries its images, conditions, capacity and managed fields, kilobytes a node, which the
 /// leader would otherwise hold for every node of the cluster and copy on every look.
 pub fn trim_node(node: &mut Node) {
-    use k8s_openapi::api::core::v1::{NodeSpec, NodeStatus};
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus};
     let m = &mut node.metadata;
     m.managed_fields = None;
     m.owner_references = None;
@@ -101,8 +102,21 @@ pub fn trim_node(node: &mut Node) {
         };
     }
     if let Some(status) = &mut node.status {
+        // Of the conditions, Ready's status only: `Unknown` is the node lifecycle
+        // controller's word that the kubelet went silent (`heartbeat::unknown_nodes`).
+        let ready = status.conditions.take().map(|c| {
+            c.into_iter()
+                .filter(|c| c.type_ == "Ready")
+                .map(|c| NodeCondition {
+                    type_: c.type_,
+                    status: c.status,
+                    ..NodeCondition::default()
+                })
+                .collect()
+        });
         *status = NodeStatus {
             addresses: status.addresses.take(),
+            conditions: ready,
             ..NodeStatus::default()
         };
     }

@@ -4,12 +4,17 @@
 //!
 //! - A Lease held by someone else is taken over only once its record has not changed for a
 //!   whole lease duration, as observed on this process's own clock (clock skew between nodes
-//!   does not matter).
+//!   does not matter), and a free one at once; each candidate waits its own jitter beyond
+//!   that, so that the candidates watching the Lease do not all write it in the same instant.
+//! - A candidate that takes over from a holder that stopped renewing remembers what it saw
+//!   last of that holder ([`Takeover`]): the new leader uses it not to give that holder's
+//!   node a fresh grace (`heartbeat::Liveness`).
 //! - The holder renews every retry period; if it cannot renew for the renew deadline, it stops
 //!   leading before its lease can expire, so two leaders never overlap.
 //! - On shutdown the holder releases the Lease so the next agent takes over at once.
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
 use std::time::{Duration, Instant};
 
 /// The Lease the status writers elect on.
@@ -29,7 +34,7 @@ pub struct Params {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     pub holder: String,
-    pub renew_time: Option<String>,
+    pub renew_time: Option<Timestamp>,
     pub transitions: i32,
 }
 
@@ -40,9 +45,7 @@ impl Record {
             holder: spec
                 .and_then(|s| s.holder_identity.clone())
                 .unwrap_or_default(),
-            renew_time: spec
-                .and_then(|s| s.renew_time.as_ref())
-                .map(|t| t.0.to_string()),
+            renew_time: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
             transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
         }
     }
@@ -55,19 +58,39 @@ pub enum Action {
     Create,
     /// Free or expired: take it (a new transition).
     Acquire,
-    /// Ours: renew it.
+    /// Ours, and a retry period since we last wrote it: renew it.
     Renew,
-    /// Someone else holds it and it is fresh.
+    /// Someone else holds it and it is fresh, or we renewed it less than a retry period ago.
     Wait,
+}
+
+/// What a candidate saw last of the holder it took the Lease over from, once that holder had
+/// stopped renewing (none when the Lease was free or released).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Takeover {
+    /// The holder's identity (its Pod's name).
+    pub holder: String,
+    /// Its last `renewTime`, on its own node's clock.
+    pub renewed: Option<Timestamp>,
+    /// When this candidate first saw that last record (its own clock): the holder has been
+    /// silent since then at least.
+    pub silent_since: Instant,
+    /// The holder's retry period: alive, it would have renewed within this of anything else it
+    /// wrote, so what its node wrote up to this after its last renewal is as old as its silence.
+    pub margin: Duration,
 }
 
 #[derive(Clone, Debug)]
 pub struct Election {
     pub me: String,
     pub params: Params,
+    /// How long beyond the rules this candidate waits before it takes the Lease.
+    jitter: Duration,
     observed: Option<(Record, Instant)>,
     last_renew: Option<Instant>,
     leading: bool,
+    /// Set when the last [`Action::Acquire`] takes over from a silent holder.
+    takeover: Option<Takeover>,
 }
 
 impl Election {
@@ -75,10 +98,23 @@ impl Election {
         Election {
             me: me.into(),
             params,
+            jitter: Duration::ZERO,
             observed: None,
             last_renew: None,
             leading: false,
+            takeover: None,
         }
+    }
+
+    /// This candidate waits `jitter` longer than the rules say before it takes the Lease.
+    pub fn with_jitter(mut self, jitter: Duration) -> Election {
+        self.jitter = jitter;
+        self
+    }
+
+    /// What this candidate saw last of the silent holder it is taking the Lease from.
+    pub fn takeover(&self) -> Option<&Takeover> {
+        self.takeover.as_ref()
     }
 
     pub fn leading(&self) -> bool {
@@ -97,10 +133,22 @@ impl Election {
             _ => self.observed = Some((record.clone(), now)),
         }
         if record.holder == self.me {
-            return Action::Renew;
+            // Ours: renewed once a retry period, however often the record is heard.
+            let due = self
+                .last_renew
+                .is_none_or(|t| now.duration_since(t) >= self.params.retry_period);
+            return if due { Action::Renew } else { Action::Wait };
         }
         let since = self.observed.as_ref().map(|(_, t)| *t).unwrap_or(now);
-        if record.holder.is_empty() || now.duration_since(since) >= self.params.lease_duration {
+        let still = now.duration_since(since);
+        let free = record.holder.is_empty();
+        if (free && still >= self.jitter) || still >= self.params.lease_duration + self.jitter {
+            self.takeover = (!free).then(|| Takeover {
+                holder: record.holder.clone(),
+                renewed: record.renew_time,
+                silent_since: since,
+                margin: self.params.retry_period,
+            });
             Action::Acquire
         } else {
             if self.leading {
@@ -160,6 +208,32 @@ mod tests {
     const T2: &str = "2026-01-01T00:00:03.000000Z";
 
     #[test]
+    fn a_candidate_waits_its_jitter_beyond_the_rules() {
+        let t0 = Instant::now();
+        let j = Duration::from_millis(1500);
+        let mut e = Election::new("b", params()).with_jitter(j);
+        assert_eq!(e.observe(Some(&lease("", T1)), t0), Action::Wait);
+        assert_eq!(
+            e.observe(Some(&lease("", T1)), t0 + j),
+            Action::Acquire,
+            "a free Lease after the jitter"
+        );
+        assert_eq!(e.takeover(), None, "nobody was taken over from");
+        let mut e = Election::new("b", params()).with_jitter(j);
+        e.observe(Some(&lease("a", T1)), t0);
+        let held = t0 + params().lease_duration;
+        assert_eq!(e.observe(Some(&lease("a", T1)), held), Action::Wait);
+        assert_eq!(e.observe(Some(&lease("a", T1)), held + j), Action::Acquire);
+        let took = e.takeover().expect("taken from a silent holder");
+        assert_eq!(took.holder, "a");
+        assert_eq!(took.renewed, Some(T1.parse().unwrap()));
+        assert_eq!(
+            took.silent_since, t0,
+            "silent since its record was first seen"
+        );
+    }
+
+    #[test]
     fn a_missing_lease_is_created_and_a_free_one_taken() {
         let t0 = Instant::now();
         let mut e = Election::new("a", params());
@@ -168,7 +242,16 @@ mod tests {
         assert!(!e.leading());
         e.succeeded(t0);
         assert!(e.leading());
-        assert_eq!(e.observe(Some(&lease("a", T1)), t0), Action::Renew);
+        assert_eq!(
+            e.observe(Some(&lease("a", T1)), t0),
+            Action::Wait,
+            "just written: its echo is no reason to write again"
+        );
+        assert_eq!(
+            e.observe(Some(&lease("a", T1)), t0 + params().retry_period),
+            Action::Renew
+        );
+        assert!(e.leading());
     }
 
     #[test]

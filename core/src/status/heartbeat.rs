@@ -1,15 +1,19 @@
 //! Node heartbeats: the Lease `nodelb-node-<node>` each agent writes in its namespace, with
 //! annotations naming the families it has programmed and the Service ports host listeners
-//! hold there. Read here into plain values.
+//! hold there. Read here into plain values, with the other signals of a node's liveness, and
+//! judged ([`Liveness`]).
 //!
 //! How the leader tells an agent is alive depends on where it runs. An agent outside a Pod
 //! renews its Lease every third of `--node-lease-duration`. An agent in a Pod with a readiness
 //! probe (the manifests' DaemonSet) writes its Lease only when what the Lease carries changes,
-//! or while the kubelet's word on it is not current (its kubelet down, or its `/readyz`
-//! failing): the leader takes its liveness from its Pod's Ready condition
-//! (the kubelet probes `/readyz`) and from the kubelet's own node Lease in `kube-node-lease`,
-//! renewals the cluster writes anyway ([`Liveness::ages`]).
+//! or while its own readiness fails: the leader takes its liveness from its Pod's Ready
+//! condition (the kubelet probes `/readyz`, which fails when the agent stops applying the
+//! cluster) and its node's from the kubelet's own node Lease in `kube-node-lease`, renewals the
+//! cluster writes anyway. A signal the leader cannot read has a fallback, never a drop: the
+//! node lifecycle controller's Ready condition for the kubelets' Leases, and slow self-renewed
+//! heartbeats ([`SLOW_RENEWAL`], asked for on the Lease `nodelb-status`) for the Pods.
 
+use super::election::Takeover;
 use crate::plan::conflicts::Slot;
 use crate::plan::listeners::{wildcard, HostListeners};
 use crate::plan::reserved::ReservedPorts;
@@ -17,7 +21,7 @@ use crate::vocab::{Families, IpFamily, Listener, Protocol};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeInclusive;
@@ -212,36 +216,136 @@ pub struct KubeletLease {
     pub duration: Option<Duration>,
 }
 
-/// What tells the leader that an agent in a Pod is alive besides its own Lease.
-#[derive(Clone, Debug, Default)]
+/// What the leader reads besides the heartbeats, each `None` when it cannot read it (its RBAC
+/// does not let it list and watch them: see [`Liveness`] for what it does then).
+#[derive(Clone, Debug)]
 pub struct Kubelets {
     /// The agents' Pods, by name.
-    pub pods: BTreeMap<String, AgentPod>,
+    pub pods: Option<BTreeMap<String, AgentPod>>,
     /// The kubelets' node Leases, by node.
-    pub leases: BTreeMap<String, KubeletLease>,
+    pub leases: Option<BTreeMap<String, KubeletLease>>,
+    /// The nodes whose Ready condition is `Unknown`: the node lifecycle controller stopped
+    /// hearing from their kubelet (read from the Nodes, which the leader always reads).
+    pub unknown: BTreeSet<String>,
+}
+
+impl Default for Kubelets {
+    /// Everything readable, nothing there.
+    fn default() -> Kubelets {
+        Kubelets {
+            pods: Some(BTreeMap::new()),
+            leases: Some(BTreeMap::new()),
+            unknown: BTreeSet::new(),
+        }
+    }
+}
+
+/// How often agents in Pods renew their heartbeats when the leader asks them to
+/// ([`HEARTBEAT_RENEWAL_ANNOTATION`]): when it cannot read their Pods. Once in 90 s keeps an
+/// agent's requests within one a minute with its watches (docs/design.md, "Liveness").
+pub const SLOW_RENEWAL: Duration = Duration::from_secs(90);
+
+/// How stale such a heartbeat may grow: three renewals.
+pub const SLOW_BOUND: Duration = Duration::from_secs(3 * 90);
+
+/// Annotation on the Lease `nodelb-status`, written by the leader with its renewals: agents in
+/// Pods renew their heartbeat Leases every this long (a duration, `1m 30s`), because the leader
+/// cannot read their Pods. Absent: they write their heartbeats only when what they say changes.
+pub const HEARTBEAT_RENEWAL_ANNOTATION: &str = "nodelb.io/heartbeat-renewal";
+
+/// The kubelet's default node Lease duration (`nodeLeaseDurationSeconds`); it renews every
+/// quarter of it.
+pub const KUBELET_LEASE_DURATION: Duration = Duration::from_secs(40);
+
+/// How long a kubelet's node Lease may go unrenewed before its node is dead: two of its renewal
+/// periods (the kubelet renews every quarter of the Lease's duration: 20 s at the default
+/// 40 s). One renewal may come a whole period late; the margin was chosen from renewals
+/// measured on the real cluster under 10,000 status writes (docs/design.md, "Liveness").
+pub fn kubelet_bound(duration: Option<Duration>) -> Duration {
+    duration.unwrap_or(KUBELET_LEASE_DURATION) / 2
+}
+
+/// Why the leader holds a node dead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Why {
+    /// Its agent's own heartbeat Lease is not renewed (and nothing else vouches for it).
+    Heartbeat,
+    /// Its agent's Pod is not Ready (or gone), and its heartbeat is not renewed either.
+    PodNotReady,
+    /// Its kubelet stopped renewing its node Lease.
+    Kubelet,
+    /// The node lifecycle controller marked it `Unknown` (the kubelet's Leases cannot be read).
+    NodeUnknown,
+}
+
+impl Why {
+    pub fn note(self) -> &'static str {
+        match self {
+            Why::Heartbeat => {
+                "its nodelb heartbeat is not renewed (agent or node down, or the node is gone)"
+            }
+            Why::PodNotReady => {
+                "its nodelb agent's Pod is not Ready (the agent is not applying the cluster)"
+            }
+            Why::Kubelet => "its kubelet stopped renewing its node Lease (node down or cut off)",
+            Why::NodeUnknown => "the node lifecycle controller lost its kubelet (Ready is Unknown)",
+        }
+    }
+}
+
+/// One node's liveness as the leader judged it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Judged {
+    pub alive: bool,
+    /// The age of the signal the judgement rests on: the kubelet's node Lease for an agent in
+    /// a Pod the leader can see, else the heartbeat's.
+    pub age: Duration,
+    /// Why it is dead (`None` while alive).
+    pub why: Option<Why>,
 }
 
 /// Liveness as the leader sees it: when it last saw each node's heartbeat renewal change, and
 /// each kubelet's node Lease renewal, on its own monotonic clock. A node's `renewTime` is
-/// compared only with its own earlier value, never with the leader's clock, so a node clock
-/// minutes behind or ahead changes nothing. A Lease seen for the first time (by a new leader,
-/// or a new node) counts as just renewed: one lease duration of grace before it can be dropped.
+/// compared only with its own earlier value (or, after a takeover, with the silent holder's
+/// last election renewal, which that same node's clock wrote), never with the leader's clock,
+/// so a node clock minutes behind or ahead changes nothing. A value seen for the first time
+/// (by a new leader, or of a new node) counts as just renewed: one bound of grace before it
+/// can be dropped; but after a takeover ([`Liveness::after`]), the silent holder's own node
+/// gets none for what it has not renewed since it fell silent.
+///
+/// The rules ([`Liveness::judge`]):
+/// - an agent outside a Pod lives while its heartbeat was seen renewed less than
+///   `--node-lease-duration` ago;
+/// - an agent in a Pod lives while its node lives and its agent does. Its node lives while
+///   the kubelet's node Lease was seen renewed less than [`kubelet_bound`] ago (if the leader
+///   cannot read those Leases: while the Node's Ready condition is not `Unknown`). Its agent
+///   lives while its Pod is Ready on that node, or its heartbeat was seen renewed less than
+///   `--node-lease-duration` ago (an agent whose readiness fails renews it, so a short failure
+///   keeps the node for a lease duration). If the leader cannot read Pods, it asks the agents
+///   to renew their heartbeats every [`SLOW_RENEWAL`] and judges them against [`SLOW_BOUND`]
+///   (each by-Pod heartbeat gets that much grace when the Pods stop being readable).
 #[derive(Clone, Debug, Default)]
 pub struct Liveness {
     /// Node → its heartbeat's last renewal value and when it was first seen.
     seen: BTreeMap<String, (Timestamp, Instant)>,
     /// Node → its kubelet's node Lease's last renewal value and when it was first seen.
     kubelets: BTreeMap<String, (Timestamp, Instant)>,
+    /// The silent holder this leader took over from, until its node is first seen.
+    takeover: Option<Takeover>,
+    /// Whether the Pods were readable at the last look.
+    pods_readable: Option<bool>,
 }
 
-/// The time since `renewed` was first seen as `node`'s value.
+/// The time since `renewed` was first seen as `node`'s value; a value first seen now dates
+/// from `first` (now, unless a takeover says the node has been silent longer).
 fn observe(
     seen: &mut BTreeMap<String, (Timestamp, Instant)>,
     node: &str,
     renewed: Timestamp,
     now: Instant,
+    first: Instant,
 ) -> Duration {
-    let last = seen.entry(node.to_string()).or_insert((renewed, now));
+    let last = seen.entry(node.to_string()).or_insert((renewed, first));
     if last.0 != renewed {
         *last = (renewed, now);
     }
@@ -249,47 +353,155 @@ fn observe(
 }
 
 impl Liveness {
-    /// Take the heartbeats and the kubelets read at `now`; returns each node's age, which is
-    /// compared with `lease_duration`. The age of a heartbeat is the time since its renewal
-    /// was last seen to change. For an agent in a Pod ([`Heartbeat::by_pod`]), while that Pod
-    /// is Ready on that node, the kubelet's node Lease renewals count too: the age is the
-    /// younger of the two. A kubelet that renews less often than `lease_duration` allows
-    /// (its Lease's duration over 4, the kubelet's period) is judged against 1.5 periods.
-    pub fn ages(
+    /// A new leader's liveness; `takeover`: what it saw last of the holder it took the Lease
+    /// over from, if that holder fell silent.
+    pub fn after(takeover: Option<Takeover>) -> Liveness {
+        Liveness {
+            takeover,
+            ..Liveness::default()
+        }
+    }
+
+    /// When a value of `node` first seen now dates from: now, unless `node` is the silent
+    /// holder's and `renewed` is not later than that holder's last election renewal by more
+    /// than its retry period (one node's clock against itself: alive, the holder would have
+    /// renewed the election within that): then from when the holder fell silent.
+    fn first(&self, node_holder: Option<&str>, renewed: Timestamp, now: Instant) -> Instant {
+        let before_silence = |t: &Takeover| {
+            let margin = SignedDuration::try_from(t.margin).unwrap_or(SignedDuration::ZERO);
+            t.renewed
+                .and_then(|last| last.checked_add(margin).ok())
+                .is_some_and(|last| renewed <= last)
+        };
+        match &self.takeover {
+            Some(t) if node_holder == Some(t.holder.as_str()) && before_silence(t) => {
+                t.silent_since.min(now)
+            }
+            _ => now,
+        }
+    }
+
+    /// Judge every node with a heartbeat at `now` (see the rules above).
+    pub fn judge(
         &mut self,
         beats: &BTreeMap<String, Heartbeat>,
         kubelets: &Kubelets,
         lease_duration: Duration,
         now: Instant,
-    ) -> BTreeMap<String, Duration> {
+    ) -> BTreeMap<String, Judged> {
         self.seen.retain(|node, _| beats.contains_key(node));
-        self.kubelets
-            .retain(|node, _| kubelets.leases.contains_key(node));
-        let kubelet_ages: BTreeMap<&String, Duration> = kubelets
-            .leases
-            .iter()
-            .map(|(node, l)| {
-                let age = observe(&mut self.kubelets, node, l.renewed, now);
-                let bound = l.duration.map_or(lease_duration, |d| d * 3 / 8);
-                (
-                    node,
-                    age.saturating_sub(bound.saturating_sub(lease_duration)),
-                )
-            })
-            .collect();
-        let mut ages = BTreeMap::new();
-        for (node, b) in beats {
-            let own = observe(&mut self.seen, node, b.renewed, now);
-            let in_ready_pod = b.by_pod
-                && b.holder
-                    .as_ref()
-                    .and_then(|h| kubelets.pods.get(h))
-                    .is_some_and(|p| p.ready && &p.node == node);
-            let kubelet = kubelet_ages.get(node).filter(|_| in_ready_pod);
-            ages.insert(node.clone(), kubelet.map_or(own, |k| own.min(*k)));
+        match &kubelets.leases {
+            Some(leases) => self.kubelets.retain(|node, _| leases.contains_key(node)),
+            None => self.kubelets.clear(),
         }
-        ages
+        let pods_readable = kubelets.pods.is_some();
+        if !pods_readable && self.pods_readable == Some(true) {
+            // The Pods stopped being readable: every agent in a Pod now has to renew its
+            // heartbeat itself, slowly; give each that long.
+            for (node, b) in beats.iter().filter(|(_, b)| b.by_pod) {
+                self.seen.insert(node.clone(), (b.renewed, now));
+            }
+        }
+        self.pods_readable = Some(pods_readable);
+        let mut out = BTreeMap::new();
+        for (node, b) in beats {
+            let first = self.first(b.holder.as_deref(), b.renewed, now);
+            let own = observe(&mut self.seen, node, b.renewed, now, first);
+            let judged = if !b.by_pod {
+                Judged {
+                    alive: own < lease_duration,
+                    age: own,
+                    why: Some(Why::Heartbeat),
+                }
+            } else {
+                self.judge_by_pod(node, b, own, kubelets, lease_duration, now)
+            };
+            let judged = Judged {
+                why: judged.why.filter(|_| !judged.alive),
+                ..judged
+            };
+            out.insert(node.clone(), judged);
+        }
+        self.takeover = None;
+        out
     }
+
+    /// An agent in a Pod: its node and its agent both live.
+    fn judge_by_pod(
+        &mut self,
+        node: &str,
+        b: &Heartbeat,
+        own: Duration,
+        kubelets: &Kubelets,
+        lease_duration: Duration,
+        now: Instant,
+    ) -> Judged {
+        let kubelet = kubelets.leases.as_ref().map(|leases| {
+            leases.get(node).map(|l| {
+                let first = self.first(b.holder.as_deref(), l.renewed, now);
+                let age = observe(&mut self.kubelets, node, l.renewed, now, first);
+                (age, age < kubelet_bound(l.duration))
+            })
+        });
+        let (node_age, node_alive, node_why) = match kubelet {
+            Some(Some((age, alive))) => (Some(age), alive, Why::Kubelet),
+            // No Lease of its kubelet, or none readable: the node lifecycle controller's word.
+            Some(None) | None => (None, !kubelets.unknown.contains(node), Why::NodeUnknown),
+        };
+        let (agent_alive, agent_why) = match &kubelets.pods {
+            Some(pods) => {
+                let ready = b
+                    .holder
+                    .as_ref()
+                    .and_then(|h| pods.get(h))
+                    .is_some_and(|p| p.ready && p.node == node);
+                (ready || own < lease_duration, Why::PodNotReady)
+            }
+            None => (own < SLOW_BOUND, Why::Heartbeat),
+        };
+        Judged {
+            alive: node_alive && agent_alive,
+            age: node_age.unwrap_or(own),
+            why: Some(if node_alive { agent_why } else { node_why }),
+        }
+    }
+}
+
+/// The ages [`super::Status::compute`] judges against `lease_duration`: a living node's is
+/// zero, a dead one's the lease duration.
+pub fn ages(
+    judged: &BTreeMap<String, Judged>,
+    lease_duration: Duration,
+) -> BTreeMap<String, Duration> {
+    judged
+        .iter()
+        .map(|(node, j)| {
+            let age = if j.alive {
+                Duration::ZERO
+            } else {
+                lease_duration
+            };
+            (node.clone(), age)
+        })
+        .collect()
+}
+
+/// The nodes whose Ready condition is `Unknown`, of those given.
+pub fn unknown_nodes<N: Borrow<k8s_openapi::api::core::v1::Node>>(nodes: &[N]) -> BTreeSet<String> {
+    nodes
+        .iter()
+        .filter_map(|n| {
+            let n: &k8s_openapi::api::core::v1::Node = n.borrow();
+            let unknown = n
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "Unknown");
+            unknown.then(|| n.metadata.name.clone()).flatten()
+        })
+        .collect()
 }
 
 /// The kubelets' node Leases (those in [`KUBELET_LEASE_NAMESPACE`]), by node.

@@ -33,6 +33,8 @@ mod tests;
 #[cfg(test)]
 mod tests_classes;
 #[cfg(test)]
+mod tests_liveness;
+#[cfg(test)]
 mod tests_published;
 
 use crate::objects::index::Service;
@@ -63,6 +65,10 @@ pub struct StatusConfig {
     /// `--node-lease-duration`: a heartbeat whose renewal the leader saw change less than this
     /// long ago is fresh.
     pub node_lease_duration: Duration,
+    /// What the leader cannot read of nodes' liveness, and what to grant (`None`: it reads
+    /// everything). Every Service's condition ends with it, so that whoever looks at a
+    /// Service sees why a dead node may stay published longer than it should.
+    pub liveness: Option<String>,
 }
 
 impl StatusConfig {
@@ -220,6 +226,8 @@ pub struct Status {
     /// Nodes with a fresh heartbeat that serve nothing, each with why (every condition names
     /// them).
     ineligible: BTreeMap<String, String>,
+    /// `StatusConfig::liveness` as last computed (every condition ends with it).
+    liveness: Option<String>,
 }
 
 impl Status {
@@ -260,9 +268,11 @@ impl Status {
     ) -> BTreeSet<ServiceKey> {
         let candidates = classes::candidates(nodes, beats, ages, cfg.node_lease_duration);
         let ineligible = classes::ineligible_nodes(nodes, beats, ages, cfg.node_lease_duration);
-        // Every condition names them: a change of them (or of why) rewrites every Service's.
-        let named_anew = ineligible != self.ineligible;
+        // Every condition names them: a change of them (or of why) rewrites every Service's;
+        // so does a change of what liveness cannot read.
+        let named_anew = ineligible != self.ineligible || cfg.liveness != self.liveness;
         self.ineligible = ineligible;
+        self.liveness = cfg.liveness.clone();
         let dirty = self.version.and_then(|v| objects.changed_since(v));
         self.version = Some(objects.version());
         let handled = |svc: &Service| service::is_handled(svc, &cfg.planner);
@@ -461,6 +471,10 @@ impl Found<'_> {
         invalid_parts(planned, warnings, &mut desired.problems);
         let seen = &gathered.condition;
         desired.serving = condition::decide(seen, &desired.problems, &key.namespace);
+        if let Some(note) = &cfg.liveness {
+            desired.serving.message.push_str("; ");
+            desired.serving.message.push_str(note);
+        }
         // Kept for every Service: no spare room.
         desired.problems.shrink_to_fit();
         desired

@@ -2,7 +2,7 @@
 //! input.
 
 use super::condition::Serving;
-use super::heartbeat::{self, AgentPod, Heartbeat, KubeletLease, Kubelets};
+use super::heartbeat::{self, AgentPod, Heartbeat, KubeletLease};
 use super::ingress::{self, Write};
 use super::*;
 use crate::fixtures::{heartbeat, node, Slice, Svc, NOW};
@@ -14,7 +14,6 @@ use k8s_openapi::jiff::SignedDuration;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 use std::sync::Arc;
-use std::time::Instant;
 
 fn now() -> Timestamp {
     NOW.parse().unwrap()
@@ -71,6 +70,7 @@ impl World {
             cfg: StatusConfig {
                 planner: Config::default(),
                 node_lease_duration: Duration::from_secs(15),
+                liveness: None,
             },
         }
     }
@@ -525,200 +525,6 @@ fn ages_at(beats: &BTreeMap<String, Heartbeat>, at: Timestamp) -> BTreeMap<Strin
             (n.clone(), Duration::try_from(age).unwrap_or_default())
         })
         .collect()
-}
-
-fn beat_at(node: &str, renewed: Timestamp) -> (String, Heartbeat) {
-    let beat = heartbeat(node).renewed(renewed).families("IPv4");
-    (node.to_string(), beat.heartbeat())
-}
-
-#[test]
-fn a_node_clock_minutes_behind_or_ahead_still_serves() {
-    let mut o = heartbeat::Liveness::default();
-    let t0 = Instant::now();
-    let secs = |s| Duration::from_secs(s);
-    // node-behind writes renewTimes 3 minutes in the past, node-ahead 3 minutes in the future:
-    // each renewal changes the value, and that change is all the leader looks at.
-    for round in 0..10u64 {
-        let at = now() + SignedDuration::from_secs(round as i64 * 2);
-        let beats: BTreeMap<_, _> = [
-            beat_at("node-behind", at - SignedDuration::from_mins(3)),
-            beat_at("node-ahead", at + SignedDuration::from_mins(3)),
-        ]
-        .into();
-        let ages = o.ages(&beats, &Kubelets::default(), LEASE, t0 + secs(round * 2));
-        assert_eq!(ages["node-behind"], Duration::ZERO, "round {round}");
-        assert_eq!(ages["node-ahead"], Duration::ZERO, "round {round}");
-    }
-}
-
-#[test]
-fn a_node_whose_renewals_stop_ages_from_the_last_change_seen() {
-    let mut o = heartbeat::Liveness::default();
-    let t0 = Instant::now();
-    let secs = |s| Duration::from_secs(s);
-    let beats: BTreeMap<_, _> = [beat_at("node-a", now())].into();
-    o.ages(&beats, &Kubelets::default(), LEASE, t0);
-    let renewed: BTreeMap<_, _> = [beat_at("node-a", now() + SignedDuration::from_secs(5))].into();
-    assert_eq!(
-        o.ages(&renewed, &Kubelets::default(), LEASE, t0 + secs(5))["node-a"],
-        Duration::ZERO
-    );
-    // No renewal after that: the age grows on the leader's clock alone.
-    assert_eq!(
-        o.ages(&renewed, &Kubelets::default(), LEASE, t0 + secs(19))["node-a"],
-        secs(14)
-    );
-    assert_eq!(
-        o.ages(&renewed, &Kubelets::default(), LEASE, t0 + secs(21))["node-a"],
-        secs(16)
-    );
-}
-
-/// `--node-lease-duration`'s default, as the liveness tests judge ages against it.
-const LEASE: Duration = Duration::from_secs(15);
-
-/// The kubelets' view: each node's kubelet Lease renewed at `renewed` (40 s, the kubelet's
-/// default duration), and Pod `nodelb-<node>` on its node, Ready or not.
-fn kubelets(nodes: &[(&str, Timestamp, bool)]) -> Kubelets {
-    Kubelets {
-        pods: nodes
-            .iter()
-            .map(|(n, _, ready)| {
-                let pod = AgentPod {
-                    node: n.to_string(),
-                    ready: *ready,
-                };
-                (format!("nodelb-{n}"), pod)
-            })
-            .collect(),
-        leases: nodes
-            .iter()
-            .map(|(n, renewed, _)| {
-                let lease = KubeletLease {
-                    renewed: *renewed,
-                    duration: Some(Duration::from_secs(40)),
-                };
-                (n.to_string(), lease)
-            })
-            .collect(),
-    }
-}
-
-/// The heartbeat of `node`, whose agent runs in a Pod, written at `written`.
-fn by_pod(node: &str, written: Timestamp) -> BTreeMap<String, Heartbeat> {
-    let beat = heartbeat(node).renewed(written).by_pod().heartbeat();
-    [(node.to_string(), beat)].into()
-}
-
-#[test]
-fn an_agent_in_a_ready_pod_lives_on_its_kubelets_renewals_without_its_own() {
-    let mut o = heartbeat::Liveness::default();
-    let t0 = Instant::now();
-    let secs = |s| Duration::from_secs(s);
-    let written = now();
-    let pod = heartbeat("node-a")
-        .renewed(written)
-        .families("IPv4")
-        .by_pod();
-    let plain = heartbeat("node-b").renewed(written).families("IPv4");
-    let beats: BTreeMap<_, _> = [
-        ("node-a".to_string(), pod.heartbeat()),
-        ("node-b".to_string(), plain.heartbeat()),
-    ]
-    .into();
-    // The kubelets renew every 10 s; the agents never write again.
-    for round in 0..12u64 {
-        let kubelet = written + SignedDuration::from_secs(round as i64 * 10);
-        let k = kubelets(&[("node-a", kubelet, true), ("node-b", kubelet, true)]);
-        o.ages(&beats, &k, LEASE, t0 + secs(round * 10));
-        let ages = o.ages(&beats, &k, LEASE, t0 + secs(round * 10 + 9));
-        assert_eq!(ages["node-a"], secs(9), "round {round}");
-        assert_eq!(
-            ages["node-b"],
-            secs(round * 10 + 9),
-            "round {round}: not by Pod"
-        );
-    }
-}
-
-#[test]
-fn a_pod_not_ready_or_on_another_node_or_a_kubelet_that_stops_leaves_the_agents_own_age() {
-    let secs = |s| Duration::from_secs(s);
-    let written = now();
-    let beats = by_pod("node-a", written);
-    let age_at = |k: &Kubelets, later: u64| {
-        let mut o = heartbeat::Liveness::default();
-        let t0 = Instant::now();
-        o.ages(&beats, k, LEASE, t0);
-        // The kubelet renews once more at 10 s, then stops.
-        let mut renewed = k.clone();
-        for l in renewed.leases.values_mut() {
-            l.renewed = written + SignedDuration::from_secs(10);
-        }
-        o.ages(&beats, &renewed, LEASE, t0 + secs(10));
-        o.ages(&beats, &renewed, LEASE, t0 + secs(later))["node-a"]
-    };
-    let ready = kubelets(&[("node-a", written, true)]);
-    assert_eq!(age_at(&ready, 24), secs(14));
-    assert_eq!(age_at(&ready, 26), secs(16), "the kubelet stopped: dropped");
-    let not_ready = kubelets(&[("node-a", written, false)]);
-    assert_eq!(age_at(&not_ready, 12), secs(12), "Pod not Ready");
-    let mut elsewhere = ready.clone();
-    elsewhere.pods.get_mut("nodelb-node-a").unwrap().node = "node-b".into();
-    assert_eq!(age_at(&elsewhere, 12), secs(12), "Pod on another node");
-    let no_pod = Kubelets {
-        pods: BTreeMap::new(),
-        ..ready.clone()
-    };
-    assert_eq!(age_at(&no_pod, 12), secs(12), "no Pod");
-}
-
-#[test]
-fn a_kubelet_renewing_less_often_than_the_lease_duration_allows_is_judged_on_its_own_period() {
-    let mut o = heartbeat::Liveness::default();
-    let t0 = Instant::now();
-    let secs = |s| Duration::from_secs(s);
-    let written = now();
-    let beats = by_pod("node-a", written);
-    // A 80 s kubelet Lease: renewed every 20 s, judged against 30 s, so 15 s is taken off.
-    let mut k = kubelets(&[("node-a", written, true)]);
-    k.leases.get_mut("node-a").unwrap().duration = Some(secs(80));
-    o.ages(&beats, &k, LEASE, t0);
-    assert_eq!(o.ages(&beats, &k, LEASE, t0 + secs(20))["node-a"], secs(5));
-    assert_eq!(o.ages(&beats, &k, LEASE, t0 + secs(31))["node-a"], secs(16));
-}
-
-#[test]
-fn a_new_leader_gives_every_node_one_lease_duration_of_grace() {
-    // The stored renewal is an hour old by any clock; a leader that has just started sees it
-    // for the first time and counts from then.
-    let mut o = heartbeat::Liveness::default();
-    let t0 = Instant::now();
-    let beats: BTreeMap<_, _> = [beat_at("node-a", now() - SignedDuration::from_hours(1))].into();
-    assert_eq!(
-        o.ages(&beats, &Kubelets::default(), LEASE, t0)["node-a"],
-        Duration::ZERO
-    );
-    let w = World::two_nodes().service(lb("web", 80));
-    let mut s = Status::default();
-    let lease = Duration::from_secs(15);
-    let all = heartbeat::read(&w.leases);
-    let ages: BTreeMap<String, Duration> =
-        all.keys().map(|n| (n.clone(), Duration::ZERO)).collect();
-    s.compute(&w.objects, &w.nodes, &all, &ages, &w.cfg);
-    assert_eq!(
-        s.desired()[&ServiceKey::new("default", "web")]
-            .ingress
-            .len(),
-        2
-    );
-    // One lease duration later with no change seen: dropped.
-    let ages: BTreeMap<String, Duration> = all.keys().map(|n| (n.clone(), lease)).collect();
-    s.compute(&w.objects, &w.nodes, &all, &ages, &w.cfg);
-    assert!(s.desired()[&ServiceKey::new("default", "web")]
-        .ingress
-        .is_empty());
 }
 
 // ---- what the writer does -----------------------------------------------------------------

@@ -62,6 +62,7 @@ impl Cluster {
             cfg: StatusConfig {
                 planner,
                 node_lease_duration: Duration::from_secs(15),
+                liveness: None,
             },
         };
         for i in 0..c.names.len() {
