@@ -12,15 +12,17 @@
 // Every test lives in `on_real_cluster`, so that scripts/test.sh can run the rest of the suite
 // first (`--skip on_real_cluster::`) and these once the release agent for the image is built.
 mod on_real_cluster {
-    use std::collections::BTreeSet;
-    use std::net::SocketAddr;
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::net::{IpAddr, SocketAddr};
     use std::time::{Duration, Instant};
 
+    use nodelb_integration::control_plane::AuditRecord;
     use nodelb_integration::e2e::{ingress_ips, metric_value};
     use nodelb_integration::real_cluster::{
         backend_deployment, backend_service, pod_of, serving_condition, PodWatch, RealCluster,
-        StatusWatch, TcpLoad, TestNamespace,
+        StatusWatch, TcpLoad, TestNamespace, NODELB_NAMESPACE,
     };
+    use nodelb_integration::request_budget::{self, BUDGET_NODES, BUDGET_PER_NODE_MINUTE};
     use nodelb_integration::traffic::{Heard, Outcome, TcpSession, UdpFlow};
 
     /// How long a Service may take to be published on every node once its pods are ready.
@@ -64,18 +66,38 @@ mod on_real_cluster {
         want: &BTreeSet<String>,
         timeout: Duration,
     ) -> Duration {
-        c.until(
-            &format!("Service {ns}/{name} publishing {want:?}"),
-            timeout,
-            || {
-                let svc = c.service(ns, name)?;
-                let got: BTreeSet<String> = ingress_ips(&svc).into_iter().collect();
-                (&got == want)
-                    .then_some(())
-                    .ok_or(format!("ingress {got:?}"))
-            },
-        )
-        .1
+        publish_times(c, ns, &[name], want, timeout)[0].unwrap_or_else(|| {
+            panic!(
+                "Service {ns}/{name} publishing {want:?}: not within {timeout:?}; last: {:?}",
+                published(c, ns, name)
+            )
+        })
+    }
+
+    /// Polls Services `names` of `ns` every 100 ms for at most `timeout`: for each, how long
+    /// until it first published exactly `want`, or `None` if it did not.
+    fn publish_times(
+        c: &RealCluster,
+        ns: &str,
+        names: &[&str],
+        want: &BTreeSet<String>,
+        timeout: Duration,
+    ) -> Vec<Option<Duration>> {
+        let began = Instant::now();
+        let mut out = vec![None; names.len()];
+        while out.iter().any(Option::is_none) && began.elapsed() < timeout {
+            for (name, t) in names.iter().zip(&mut out) {
+                if t.is_none()
+                    && c.service(ns, name).is_ok_and(|svc| {
+                        ingress_ips(&svc).into_iter().collect::<BTreeSet<_>>() == *want
+                    })
+                {
+                    *t = Some(began.elapsed());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        out
     }
 
     /// Installs nodelb (`manifests/`), makes namespace `ns` with Deployment `web` of `replicas`
@@ -938,15 +960,7 @@ mod on_real_cluster {
     /// The node whose agent does not hold the status Lease.
     fn follower(c: &RealCluster) -> String {
         let leader = c
-            .kubectl(&[
-                "-n",
-                "nodelb-system",
-                "get",
-                "lease",
-                "nodelb-status",
-                "-o",
-                "jsonpath={.spec.holderIdentity}",
-            ])
+            .status_leader_in(NODELB_NAMESPACE)
             .unwrap_or_else(|e| panic!("{e}"));
         let pods = c.agent_pods().unwrap_or_else(|e| panic!("{e}"));
         pods.into_iter()
@@ -958,11 +972,11 @@ mod on_real_cluster {
     /// The writes of nodelb's ServiceAccount among kube-apiserver's audit records, counted by
     /// verb, resource and object.
     fn nodelb_writes(
-        records: &[nodelb_integration::control_plane::AuditRecord],
+        records: &[&AuditRecord],
     ) -> std::collections::BTreeMap<(String, String, String), usize> {
         let mut out = std::collections::BTreeMap::new();
         for r in records {
-            if r.user != "system:serviceaccount:nodelb-system:nodelb" {
+            if r.user != "system:serviceaccount:nodelb-system:nodelb" || !r.is_write() {
                 continue;
             }
             let o = r.object.clone().unwrap_or_default();
@@ -985,27 +999,26 @@ mod on_real_cluster {
         out
     }
 
-    /// Issue 30's write budget and liveness, with the manifests' DaemonSet. Agents in Pods
-    /// write nothing at steady state: over 60 s, kube-apiserver's audit log holds no heartbeat
-    /// write, no status and no Event of theirs, only the status leader's election renewals.
-    /// Their liveness comes from the Pods' Ready condition and the kubelets' node Leases: a
-    /// hung agent (SIGSTOP) turns unready and leaves the status within `--node-lease-duration`
-    /// (15 s); a node whose kubelet and agent both stop leaves it within 15 s of its
-    /// last renewal, plus one 2 s look (as a renewing agent's node does). A stopped kubelet
-    /// alone changes nothing (`cordon_drain_a_stopped_kubelet_and_a_deleted_node_reach_the_status`).
+    /// Issue 30's liveness, with the manifests' DaemonSet: an agent in its Pod says it lives by
+    /// it (its heartbeat's `nodelb.io/liveness: Pod`), and the leader reads its liveness from the
+    /// Pod's Ready condition and the kubelet's node Lease: a hung agent (SIGSTOP) turns unready
+    /// and leaves the status within `--node-lease-duration` (15 s); a node whose kubelet and
+    /// agent both stop leaves it within 15 s of its last renewal, plus one 2 s look (as a
+    /// renewing agent's node does). That agents in Pods write nothing at steady state is
+    /// `every_verb_of_nodelb_at_steady_state_fits_one_request_per_node_per_minute_at_5000_nodes`'s.
     #[test]
-    fn agents_in_pods_write_nothing_at_steady_state_and_a_hung_agent_or_a_dead_node_leaves_the_status(
-    ) {
-        let Some((_turn, c)) = RealCluster::get(
-            "agents_in_pods_write_nothing_at_steady_state_and_a_hung_agent_or_a_dead_node_leaves_the_status",
-        ) else {
+    fn a_hung_agent_or_a_dead_node_leaves_the_status() {
+        let Some((_turn, c)) = RealCluster::get("a_hung_agent_or_a_dead_node_leaves_the_status")
+        else {
             return;
         };
         if !c.is_managed() {
-            println!("SKIP steady-state writes and liveness: they need scripts/cluster.sh's nodes and audit log");
+            println!(
+                "SKIP liveness: stopping an agent and a kubelet needs scripts/cluster.sh's nodes"
+            );
             return;
         }
-        let ns = setup(c, "rc-budget", 2, 1, &[("web", 80, "")]);
+        let ns = setup(c, "rc-liveness", 2, 1, &[("web", 80, "")]);
         let ns = ns.name();
         for (node, _) in c.nodes() {
             let liveness = c
@@ -1021,48 +1034,6 @@ mod on_real_cluster {
                 .unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(liveness, "Pod", "{node}'s agent says it lives by its Pod");
         }
-
-        // Steady state: nothing changes for a minute. It begins once the agents' start is
-        // over: an agent renews its Lease until it has been ready for a lease duration (15 s),
-        // the time the kubelet takes to probe its Pod ready.
-        std::thread::sleep(Duration::from_secs(20));
-        let before = c
-            .audit_writes()
-            .expect("the managed cluster's audit log")
-            .len();
-        let window = Duration::from_secs(60);
-        std::thread::sleep(window);
-        let records = c.audit_writes().expect("the managed cluster's audit log");
-        let writes = nodelb_writes(&records[before..]);
-        for ((verb, resource, object), n) in &writes {
-            println!("audit: nodelb wrote {n} x {verb} {resource} {object}");
-        }
-        let count = |f: &dyn Fn(&str) -> bool| -> usize {
-            writes
-                .iter()
-                .filter(|((_, _, o), _)| f(o))
-                .map(|(_, n)| n)
-                .sum()
-        };
-        let heartbeats = count(&|o| o.starts_with("nodelb-system/nodelb-node-"));
-        let election = count(&|o| o == "nodelb-system/nodelb-status");
-        let other = count(&|_| true) - heartbeats - election;
-        let nodes = c.nodes().len();
-        println!(
-            "measured: in {window:?} at steady state on {nodes} nodes, nodelb wrote {heartbeats} \
-             heartbeat Leases ({:.2} per node per minute), {election} election renewals (one \
-             Lease for the cluster) and {other} other objects",
-            heartbeats as f64 / nodes as f64 * 60.0 / window.as_secs_f64()
-        );
-        assert_eq!(
-            heartbeats, 0,
-            "agents in Pods write no heartbeat at steady state"
-        );
-        assert_eq!(other, 0, "no status or Event at steady state");
-        assert!(
-            election <= (window.as_secs() / 2 + 1) as usize,
-            "the leader renews its Lease every --retry-period (2 s): {election}"
-        );
 
         // A hung agent: its Pod turns unready, its node leaves the status.
         let node = follower(c);
@@ -1228,4 +1199,145 @@ mod on_real_cluster {
             assert_eq!(answered, want, "traffic entering {node} stays in {zone}");
         }
     }
+
+    /// nodelb's requests at steady state (issue 38's request budget): with the agents settled
+    /// and nothing changing, kube-apiserver's audit log (every verb of nodelb's ServiceAccounts)
+    /// is read for [`BUDGET_WINDOW`] and each agent's requests counted by verb, attributed by
+    /// the Pod its token is bound to. A watch counts at the rate its requested lifetime implies
+    /// (`request_budget`), plus every start that replaced a stream ended early. With one leader
+    /// and N - 1 followers, follower + (leader - follower) / 5,000 must stay within one request
+    /// a minute. And, as issue 30 has it, the agents in Pods write nothing at steady state: no
+    /// heartbeat, no status, no Event, only the status leader's election renewals.
+    #[test]
+    fn every_verb_of_nodelb_at_steady_state_fits_one_request_per_node_per_minute_at_5000_nodes() {
+        let Some((_turn, c)) = RealCluster::get(
+            "every_verb_of_nodelb_at_steady_state_fits_one_request_per_node_per_minute_at_5000_nodes",
+        ) else {
+            return;
+        };
+        if !c.is_managed() {
+            println!("SKIP the request budget: it needs scripts/cluster.sh's audit log");
+            return;
+        }
+        let _ns = setup(c, "rc-budget", 2, 1, &[("web", 80, "")]);
+        // Steady state begins once the agents' start is over: an agent renews its Lease until
+        // it has been ready for a lease duration (15 s), the time the kubelet takes to probe its
+        // Pod ready.
+        std::thread::sleep(Duration::from_secs(20));
+        let from = k8s_openapi::jiff::Timestamp::now();
+        std::thread::sleep(BUDGET_WINDOW);
+        let to = k8s_openapi::jiff::Timestamp::now();
+        let window = BUDGET_WINDOW;
+        let records = c.audit_records().expect("the managed cluster's audit log");
+        let pods = c.agent_pods().unwrap_or_else(|e| panic!("{e}"));
+        let leader = c
+            .status_leader_in(NODELB_NAMESPACE)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let by_address: BTreeMap<IpAddr, String> = pods
+            .iter()
+            .map(|(pod, node)| (c.node_address(node), pod.clone()))
+            .collect();
+        let agent_of = |r: &AuditRecord| -> Option<String> {
+            if !r.user.starts_with("system:serviceaccount:nodelb-system:") {
+                return None;
+            }
+            if pods.iter().any(|(p, _)| *p == r.pod) {
+                return Some(r.pod.clone());
+            }
+            by_address.get(&r.source).cloned()
+        };
+        let in_window: Vec<&AuditRecord> = records
+            .iter()
+            .filter(|r| r.at().is_some_and(|t| from <= t && t < to))
+            .collect();
+
+        // No writes but the election's.
+        let writes = nodelb_writes(&in_window);
+        for ((verb, resource, object), n) in &writes {
+            println!("audit: nodelb wrote {n} x {verb} {resource} {object}");
+        }
+        let count = |f: &dyn Fn(&str) -> bool| -> usize {
+            writes
+                .iter()
+                .filter(|((_, _, o), _)| f(o))
+                .map(|(_, n)| n)
+                .sum()
+        };
+        let heartbeats = count(&|o| o.starts_with("nodelb-system/nodelb-node-"));
+        let election = count(&|o| o == "nodelb-system/nodelb-status");
+        let other = count(&|_| true) - heartbeats - election;
+        println!(
+            "measured: in {window:?} at steady state nodelb wrote {heartbeats} heartbeat Leases, \
+             {election} election renewals and {other} other objects"
+        );
+
+        // Every verb, per agent.
+        let counts = request_budget::count(&records, from, to, agent_of);
+        let mut rates = BTreeMap::new();
+        for (pod, node) in &pods {
+            let a = counts.get(pod).cloned().unwrap_or_default();
+            let role = if *pod == leader { "leader" } else { "follower" };
+            let mut paths: BTreeMap<(String, String), usize> = BTreeMap::new();
+            for r in in_window
+                .iter()
+                .filter(|r| r.verb != "watch" && agent_of(r).as_ref() == Some(pod))
+            {
+                let path = r.uri.split('?').next().unwrap_or_default().to_string();
+                *paths.entry((r.verb.clone(), path)).or_default() += 1;
+            }
+            println!(
+                "measured: {role} {pod} on {node}: {} requests other than watches in {window:?} \
+                 ({:?}), {} watch starts ({} replacing a stream ended early), {} watches open \
+                 (requested lifetimes {:?} s, {:.2} starts a minute): {:.2} requests a minute",
+                a.others(),
+                a.by_verb,
+                a.watch_starts,
+                a.early_restarts,
+                a.watches.len(),
+                a.watches.values().collect::<Vec<_>>(),
+                a.watch_rate(),
+                a.rate(window)
+            );
+            for ((verb, path), n) in &paths {
+                println!("  {n} x {verb} {path}");
+            }
+            for (target, t) in &a.watches {
+                println!("  watch {target} (timeoutSeconds {t})");
+            }
+            rates.insert(
+                role,
+                a.rate(window).max(rates.get(role).copied().unwrap_or(0.0)),
+            );
+        }
+        let (leader_rate, follower_rate) = (
+            rates.get("leader").copied().unwrap_or(0.0),
+            rates.get("follower").copied().unwrap_or(0.0),
+        );
+        let per_node = request_budget::per_node(BUDGET_NODES, leader_rate, follower_rate);
+        println!(
+            "measured: leader {leader_rate:.2}/min, follower {follower_rate:.2}/min: \
+             {per_node:.3} requests a node a minute at {BUDGET_NODES} nodes (budget \
+             {BUDGET_PER_NODE_MINUTE})"
+        );
+
+        assert_eq!(
+            heartbeats, 0,
+            "agents in Pods write no heartbeat at steady state"
+        );
+        assert_eq!(other, 0, "no status or Event at steady state");
+        assert!(
+            election <= (window.as_secs() / 2 + 1) as usize,
+            "the leader renews its Lease every --retry-period (2 s): {election}"
+        );
+        assert!(
+            per_node <= BUDGET_PER_NODE_MINUTE,
+            "nodelb's requests of every verb at steady state: follower {follower_rate:.2}/min + \
+             (leader {leader_rate:.2}/min - follower) / {BUDGET_NODES} = {per_node:.3} a node a \
+             minute, over the budget of {BUDGET_PER_NODE_MINUTE}"
+        );
+    }
+
+    /// How long [`every_verb_of_nodelb_at_steady_state_fits_one_request_per_node_per_minute_at_5000_nodes`]
+    /// reads the audit log at steady state.
+    const BUDGET_WINDOW: Duration = Duration::from_secs(180);
 }
