@@ -100,6 +100,14 @@ mod on_real_cluster {
         out
     }
 
+    /// `Some(t)` as "after t", `None` as "not within `wait`", for `measured:` lines.
+    fn after(t: Option<Duration>, wait: Duration) -> String {
+        match t {
+            Some(t) => format!("after {t:.1?}"),
+            None => format!("not within {wait:?}"),
+        }
+    }
+
     /// Installs nodelb (`manifests/`), makes namespace `ns` with Deployment `web` of `replicas`
     /// backends draining for `drain` seconds, and the Services `(name, first port, spec extra)`;
     /// returns once every Service publishes every node.
@@ -766,6 +774,105 @@ mod on_real_cluster {
         }
     }
 
+    /// How long a node whose kubelet stopped (its agent still running) may stay in a status
+    /// (issue 38).
+    const KUBELET_STOPPED_LEAVES: Duration = Duration::from_secs(30);
+
+    /// What [`kubelet_outage`] saw, per Service: how long it took to leave the node out after
+    /// the kubelet stopped, and to list it again after the kubelet started (`None`: not within
+    /// the wait).
+    struct KubeletOutage {
+        node: String,
+        left: Vec<(String, Option<Duration>)>,
+        back: Vec<(String, Option<Duration>)>,
+    }
+
+    impl KubeletOutage {
+        /// Every Service left the node out within [`KUBELET_STOPPED_LEAVES`] and listed it again
+        /// once its kubelet was back.
+        fn assert_bounds(&self) {
+            let node = &self.node;
+            for (svc, t) in &self.left {
+                assert!(
+                    t.is_some_and(|t| t <= KUBELET_STOPPED_LEAVES),
+                    "Service {svc} leaves out {node}, whose kubelet stopped, within \
+                     {KUBELET_STOPPED_LEAVES:?}: it did {}",
+                    after(*t, KUBELET_STOPPED_LEAVES * 2)
+                );
+            }
+            for (svc, t) in &self.back {
+                assert!(
+                    t.is_some(),
+                    "Service {svc} lists {node} again once its kubelet is back: not within 120 s"
+                );
+            }
+        }
+    }
+
+    /// Stops the kubelet of `node` (its agent and its rules keep running) and measures, for
+    /// at most twice [`KUBELET_STOPPED_LEAVES`], when each of Services `names` of `ns` leaves it
+    /// out; then starts the kubelet and measures, for at most 120 s, when each lists every node
+    /// again. Prints the figures; asserts nothing (see [`KubeletOutage::assert_bounds`]). The
+    /// caller holds a [`NodeBack`] for `node`.
+    fn kubelet_outage(c: &RealCluster, ns: &str, names: &[&str], node: &str) -> KubeletOutage {
+        let (all, rest) = (all_nodes(c), all_but(c, node));
+        let wait = KUBELET_STOPPED_LEAVES * 2;
+        c.cluster_sh(&["kubelet", "stop", node])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let left = publish_times(c, ns, names, &rest, wait);
+        for (name, t) in names.iter().zip(&left) {
+            println!(
+                "measured: kubelet of {node} stopped (agent running): Service {name} left it out \
+                 {}",
+                after(*t, wait)
+            );
+        }
+        let addr = SocketAddr::new(c.node_address(node), 80);
+        println!(
+            "with its kubelet stopped, a request through {node} ({addr}): {:?}",
+            c.tcp_request(addr)
+        );
+        c.cluster_sh(&["kubelet", "start", node])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let wait_back = Duration::from_secs(120);
+        let back = publish_times(c, ns, names, &all, wait_back);
+        for (name, t) in names.iter().zip(&back) {
+            println!(
+                "measured: kubelet of {node} started again: Service {name} listed it again {}",
+                after(*t, wait_back)
+            );
+        }
+        let named =
+            |ts: Vec<Option<Duration>>| names.iter().map(|n| n.to_string()).zip(ts).collect();
+        KubeletOutage {
+            node: node.to_string(),
+            left: named(left),
+            back: named(back),
+        }
+    }
+
+    /// A stopped kubelet takes its node out of every status (issue 38): the node's agent keeps
+    /// running and its rules keep serving, but a node whose kubelet is silent cannot be told
+    /// healthy, so it leaves web's status within [`KUBELET_STOPPED_LEAVES`] (30 s) of the stop
+    /// and is listed again once the kubelet is back (printed; at most 120 s). Before issue 38
+    /// such a node stayed published: its agent renewed its own heartbeat.
+    #[test]
+    fn a_stopped_kubelet_takes_its_node_out_of_the_status_within_30_s_and_back_with_it() {
+        let Some((_turn, c)) = RealCluster::get(
+            "a_stopped_kubelet_takes_its_node_out_of_the_status_within_30_s_and_back_with_it",
+        ) else {
+            return;
+        };
+        if !c.is_managed() {
+            println!("SKIP a stopped kubelet: it needs scripts/cluster.sh's nodes");
+            return;
+        }
+        let ns = setup(c, "rc-kubelet", 2, 1, &[("web", 80, "")]);
+        let node = follower(c);
+        let _restore = NodeBack(c, node.clone());
+        kubelet_outage(c, ns.name(), &["web"], &node).assert_bounds();
+    }
+
     /// Cordon, drain, a stopped kubelet and a deleted Node, each against a `Cluster` Service
     /// (`web`, ports 80-82) and a `Local` one (`local`, 90-92) over the same two pods. Bounds, as
     /// the README documents them:
@@ -773,9 +880,9 @@ mod on_real_cluster {
     ///   it since Kubernetes 1.28);
     /// - drain: `Local` loses the node once its last local endpoint stops being ready; `Cluster`
     ///   keeps it;
-    /// - kubelet stopped: its agent and rules still serve, so `Cluster` keeps it; `Local` loses
-    ///   it once the node lifecycle controller marks its pods not ready (the controller manager's
-    ///   `--node-monitor-grace-period`, 20 s on this cluster, 50 s by default, then one sync);
+    /// - kubelet stopped (its agent still runs): every Service loses it within
+    ///   [`KUBELET_STOPPED_LEAVES`] (issue 38: a node whose kubelet is silent cannot be told
+    ///   healthy), and gets it back once the kubelet is back;
     /// - Node deleted: every Service loses it within one status round.
     #[test]
     fn cordon_drain_a_stopped_kubelet_and_a_deleted_node_reach_the_status() {
@@ -801,7 +908,7 @@ mod on_real_cluster {
             ],
         );
         let ns = ns.name();
-        let (node, addr) = c.nodes()[1].clone();
+        let node = c.nodes()[1].0.clone();
         let _restore = NodeBack(c, node.clone());
         let all = all_nodes(c);
         let rest = all_but(c, &node);
@@ -857,36 +964,8 @@ mod on_real_cluster {
             "measured: uncordon of {node} and a respread: Local back {back:.1?} after the rollout"
         );
 
-        // A stopped kubelet: the node's agent and rules still serve.
-        let watch_web = StatusWatch::start(c, ns, "web");
-        let stopped = Instant::now();
-        c.cluster_sh(&["kubelet", "stop", &node])
-            .unwrap_or_else(|e| panic!("{e}"));
-        let (_, local) = c.until(
-            &format!("Local Service dropping {node} after its kubelet stopped"),
-            Duration::from_secs(120),
-            || {
-                let got = published(c, ns, "local");
-                (got == rest).then_some(()).ok_or(format!("{got:?}"))
-            },
-        );
-        println!("measured: kubelet of {node} stopped: Local dropped it after {local:.1?}");
-        let through = c.tcp_request(SocketAddr::new(addr, 80));
-        assert!(
-            matches!(through, Outcome::Answered(_)),
-            "with its kubelet stopped {node} still forwards Cluster traffic: {through:?}"
-        );
-        let restarted = Instant::now();
-        c.cluster_sh(&["kubelet", "start", &node])
-            .unwrap_or_else(|e| panic!("{e}"));
-        let (_, local) = both(&all, &all, Duration::from_secs(120));
-        println!("measured: kubelet of {node} started again: Local back after {local:.1?}");
-        let versions = watch_web.stop();
-        assert!(
-            versions.iter().all(|(_, ips)| ips == &all),
-            "the Cluster Service kept {node} throughout ({:.1?}): {versions:?}",
-            stopped.elapsed() - restarted.elapsed()
-        );
+        // A stopped kubelet: out of every status within 30 s, back when the kubelet is.
+        kubelet_outage(c, ns, &["web", "local"], &node).assert_bounds();
 
         // A deleted Node: every Service loses it.
         c.cluster_sh(&["kubelet", "stop", &node])
