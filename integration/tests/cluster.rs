@@ -19,8 +19,8 @@ mod on_real_cluster {
     use nodelb_integration::control_plane::AuditRecord;
     use nodelb_integration::e2e::{ingress_ips, metric_value};
     use nodelb_integration::real_cluster::{
-        backend_deployment, backend_service, pod_of, serving_condition, PodWatch, RealCluster,
-        StatusWatch, TcpLoad, TestNamespace, NODELB_NAMESPACE,
+        backend_deployment, backend_service, json, pod_of, serving_condition, write_kustomization,
+        PodWatch, RealCluster, StatusWatch, TcpLoad, TestNamespace, NODELB_NAMESPACE,
     };
     use nodelb_integration::request_budget::{self, BUDGET_NODES, BUDGET_PER_NODE_MINUTE};
     use nodelb_integration::traffic::{Heard, Outcome, TcpSession, UdpFlow};
@@ -1277,6 +1277,568 @@ mod on_real_cluster {
                 .collect();
             assert_eq!(answered, want, "traffic entering {node} stays in {zone}");
         }
+    }
+
+    /// How long a node whose agent cannot reach the API server may stay in a status, and how
+    /// soon it is listed again once it can (issue 38).
+    const BLACK_HOLED_LEAVES: Duration = Duration::from_secs(45);
+    const HEALED_RETURNS: Duration = Duration::from_secs(15);
+
+    /// Heals `scripts/cluster.sh partition <node>` when the test ends, whether it passed or not.
+    struct Heal(&'static RealCluster, String);
+
+    impl Drop for Heal {
+        fn drop(&mut self) {
+            if let Err(e) = self.0.cluster_sh(&["partition", &self.1, "off"]) {
+                eprintln!("healing the partition of {}: {e}", self.1);
+            }
+        }
+    }
+
+    /// Whether `addr` is in the status at `at`, from a [`StatusWatch`]'s versions.
+    fn listed_at(
+        versions: &[(Duration, BTreeSet<String>)],
+        watch_began: Instant,
+        addr: IpAddr,
+        at: Instant,
+    ) -> bool {
+        versions
+            .iter()
+            .take_while(|(t, _)| watch_began + *t <= at)
+            .last()
+            .is_some_and(|(_, ips)| ips.contains(&addr.to_string()))
+    }
+
+    /// A follower whose API connection is black-holed (`scripts/cluster.sh partition`: what
+    /// the server sends to it is silently dropped, no RST, no ICMP; its kubelet keeps its own
+    /// path, so its Pod stays Ready and its node Lease fresh) while web's backends roll to new
+    /// pod IPs it cannot learn. Under a client load through every node address: the node leaves
+    /// web's status within [`BLACK_HOLED_LEAVES`] (45 s) of the partition and no connection
+    /// through the node that stays listed fails (connections through the black-holed node while
+    /// it is still listed are counted and printed, not asserted); once healed it is listed
+    /// again within [`HEALED_RETURNS`] (15 s) and answers.
+    #[test]
+    fn a_black_holed_agent_leaves_the_status_within_45_s_while_backends_roll_and_returns_within_15_s(
+    ) {
+        let Some((_turn, c)) = RealCluster::get(
+            "a_black_holed_agent_leaves_the_status_within_45_s_while_backends_roll_and_returns_within_15_s",
+        ) else {
+            return;
+        };
+        if !c.is_managed() {
+            println!("SKIP a black-holed agent: the partition needs scripts/cluster.sh's cluster");
+            return;
+        }
+        let ns = setup(c, "rc-partition", 2, 1, &[("web", 80, "")]);
+        let ns = ns.name();
+        let node = follower(c);
+        let addr = c.node_address(&node);
+        let (all, rest) = (all_nodes(c), all_but(c, &node));
+        let targets: Vec<SocketAddr> = c
+            .nodes()
+            .iter()
+            .map(|(_, a)| SocketAddr::new(*a, 80))
+            .collect();
+        let watch = StatusWatch::start(c, ns, "web");
+        let watch_began = watch.began();
+        let load = TcpLoad::start(c.client(), targets, Duration::from_millis(50));
+        std::thread::sleep(Duration::from_secs(1));
+
+        let _heal = Heal(c, node.clone());
+        c.cluster_sh(&["partition", &node, "on"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let cut = Instant::now();
+        c.kubectl(&["-n", ns, "rollout", "restart", "deploy/web"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let wait = BLACK_HOLED_LEAVES * 2;
+        let offset = cut.elapsed();
+        let left = publish_times(c, ns, &["web"], &rest, wait)[0].map(|t| t + offset);
+        c.kubectl(&[
+            "-n",
+            ns,
+            "rollout",
+            "status",
+            "deploy/web",
+            "--timeout=120s",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let rolled = cut.elapsed();
+        std::thread::sleep(Duration::from_secs(3));
+        let report = load.stop();
+
+        c.cluster_sh(&["partition", &node, "off"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let wait_back = HEALED_RETURNS * 4;
+        let back = publish_times(c, ns, &["web"], &all, wait_back)[0];
+        let through = c.tcp_request(SocketAddr::new(addr, 80));
+        let healed = Instant::now();
+        let answering = loop {
+            if matches!(
+                c.tcp_request(SocketAddr::new(addr, 80)),
+                Outcome::Answered(_)
+            ) {
+                break Some(healed.elapsed());
+            }
+            if healed.elapsed() > wait_back {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let versions = watch.stop();
+
+        println!(
+            "measured: {node} ({addr}) black-holed, backends rolled (done at most {rolled:.1?} \
+             after the partition): {node} left web's status {}",
+            after(left, wait)
+        );
+        println!(
+            "measured: partition of {node} healed: back in web's status {}; then a request \
+             through {addr}: {through:?}, and the first answered one {} later",
+            after(back, wait_back),
+            after(answering, wait_back)
+        );
+        let mut kept: Vec<_> = Vec::new();
+        let (mut while_listed, mut once_left) = (Vec::new(), 0);
+        for (t, dst, outcome) in &report.failed {
+            if dst.ip() != addr {
+                kept.push((*t, *dst, outcome.clone()));
+            } else if listed_at(&versions, watch_began, addr, report.began + *t) {
+                while_listed.push((t.saturating_sub(cut - report.began), outcome.clone()));
+            } else {
+                once_left += 1;
+            }
+        }
+        println!(
+            "measured: {} connections over {:.1?}, {} failed: {} through {node} while it was \
+             listed (first {:.1?} after the partition), {once_left} through {node} once it had \
+             left, {} through the nodes that stay listed",
+            report.total(),
+            report.ran,
+            report.failed.len(),
+            while_listed.len(),
+            while_listed.first().map(|(t, _)| *t).unwrap_or_default(),
+            kept.len()
+        );
+        let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
+        for (_, o) in &while_listed {
+            *outcomes.entry(format!("{o:?}")).or_default() += 1;
+        }
+        println!("measured: failures through {node} while listed, by outcome: {outcomes:?}");
+        println!("web's status, version by version: {versions:?}");
+
+        assert!(
+            left.is_some_and(|t| t <= BLACK_HOLED_LEAVES),
+            "{node}, black-holed, leaves web's status within {BLACK_HOLED_LEAVES:?}: {}",
+            after(left, wait)
+        );
+        assert!(
+            kept.is_empty(),
+            "no connection through a node that stays listed fails: {kept:?}"
+        );
+        assert!(
+            back.is_some_and(|t| t <= HEALED_RETURNS),
+            "{node} is back in web's status within {HEALED_RETURNS:?} of healing: {}",
+            after(back, wait_back)
+        );
+        assert!(
+            matches!(through, Outcome::Answered(_)),
+            "{node}, healed and listed, answers: {through:?}"
+        );
+    }
+
+    /// Puts `manifests/`'s install back (`kubectl apply -k`) when a test ends, whatever it
+    /// removed or changed.
+    struct Reinstall(&'static RealCluster);
+
+    impl Drop for Reinstall {
+        fn drop(&mut self) {
+            if let Err(e) = self.0.install("") {
+                eprintln!("reinstalling nodelb: {e}");
+            }
+        }
+    }
+
+    /// The `events.k8s.io` Events of `ns` about object `kind`/`name`: (type, reason, note).
+    fn events_about(
+        c: &RealCluster,
+        ns: &str,
+        kind: &str,
+        name: &str,
+    ) -> Vec<(String, String, String)> {
+        let list = json(
+            &c.kubectl(&["-n", ns, "get", "events.events.k8s.io", "-o", "json"])
+                .unwrap_or_else(|e| panic!("{e}")),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["regarding"]["kind"] == kind && e["regarding"]["name"] == name)
+            .map(|e| (s(&e["type"]), s(&e["reason"]), s(&e["note"])))
+            .collect()
+    }
+
+    /// The metric saying whether the leader can read the kubelets' node Leases.
+    const KUBELET_LEASES_READABLE: &str =
+        "nodelb_liveness_signal_readable{signal=\"kubelet-leases\"}";
+
+    /// A signal the leader cannot read never drops a healthy node (issue 38): with the
+    /// RoleBinding `nodelb-kubelet-leases` of `kube-node-lease` deleted, a new status leader
+    /// (an agent started after the loss: the follower's Pod is deleted first, because an agent
+    /// that ran before keeps its watch of `kube-node-lease` open until that watch's timeout;
+    /// then the leader's Pod) keeps both nodes in web's status for 60 s, and says what to
+    /// grant: the condition `nodelb.io/Serving` mentions `kube-node-lease`, a Warning Event
+    /// `LivenessDegraded` regarding the Lease `nodelb-status` names it, and the leader's
+    /// `nodelb_liveness_signal_readable{signal="kubelet-leases"}` is 0. Then the install is
+    /// applied again and the time until the condition stops mentioning it is printed.
+    #[test]
+    fn a_lost_kube_node_lease_right_drops_no_node_under_a_new_leader_and_says_what_to_grant() {
+        let Some((_turn, c)) = RealCluster::get(
+            "a_lost_kube_node_lease_right_drops_no_node_under_a_new_leader_and_says_what_to_grant",
+        ) else {
+            return;
+        };
+        let ns = setup(c, "rc-lease-right", 2, 1, &[("web", 80, "")]);
+        let ns = ns.name();
+        let all = all_nodes(c);
+        let _reinstall = Reinstall(c);
+        c.kubectl(&[
+            "-n",
+            "kube-node-lease",
+            "delete",
+            "rolebinding",
+            "nodelb-kubelet-leases",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let leader = c
+            .status_leader_in(NODELB_NAMESPACE)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let pods = c.agent_pods().unwrap_or_else(|e| panic!("{e}"));
+        let (follower_pod, _) = pods
+            .iter()
+            .find(|(p, _)| *p != leader)
+            .unwrap_or_else(|| panic!("an agent besides the leader {leader}: {pods:?}"));
+        c.kubectl(&["-n", NODELB_NAMESPACE, "delete", "pod", follower_pod])
+            .unwrap_or_else(|e| panic!("{e}"));
+        c.until(
+            &format!("an agent Pod in place of {follower_pod}"),
+            Duration::from_secs(60),
+            || {
+                let now = c.agent_pods()?;
+                (now.len() == c.nodes().len() && now.iter().all(|(p, _)| p != follower_pod))
+                    .then_some(())
+                    .ok_or(format!("{now:?}"))
+            },
+        );
+        agents_ready(c);
+        let watch = StatusWatch::start(c, ns, "web");
+        let watch_began = watch.began();
+        c.kubectl(&[
+            "-n",
+            NODELB_NAMESPACE,
+            "delete",
+            "pod",
+            &leader,
+            "--wait=false",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let restarted = Instant::now();
+        std::thread::sleep(Duration::from_secs(60));
+        let versions = watch.stop();
+        let new_leader = c
+            .status_leader_in(NODELB_NAMESPACE)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let condition = serving_condition(&c.service(ns, "web").unwrap_or_else(|e| panic!("{e}")));
+        let events = events_about(c, NODELB_NAMESPACE, "Lease", "nodelb-status");
+        let readable = c
+            .agent_metrics(&new_leader)
+            .map(|t| metric_value(&t, KUBELET_LEASES_READABLE));
+
+        let since = |t: Duration| (watch_began + t).saturating_duration_since(restarted);
+        for (t, ips) in &versions {
+            match (watch_began + *t).checked_duration_since(restarted) {
+                Some(t) => println!("web's status {t:>6.1?} after the leader's restart: {ips:?}"),
+                None => println!("web's status before the leader's restart: {ips:?}"),
+            }
+        }
+        let dropped: Vec<_> = versions.iter().filter(|(_, ips)| ips != &all).collect();
+        println!(
+            "measured: RoleBinding nodelb-kubelet-leases deleted, leader {leader} restarted, new \
+             leader {new_leader}: {} of {} status versions in 60 s dropped a node{}",
+            dropped.len(),
+            versions.len(),
+            dropped
+                .first()
+                .map(|(t, ips)| format!(" (first {:.1?} after the restart: {ips:?})", since(*t)))
+                .unwrap_or_default()
+        );
+        println!("measured: condition nodelb.io/Serving: {condition:?}");
+        println!("measured: Events regarding Lease nodelb-status: {events:?}");
+        println!("measured: {new_leader}'s {KUBELET_LEASES_READABLE}: {readable:?}");
+
+        c.install("").unwrap_or_else(|e| panic!("{e}"));
+        let mentions = || {
+            c.service(ns, "web")
+                .ok()
+                .and_then(|s| serving_condition(&s))
+                .is_some_and(|(_, _, m)| m.contains("kube-node-lease"))
+        };
+        let restored = Instant::now();
+        while mentions() && restored.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        println!(
+            "measured: RoleBinding applied again: the condition {} kube-node-lease after {:.1?}",
+            if mentions() {
+                "still mentions"
+            } else {
+                "no longer mentions"
+            },
+            restored.elapsed()
+        );
+        let back = publish_times(c, ns, &["web"], &all, PUBLISH)[0];
+        println!(
+            "measured: and web lists every node {}",
+            after(back, PUBLISH)
+        );
+
+        assert!(
+            dropped.is_empty(),
+            "a leader that cannot read kube-node-lease drops no healthy node: {versions:?}"
+        );
+        assert!(
+            condition.as_ref().is_some_and(|(_, _, m)| m.contains("kube-node-lease")),
+            "the condition says the kubelets' Leases in kube-node-lease cannot be read: {condition:?}"
+        );
+        assert!(
+            events.iter().any(|(ty, reason, note)| ty == "Warning"
+                && reason == "LivenessDegraded"
+                && note.contains("kube-node-lease")),
+            "a Warning Event LivenessDegraded regarding Lease nodelb-status names kube-node-lease: \
+             {events:?}"
+        );
+        assert_eq!(
+            readable,
+            Ok(Some(0.0)),
+            "the leader's {KUBELET_LEASES_READABLE}"
+        );
+    }
+
+    /// The namespace [`a_namespace_override_installs_serves_and_drops_no_node`] installs nodelb
+    /// into, instead of nodelb-system.
+    const ALT_NAMESPACE: &str = "nodelb-alt";
+
+    /// Removes the install of the kustomization `dir` (into [`ALT_NAMESPACE`]) and puts
+    /// `manifests/`'s back when the test ends, whether it passed or not.
+    struct AltInstall(&'static RealCluster, std::path::PathBuf);
+
+    impl Drop for AltInstall {
+        fn drop(&mut self) {
+            let (c, dir) = (self.0, self.1.display().to_string());
+            if let Err(e) = c.kubectl(&[
+                "delete",
+                "-k",
+                &dir,
+                "--ignore-not-found",
+                "--wait=true",
+                "--timeout=180s",
+            ]) {
+                eprintln!("removing the {ALT_NAMESPACE} install: {e}");
+            }
+            let _ = std::fs::remove_dir_all(&self.1);
+            if let Err(e) = c.install("") {
+                eprintln!("reinstalling nodelb: {e}");
+            }
+        }
+    }
+
+    /// The objects of `kubectl kustomize <dir>`: (`Kind name`, namespace, the ServiceAccounts
+    /// it names as `namespace:name`: a binding's subjects, a FlowSchema's).
+    fn rendered(c: &RealCluster, dir: &std::path::Path) -> Vec<(String, String, Vec<String>)> {
+        let text = c
+            .kubectl(&["kustomize", &dir.display().to_string()])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        let list = |v: &serde_json::Value| v.as_array().cloned().unwrap_or_default();
+        serde_yaml_ng::Deserializer::from_str(&text)
+            .filter_map(|d| serde::Deserialize::deserialize(d).ok())
+            .map(|o: serde_json::Value| {
+                let flow_schema = list(&o["spec"]["rules"])
+                    .into_iter()
+                    .flat_map(|r| list(&r["subjects"]))
+                    .map(|x| x["serviceAccount"].clone());
+                let subjects = list(&o["subjects"])
+                    .into_iter()
+                    .chain(flow_schema)
+                    .map(|x| format!("{}:{}", s(&x["namespace"]), s(&x["name"])))
+                    .collect();
+                (
+                    format!("{} {}", s(&o["kind"]), s(&o["metadata"]["name"])),
+                    s(&o["metadata"]["namespace"]),
+                    subjects,
+                )
+            })
+            .collect()
+    }
+
+    /// A JSON patch of kind `kind` named `nodelb-kubelet-leases` (a `patches:` item).
+    fn kubelet_leases_patch(kind: &str, ops: &str) -> String {
+        format!("  - target: {{kind: {kind}, name: nodelb-kubelet-leases}}\n    patch: |\n{ops}")
+    }
+
+    /// A kustomization with `namespace: nodelb-alt` over `manifests/` (as a user moving nodelb
+    /// to a namespace of their own writes it) installs and serves: the DaemonSet rolls out,
+    /// web gets both nodes in its status and answers through both node addresses, and for 60 s
+    /// afterwards no status version drops a node (issue 38: the namespace transformer also
+    /// moves the Role and RoleBinding `nodelb-kubelet-leases` out of `kube-node-lease`, a
+    /// signal the leader then cannot read). Also renders the way to keep that right under
+    /// such an override, an outer kustomization (no `namespace:`) over the inner one whose
+    /// patches put the Role and the RoleBinding back in `kube-node-lease` (kustomize applies a
+    /// kustomization's patches before its namespace transformer, hence two levels), and
+    /// checks that it renders them there with the nodelb-alt ServiceAccount as the subject.
+    /// The RoleBinding's patch sets the subject's namespace too: patched in its namespace
+    /// alone, the pinned kubectl's kustomize (5.8) renders its subject as nodelb-system's
+    /// ServiceAccount again (printed). The audit policy logs only nodelb-system's
+    /// ServiceAccounts: nothing here reads it.
+    #[test]
+    fn a_namespace_override_installs_serves_and_drops_no_node() {
+        let Some((_turn, c)) =
+            RealCluster::get("a_namespace_override_installs_serves_and_drops_no_node")
+        else {
+            return;
+        };
+        let inner = c
+            .kustomization_with("", &format!("namespace: {ALT_NAMESPACE}\n"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let inner_name = inner
+            .file_name()
+            .expect("a directory")
+            .to_string_lossy()
+            .to_string();
+        let namespace_only =
+            "      - {op: replace, path: /metadata/namespace, value: kube-node-lease}\n";
+        let subject = format!(
+            "      - {{op: replace, path: /subjects/0/namespace, value: {ALT_NAMESPACE}}}\n"
+        );
+        // The outer kustomization's rendering of the Role and RoleBinding nodelb-kubelet-leases,
+        // the RoleBinding patched with `binding_ops`.
+        let two_levels = |binding_ops: &str| -> Vec<(String, String, Vec<String>)> {
+            let outer = write_kustomization(&format!(
+                "resources: [../{inner_name}]\npatches:\n{}{}",
+                kubelet_leases_patch("Role", namespace_only),
+                kubelet_leases_patch("RoleBinding", binding_ops)
+            ))
+            .unwrap_or_else(|e| panic!("{e}"));
+            let objects = rendered(c, &outer);
+            let _ = std::fs::remove_dir_all(&outer);
+            objects
+                .into_iter()
+                .filter(|(o, _, _)| o.ends_with(" nodelb-kubelet-leases"))
+                .collect()
+        };
+        println!("rendered with namespace: {ALT_NAMESPACE}:");
+        for (o, ns, subjects) in rendered(c, &inner) {
+            println!("  {o} in {ns:?}, subjects {subjects:?}");
+        }
+        let namespace_alone = two_levels(namespace_only);
+        let two_level = two_levels(&format!("{namespace_only}{subject}"));
+        println!(
+            "measured: two levels, the RoleBinding's namespace patched alone: {namespace_alone:?}"
+        );
+        println!(
+            "measured: two levels, the RoleBinding's namespace and subject patched: {two_level:?}"
+        );
+
+        c.remove_kustomized().unwrap_or_else(|e| panic!("{e}"));
+        let _alt = AltInstall(c, inner.clone());
+        let began = Instant::now();
+        c.kubectl(&["apply", "-k", &inner.display().to_string()])
+            .unwrap_or_else(|e| panic!("{e}"));
+        c.rollout_status_in(ALT_NAMESPACE, Duration::from_secs(180))
+            .unwrap_or_else(|e| panic!("{e}"));
+        println!(
+            "measured: nodelb installed into {ALT_NAMESPACE} and rolled out in {:.1?}",
+            began.elapsed()
+        );
+        let ns = c.namespace("rc-alt");
+        let ns = ns.name();
+        c.apply(&backend_deployment(ns, "web", c.backend_image(), 2, 1))
+            .unwrap_or_else(|e| panic!("{e}"));
+        c.kubectl(&[
+            "-n",
+            ns,
+            "rollout",
+            "status",
+            "deploy/web",
+            "--timeout=120s",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        c.apply(&backend_service(ns, "web", "web", 80, ""))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let watch = StatusWatch::start(c, ns, "web");
+        let all = all_nodes(c);
+        let published = publish_times(c, ns, &["web"], &all, PUBLISH)[0];
+        let mut failed = Vec::new();
+        for (node, addr) in c.nodes() {
+            let (pods, f) = spread(c, SocketAddr::new(*addr, 80), 10);
+            println!(
+                "measured: through {node} ({addr}): pods {pods:?}, failed {}",
+                f.len()
+            );
+            failed.extend(f);
+        }
+        std::thread::sleep(Duration::from_secs(60));
+        let versions = watch.stop();
+        let serving = serving_condition(&c.service(ns, "web").unwrap_or_else(|e| panic!("{e}")));
+        let first = versions.iter().position(|(_, ips)| ips == &all);
+        let dropped: Vec<_> = first
+            .map(|i| {
+                versions[i..]
+                    .iter()
+                    .filter(|(_, ips)| ips != &all)
+                    .collect()
+            })
+            .unwrap_or_default();
+        println!(
+            "measured: web published every node {}; then {} of {} versions dropped a node",
+            after(published, PUBLISH),
+            dropped.len(),
+            versions.len()
+        );
+        println!("web's status, version by version: {versions:?}");
+        println!("condition nodelb.io/Serving: {serving:?}");
+
+        assert!(
+            published.is_some(),
+            "web publishes every node under {ALT_NAMESPACE}: {versions:?}"
+        );
+        assert!(failed.is_empty(), "requests through the nodes: {failed:?}");
+        assert!(
+            dropped.is_empty(),
+            "no status version drops a node in the 60 s after: {versions:?}"
+        );
+        let want = |kind: &str| {
+            (
+                format!("{kind} nodelb-kubelet-leases"),
+                "kube-node-lease".to_string(),
+            )
+        };
+        let got: Vec<_> = two_level
+            .iter()
+            .map(|(o, ns, _)| (o.clone(), ns.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            [want("Role"), want("RoleBinding")],
+            "two levels put both back"
+        );
+        assert_eq!(
+            two_level[1].2,
+            [format!("{ALT_NAMESPACE}:nodelb")],
+            "the RoleBinding in kube-node-lease binds nodelb-alt's ServiceAccount"
+        );
     }
 
     /// nodelb's requests at steady state (issue 38's request budget): with the agents settled
