@@ -346,7 +346,7 @@ fn old_per_node(c: &Cluster) {
 /// written, at the agent's default flags, as the manifests run them (in Pods with a readiness
 /// probe): an agent writes its heartbeat Lease only when what it carries changes or while its
 /// kubelet does not answer (`lease::Heartbeat`), so none at steady state (the real-cluster test
-/// `agents_in_pods_write_nothing_at_steady_state_…` counts them in kube-apiserver's audit log),
+/// `every_verb_of_nodelb_at_steady_state_…` counts them in kube-apiserver's audit log),
 /// and the leader renews `nodelb-status` every `--retry-period` (followers only read it). A
 /// status is written only when it changes. Also returned: the rate of agents run outside Pods,
 /// which renew every `heartbeat_period(--node-lease-duration)`.
