@@ -26,6 +26,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::jiff::Timestamp;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 use nix::sys::signal::Signal;
@@ -457,8 +458,12 @@ impl ObjectRef {
 /// One request, as kube-apiserver's audit log records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditRecord {
-    /// When the server logged it (RFC 3339, microseconds).
+    /// When the server logged it (RFC 3339, microseconds): its first line's `stageTimestamp`
+    /// (for a watch, when its response started).
     pub time: String,
+    /// When its response was complete (for a watch, when the stream ended); `None` while a
+    /// watch still runs.
+    pub ended: Option<String>,
     /// Request verb: `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`, … (for a
     /// non-resource request the lower-case HTTP method).
     pub verb: String,
@@ -472,6 +477,9 @@ pub struct AuditRecord {
     pub code: u16,
     /// The resource the request was about; `None` for non-resource requests (`/version`).
     pub object: Option<ObjectRef>,
+    /// The Pod a ServiceAccount token was bound to (the user's extra
+    /// `authentication.kubernetes.io/pod-name`), `""` for other credentials.
+    pub pod: String,
 }
 
 impl AuditRecord {
@@ -484,6 +492,29 @@ impl AuditRecord {
                 .is_some_and(|o| o.resource == "services" && o.subresource == "status")
     }
 
+    /// A write: `create`, `update`, `patch`, `delete` or `deletecollection`.
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self.verb.as_str(),
+            "create" | "update" | "patch" | "delete" | "deletecollection"
+        )
+    }
+
+    /// A watch's `timeoutSeconds` (the lifetime it asked the server for), from its URI.
+    pub fn timeout_seconds(&self) -> Option<u64> {
+        query_param(&self.uri, "timeoutSeconds")?.parse().ok()
+    }
+
+    /// `time` as a timestamp.
+    pub fn at(&self) -> Option<Timestamp> {
+        self.time.parse().ok()
+    }
+
+    /// `ended` as a timestamp.
+    pub fn ended_at(&self) -> Option<Timestamp> {
+        self.ended.as_deref()?.parse().ok()
+    }
+
     /// A `create` of an `events.k8s.io` Event.
     pub fn is_event_create(&self) -> bool {
         self.verb == "create"
@@ -494,18 +525,42 @@ impl AuditRecord {
     }
 }
 
-/// Parses an audit log (JSON lines), keeping the first line of each request (`auditID`).
+/// The value of `key` in a URI's query (not percent-decoded).
+pub fn query_param<'a>(uri: &'a str, key: &str) -> Option<&'a str> {
+    let (_, query) = uri.split_once('?')?;
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+}
+
+/// Parses an audit log (JSON lines): one record per request (`auditID`), from its first line,
+/// with `ended` from its `ResponseComplete` line.
 pub fn parse_audit(text: &str) -> Vec<AuditRecord> {
-    let mut seen = std::collections::HashSet::new();
-    text.lines()
+    let mut at = std::collections::HashMap::new();
+    let mut out: Vec<AuditRecord> = Vec::new();
+    for e in text
+        .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter(|e| e["kind"] == "Event")
-        .filter(|e| seen.insert(e["auditID"].as_str().unwrap_or_default().to_string()))
-        .map(|e| {
-            let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    {
+        let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+        let complete = (e["stage"] == "ResponseComplete").then(|| s(&e["stageTimestamp"]));
+        let id = s(&e["auditID"]);
+        if let Some(&i) = at.get(&id) {
+            let r: &mut AuditRecord = &mut out[i];
+            if complete.is_some() {
+                r.ended = complete;
+            }
+            continue;
+        }
+        at.insert(id, out.len());
+        out.push({
             let o = &e["objectRef"];
             AuditRecord {
                 time: s(&e["stageTimestamp"]),
+                ended: complete,
                 verb: s(&e["verb"]),
                 uri: s(&e["requestURI"]),
                 user: s(&e["user"]["username"]),
@@ -521,9 +576,11 @@ pub fn parse_audit(text: &str) -> Vec<AuditRecord> {
                     name: s(&o["name"]),
                     subresource: s(&o["subresource"]),
                 }),
+                pod: s(&e["user"]["extra"]["authentication.kubernetes.io/pod-name"][0]),
             }
-        })
-        .collect()
+        });
+    }
+    out
 }
 
 /// A kube client from kubeconfig text.
@@ -541,7 +598,7 @@ mod tests {
 
     #[test]
     fn audit_lines_become_one_record_per_request() {
-        let text = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"a","stage":"ResponseStarted","requestURI":"/api/v1/services?watch=true","verb":"watch","user":{"username":"system:serviceaccount:nodelb-system:nodelb"},"sourceIPs":["192.0.2.2"],"objectRef":{"resource":"services","apiVersion":"v1"},"responseStatus":{"code":200},"stageTimestamp":"2026-11-24T01:00:00.000001Z"}
+        let text = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"a","stage":"ResponseStarted","requestURI":"/api/v1/services?timeoutSeconds=290&watch=true","verb":"watch","user":{"username":"system:serviceaccount:nodelb-system:nodelb","extra":{"authentication.kubernetes.io/pod-name":["nodelb-agent-x1"]}},"sourceIPs":["192.0.2.2"],"objectRef":{"resource":"services","apiVersion":"v1"},"responseStatus":{"code":200},"stageTimestamp":"2026-11-24T01:00:00.000001Z"}
 {"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"b","stage":"ResponseComplete","requestURI":"/version","verb":"get","user":{"username":"admin"},"sourceIPs":["127.0.0.1"],"responseStatus":{"code":200},"stageTimestamp":"2026-11-24T01:00:00.000002Z"}
 {"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"a","stage":"ResponseComplete","requestURI":"/api/v1/services?watch=true","verb":"watch","user":{"username":"system:serviceaccount:nodelb-system:nodelb"},"sourceIPs":["192.0.2.2"],"objectRef":{"resource":"services","apiVersion":"v1"},"responseStatus":{"code":200},"stageTimestamp":"2026-11-24T01:05:00.000001Z"}
 {"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"c","stage":"ResponseComplete","requestURI":"/api/v1/namespaces/e2e/services/web/status","verb":"patch","user":{"username":"u"},"sourceIPs":["192.0.2.6","10.0.0.1"],"objectRef":{"resource":"services","namespace":"e2e","name":"web","subresource":"status","apiVersion":"v1"},"responseStatus":{"code":403},"stageTimestamp":"2026-11-24T01:00:00.000003Z"}"#;
@@ -552,6 +609,19 @@ mod tests {
             r[0].time, "2026-11-24T01:00:00.000001Z",
             "the first line of a watch"
         );
+        assert_eq!(
+            r[0].ended.as_deref(),
+            Some("2026-11-24T01:05:00.000001Z"),
+            "the watch's last line"
+        );
+        assert_eq!(r[0].timeout_seconds(), Some(290));
+        assert_eq!(r[0].pod, "nodelb-agent-x1");
+        assert_eq!(
+            r[0].ended_at().unwrap().duration_since(r[0].at().unwrap()),
+            k8s_openapi::jiff::SignedDuration::from_secs(300)
+        );
+        assert_eq!(r[1].ended.as_deref(), Some("2026-11-24T01:00:00.000002Z"));
+        assert_eq!(r[1].pod, "");
         assert_eq!(r[1].object, None);
         assert_eq!(r[1].source, IpAddr::V4(Ipv4Addr::LOCALHOST));
         let o = r[2].object.as_ref().unwrap();

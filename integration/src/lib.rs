@@ -12,6 +12,7 @@ pub mod nft;
 pub mod old_server_proxy;
 pub mod planning;
 pub mod real_cluster;
+pub mod request_budget;
 pub mod sctp;
 pub mod traffic;
 

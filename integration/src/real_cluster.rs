@@ -57,8 +57,27 @@ pub struct RealCluster {
     kubectl: PathBuf,
     rt: tokio::runtime::Runtime,
     admin: Client,
-    /// kube-apiserver's audit log of every write (`scripts/cluster.sh`'s cluster only).
+    /// kube-apiserver's audit log: every request of nodelb's ServiceAccounts and every write
+    /// of anyone (`scripts/cluster.sh`'s cluster only).
     audit_log: Option<PathBuf>,
+}
+
+/// Writes `body` (after the `apiVersion` and `kind` lines) as the `kustomization.yaml` of a new
+/// directory of the test's own under the repository's `target/kustomizations/` (three levels
+/// below the repository, so `../../../manifests` names the manifests, and `../<sibling>`
+/// another such kustomization).
+pub fn write_kustomization(body: &str) -> Result<PathBuf, String> {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = repo()
+        .join("target")
+        .join("kustomizations")
+        .join(format!("{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let text = format!("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n{body}");
+    std::fs::write(dir.join("kustomization.yaml"), text)
+        .map_err(|e| format!("writing the kustomization: {e}"))?;
+    Ok(dir)
 }
 
 /// Lines `KEY=value` of a script's output.
@@ -217,9 +236,10 @@ impl RealCluster {
         Ok(out)
     }
 
-    /// The writes kube-apiserver's audit log holds so far (`None` against an external
-    /// cluster, whose audit log the tests cannot read).
-    pub fn audit_writes(&self) -> Option<Vec<crate::control_plane::AuditRecord>> {
+    /// The records kube-apiserver's audit log holds so far: every request of nodelb's
+    /// ServiceAccounts (those of namespace `nodelb-system`), whatever its verb, and every write
+    /// of anyone (`None` against an external cluster, whose audit log the tests cannot read).
+    pub fn audit_records(&self) -> Option<Vec<crate::control_plane::AuditRecord>> {
         let path = self.audit_log.as_ref()?;
         let text = std::fs::read_to_string(path).unwrap_or_default();
         Some(crate::control_plane::parse_audit(&text))
@@ -381,13 +401,19 @@ impl RealCluster {
     /// resources are a relative path, as kustomize requires) naming `manifests/<overlay>` and
     /// the image under test, with extra `patches:` entries (YAML list items).
     pub fn kustomization(&self, overlay: &str, patches: &[&str]) -> Result<PathBuf, String> {
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = repo()
-            .join("target")
-            .join("kustomizations")
-            .join(format!("{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let mut extra = String::new();
+        if !patches.is_empty() {
+            extra.push_str("patches:\n");
+            for p in patches {
+                extra.push_str(p);
+            }
+        }
+        self.kustomization_with(overlay, &extra)
+    }
+
+    /// Like [`RealCluster::kustomization`], with `extra` (top-level YAML fields, such as
+    /// `namespace:` or `patches:`) appended.
+    pub fn kustomization_with(&self, overlay: &str, extra: &str) -> Result<PathBuf, String> {
         let resource = if overlay.is_empty() {
             "../../../manifests".to_string()
         } else {
@@ -397,27 +423,22 @@ impl RealCluster {
             .agent_image
             .rsplit_once(':')
             .ok_or_else(|| format!("image {} has no tag", self.agent_image))?;
-        let mut text = format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
-             resources: [{resource}]\n\
-             images:\n  - {{name: {MANIFEST_IMAGE}, newName: {name}, newTag: {tag}}}\n"
-        );
-        if !patches.is_empty() {
-            text.push_str("patches:\n");
-            for p in patches {
-                text.push_str(p);
-            }
-        }
-        std::fs::write(dir.join("kustomization.yaml"), text)
-            .map_err(|e| format!("writing the kustomization: {e}"))?;
-        Ok(dir)
+        write_kustomization(&format!(
+            "resources: [{resource}]\n\
+             images:\n  - {{name: {MANIFEST_IMAGE}, newName: {name}, newTag: {tag}}}\n{extra}"
+        ))
     }
 
     /// `kubectl -n nodelb-system rollout status ds/nodelb-agent`.
     pub fn rollout_status(&self, timeout: Duration) -> Result<String, String> {
+        self.rollout_status_in(NODELB_NAMESPACE, timeout)
+    }
+
+    /// `kubectl -n <namespace> rollout status ds/nodelb-agent`.
+    pub fn rollout_status_in(&self, namespace: &str, timeout: Duration) -> Result<String, String> {
         self.kubectl(&[
             "-n",
-            NODELB_NAMESPACE,
+            namespace,
             "rollout",
             "status",
             &format!("ds/{DAEMONSET}"),
@@ -427,9 +448,14 @@ impl RealCluster {
 
     /// The nodelb agent pods: (pod name, node name).
     pub fn agent_pods(&self) -> Result<Vec<(String, String)>, String> {
+        self.agent_pods_in(NODELB_NAMESPACE)
+    }
+
+    /// The agent pods of an install in `namespace`: (pod name, node name).
+    pub fn agent_pods_in(&self, namespace: &str) -> Result<Vec<(String, String)>, String> {
         let out = self.kubectl(&[
             "-n",
-            NODELB_NAMESPACE,
+            namespace,
             "get",
             "pods",
             "-l",
@@ -442,6 +468,20 @@ impl RealCluster {
             .filter_map(|l| l.split_once(' '))
             .map(|(p, n)| (p.to_string(), n.to_string()))
             .collect())
+    }
+
+    /// The holder of the Lease `nodelb-status` in `namespace`: the status leader's Pod (`""`
+    /// when none holds it).
+    pub fn status_leader_in(&self, namespace: &str) -> Result<String, String> {
+        self.kubectl(&[
+            "-n",
+            namespace,
+            "get",
+            "lease",
+            "nodelb-status",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ])
     }
 
     /// The agent pod's `/metrics`, through the API server's pod proxy (as a Prometheus
@@ -655,8 +695,10 @@ pub fn json(text: &str) -> Result<Value, String> {
 }
 
 /// What a [`TcpLoad`] saw.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub struct LoadReport {
+    /// When the load began: the failures' times count from here.
+    pub began: Instant,
     /// Connections answered, per pod.
     pub answered: BTreeMap<String, usize>,
     /// Connections that failed: when, to where, what happened.
@@ -691,7 +733,12 @@ impl TcpLoad {
             .spawn(move || {
                 crate::netns::enter(&ns, &name);
                 let began = Instant::now();
-                let mut report = LoadReport::default();
+                let mut report = LoadReport {
+                    began,
+                    answered: BTreeMap::new(),
+                    failed: Vec::new(),
+                    ran: Duration::ZERO,
+                };
                 let mut next = Instant::now();
                 let mut i = 0;
                 while !flag.load(Ordering::Relaxed) {
@@ -744,6 +791,7 @@ type Versions = Vec<(Duration, BTreeSet<String>)>;
 pub struct StatusWatch {
     task: tokio::task::JoinHandle<()>,
     seen: std::sync::Arc<Mutex<Versions>>,
+    began: Instant,
 }
 
 impl StatusWatch {
@@ -774,7 +822,12 @@ impl StatusWatch {
         ready_rx
             .recv_timeout(Duration::from_secs(30))
             .unwrap_or_else(|_| panic!("the watch on Service {ns}/{name} delivered nothing"));
-        StatusWatch { task, seen }
+        StatusWatch { task, seen, began }
+    }
+
+    /// When the watch started: the versions' times count from here.
+    pub fn began(&self) -> Instant {
+        self.began
     }
 
     /// The published addresses, each time they changed: (time since the start, addresses).
