@@ -326,6 +326,14 @@ rules:
     verbs: [create, update, patch, delete, deletecollection]
   - level: None
 EOF
+  # WatchList=false: Debian's etcd 3.4.23 lacks the progress notifications (RequestWatchProgress)
+  # a watch-list stream needs, and with WatchList on (Beta, default true in 1.36) the server
+  # turns every watch from resourceVersion "" or "0" that asks for bookmarks into one and
+  # answers it with an error at once. client-go's reflectors that watch from "0" (kwok's)
+  # then never hold a watch: their caches move only by relists, tens of seconds apart, and
+  # kwok's Lease renewals, written over its cache, fail with 409 half the time. The
+  # Kubernetes components and nodelb's agents watch from a list's resourceVersion and see
+  # no difference.
   start kube-apiserver ip netns exec "$ns_cp" "$k/kube-apiserver" \
     --etcd-servers=http://127.0.0.1:2379 --bind-address=0.0.0.0 --secure-port="$api_port" \
     --advertise-address="$cp_service_ip" --tls-cert-file="$p/apiserver.crt" \
@@ -339,6 +347,7 @@ EOF
     --kubelet-client-key="$p/kubelet-client.key" \
     --kubelet-preferred-address-types=InternalIP \
     --profiling=false --cert-dir="$dir/apiserver-certs" --v=1 \
+    --feature-gates=WatchList=false \
     --audit-policy-file="$dir/audit-policy.yaml" --audit-log-path="$dir/audit.log" \
     --audit-log-mode=blocking --audit-log-maxsize=0 --audit-log-maxbackup=0
   # The admin's way in from the machine's own namespace: TCP on loopback -> unix socket ->
