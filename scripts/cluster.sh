@@ -674,6 +674,12 @@ options:
   # As the kubelet's: a 40 s Lease, renewed every 10 s (kwok renews every quarter).
   nodeLeaseDurationSeconds: 40
   nodeLeaseParallelism: 16
+  # A configuration file gets none of the flags' defaults: kwok's own, but for the Leases.
+  podPlayStageParallelism: 4
+  nodePlayStageParallelism: 4
+  podsOnNodeSyncParallelism: 1
+  enablePodsOnNodeSyncListPager: true
+  enablePodsOnNodeSyncStreamWatch: false
 EOF
     cat "$1"
     cat <<'EOF'
@@ -724,10 +730,10 @@ kwok_count_ready() {
     grep -c '^True$' || true
 }
 
-# kwok_parallel COMMAND...: runs COMMAND with each chunk of 250 words of stdin appended, four
+# kwok_parallel COMMAND...: runs COMMAND with each chunk of 125 words of stdin appended, six
 # at a time; fails when one of them failed.
 kwok_parallel() {
-  xargs -r -n 250 -P 4 "$@"
+  xargs -r -n 125 -P 6 "$@"
 }
 
 kwok_up() {
@@ -737,9 +743,10 @@ kwok_up() {
   bins="$("$repo/scripts/kubernetes.sh")"
   kwok="$("$repo/scripts/kwok.sh")"
   kwok_files "$(dirname "$kwok")/stages.yaml"
+  # At its default level kwok logs every renewal: 100 lines a second at 1,000 nodes.
   start kwok ip netns exec "$ns_cp" "$kwok" --kubeconfig="$dir/kwok.kubeconfig" \
-    --config="$dir/kwok.yaml"
-  # The nodes not there yet, 250 a List, four kubectl at a time.
+    --config="$dir/kwok.yaml" --v=WARN
+  # The nodes not there yet, 125 a List, six kubectl at a time.
   local -A have=()
   for name in $(kubectl get nodes -l "$kwok_label" -o jsonpath='{.items[*].metadata.name}'); do
     have[$name]=1
@@ -784,11 +791,11 @@ kwok_down() {
       kubectl -n "$ns" get pods -o \
         jsonpath='{range .items[*]}{.metadata.name} {.spec.nodeName}{"\n"}{end}' |
         awk '$2 ~ /^kwok-/ {print $1}' |
-        kwok_parallel bash -c 'kubectl -n "$0" delete pods --grace-period=0 --force \
+        kwok_parallel bash -c 'kubectl -n "$0" delete pods --grace-period=0 --force --wait=false \
           --ignore-not-found "$@" >/dev/null 2>&1' "$ns"
     done
     kubectl -n kube-node-lease get leases -o name | { grep '/kwok-' || true; } |
-      kwok_parallel bash -c 'kubectl -n kube-node-lease delete --ignore-not-found "$@" >/dev/null' x
+      kwok_parallel bash -c 'kubectl -n kube-node-lease delete --wait=false --ignore-not-found "$@" >/dev/null' x
     kubectl get leases -A -o \
       jsonpath='{range .items[*]}{.metadata.namespace} {.metadata.name}{"\n"}{end}' |
       awk '$2 ~ /^nodelb-node-kwok-/ {print $1, $2}' | while read -r ns name; do
