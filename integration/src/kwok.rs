@@ -6,12 +6,12 @@
 //!
 //! 1. nodelb installed (`kubectl apply -k`, as the other real-cluster tests), the real nodes
 //!    labelled `nodelb.io/pool=real`, and the status Lease moved to node-a's agent (node-b's Pod
-//!    is deleted once if it held it). Then, at the same time, N simulated nodes (kwok: Ready,
-//!    their node Leases renewed, tainted so only nodelb's tolerate-everything DaemonSet lands
-//!    there; the real controller manager and scheduler create and bind its Pods, kwok makes
-//!    them Running and Ready) and the Services (10,000 by default, server-side applies, many
-//!    in flight), each selecting `nodelb.io/pool in (real,p<k>)`, one pool of 10 simulated
-//!    nodes: about 12 addresses a status. Once every simulated node has its agent Pod, the
+//!    is deleted once if it held it). Then the Services (10,000 by default, server-side
+//!    applies, many in flight), each selecting `nodelb.io/pool in (real,p<k>)`, one pool of 10
+//!    simulated nodes: about 12 addresses a status; then N simulated nodes (kwok: Ready, their
+//!    node Leases renewed, tainted so only nodelb's tolerate-everything DaemonSet lands there;
+//!    the real controller manager and scheduler create and bind its Pods, kwok makes them
+//!    Running and Ready). Once every simulated node has its agent Pod, the
 //!    heartbeat Lease `nodelb-node-<node>` its agent would write is written, once, as an agent
 //!    in a Pod writes it (holder the Pod, IPv4, alive by its Pod). Then it waits until every
 //!    status lists exactly its nodes.
