@@ -10,6 +10,9 @@
 #   scripts/cluster.sh partition N on|off     drop, silently, every packet node N sends to the API server's
 #                                             in-cluster address (pods' and agents' API connections; the
 #                                             kubelet's and kube-proxy's keep theirs)
+#   scripts/cluster.sh kwok up N              N simulated nodes (kwok), Ready, beside the real two; print
+#                                             KWOK_NODES=, KWOK_SELECTOR= (see "Simulated nodes" below)
+#   scripts/cluster.sh kwok down              remove the simulated nodes, their pods and Leases, and kwok
 #
 # What runs (all built from the pinned k8s.io/kubernetes module by scripts/kubernetes.sh, etcd,
 # containerd, runc and the CNI plugins from Debian):
@@ -51,6 +54,22 @@
 # registry is reachable) and `up` imports them into each node's containerd with
 # `ctr images import`. Set NODELB_IMAGE_AGENT_BIN to choose the agent binary the image carries
 # (by default target/release/nodelb-agent, built when missing).
+#
+# Simulated nodes (`kwok up N`): kwok (scripts/kwok.sh builds it from the pinned module in
+# integration/kwok/) runs in the control plane's namespace against the real kube-apiserver,
+# with a client certificate of its own (user nodelb-kwok, group system:masters), and plays
+# the kubelet of the Nodes labelled kwok.x-k8s.io/node=fake: it makes them Ready, renews their
+# Leases in kube-node-lease every 10 s (a 40 s Lease, as the kubelet's), and makes the pods
+# the real scheduler binds to them Running and Ready, with the stages of its module (plus one
+# of ours: a Running pod marked not ready, by the node lifecycle controller when a renewal was
+# late, is ready again 2 s later, as a live kubelet's next status sync makes it). The nodes
+# are kwok-00000, kwok-00001, ..., labelled nodelb.io/kwok=true and nodelb.io/pool=p<i / 10>
+# (NODELB_KWOK_POOL_SIZE nodes a pool), tainted kwok.x-k8s.io/node=fake:NoSchedule (only
+# pods that tolerate every taint, as nodelb's DaemonSet does, land there), with an InternalIP
+# from 198.19.1.0 up (198.19.0.0/16, reserved for benchmarks and routed nowhere: no packet
+# ever goes to a simulated node; their pods' addresses, for pods without the host's network,
+# come from 198.19.255.0/24). Removing a node's kwok.x-k8s.io/node label takes it out of
+# kwok's hands: its Lease stops being renewed, as a dead node's.
 #
 # State lives in $NODELB_CLUSTER_DIR (default /var/lib/nodelb-cluster): certificates,
 # kubeconfigs, logs, each node's containerd root and kubelet root. `down` deletes it.
@@ -307,6 +326,14 @@ rules:
     verbs: [create, update, patch, delete, deletecollection]
   - level: None
 EOF
+  # WatchList=false: Debian's etcd 3.4.23 lacks the progress notifications (RequestWatchProgress)
+  # a watch-list stream needs, and with WatchList on (Beta, default true in 1.36) the server
+  # turns every watch from resourceVersion "" or "0" that asks for bookmarks into one and
+  # answers it with an error at once. client-go's reflectors that watch from "0" (kwok's)
+  # then never hold a watch: their caches move only by relists, tens of seconds apart, and
+  # kwok's Lease renewals, written over its cache, fail with 409 half the time. The
+  # Kubernetes components and nodelb's agents watch from a list's resourceVersion and see
+  # no difference.
   start kube-apiserver ip netns exec "$ns_cp" "$k/kube-apiserver" \
     --etcd-servers=http://127.0.0.1:2379 --bind-address=0.0.0.0 --secure-port="$api_port" \
     --advertise-address="$cp_service_ip" --tls-cert-file="$p/apiserver.crt" \
@@ -320,6 +347,7 @@ EOF
     --kubelet-client-key="$p/kubelet-client.key" \
     --kubelet-preferred-address-types=InternalIP \
     --profiling=false --cert-dir="$dir/apiserver-certs" --v=1 \
+    --feature-gates=WatchList=false \
     --audit-policy-file="$dir/audit-policy.yaml" --audit-log-path="$dir/audit.log" \
     --audit-log-mode=blocking --audit-log-maxsize=0 --audit-log-maxbackup=0
   # The admin's way in from the machine's own namespace: TCP on loopback -> unix socket ->
@@ -576,6 +604,208 @@ up() {
   print_env
 }
 
+# --- simulated nodes (kwok) ------------------------------------------------------------------
+# Every simulated node carries this label (what `kwok down` removes) ...
+kwok_label=nodelb.io/kwok
+# ... and, while kwok plays its kubelet, this one (kwok manages the Nodes it selects).
+kwok_manage=kwok.x-k8s.io/node
+
+# kwok_node NAME ADDRESS POOL: one Node of a List.
+kwok_node() {
+  cat <<EOF
+- apiVersion: v1
+  kind: Node
+  metadata:
+    name: $1
+    labels: {$kwok_label: "true", $kwok_manage: fake, nodelb.io/pool: $3, type: kwok,
+      kubernetes.io/hostname: $1, kubernetes.io/os: linux, kubernetes.io/arch: amd64}
+    annotations: {node.alpha.kubernetes.io/ttl: "0"}
+  spec:
+    taints: [{key: $kwok_manage, value: fake, effect: NoSchedule}]
+  status:
+    addresses: [{type: InternalIP, address: $2}, {type: Hostname, address: $1}]
+EOF
+}
+
+# kwok_nodes INDEX...: a List of those simulated nodes. Node i is kwok-<i, 5 digits>, in pool
+# p<i / pool size>, at 198.19.0.0 + 256 + i.
+kwok_nodes() {
+  local i k name pool_size="${NODELB_KWOK_POOL_SIZE:-10}"
+  printf 'apiVersion: v1\nkind: List\nitems:\n'
+  for i in "$@"; do
+    printf -v name 'kwok-%05d' "$i"
+    k=$((i + 256))
+    kwok_node "$name" "198.19.$((k >> 8)).$((k & 255))" "p$((i / pool_size))"
+  done
+}
+
+# kwok_files STAGES: kwok's client certificate, kubeconfig and configuration.
+kwok_files() {
+  local p="$dir/pki"
+  if [ ! -f "$p/kwok.crt" ]; then
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+      -subj "/O=system:masters/CN=nodelb-kwok" -keyout "$p/kwok.key" -out "$p/kwok.csr" 2>/dev/null
+    openssl x509 -req -in "$p/kwok.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial \
+      -days 3650 -out "$p/kwok.crt" 2>/dev/null
+    rm "$p/kwok.csr"
+    chmod 600 "$p/kwok.key"
+  fi
+  put "$dir/kwok.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: nodelb-cluster
+  cluster: {server: "https://$cp_ip:$api_port", certificate-authority: $p/ca.crt}
+users:
+- name: nodelb-kwok
+  user: {client-certificate: $p/kwok.crt, client-key: $p/kwok.key}
+contexts:
+- name: nodelb-cluster
+  context: {cluster: nodelb-cluster, user: nodelb-kwok}
+current-context: nodelb-cluster
+EOF
+  {
+    cat <<EOF
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  manageNodesWithLabelSelector: $kwok_manage=fake
+  cidr: 198.19.255.0/24
+  # As the kubelet's: a 40 s Lease, renewed every 10 s (kwok renews every quarter).
+  nodeLeaseDurationSeconds: 40
+  nodeLeaseParallelism: 16
+  # A configuration file gets none of the flags' defaults: kwok's own, but for the Leases.
+  podPlayStageParallelism: 4
+  nodePlayStageParallelism: 4
+  podsOnNodeSyncParallelism: 1
+  enablePodsOnNodeSyncListPager: true
+  enablePodsOnNodeSyncStreamWatch: false
+EOF
+    cat "$1"
+    cat <<'EOF'
+---
+# Ours, not the module's: a Running pod that is not ready (the node lifecycle controller marks
+# every pod of a node whose Lease renewal came too late not ready) is ready again 2 s later,
+# as a live kubelet's next status sync makes it.
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-ready-again
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values:
+      - 'Running'
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: 'NotIn'
+      values:
+      - 'True'
+  delay:
+    durationMilliseconds: 2000
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      conditions:
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "True"
+        type: Ready
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "True"
+        type: ContainersReady
+EOF
+  } | put "$dir/kwok.yaml"
+}
+
+# kwok_count_ready: how many simulated nodes are Ready.
+kwok_count_ready() {
+  kubectl get nodes -l "$kwok_label" -o \
+    jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' |
+    grep -c '^True$' || true
+}
+
+# kwok_parallel COMMAND...: runs COMMAND with each chunk of 125 words of stdin appended, six
+# at a time; fails when one of them failed.
+kwok_parallel() {
+  xargs -r -n 125 -P 6 "$@"
+}
+
+kwok_up() {
+  local n="${1:-}" began=$SECONDS kwok i name ready=0
+  [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -le 65000 ] || die "usage: $0 kwok up N (N <= 65000)"
+  alive kube-apiserver || die "the cluster is not up: run $0 up first"
+  bins="$("$repo/scripts/kubernetes.sh")"
+  kwok="$("$repo/scripts/kwok.sh")"
+  kwok_files "$(dirname "$kwok")/stages.yaml"
+  # At its default level kwok logs every renewal: 100 lines a second at 1,000 nodes.
+  start kwok ip netns exec "$ns_cp" "$kwok" --kubeconfig="$dir/kwok.kubeconfig" \
+    --config="$dir/kwok.yaml" --v=WARN
+  # The nodes not there yet, 125 a List, six kubectl at a time.
+  local -A have=()
+  for name in $(kubectl get nodes -l "$kwok_label" -o jsonpath='{.items[*].metadata.name}'); do
+    have[$name]=1
+  done
+  local missing=()
+  for ((i = 0; i < n; i++)); do
+    printf -v name 'kwok-%05d' "$i"
+    [ -n "${have[$name]:-}" ] || missing+=("$i")
+  done
+  export -f kwok_nodes kwok_node kubectl
+  export kwok_label kwok_manage bins dir
+  printf '%s\n' "${missing[@]}" | kwok_parallel bash -c \
+    'set -euo pipefail; kwok_nodes "$@" | kubectl create -f - >/dev/null' kwok-nodes ||
+    die "creating simulated nodes failed"
+  log "kwok: ${#missing[@]} nodes created in $((SECONDS - began)) s"
+  for i in $(seq $((60 + n / 10))); do
+    ready="$(kwok_count_ready)"
+    [ "$ready" -ge "$n" ] && break
+    alive kwok || die "kwok exited: see $dir/logs/kwok.log"
+    sleep 2
+  done
+  [ "$ready" -ge "$n" ] || die "only $ready of $n simulated nodes Ready after $((SECONDS - began)) s"
+  log "kwok: $ready simulated nodes Ready in $((SECONDS - began)) s"
+  echo "KWOK_NODES=$ready"
+  echo "KWOK_SELECTOR=$kwok_label=true"
+}
+
+# kwok_down: kwok stopped, then the simulated Nodes, the pods bound to them (at once: no
+# kubelet will confirm their end), their Leases in kube-node-lease and the heartbeat Leases
+# nodelb's tests wrote for them (nodelb-node-kwok-*); then kwok's files.
+kwok_down() {
+  local began=$SECONDS ns name
+  stop kwok
+  if alive kube-apiserver; then
+    bins="$("$repo/scripts/kubernetes.sh")"
+    export -f kubectl
+    export bins dir
+    kubectl delete --raw "/api/v1/nodes?labelSelector=$kwok_label%3Dtrue" >/dev/null
+    for ns in $(kubectl get pods -A -o \
+      jsonpath='{range .items[*]}{.metadata.namespace} {.spec.nodeName}{"\n"}{end}' |
+      awk '$2 ~ /^kwok-/ {print $1}' | sort -u); do
+      kubectl -n "$ns" get pods -o \
+        jsonpath='{range .items[*]}{.metadata.name} {.spec.nodeName}{"\n"}{end}' |
+        awk '$2 ~ /^kwok-/ {print $1}' |
+        kwok_parallel bash -c 'kubectl -n "$0" delete pods --grace-period=0 --force --wait=false \
+          --ignore-not-found "$@" >/dev/null 2>&1' "$ns"
+    done
+    kubectl -n kube-node-lease get leases -o name | { grep '/kwok-' || true; } |
+      kwok_parallel bash -c 'kubectl -n kube-node-lease delete --wait=false --ignore-not-found "$@" >/dev/null' x
+    kubectl get leases -A -o \
+      jsonpath='{range .items[*]}{.metadata.namespace} {.metadata.name}{"\n"}{end}' |
+      awk '$2 ~ /^nodelb-node-kwok-/ {print $1, $2}' | while read -r ns name; do
+      kubectl -n "$ns" delete lease "$name" --ignore-not-found >/dev/null
+    done
+  fi
+  rm -f "$dir/kwok.yaml" "$dir/kwok.kubeconfig" "$dir/pki/kwok.crt" "$dir/pki/kwok.key"
+  log "kwok: down in $((SECONDS - began)) s"
+}
+
 # --- down ------------------------------------------------------------------------------------
 kill_netns_processes() {
   local ns="$1" pids
@@ -603,7 +833,7 @@ down() {
     kill_netns_processes "$(node_ns "$n")"
     stop "containerd-$n"
   done
-  for f in kube-scheduler kube-controller-manager kube-apiserver etcd relay relay-cp; do stop "$f"; done
+  for f in kwok kube-scheduler kube-controller-manager kube-apiserver etcd relay relay-cp; do stop "$f"; done
   kill_netns_processes "$ns_cp"
   sleep 0.5
   for n in "${nodes[@]}"; do
@@ -664,6 +894,13 @@ case "${1:-}" in
       *) die "usage: $0 partition NODE on|off" ;;
     esac
     ;;
+  kwok)
+    case "${2:-}" in
+      up) kwok_up "${3:-}" ;;
+      down) kwok_down ;;
+      *) die "usage: $0 kwok up N | kwok down" ;;
+    esac
+    ;;
   kube-proxy-mode)
     bins="$("$repo/scripts/kubernetes.sh")"
     proxy_mode="${2:?mode: nftables or iptables}"
@@ -676,7 +913,7 @@ case "${1:-}" in
     done
     ;;
   *)
-    sed -n '2,11p' "$0" >&2
+    sed -n '2,14p' "$0" >&2
     exit 2
     ;;
 esac
