@@ -11,45 +11,20 @@
 # The first build on a machine takes a few minutes; later runs find it there and return at
 # once. Prints the binary's path on stdout.
 set -euo pipefail
-module="$(cd "$(dirname "$0")/../integration/kwok" && pwd)"
-version="$(awk '$1 == "sigs.k8s.io/kwok" {print $2; exit}' "$module/go.mod")"
-[ -n "$version" ] || { echo "kwok: no sigs.k8s.io/kwok version in $module/go.mod" >&2; exit 1; }
-dir="${XDG_CACHE_HOME:-$HOME/.cache}/nodelb/kwok-$version"
+. "$(dirname "$0")/go-tool.sh"
 stages=(node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml
   pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml)
 built() {
-  [ -x "$dir/kwok" ] && [ -s "$dir/stages.yaml" ] &&
-    "$dir/kwok" --version 2>/dev/null | grep -q "kwok version $version "
+  [ -x "$1/kwok" ] && [ -s "$1/stages.yaml" ] &&
+    "$1/kwok" --version 2>/dev/null | grep -q "kwok version $2 "
 }
-if built; then
-  echo "$dir/kwok"
-  exit 0
-fi
-command -v go >/dev/null || { echo "kwok: go not found; install Go >= 1.26" >&2; exit 1; }
-mkdir -p "$dir"
-exec 9>"$dir/.lock"
-flock 9
-if built; then
-  echo "$dir/kwok"
-  exit 0
-fi
-echo "kwok: building kwok $version into $dir" >&2
-start=$(date +%s)
-tmp="$(mktemp -d "$dir/.build.XXXXXX")"
-trap 'rm -rf "$tmp"' EXIT
-(
-  cd "$module"
-  # What upstream's hack/releases.sh stamps, so `kwok --version` names the release.
-  GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath \
-    -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$version" \
-    -o "$tmp/" sigs.k8s.io/kwok/cmd/kwok
+extra() {
+  local src s
   src="$(GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
   for s in "${stages[@]}"; do
     echo "---"
     cat "$src/kustomize/stage/$s"
-  done >"$tmp/stages.yaml"
-)
-mv "$tmp/stages.yaml" "$dir/stages.yaml"
-mv "$tmp/kwok" "$dir/kwok"
-echo "kwok: built $("$dir/kwok" --version) in $(($(date +%s) - start)) s" >&2
-echo "$dir/kwok"
+  done >"$1/stages.yaml"
+}
+# What upstream's hack/releases.sh stamps, so `kwok --version` names the release.
+go_tool kwok sigs.k8s.io/kwok sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/pkg/consts.Version
