@@ -4,8 +4,9 @@
 //! kernel actor that hangs, or a connection that died without a word, turns `/readyz` unready
 //! by itself: ages grow while nobody records anything.
 //!
-//! Writers: the sync loop ([`Readiness::set`], [`Readiness::changes_applied`]), the watches
-//! ([`Readiness::change_received`]), the API client's connection layer ([`ApiView`]) and the
+//! Writers: the sync loop ([`Readiness::set`], [`Readiness::changes_applied`],
+//! [`Readiness::caught_up`]), the watches ([`Readiness::change_received`],
+//! [`Readiness::relisting`]), the API client's connection layer ([`ApiView`]) and the
 //! kernel handle ([`KernelWait`]). Readers: the HTTP server (`/readyz`) and the heartbeat.
 
 use nodelb_core::readiness::{judge, Bounds, LastSync, Signals, Verdict};
@@ -36,6 +37,8 @@ struct Inner {
     sync: Mutex<SyncState>,
     /// When the oldest change not yet committed was received (kube-proxy's "queued update").
     waiting: Mutex<Option<Instant>>,
+    /// The watches listing again after a long loss of their stream, and since when.
+    catching_up: Mutex<BTreeMap<&'static str, Instant>>,
     kernel: KernelWait,
     view: ApiView,
 }
@@ -47,6 +50,7 @@ impl Readiness {
                 bounds,
                 sync: Mutex::new(SyncState::default()),
                 waiting: Mutex::new(None),
+                catching_up: Mutex::new(BTreeMap::new()),
                 kernel: KernelWait::default(),
                 view: ApiView::default(),
             }),
@@ -87,6 +91,25 @@ impl Readiness {
         *self.inner.waiting.lock().expect("readiness") = queued.then(Instant::now);
     }
 
+    /// The watch of `what` lists again after its stream was gone too long: not caught up
+    /// until a sync that took the end of that list commits ([`Readiness::caught_up`]).
+    pub fn relisting(&self, what: &'static str) {
+        self.inner
+            .catching_up
+            .lock()
+            .expect("readiness")
+            .entry(what)
+            .or_insert_with(Instant::now);
+    }
+
+    /// A sync that took the end of the lists of `whats` committed.
+    pub fn caught_up<'a>(&self, whats: impl IntoIterator<Item = &'a &'static str>) {
+        let mut c = self.inner.catching_up.lock().expect("readiness");
+        for what in whats {
+            c.remove(what);
+        }
+    }
+
     /// What readiness depends on at `now`.
     pub fn signals(&self, now: Instant) -> Signals {
         let sync = self.inner.sync.lock().expect("readiness").clone();
@@ -99,6 +122,14 @@ impl Readiness {
             change_waiting: waiting.map(|at| now.saturating_duration_since(at)),
             views: self.inner.view.ages(now),
             kernel_waiting: self.inner.kernel.waiting(now),
+            catching_up: self
+                .inner
+                .catching_up
+                .lock()
+                .expect("readiness")
+                .iter()
+                .map(|(what, since)| (what.to_string(), now.saturating_duration_since(*since)))
+                .collect(),
         }
     }
 
@@ -277,5 +308,24 @@ mod tests {
         assert!(!v.ready, "{v:?}");
         r.changes_applied(false);
         assert!(r.report(t0 + Duration::from_secs(11)).ready);
+    }
+
+    #[test]
+    fn a_relisting_watch_is_caught_up_by_the_commit_of_its_list_only() {
+        let r = Readiness::new(Bounds::default());
+        r.set(|s| {
+            s.caches_synced = true;
+            s.last_sync = LastSync::Committed;
+        });
+        r.relisting("services");
+        r.relisting("nodes");
+        let v = r.report(Instant::now());
+        assert!(!v.ready && v.behind, "{v:?}");
+        r.caught_up(&["services"]);
+        let v = r.report(Instant::now());
+        assert_eq!(v.missing.len(), 1, "{v:?}");
+        assert!(v.missing[0].starts_with("listing nodes again"), "{v:?}");
+        r.caught_up(&["nodes", "endpointslices"]);
+        assert!(r.report(Instant::now()).ready);
     }
 }

@@ -12,6 +12,13 @@
 //!   or a connection died and no new one answers): `--max-view-age`;
 //! - the kernel actor has not answered a request: `--max-kernel-wait`.
 //!
+//! A watch that had no stream for longer than its bound is listed again when it can be,
+//! and the agent is not ready until what that list says is committed: a watch that resumes
+//! after a partition hands over what it missed with no sign of when it is done, a list ends
+//! with one. Past any of these bounds the agent is *behind* the cluster: its rules may send
+//! traffic where the cluster no longer has it, so its heartbeat gives it no grace (see
+//! [`Verdict::behind`]).
+//!
 //! The ages are the caller's, taken on its own monotonic clock; nothing here reads a clock.
 
 use crate::vocab::IpFamily;
@@ -68,12 +75,19 @@ pub struct Signals {
     pub views: Vec<(String, Duration)>,
     /// How long the kernel actor's oldest unanswered request has waited (`None`: none).
     pub kernel_waiting: Option<Duration>,
+    /// Each watch listing again after its stream was gone too long, whose list is not
+    /// committed yet, and for how long it has been.
+    pub catching_up: Vec<(String, Duration)>,
 }
 
 /// The judgement: ready or not, and what is missing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Verdict {
     pub ready: bool,
+    /// Unready because the rules may lag the cluster past a bound (a change waiting, a watch
+    /// without a stream, a list after one not committed, the kernel not answering), not for a
+    /// passing failure: a node that is behind gets no grace.
+    pub behind: bool,
     /// What keeps the agent from being ready, one line each.
     pub missing: Vec<String>,
     pub notes: Vec<String>,
@@ -119,6 +133,8 @@ pub fn judge(s: &Signals, b: &Bounds) -> Verdict {
             missing.push(format!("{f}: {why}"));
         }
     }
+    // What follows is lag past a bound.
+    let before = missing.len();
     if let Some(waited) = s.change_waiting.filter(|w| *w > b.change) {
         missing.push(format!(
             "a change from the API has waited {} for its commit (--max-change-wait {})",
@@ -136,6 +152,14 @@ pub fn judge(s: &Signals, b: &Bounds) -> Verdict {
             ));
         }
     }
+    if s.caches_synced {
+        for (what, age) in &s.catching_up {
+            missing.push(format!(
+                "listing {what} again after its watch was gone (for {}): not caught up with the API server yet",
+                secs(*age)
+            ));
+        }
+    }
     if let Some(waited) = s.kernel_waiting.filter(|w| *w > b.kernel) {
         missing.push(format!(
             "the kernel actor has not answered for {} (--max-kernel-wait {})",
@@ -143,8 +167,10 @@ pub fn judge(s: &Signals, b: &Bounds) -> Verdict {
             secs(b.kernel)
         ));
     }
+    let behind = missing.len() > before;
     Verdict {
         ready: missing.is_empty(),
+        behind,
         missing,
         notes: s.notes.clone(),
     }
@@ -176,6 +202,7 @@ mod tests {
     fn a_new_agent_says_what_it_waits_for() {
         let v = judge(&Signals::default(), &Bounds::default());
         assert!(!v.ready);
+        assert!(!v.behind, "nothing lags yet");
         assert_eq!(
             v.body(),
             "not ready:\n- watch caches not synced yet\n- no sync committed yet\n"
@@ -206,6 +233,7 @@ mod tests {
             v.missing,
             ["last sync not committed: EPERM", "IPv6: forwarding is off"]
         );
+        assert!(!v.behind, "a passing failure: the heartbeat's grace holds");
     }
 
     #[test]
@@ -217,6 +245,7 @@ mod tests {
         sig.change_waiting = Some(b.change + Duration::from_millis(100));
         let v = judge(&sig, &b);
         assert!(!v.ready);
+        assert!(v.behind);
         assert!(v.missing[0].contains("--max-change-wait 10.0s"), "{v:?}");
     }
 
@@ -227,6 +256,7 @@ mod tests {
         sig.views = vec![("services".into(), s(3)), ("endpointslices".into(), s(21))];
         let v = judge(&sig, &b);
         assert!(!v.ready);
+        assert!(v.behind);
         assert_eq!(v.missing.len(), 1, "{v:?}");
         assert!(
             v.missing[0].starts_with("no watch of endpointslices has been open for 21.0s"),
@@ -249,9 +279,25 @@ mod tests {
         assert!(judge(&sig, &b).ready);
         sig.kernel_waiting = Some(s(11));
         let v = judge(&sig, &b);
+        assert!(v.behind);
         assert_eq!(
             v.summary(),
             "the kernel actor has not answered for 11.0s (--max-kernel-wait 10.0s)"
         );
+    }
+
+    #[test]
+    fn a_list_after_a_lost_watch_keeps_the_agent_unready_until_it_is_committed() {
+        let b = Bounds::default();
+        let mut sig = ready();
+        sig.catching_up = vec![("endpointslices".into(), Duration::from_millis(1500))];
+        let v = judge(&sig, &b);
+        assert!(!v.ready && v.behind, "{v:?}");
+        assert_eq!(
+            v.summary(),
+            "listing endpointslices again after its watch was gone (for 1.5s): not caught up with the API server yet"
+        );
+        sig.catching_up.clear();
+        assert!(judge(&sig, &b).ready);
     }
 }

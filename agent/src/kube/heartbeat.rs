@@ -1,6 +1,8 @@
 //! This node's heartbeat Lease `nodelb-node-<node>` in the agent's namespace: which families
 //! the agent has programmed, which Service ports host listeners hold here, and, when the agent
-//! has not been ready for a lease duration, that it serves nothing and why.
+//! has not been ready for a lease duration, or is behind the cluster past one of readiness's
+//! bounds (`nodelb_core::readiness::Verdict::behind`: its rules may send traffic where the
+//! cluster no longer has it, so no grace), that it serves nothing and why.
 //!
 //! When it is written (`status::heartbeat` says how the leader reads it):
 //! - at once whenever what it says changes (and once the first sync committed);
@@ -200,8 +202,16 @@ impl Heartbeat {
             *unready_since = Some(now);
         }
         let long_unready = unready_since
-            .filter(|since| now.saturating_duration_since(*since) >= self.lease_duration)
-            .map(|_| verdict.summary());
+            .and_then(|since| {
+                if verdict.behind {
+                    Some("behind the cluster")
+                } else if now.saturating_duration_since(since) >= self.lease_duration {
+                    Some("not ready for a lease duration")
+                } else {
+                    None
+                }
+            })
+            .map(|how| format!("{how}: {}", verdict.summary()));
         let by_pod = *pod.borrow();
         let says = report.borrow_and_update().clone().map(|r| Says {
             report: unhealthy_if(r, long_unready),
@@ -248,8 +258,8 @@ fn due(
     }
 }
 
-/// `report`, or, when the agent has not been ready for a lease duration (`why`) and the sync
-/// loop has not said so already, the report of a node that serves nothing.
+/// `report`, or, when the agent has not been ready for a lease duration or is behind (`why`)
+/// and the sync loop has not said so already, the report of a node that serves nothing.
 fn unhealthy_if(report: Report, why: Option<String>) -> Report {
     match why {
         Some(why) if report.unhealthy.is_none() => Report {
@@ -257,7 +267,7 @@ fn unhealthy_if(report: Report, why: Option<String>) -> Report {
                 v4: false,
                 v6: false,
             },
-            unhealthy: Some(format!("not ready for a lease duration: {why}")),
+            unhealthy: Some(why),
             ..report
         },
         _ => report,
@@ -535,7 +545,10 @@ mod tests {
 
     #[test]
     fn an_agent_unready_for_a_lease_duration_says_it_serves_nothing() {
-        let r = unhealthy_if(report(None), Some("no watch of services".into()));
+        let r = unhealthy_if(
+            report(None),
+            Some("not ready for a lease duration: no watch of services".into()),
+        );
         assert_eq!(
             r.families,
             Families {

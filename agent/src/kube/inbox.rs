@@ -16,11 +16,26 @@ use nodelb_core::vocab::ServiceKey;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+/// The Service and EndpointSlice watches' names, in readiness and in metrics.
+pub const SERVICE_WATCH: &str = "services";
+pub const SLICE_WATCH: &str = "endpointslices";
+
 /// One event from the Service or EndpointSlice watch.
 #[derive(Debug)]
 pub enum ObjectEvent {
     Service(Box<Event<DeserializeGuard<Service>>>),
     Slice(Box<Event<DeserializeGuard<EndpointSlice>>>),
+}
+
+impl ObjectEvent {
+    /// The readiness name of the watch whose list this event ends, if it does.
+    pub fn list_end(&self) -> Option<&'static str> {
+        match self {
+            ObjectEvent::Service(e) if matches!(**e, Event::InitDone) => Some(SERVICE_WATCH),
+            ObjectEvent::Slice(e) if matches!(**e, Event::InitDone) => Some(SLICE_WATCH),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Default)]

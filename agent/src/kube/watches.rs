@@ -8,7 +8,7 @@
 //! on, so a change the sync loop does not take and commit in time makes the agent unready;
 //! each watch is asked for as `watching` says (long-lived, retried soon).
 
-use super::inbox::ObjectEvent;
+use super::inbox::{ObjectEvent, SERVICE_WATCH, SLICE_WATCH};
 use super::watching::{self, Retry};
 use crate::metrics::Metrics;
 use crate::readiness::Readiness;
@@ -32,9 +32,17 @@ use tracing::{info, info_span, warn, Instrument};
 /// Objects per page of the Service and EndpointSlice watches' initial lists.
 pub const PAGE_SIZE: u32 = 500;
 
-/// This node's Node changed (sent by its watch).
+/// This node's Node changed (sent by its watch), or whether any Node carries ServiceLB's
+/// label; `relisted` names the watch whose list this ends, if it does (readiness waits for
+/// its commit after a watch started over: `watching::relisting`).
 #[derive(Debug)]
-pub struct NodeChanged;
+pub struct NodeChanged {
+    pub relisted: Option<&'static str>,
+}
+
+/// The readiness names of the watches whose lists end in a [`NodeChanged`].
+pub const NODE_WATCH: &str = "nodes";
+pub const SERVICELB_WATCH: &str = "nodes-servicelb";
 
 /// The Node's reflector, and what the ServiceLB watch says.
 #[derive(Clone)]
@@ -74,13 +82,12 @@ impl Caches {
             metrics: metrics.clone(),
             readiness: readiness.clone(),
         };
-        let t1 = forward::<Service, T>(Api::all(client.clone()), to("services"), |ev| {
+        let t1 = forward::<Service, T>(Api::all(client.clone()), to(SERVICE_WATCH), |ev| {
             T::from(ObjectEvent::Service(Box::new(ev)))
         });
-        let t2 =
-            forward::<EndpointSlice, T>(Api::all(client.clone()), to("endpointslices"), |ev| {
-                T::from(ObjectEvent::Slice(Box::new(ev)))
-            });
+        let t2 = forward::<EndpointSlice, T>(Api::all(client.clone()), to(SLICE_WATCH), |ev| {
+            T::from(ObjectEvent::Slice(Box::new(ev)))
+        });
         let (node, t3) = start_one::<Node, T>(
             Api::all(client.clone()),
             watching::config().fields(&format!("metadata.name={node_name}")),
@@ -134,7 +141,7 @@ fn watch_enablelb<T: From<NodeChanged> + Send + 'static>(
 ) -> (watch::Receiver<Option<bool>>, tokio::task::JoinHandle<()>) {
     let (said, rx) = watch::channel(None);
     let config = watching::config().labels(ENABLELB_LABEL);
-    let stream = watcher::watcher(api, config).backoff(Retry::default());
+    let stream = watched(api, config, &readiness, SERVICELB_WATCH);
     let task = tokio::spawn(
         async move {
             let mut stream = std::pin::pin!(stream);
@@ -142,6 +149,7 @@ fn watch_enablelb<T: From<NodeChanged> + Send + 'static>(
             let mut listing: BTreeSet<String> = BTreeSet::new();
             let mut listed = false;
             while let Some(ev) = stream.next().await {
+                let mut list_end = false;
                 match ev {
                     Ok(Event::Init) => listing.clear(),
                     Ok(Event::InitApply(m)) => {
@@ -150,6 +158,7 @@ fn watch_enablelb<T: From<NodeChanged> + Send + 'static>(
                     Ok(Event::InitDone) => {
                         labelled = std::mem::take(&mut listing);
                         listed = true;
+                        list_end = true;
                     }
                     Ok(Event::Apply(m)) => {
                         labelled.insert(m.name_any());
@@ -166,14 +175,18 @@ fn watch_enablelb<T: From<NodeChanged> + Send + 'static>(
                     continue;
                 }
                 let now = Some(!labelled.is_empty());
-                if *said.borrow() != now {
+                let changed = *said.borrow() != now;
+                if changed || list_end {
                     readiness.change_received(std::time::Instant::now());
-                    info!(
-                        nodes = labelled.len(),
-                        "nodes labelled {ENABLELB_LABEL} (only those labelled true serve, if any)"
-                    );
-                    said.send_replace(now);
-                    if tx.send(T::from(NodeChanged)).is_err() {
+                    if changed {
+                        info!(
+                            nodes = labelled.len(),
+                            "nodes labelled {ENABLELB_LABEL} (only those labelled true serve, if any)"
+                        );
+                        said.send_replace(now);
+                    }
+                    let relisted = list_end.then_some(SERVICELB_WATCH);
+                    if tx.send(T::from(NodeChanged { relisted })).is_err() {
                         return;
                     }
                 }
@@ -210,8 +223,36 @@ fn forward<K: Watched, T: Send + 'static>(
     wrap: fn(Event<DeserializeGuard<K>>) -> T,
 ) -> tokio::task::JoinHandle<()> {
     let config = watching::config().page_size(PAGE_SIZE);
-    let stream = watcher::watcher(api, config).backoff(Retry::default());
+    let stream = watched(api, config, &to.readiness, to.resource);
     drain(stream, to, wrap)
+}
+
+/// The watch of `api`, retried as [`Retry`] says and started over as
+/// [`watching::relisting`] says after `--max-view-age` without a stream; each start
+/// over is logged and noted in readiness under `key`.
+fn watched<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    readiness: &Readiness,
+    key: &'static str,
+) -> impl futures::Stream<Item = Result<Event<K>, watcher::Error>> + Send
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let readiness = readiness.clone();
+    let stale_after = readiness.bounds().view;
+    watching::relisting(
+        move || watcher::watcher(api.clone(), config.clone()).backoff(Retry::default()),
+        stale_after,
+        move || {
+            warn!(
+                watch = key,
+                after = ?stale_after,
+                "watch lost for too long: listing again; not ready until the list is committed"
+            );
+            readiness.relisting(key);
+        },
+    )
 }
 
 /// Watch `api` into a reflector's store; every change sends [`NodeChanged`].
@@ -221,11 +262,12 @@ fn start_one<K: Watched, T: From<NodeChanged> + Send + 'static>(
     to: Sink<T>,
 ) -> (Store<DeserializeGuard<K>>, tokio::task::JoinHandle<()>) {
     let (reader, writer) = reflector::store::<DeserializeGuard<K>>();
-    let stream = reflector::reflector(
-        writer,
-        watcher::watcher(api, config).backoff(Retry::default()),
-    );
-    let task = drain(stream, to, |_| T::from(NodeChanged));
+    let stream = reflector::reflector(writer, watched(api, config, &to.readiness, NODE_WATCH));
+    let task = drain(stream, to, |ev| {
+        T::from(NodeChanged {
+            relisted: matches!(ev, Event::InitDone).then_some(NODE_WATCH),
+        })
+    });
     (reader, task)
 }
 

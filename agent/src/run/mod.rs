@@ -36,6 +36,9 @@ pub enum Trigger {
     Object(inbox::ObjectEvent, std::time::Instant),
     /// The Node or a local address changed.
     Changed,
+    /// The Node watch (or ServiceLB's) ended a list: the one named, once committed, is caught
+    /// up (see `watching::relisting`).
+    Relisted(&'static str),
     /// Another process changed nodelb's tables (or change events were lost), or the kernel
     /// actor lost track of them.
     Drift(String),
@@ -55,8 +58,8 @@ impl From<inbox::ObjectEvent> for Trigger {
 }
 
 impl From<watches::NodeChanged> for Trigger {
-    fn from(_: watches::NodeChanged) -> Trigger {
-        Trigger::Changed
+    fn from(c: watches::NodeChanged) -> Trigger {
+        c.relisted.map_or(Trigger::Changed, Trigger::Relisted)
     }
 }
 

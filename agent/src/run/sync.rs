@@ -36,7 +36,7 @@ use nodelb_core::plan::{Planner, Update};
 use nodelb_core::status::heartbeat::BlockedPorts;
 use nodelb_core::status::published;
 use nodelb_core::vocab::{Families, IpFamily};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tracing::{error, info, info_span, warn, Instrument};
@@ -75,6 +75,9 @@ pub struct State {
     told: Told,
     /// The start-up timeline, until the first sync commits.
     startup: Option<Startup>,
+    /// The watches whose lists ended in what was taken since the last committed sync:
+    /// caught up once one commits (`Readiness::caught_up`).
+    relisted: BTreeSet<&'static str>,
 }
 
 /// The sync loop: its context and its state.
@@ -112,6 +115,7 @@ impl SyncLoop {
             pacer: Pacer::new(ctx.debounce),
             told: Told::new(node_events),
             startup: Some(startup),
+            relisted: BTreeSet::new(),
         };
         SyncLoop { ctx, state }
     }
@@ -199,6 +203,7 @@ impl SyncLoop {
                 if let Some(s) = &mut self.state.startup {
                     s.saw(&ev, received);
                 }
+                self.state.relisted.extend(ev.list_end());
                 wake.objects = true;
                 if self.state.inbox.apply(ev) {
                     wake.sync = true;
@@ -206,6 +211,10 @@ impl SyncLoop {
                 }
             }
             Trigger::Changed => wake.sync = true,
+            Trigger::Relisted(what) => {
+                wake.sync = true;
+                self.state.relisted.insert(what);
+            }
             Trigger::Drift(why) => wake.drift = Some(why),
             Trigger::Resync => {
                 wake.sync = true;
@@ -252,6 +261,8 @@ impl SyncLoop {
             }
             if delay.is_none() {
                 self.ctx.outputs.readiness.changes_applied(queued());
+                let readiness = &self.ctx.outputs.readiness;
+                readiness.caught_up(&std::mem::take(&mut self.state.relisted));
             }
             // After a whole replace the kernel actor keeps the planner for the models a moment
             // longer: the outcome is told first.
