@@ -484,6 +484,94 @@ impl RealCluster {
         ])
     }
 
+    /// What the cluster says about Service `ns`/`svc` and its nodes, for a test's failure
+    /// message: the Service's `nodelb.io/Serving` condition; per node its Ready condition and
+    /// taints, its kubelet's Lease renewal, the agent's heartbeat Lease and the agent Pod's
+    /// readiness and restarts; where the Service's backends run; the status leader's last log
+    /// lines. Whatever cannot be read says so in its line.
+    pub fn explain(&self, ns: &str, svc: &str) -> String {
+        let mut out = format!("--- the cluster at {:?} (this machine's clock)\n", {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+        });
+        out += &format!(
+            "Serving of {ns}/{svc}: {}\n",
+            match self.service(ns, svc) {
+                Ok(s) => format!("{:?}", serving_condition(&s)),
+                Err(e) => e,
+            }
+        );
+        for (node, _) in &self.nodes {
+            out += &self.explain_node(node);
+        }
+        out += &format!(
+            "agent Pods (name node ready restarts):\n{}\n",
+            shown(self.kubectl(&[
+                "-n",
+                NODELB_NAMESPACE,
+                "get",
+                "pods",
+                "-o",
+                "jsonpath={range .items[*]}  {.metadata.name} {.spec.nodeName} \
+                 {.status.conditions[?(@.type==\"Ready\")].status} \
+                 {.status.containerStatuses[0].restartCount}{\"\\n\"}{end}",
+            ]))
+        );
+        out += &format!(
+            "Pods of {ns} (name node phase ready):\n{}\n",
+            shown(self.kubectl(&[
+                "-n",
+                ns,
+                "get",
+                "pods",
+                "-o",
+                "jsonpath={range .items[*]}  {.metadata.name} {.spec.nodeName} {.status.phase} \
+                 {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
+            ]))
+        );
+        let leader = shown(self.status_leader_in(NODELB_NAMESPACE));
+        out += &format!(
+            "the status leader {leader}'s last lines:\n{}\n",
+            shown(self.kubectl(&["-n", NODELB_NAMESPACE, "logs", &leader, "--tail=20"]))
+        );
+        out
+    }
+
+    /// [`RealCluster::explain`]'s lines of one node.
+    fn explain_node(&self, node: &str) -> String {
+        format!(
+            "node {node}: {}\n  kubelet Lease: {}\n  heartbeat Lease: {}\n",
+            shown(self.kubectl(&[
+                "get",
+                "node",
+                node,
+                "-o",
+                "jsonpath=Ready={.status.conditions[?(@.type==\"Ready\")].status} \
+                     taints={.spec.taints[*].key}",
+            ])),
+            shown(self.kubectl(&[
+                "-n",
+                "kube-node-lease",
+                "get",
+                "lease",
+                node,
+                "-o",
+                "jsonpath={.spec.renewTime}",
+            ])),
+            shown(self.kubectl(&[
+                "-n",
+                NODELB_NAMESPACE,
+                "get",
+                "lease",
+                &format!("nodelb-node-{node}"),
+                "-o",
+                "jsonpath={.spec.holderIdentity} renewed {.spec.renewTime} \
+                     {.metadata.annotations}",
+            ])),
+        )
+    }
+
     /// The agent pod's `/metrics`, through the API server's pod proxy (as a Prometheus
     /// scraping the pod would read it).
     pub fn agent_metrics(&self, pod: &str) -> Result<String, String> {
@@ -599,7 +687,9 @@ impl Drop for TestNamespace {
 
 /// The backend Deployment: `replicas` pods of the backend image spread evenly over the
 /// schedulable nodes (a cordoned node counts, so a pod evicted by a drain waits for the
-/// uncordon rather than doubling up: `Local` tests rely on one pod per node), ready
+/// uncordon rather than doubling up: `Local` tests rely on one pod per node; only the pods of
+/// one rollout's ReplicaSet count, so a rollout spreads its own pods whatever the old ones left
+/// behind, as after a node that came back empty), ready
 /// when their TCP port accepts, draining through a `preStop` sleep of `drain_seconds`.
 pub fn backend_deployment(
     ns: &str,
@@ -622,7 +712,7 @@ spec:
       terminationGracePeriodSeconds: {grace}
       topologySpreadConstraints:
         - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule,
-            labelSelector: {{matchLabels: {{app: {name}}}}}}}
+            labelSelector: {{matchLabels: {{app: {name}}}}}, matchLabelKeys: [pod-template-hash]}}
       containers:
         - name: backend
           image: {image}
@@ -677,6 +767,14 @@ spec:
 /// The pod name in a backend's reply ("<pod> <peer-ip>").
 pub fn pod_of(reply: &str) -> &str {
     reply.split_whitespace().next().unwrap_or_default()
+}
+
+/// A kubectl answer as a line of [`RealCluster::explain`]: trimmed, or why it was unreadable.
+fn shown(r: Result<String, String>) -> String {
+    match r {
+        Ok(s) => s.trim().to_string(),
+        Err(e) => format!("(unreadable: {})", e.trim()),
+    }
 }
 
 /// The ingress addresses and the `nodelb.io/Serving` condition (status, reason, message) of
