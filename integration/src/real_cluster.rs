@@ -131,6 +131,21 @@ impl RealCluster {
         }
     }
 
+    /// [`RealCluster::get`] for a test that needs `scripts/cluster.sh`'s own cluster (its
+    /// nodes, their kubelets, its audit log): `None` after printing `skip` when the cluster
+    /// is another (`NODELB_E2E_KUBECONFIG`).
+    pub fn managed(
+        test: &str,
+        skip: &str,
+    ) -> Option<(MutexGuard<'static, ()>, &'static RealCluster)> {
+        let (turn, c) = RealCluster::get(test)?;
+        if !c.is_managed() {
+            println!("{skip}");
+            return None;
+        }
+        Some((turn, c))
+    }
+
     fn start() -> Result<RealCluster, String> {
         let kubectl = crate::control_plane::kubectl()?;
         let (kubeconfig, client, managed, agent_image, backend_image, audit_log) =

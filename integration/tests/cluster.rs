@@ -889,15 +889,12 @@ mod on_real_cluster {
     /// such a node stayed published: its agent renewed its own heartbeat.
     #[test]
     fn a_stopped_kubelet_takes_its_node_out_of_the_status_within_30_s_and_back_with_it() {
-        let Some((_turn, c)) = RealCluster::get(
+        let Some((_turn, c)) = RealCluster::managed(
             "a_stopped_kubelet_takes_its_node_out_of_the_status_within_30_s_and_back_with_it",
+            "SKIP a stopped kubelet: it needs scripts/cluster.sh's nodes",
         ) else {
             return;
         };
-        if !c.is_managed() {
-            println!("SKIP a stopped kubelet: it needs scripts/cluster.sh's nodes");
-            return;
-        }
         let ns = setup(c, "rc-kubelet", 2, 1, &[("web", 80, "")]);
         let node = follower(c);
         let _restore = NodeBack(c, node.clone());
@@ -917,17 +914,12 @@ mod on_real_cluster {
     /// - Node deleted: every Service loses it within one status round.
     #[test]
     fn cordon_drain_a_stopped_kubelet_and_a_deleted_node_reach_the_status() {
-        let Some((_turn, c)) =
-            RealCluster::get("cordon_drain_a_stopped_kubelet_and_a_deleted_node_reach_the_status")
-        else {
+        let Some((_turn, c)) = RealCluster::managed(
+            "cordon_drain_a_stopped_kubelet_and_a_deleted_node_reach_the_status",
+            "SKIP cordon/drain/kubelet/node deletion: they need scripts/cluster.sh's nodes",
+        ) else {
             return;
         };
-        if !c.is_managed() {
-            println!(
-                "SKIP cordon/drain/kubelet/node deletion: they need scripts/cluster.sh's nodes"
-            );
-            return;
-        }
         let ns = setup(
             c,
             "rc-nodes",
@@ -1146,16 +1138,12 @@ mod on_real_cluster {
     /// `every_verb_of_nodelb_at_steady_state_fits_one_request_per_node_per_minute_at_5000_nodes`'s.
     #[test]
     fn a_hung_agent_or_a_dead_node_leaves_the_status() {
-        let Some((_turn, c)) = RealCluster::get("a_hung_agent_or_a_dead_node_leaves_the_status")
-        else {
+        let Some((_turn, c)) = RealCluster::managed(
+            "a_hung_agent_or_a_dead_node_leaves_the_status",
+            "SKIP liveness: stopping an agent and a kubelet needs scripts/cluster.sh's nodes",
+        ) else {
             return;
         };
-        if !c.is_managed() {
-            println!(
-                "SKIP liveness: stopping an agent and a kubelet needs scripts/cluster.sh's nodes"
-            );
-            return;
-        }
         let ns = setup(c, "rc-liveness", 2, 1, &[("web", 80, "")]);
         let ns = ns.name();
         for (node, _) in c.nodes() {
@@ -1222,13 +1210,12 @@ mod on_real_cluster {
 
     #[test]
     fn kube_proxy_in_iptables_mode_beside_nodelb() {
-        let Some((_turn, c)) = RealCluster::get("kube_proxy_in_iptables_mode_beside_nodelb") else {
+        let Some((_turn, c)) = RealCluster::managed(
+            "kube_proxy_in_iptables_mode_beside_nodelb",
+            "SKIP kube-proxy's mode: switching it needs scripts/cluster.sh's nodes",
+        ) else {
             return;
         };
-        if !c.is_managed() {
-            println!("SKIP kube-proxy's mode: switching it needs scripts/cluster.sh's nodes");
-            return;
-        }
         c.cluster_sh(&["kube-proxy-mode", "iptables"])
             .unwrap_or_else(|e| panic!("{e}"));
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -1388,15 +1375,9 @@ mod on_real_cluster {
     #[test]
     fn a_black_holed_agent_leaves_the_status_within_45_s_while_backends_roll_and_returns_within_15_s(
     ) {
-        let Some((_turn, c)) = RealCluster::get(
-            "a_black_holed_agent_leaves_the_status_within_45_s_while_backends_roll_and_returns_within_15_s",
-        ) else {
+        let Some((_turn, c)) = RealCluster::managed("a_black_holed_agent_leaves_the_status_within_45_s_while_backends_roll_and_returns_within_15_s", "SKIP a black-holed agent: the partition needs scripts/cluster.sh's cluster") else {
             return;
         };
-        if !c.is_managed() {
-            println!("SKIP a black-holed agent: the partition needs scripts/cluster.sh's cluster");
-            return;
-        }
         let ns = setup(c, "rc-partition", 2, 1, &[("web", 80, "")]);
         let ns = ns.name();
         let node = follower(c);
@@ -1955,15 +1936,9 @@ mod on_real_cluster {
     /// heartbeat, no status, no Event, only the status leader's election renewals.
     #[test]
     fn every_verb_of_nodelb_at_steady_state_fits_one_request_per_node_per_minute_at_5000_nodes() {
-        let Some((_turn, c)) = RealCluster::get(
-            "every_verb_of_nodelb_at_steady_state_fits_one_request_per_node_per_minute_at_5000_nodes",
-        ) else {
+        let Some((_turn, c)) = RealCluster::managed("every_verb_of_nodelb_at_steady_state_fits_one_request_per_node_per_minute_at_5000_nodes", "SKIP the request budget: it needs scripts/cluster.sh's audit log") else {
             return;
         };
-        if !c.is_managed() {
-            println!("SKIP the request budget: it needs scripts/cluster.sh's audit log");
-            return;
-        }
         let _ns = setup(c, "rc-budget", 2, 1, &[("web", 80, "")]);
         // Steady state begins once the agents' start is over: an agent renews its Lease until
         // it has been ready for a lease duration (15 s), the time the kubelet takes to probe its
@@ -2103,15 +2078,9 @@ mod on_real_cluster {
             println!("SKIP 10 minutes of churn over 1,000 simulated nodes: opt-in, NODELB_CLUSTER_KWOK=1 (about 25 minutes)");
             return;
         }
-        let Some((_turn, c)) = RealCluster::get(
-            "ten_minutes_of_heavy_status_churn_over_a_thousand_simulated_nodes_drop_no_healthy_node",
-        ) else {
+        let Some((_turn, c)) = RealCluster::managed("ten_minutes_of_heavy_status_churn_over_a_thousand_simulated_nodes_drop_no_healthy_node", "SKIP simulated nodes: kwok runs beside scripts/cluster.sh's control plane") else {
             return;
         };
-        if !c.is_managed() {
-            println!("SKIP simulated nodes: kwok runs beside scripts/cluster.sh's control plane");
-            return;
-        }
         let scenario = nodelb_integration::kwok::Scenario::from_env(1000, Duration::from_secs(600))
             .unwrap_or_else(|e| panic!("{e}"));
         let report = nodelb_integration::kwok::run(c, &scenario).unwrap_or_else(|e| panic!("{e}"));
