@@ -283,7 +283,8 @@ pub struct RunArgs {
 
     /// Readiness fails once a watch of the agent's inputs (Services, EndpointSlices, its Node)
     /// has had no stream open this long: the agent does not hear the API server. A dead
-    /// connection is closed by TCP keep-alive within about 10 s first.
+    /// connection is closed by TCP keep-alive within about 10 s first. Such a watch lists
+    /// again, and readiness waits until that list is committed.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "20s",
           value_name = "DURATION")]
     pub max_view_age: Duration,
