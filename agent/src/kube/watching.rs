@@ -113,31 +113,22 @@ where
     futures::stream::unfold(state, move |mut st| async move {
         loop {
             let item = st.inner.next().await?;
+            if item.is_err() {
+                st.failing_since.get_or_insert_with(Instant::now);
+            }
             let stale = st
                 .failing_since
                 .is_some_and(|since| since.elapsed() >= stale_after);
-            match &item {
-                Ok(_) if stale && !st.started_over => {
-                    st.inner = Box::pin((st.make)());
-                    st.started_over = true;
-                    (st.on_relist)();
+            if stale && !st.started_over {
+                st.inner = Box::pin((st.make)());
+                st.started_over = true;
+                (st.on_relist)();
+                if item.is_ok() {
                     continue;
                 }
-                Ok(_) => {
-                    st.failing_since = None;
-                    st.started_over = false;
-                }
-                Err(_) => {
-                    st.failing_since.get_or_insert_with(Instant::now);
-                    let stale = st
-                        .failing_since
-                        .is_some_and(|since| since.elapsed() >= stale_after);
-                    if stale && !st.started_over {
-                        st.inner = Box::pin((st.make)());
-                        st.started_over = true;
-                        (st.on_relist)();
-                    }
-                }
+            } else if item.is_ok() {
+                st.failing_since = None;
+                st.started_over = false;
             }
             return Some((item, st));
         }
