@@ -451,12 +451,22 @@ impl RealCluster {
 
     /// `kubectl -n <namespace> rollout status ds/nodelb-agent`.
     pub fn rollout_status_in(&self, namespace: &str, timeout: Duration) -> Result<String, String> {
+        self.rollout_of(namespace, &format!("ds/{DAEMONSET}"), timeout)
+    }
+
+    /// `kubectl -n <namespace> rollout status <object>`: waits until its rollout is done.
+    pub fn rollout_of(
+        &self,
+        namespace: &str,
+        object: &str,
+        timeout: Duration,
+    ) -> Result<String, String> {
         self.kubectl(&[
             "-n",
             namespace,
             "rollout",
             "status",
-            &format!("ds/{DAEMONSET}"),
+            object,
             &format!("--timeout={}s", timeout.as_secs()),
         ])
     }

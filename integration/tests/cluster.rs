@@ -140,15 +140,8 @@ mod on_real_cluster {
             drain,
         ))
         .unwrap_or_else(|e| panic!("{e}"));
-        c.kubectl(&[
-            "-n",
-            ns.name(),
-            "rollout",
-            "status",
-            "deploy/web",
-            "--timeout=120s",
-        ])
-        .unwrap_or_else(|e| panic!("{e}"));
+        c.rollout_of(ns.name(), "deploy/web", Duration::from_secs(120))
+            .unwrap_or_else(|e| panic!("{e}"));
         for (name, first, extra) in services {
             c.apply(&backend_service(ns.name(), name, "web", *first, extra))
                 .unwrap_or_else(|e| panic!("{e}"));
@@ -209,15 +202,8 @@ mod on_real_cluster {
             3,
         ))
         .unwrap_or_else(|e| panic!("{e}"));
-        c.kubectl(&[
-            "-n",
-            ns.name(),
-            "rollout",
-            "status",
-            "deploy/web",
-            "--timeout=120s",
-        ])
-        .unwrap_or_else(|e| panic!("{e}"));
+        c.rollout_of(ns.name(), "deploy/web", Duration::from_secs(120))
+            .unwrap_or_else(|e| panic!("{e}"));
         let created = Instant::now();
         c.apply(&backend_service(ns.name(), "web", "web", 80, ""))
             .unwrap_or_else(|e| panic!("{e}"));
@@ -342,15 +328,8 @@ mod on_real_cluster {
         let began = Instant::now();
         c.kubectl(&["-n", ns.name(), "rollout", "restart", "deploy/web"])
             .unwrap_or_else(|e| panic!("{e}"));
-        c.kubectl(&[
-            "-n",
-            ns.name(),
-            "rollout",
-            "status",
-            "deploy/web",
-            "--timeout=180s",
-        ])
-        .unwrap_or_else(|e| panic!("{e}"));
+        c.rollout_of(ns.name(), "deploy/web", Duration::from_secs(180))
+            .unwrap_or_else(|e| panic!("{e}"));
         println!(
             "measured: rolling update of 3 backends took {:.1?}",
             began.elapsed()
@@ -698,14 +677,11 @@ mod on_real_cluster {
             "--timeout=300s",
         ])
         .unwrap_or_else(|e| panic!("{e}"));
-        c.kubectl(&[
-            "-n",
+        c.rollout_of(
             "nodelb-system",
-            "rollout",
-            "status",
             "ds/nodelb-cleanup",
-            "--timeout=300s",
-        ])
+            Duration::from_secs(300),
+        )
         .unwrap_or_else(|e| panic!("{e}"));
         println!(
             "measured: the uninstall's first command finished in {:.1?}",
@@ -747,15 +723,8 @@ mod on_real_cluster {
         for attempt in 1..=3 {
             c.kubectl(&["-n", ns, "rollout", "restart", "deploy/web"])
                 .unwrap_or_else(|e| panic!("{e}"));
-            c.kubectl(&[
-                "-n",
-                ns,
-                "rollout",
-                "status",
-                "deploy/web",
-                "--timeout=180s",
-            ])
-            .unwrap_or_else(|e| panic!("{e}"));
+            c.rollout_of(ns, "deploy/web", Duration::from_secs(180))
+                .unwrap_or_else(|e| panic!("{e}"));
             let on: BTreeSet<String> = c
                 .kubectl(&[
                     "-n",
@@ -1402,15 +1371,8 @@ mod on_real_cluster {
         let wait = BLACK_HOLED_LEAVES * 2;
         let offset = cut.elapsed();
         let left = publish_times(c, ns, &["web"], &rest, wait)[0].map(|t| t + offset);
-        c.kubectl(&[
-            "-n",
-            ns,
-            "rollout",
-            "status",
-            "deploy/web",
-            "--timeout=120s",
-        ])
-        .unwrap_or_else(|e| panic!("{e}"));
+        c.rollout_of(ns, "deploy/web", Duration::from_secs(120))
+            .unwrap_or_else(|e| panic!("{e}"));
         let rolled = cut.elapsed();
         std::thread::sleep(Duration::from_secs(3));
         let report = load.stop();
@@ -1824,15 +1786,8 @@ mod on_real_cluster {
         let ns = ns.name();
         c.apply(&backend_deployment(ns, "web", c.backend_image(), 2, 1))
             .unwrap_or_else(|e| panic!("{e}"));
-        c.kubectl(&[
-            "-n",
-            ns,
-            "rollout",
-            "status",
-            "deploy/web",
-            "--timeout=120s",
-        ])
-        .unwrap_or_else(|e| panic!("{e}"));
+        c.rollout_of(ns, "deploy/web", Duration::from_secs(120))
+            .unwrap_or_else(|e| panic!("{e}"));
         c.apply(&backend_service(ns, "web", "web", 80, ""))
             .unwrap_or_else(|e| panic!("{e}"));
         let watch = StatusWatch::start(c, ns, "web");
