@@ -17,8 +17,8 @@
 //! leader under 96 MiB). Never asserts a figure; an error (a cluster that does not converge)
 //! fails the run. Cleans up whatever happens; takes the cluster down again if it brought it up.
 //!
-//! Env: `NODELB_KWOK_NODES` (1000), `NODELB_KWOK_CHURN_SECONDS` (300), and the others
-//! `Scenario::from_env` reads (`NODELB_KWOK_SERVICES`, `_POOL_SIZE`, `_STEADY_SECONDS`,
+//! Env: `NODELB_KWOK_NODES` (1000), `NODELB_KWOK_SERVICES` (10000),
+//! `NODELB_KWOK_CHURN_SECONDS` (300), and the others `Scenario::from_env` reads (`_POOL_SIZE`, `_STEADY_SECONDS`,
 //! `_TOGGLE_SECONDS`, `_RESTART_SECONDS`, `_CONCURRENCY`); `NODELB_IMAGE_AGENT_BIN` names the
 //! release agent the image carries, as for `scripts/cluster.sh up`. Needs root; without it
 //! prints SKIP and exits 0, or 1 when `CI=true`.
@@ -46,7 +46,7 @@ fn cluster_sh(arg: &str) -> bool {
 }
 
 fn run() -> Result<(), String> {
-    let scenario = Scenario::from_env(1000, Duration::from_secs(300))?;
+    let scenario = Scenario::from_env(1000, 10_000, Duration::from_secs(300))?;
     let was_up = cluster_sh("status");
     let Some((_turn, c)) = RealCluster::get("kwok bench") else {
         return Ok(());

@@ -68,16 +68,16 @@ pub struct Scenario {
 }
 
 impl Scenario {
-    /// `nodes` and `churn` unless the environment says otherwise: `NODELB_KWOK_NODES`,
-    /// `NODELB_KWOK_SERVICES` (10000), `NODELB_KWOK_POOL_SIZE` (10),
+    /// `nodes`, `services` and `churn` unless the environment says otherwise:
+    /// `NODELB_KWOK_NODES`, `NODELB_KWOK_SERVICES`, `NODELB_KWOK_POOL_SIZE` (10),
     /// `NODELB_KWOK_STEADY_SECONDS` (60), `NODELB_KWOK_CHURN_SECONDS`,
     /// `NODELB_KWOK_TOGGLE_SECONDS` (40), `NODELB_KWOK_RESTART_SECONDS` (60),
     /// `NODELB_KWOK_CONCURRENCY` (32).
-    pub fn from_env(nodes: usize, churn: Duration) -> Result<Scenario, String> {
+    pub fn from_env(nodes: usize, services: usize, churn: Duration) -> Result<Scenario, String> {
         let secs = |name: &str, default: u64, min: usize| {
             env_usize(name, default as usize, min).map(|s| Duration::from_secs(s as u64))
         };
-        let services = env_usize("NODELB_KWOK_SERVICES", 10_000, 1)?;
+        let services = env_usize("NODELB_KWOK_SERVICES", services, 1)?;
         if services > 50_000 {
             return Err(format!(
                 "NODELB_KWOK_SERVICES={services}: at most 50000 ports"
