@@ -778,7 +778,7 @@ kwok_up() {
 # kubelet will confirm their end), their Leases in kube-node-lease and the heartbeat Leases
 # nodelb's tests wrote for them (nodelb-node-kwok-*); then kwok's files.
 kwok_down() {
-  local began=$SECONDS ns name
+  local began=$SECONDS ns
   stop kwok
   if alive kube-apiserver; then
     bins="$("$repo/scripts/kubernetes.sh")"
@@ -796,10 +796,11 @@ kwok_down() {
     done
     kubectl -n kube-node-lease get leases -o name | { grep '/kwok-' || true; } |
       kwok_parallel bash -c 'kubectl -n kube-node-lease delete --wait=false --ignore-not-found "$@" >/dev/null' x
-    kubectl get leases -A -o \
+    for ns in $(kubectl get leases -A -o \
       jsonpath='{range .items[*]}{.metadata.namespace} {.metadata.name}{"\n"}{end}' |
-      awk '$2 ~ /^nodelb-node-kwok-/ {print $1, $2}' | while read -r ns name; do
-      kubectl -n "$ns" delete lease "$name" --ignore-not-found >/dev/null
+      awk '$2 ~ /^nodelb-node-kwok-/ {print $1}' | sort -u); do
+      kubectl -n "$ns" get leases -o name | { grep '/nodelb-node-kwok-' || true; } |
+        kwok_parallel bash -c 'kubectl -n "$0" delete --wait=false --ignore-not-found "$@" >/dev/null' "$ns"
     done
   fi
   rm -f "$dir/kwok.yaml" "$dir/kwok.kubeconfig" "$dir/pki/kwok.crt" "$dir/pki/kwok.key"
