@@ -134,7 +134,15 @@ pub fn heartbeat(node: &str, pod: &str) -> Lease {
         metadata: ObjectMeta {
             name: Some(lease_name(node)),
             namespace: Some(NODELB_NAMESPACE.to_string()),
-            labels: Some([(NODE_LABEL.to_string(), node.to_string())].into()),
+            // The simulated Nodes' label too: `scripts/cluster.sh kwok down` deletes these
+            // Leases by it, in one request.
+            labels: Some(
+                [
+                    (NODE_LABEL.to_string(), node.to_string()),
+                    ("nodelb.io/kwok".to_string(), "true".to_string()),
+                ]
+                .into(),
+            ),
             annotations: Some(
                 [
                     (FAMILIES_ANNOTATION.to_string(), families),
