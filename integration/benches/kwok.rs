@@ -18,8 +18,9 @@
 //! fails the run. Cleans up whatever happens; takes the cluster down again if it brought it up.
 //!
 //! Env: `NODELB_KWOK_NODES` (1000), `NODELB_KWOK_SERVICES` (10000),
-//! `NODELB_KWOK_CHURN_SECONDS` (300), and the others `Scenario::from_env` reads (`_POOL_SIZE`, `_STEADY_SECONDS`,
-//! `_TOGGLE_SECONDS`, `_RESTART_SECONDS`, `_CONCURRENCY`); `NODELB_IMAGE_AGENT_BIN` names the
+//! `NODELB_KWOK_CHURN_SECONDS` (300), and the others `Scenario::from_env` reads
+//! (`_POOL_SIZE`, `_STEADY_SECONDS`, `_TOGGLE_SECONDS`, `_RESTART_SECONDS`,
+//! `_CONCURRENCY`); `NODELB_IMAGE_AGENT_BIN` names the
 //! release agent the image carries, as for `scripts/cluster.sh up`. Needs root; without it
 //! prints SKIP and exits 0, or 1 when `CI=true`.
 //! Run: `cargo bench -p nodelb-integration --bench kwok`.

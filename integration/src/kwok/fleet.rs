@@ -125,6 +125,7 @@ pub async fn agent_pods(client: &Client) -> Result<BTreeMap<String, (String, boo
 /// The heartbeat Lease an agent in Pod `pod` on `node` writes (`agent/src/kube/heartbeat.rs`):
 /// holder the Pod, IPv4 programmed, alive by its Pod, renewed now.
 pub fn heartbeat(node: &str, pod: &str) -> Lease {
+    let (simulated_key, simulated_value) = SIMULATED.split_once('=').unwrap_or((SIMULATED, ""));
     let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
     let families = format_families(Families {
         v4: true,
@@ -139,7 +140,7 @@ pub fn heartbeat(node: &str, pod: &str) -> Lease {
             labels: Some(
                 [
                     (NODE_LABEL.to_string(), node.to_string()),
-                    ("nodelb.io/kwok".to_string(), "true".to_string()),
+                    (simulated_key.to_string(), simulated_value.to_string()),
                 ]
                 .into(),
             ),
