@@ -5,10 +5,10 @@
 use crate::run::logging::LogFormat;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use nodelb_core::plan::addresses::{self, AddressFilter};
+use nodelb_core::plan::cidr::Cidr;
 use nodelb_core::plan::config::{Config, DEFAULT_LB_CLASS};
 use nodelb_core::plan::node::AddressKind;
 use nodelb_core::plan::reserved::ReservedPorts;
-use nodelb_core::plan::service::Cidr;
 use nodelb_core::plan::servicelb::ServiceLb;
 use nodelb_core::vocab::Protocol;
 use std::collections::{BTreeMap, BTreeSet};

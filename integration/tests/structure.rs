@@ -1,9 +1,10 @@
 //! The structure says it by itself: rules of the code's shape that no reviewer has to keep
 //! in mind, checked over every crate's sources.
 //!
-//! - No two modules of a crate import each other (a module that needs another's words and is
-//!   needed by it is one room cut in two, or a fact that belongs to a third). A submodule
-//!   reaching its parent's items is how a room's parts share its words, and is not counted.
+//! - No modules of a crate import each other, in a circle of any length (modules that need
+//!   each other's words are one room cut in pieces, or share a fact that belongs to another).
+//!   A submodule reaching its parent's items is how a room's parts share its words, and is not
+//!   counted. Grouped imports (`use crate::{a::X, b::Y}`) count like single ones.
 //! - No function over 80 lines outside tests.
 //! - No struct in `agent/src/run/` but its `Settings` has more than 12 fields: the sync loop
 //!   keeps an immutable context and a small state, not a bag of everything.
@@ -212,10 +213,87 @@ fn is_test_file(rel: &Path) -> bool {
     })
 }
 
+/// `code` with every `use` tree flattened into one path a leaf (`use crate::{a::X, b::{Y,
+/// self}};` becomes `use crate::a::X; use crate::b::Y; use crate::b;`), so that grouped
+/// imports read like single ones.
+fn flat_uses(code: &str) -> String {
+    let mut out = String::with_capacity(code.len());
+    let mut rest = code;
+    while let Some(at) = find_word(rest, "use") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 3..];
+        let end = after.find(';').unwrap_or(after.len());
+        for path in use_leaves("", &after[..end]) {
+            out.push_str(&format!("use {path};\n"));
+        }
+        rest = after.get(end + 1..).unwrap_or("");
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Where `word` starts in `code` as a whole word.
+fn find_word(code: &str, word: &str) -> Option<usize> {
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut from = 0;
+    while let Some(i) = code[from..].find(word) {
+        let at = from + i;
+        let before = code[..at].chars().next_back().is_some_and(ident);
+        let after = code[at + word.len()..].chars().next().is_some_and(ident);
+        if !before && !after {
+            return Some(at);
+        }
+        from = at + word.len();
+    }
+    None
+}
+
+/// The leaves of a `use` tree below `prefix`, each as a whole path.
+fn use_leaves(prefix: &str, tree: &str) -> Vec<String> {
+    let tree = tree.trim();
+    let join = |tail: &str| match (prefix.is_empty(), tail) {
+        (true, _) => tail.to_string(),
+        (false, "self") => prefix.to_string(),
+        (false, _) => format!("{prefix}::{tail}"),
+    };
+    let Some(open) = tree.find('{') else {
+        let path = tree.split(" as ").next().unwrap_or(tree).trim();
+        return vec![join(&path.split_whitespace().collect::<String>())];
+    };
+    let head = tree[..open].trim().trim_end_matches("::").trim();
+    let close = tree.rfind('}').unwrap_or(tree.len());
+    let inner = &tree[open + 1..close];
+    let base = if head.is_empty() {
+        prefix.to_string()
+    } else {
+        join(&head.split_whitespace().collect::<String>())
+    };
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0, 0);
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&inner[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&inner[start..]);
+    parts
+        .into_iter()
+        .filter(|p| !p.trim().is_empty())
+        .flat_map(|p| use_leaves(&base, p))
+        .collect()
+}
+
 /// Which modules `code` (of module `me`) reaches into, by path: `crate::a::b`, `super::x`,
-/// and a parent's `use child::…`.
+/// and a parent's `use child::…`, grouped `use` trees included.
 fn imports(me: &[String], code: &str, known: &BTreeSet<Vec<String>>) -> BTreeSet<Vec<String>> {
     let mut out = BTreeSet::new();
+    let code = flat_uses(code);
     let words: Vec<&str> = code
         .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
         .filter(|w| w.contains("::"))
@@ -259,6 +337,102 @@ fn imports(me: &[String], code: &str, known: &BTreeSet<Vec<String>>) -> BTreeSet
     out
 }
 
+/// The cycles of a module graph, one a strongly connected component of two modules or more
+/// (Tarjan's algorithm), each given as a path that closes on its first module.
+fn cycles(graph: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Vec<Vec<Vec<String>>> {
+    struct Walk<'g> {
+        graph: &'g BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+        index: BTreeMap<&'g Vec<String>, (usize, usize)>,
+        stack: Vec<&'g Vec<String>>,
+        components: Vec<Vec<&'g Vec<String>>>,
+    }
+    impl<'g> Walk<'g> {
+        fn visit(&mut self, v: &'g Vec<String>) {
+            let n = self.index.len();
+            self.index.insert(v, (n, n));
+            self.stack.push(v);
+            for w in self.graph.get(v).into_iter().flatten() {
+                let Some((w, _)) = self.graph.get_key_value(w) else {
+                    continue;
+                };
+                match self.index.get(w).copied() {
+                    None => {
+                        self.visit(w);
+                        let low = self.index[w].1.min(self.index[v].1);
+                        self.index.get_mut(v).expect("visited").1 = low;
+                    }
+                    Some((wi, _)) if self.stack.contains(&w) => {
+                        let low = wi.min(self.index[v].1);
+                        self.index.get_mut(v).expect("visited").1 = low;
+                    }
+                    Some(_) => {}
+                }
+            }
+            if self.index[v].0 == self.index[v].1 {
+                let at = self
+                    .stack
+                    .iter()
+                    .rposition(|x| *x == v)
+                    .expect("on the stack");
+                let component = self.stack.split_off(at);
+                if component.len() > 1 {
+                    self.components.push(component);
+                }
+            }
+        }
+    }
+    let mut walk = Walk {
+        graph,
+        index: BTreeMap::new(),
+        stack: Vec::new(),
+        components: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !walk.index.contains_key(v) {
+            walk.visit(v);
+        }
+    }
+    walk.components
+        .into_iter()
+        .map(|c| cycle_through(graph, &c.into_iter().cloned().collect()))
+        .collect()
+}
+
+/// A shortest path from the first module of `component` back to itself, inside it.
+fn cycle_through(
+    graph: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+    component: &BTreeSet<Vec<String>>,
+) -> Vec<Vec<String>> {
+    let start = component.iter().next().expect("a module").clone();
+    let mut came_from: BTreeMap<Vec<String>, Vec<String>> = BTreeMap::new();
+    let mut queue = std::collections::VecDeque::from([start.clone()]);
+    while let Some(v) = queue.pop_front() {
+        for w in graph.get(&v).into_iter().flatten() {
+            if !component.contains(w) || came_from.contains_key(w) {
+                continue;
+            }
+            came_from.insert(w.clone(), v.clone());
+            if *w == start {
+                queue.clear();
+                break;
+            }
+            queue.push_back(w.clone());
+        }
+    }
+    let mut path = vec![start.clone()];
+    let mut at = came_from.get(&start).cloned();
+    while let Some(v) = at {
+        if v == start {
+            break;
+        }
+        path.push(v.clone());
+        at = came_from.get(&v).cloned();
+    }
+    path.push(start);
+    path.reverse();
+    path
+}
+
 fn without_tests(code: &str) -> String {
     let mut code = code.to_string();
     for (a, b) in test_ranges(&code).into_iter().rev() {
@@ -268,31 +442,61 @@ fn without_tests(code: &str) -> String {
 }
 
 #[test]
-fn no_two_modules_import_each_other() {
+fn no_modules_import_each_other_in_a_circle() {
     let mut circles = Vec::new();
     for krate in CRATES {
         let mods = modules(krate);
         let known: BTreeSet<Vec<String>> = mods.keys().cloned().collect();
-        let graph: BTreeMap<&Vec<String>, BTreeSet<Vec<String>>> = mods
+        let graph: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = mods
             .iter()
             .map(|(m, f)| {
                 let text = std::fs::read_to_string(f).expect("a source file");
-                (m, imports(m, &without_tests(&blank(&text)), &known))
+                (m.clone(), imports(m, &without_tests(&blank(&text)), &known))
             })
             .collect();
-        for (a, deps) in &graph {
-            for b in deps {
-                if b > *a && graph.get(b).is_some_and(|d| d.contains(*a)) {
-                    circles.push(format!("{krate}: {} <-> {}", a.join("::"), b.join("::")));
-                }
-            }
+        for cycle in cycles(&graph) {
+            let names: Vec<String> = cycle.iter().map(|m| m.join("::")).collect();
+            circles.push(format!("{krate}: {}", names.join(" -> ")));
         }
     }
     assert!(
         circles.is_empty(),
-        "modules that import each other:\n{}",
+        "modules that import each other, in a circle:\n{}",
         circles.join("\n")
     );
+}
+
+#[test]
+fn the_reading_sees_grouped_imports_and_cycles_of_three() {
+    let known: BTreeSet<Vec<String>> = [["plan", "a"], ["plan", "b"], ["plan", "c"]]
+        .iter()
+        .map(|p| p.iter().map(|s| s.to_string()).collect())
+        .collect();
+    let me = |m: &str| vec!["plan".to_string(), m.to_string()];
+    let code = "use crate::{\n    plan::{b::X, c::{self, Y}},\n    vocab::Z,\n};\nfn f() {}";
+    assert_eq!(
+        imports(&me("a"), code, &known),
+        BTreeSet::from([me("b"), me("c")])
+    );
+    assert_eq!(
+        imports(&me("a"), "use super::{b as bee, c::Y};", &known),
+        BTreeSet::from([me("b"), me("c")])
+    );
+    let graph = BTreeMap::from([
+        (me("a"), BTreeSet::from([me("b")])),
+        (me("b"), BTreeSet::from([me("c")])),
+        (me("c"), BTreeSet::from([me("a")])),
+    ]);
+    assert_eq!(
+        cycles(&graph),
+        vec![vec![me("a"), me("b"), me("c"), me("a")]]
+    );
+    let acyclic = BTreeMap::from([
+        (me("a"), BTreeSet::from([me("b"), me("c")])),
+        (me("b"), BTreeSet::from([me("c")])),
+        (me("c"), BTreeSet::new()),
+    ]);
+    assert!(cycles(&acyclic).is_empty());
 }
 
 /// Every `fn` with a body in blanked, test-free code: (name, first line, lines).

@@ -3,12 +3,18 @@
 //! `--address-types` and `--address-cidrs` give ([`super::config::Config::addresses`]). The
 //! annotations are named in `service.rs`, beside the node selector's.
 
-use super::diagnosis::{NotServed, ObjectRef, Warning};
+use super::cidr::Cidr;
 use super::node::{AddressKind, NodeInfo};
-use super::service::{Cidr, LbService, ADDRESS_CIDRS_ANNOTATION, ADDRESS_TYPES_ANNOTATION};
 use std::collections::BTreeSet;
 use std::fmt;
 use std::net::IpAddr;
+
+/// Annotation: the kinds of node address (`InternalIP`, `ExternalIP`, comma separated) that
+/// serve the Service (see this module).
+pub const ADDRESS_TYPES_ANNOTATION: &str = "nodelb.io/address-types";
+/// Annotation: the prefixes (comma separated) a node address must lie in to serve the Service;
+/// empty: any.
+pub const ADDRESS_CIDRS_ANNOTATION: &str = "nodelb.io/address-cidrs";
 
 /// Which node addresses may serve a Service: of one of `types`, and inside one of `cidrs`
 /// (any address when `cidrs` is empty).
@@ -154,32 +160,6 @@ impl fmt::Display for AddressFilter {
         }
         Ok(())
     }
-}
-
-/// Which of the node's addresses serve the Service: its annotations over the flags' default
-/// (`default`: [`super::config::Config::addresses`]). An annotation that does not parse is warned about and the Service is served
-/// nowhere, as with an invalid node selector: never on addresses it did not ask for.
-pub fn address_filter(
-    svc: &LbService,
-    default: &AddressFilter,
-    warnings: &mut Vec<Warning>,
-) -> Result<AddressFilter, NotServed> {
-    AddressFilter::of_service(svc.address_types, svc.address_cidrs, default).map_err(
-        |errors: Vec<InvalidAddresses>| {
-            for e in &errors {
-                warnings.push(Warning::new(
-                    ObjectRef::service(&svc.key),
-                    format!("{e}; served nowhere"),
-                ));
-            }
-            let first = errors.into_iter().next().expect("an error");
-            NotServed::InvalidAddresses {
-                annotation: first.annotation.to_string(),
-                value: first.value,
-                error: first.error,
-            }
-        },
-    )
 }
 
 #[cfg(test)]

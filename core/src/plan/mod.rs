@@ -6,6 +6,7 @@
 //! then port conflicts on this node (oldest wins), then the tables.
 
 pub mod addresses;
+pub mod cidr;
 pub mod config;
 pub mod conflicts;
 pub mod diagnosis;

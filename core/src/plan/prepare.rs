@@ -4,13 +4,14 @@
 //! endpoints each port would forward to. Depends only on the Service, its slices and the
 //! node-wide context, so it is cached per Service between syncs.
 
-use super::addresses::{self, AddressFilter};
+use super::addresses::AddressFilter;
+use super::cidr::Cidr;
 use super::config::Config;
 use super::diagnosis::{FamilySkip, ObjectRef, ServiceOutcome, Warning};
 use super::endpoints::{self, EndpointAddr, Selection};
 use super::listeners::{HostListeners, Taken};
 use super::node::NodeInfo;
-use super::service::{self, Cidr, ClientIpAffinity, LbService, TrafficPolicy};
+use super::service::{self, ClientIpAffinity, LbService, TrafficPolicy};
 use super::topology::Place;
 use crate::objects::index::{EndpointSlice, Service};
 use crate::vocab::{Families, IpFamily};
@@ -195,7 +196,7 @@ fn decide<'s>(
         return Err(ServiceOutcome::ReservedPorts { ports: reserved });
     }
     // Read before the node is looked at: its warnings do not depend on the node.
-    let filter = addresses::address_filter(&lb, &config.addresses, warnings);
+    let filter = lb.address_filter(&config.addresses, warnings);
     if let Err(why) = service::serving(&lb, &ctx.node, config.servicelb, warnings) {
         return Err(ServiceOutcome::NotServed(why));
     }

@@ -1,6 +1,10 @@
 //! Which Services are nodelb's, and a Service's spec read into checked, plain values: ports,
 //! families, traffic policy, source ranges, node selector, address filter.
 
+use super::addresses::{
+    AddressFilter, InvalidAddresses, ADDRESS_CIDRS_ANNOTATION, ADDRESS_TYPES_ANNOTATION,
+};
+use super::cidr::Cidr;
 use super::config::Config;
 use super::diagnosis::{NotServed, ObjectRef, Warning};
 use super::node::NodeInfo;
@@ -10,19 +14,12 @@ use crate::objects::index::{Service, ServiceSpec, TrafficDistribution};
 use crate::vocab::{IpFamily, Protocol, ServiceKey, ServicePortId, Str};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::BTreeSet;
-use std::fmt;
 use std::net::IpAddr;
 
 /// Label that takes a node out of every LoadBalancer's serving nodes (any value).
 pub const EXCLUDE_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 /// Annotation holding a label selector that limits a Service's serving nodes.
 pub const NODE_SELECTOR_ANNOTATION: &str = "nodelb.io/node-selector";
-/// Annotation: the kinds of node address (`InternalIP`, `ExternalIP`, comma separated) that
-/// serve the Service (see [`super::addresses`]).
-pub const ADDRESS_TYPES_ANNOTATION: &str = "nodelb.io/address-types";
-/// Annotation: the prefixes (comma separated) a node address must lie in to serve the Service;
-/// empty: any.
-pub const ADDRESS_CIDRS_ANNOTATION: &str = "nodelb.io/address-cidrs";
 /// Annotation, on a Node or a Service: the addresses (comma separated) the status publishes in
 /// place of the node addresses of their family (see [`crate::status::published`]); the kernel
 /// still serves the node's own.
@@ -46,52 +43,6 @@ impl ServiceKey {
 pub enum TrafficPolicy {
     Cluster,
     Local,
-}
-
-/// A client prefix from `loadBalancerSourceRanges`, host bits cleared.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Cidr {
-    pub addr: IpAddr,
-    pub len: u8,
-}
-
-impl Cidr {
-    /// `192.0.2.0/24` or `2001:db8::/32`; host bits are cleared.
-    pub fn parse(s: &str) -> Option<Cidr> {
-        let (a, l) = s.trim().split_once('/')?;
-        let addr: IpAddr = a.parse().ok()?;
-        let len: u8 = l.parse().ok()?;
-        let addr = match addr {
-            IpAddr::V4(a) if len <= 32 => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
-                IpAddr::V4((u32::from(a) & mask).into())
-            }
-            IpAddr::V6(a) if len <= 128 => {
-                let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
-                IpAddr::V6((u128::from(a) & mask).into())
-            }
-            _ => return None,
-        };
-        Some(Cidr { addr, len })
-    }
-
-    pub fn family(&self) -> IpFamily {
-        IpFamily::of(&self.addr)
-    }
-
-    /// Whether `other` lies inside this prefix.
-    pub fn contains(&self, other: &Cidr) -> bool {
-        if self.family() != other.family() || other.len < self.len {
-            return false;
-        }
-        Cidr::parse(&format!("{}/{}", other.addr, self.len)).is_some_and(|c| c.addr == self.addr)
-    }
-}
-
-impl fmt::Display for Cidr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.len)
-    }
 }
 
 /// `sessionAffinity: ClientIP` without a timeout: kube-proxy's default, three hours.
@@ -133,6 +84,35 @@ pub struct LbService<'a> {
     pub pool: Option<&'a str>,
     /// `spec.trafficDistribution`, if set (a value nodelb does not know is warned about).
     pub distribution: Option<TrafficDistribution>,
+}
+
+impl LbService<'_> {
+    /// Which of the node's addresses serve the Service: its annotations over the flags'
+    /// default (`default`: [`Config::addresses`]). An annotation that does not parse is warned
+    /// about and the Service is served nowhere, as with an invalid node selector: never on
+    /// addresses it did not ask for.
+    pub fn address_filter(
+        &self,
+        default: &AddressFilter,
+        warnings: &mut Vec<Warning>,
+    ) -> Result<AddressFilter, NotServed> {
+        AddressFilter::of_service(self.address_types, self.address_cidrs, default).map_err(
+            |errors: Vec<InvalidAddresses>| {
+                for e in &errors {
+                    warnings.push(Warning::new(
+                        ObjectRef::service(&self.key),
+                        format!("{e}; served nowhere"),
+                    ));
+                }
+                let first = errors.into_iter().next().expect("an error");
+                NotServed::InvalidAddresses {
+                    annotation: first.annotation.to_string(),
+                    value: first.value,
+                    error: first.error,
+                }
+            },
+        )
+    }
 }
 
 /// Whether nodelb handles this Service at all: `type: LoadBalancer` and our class, or no class

@@ -1,13 +1,14 @@
 //! One Service after port conflicts: its outcome on this node and what it owns in each
 //! family's table.
 
+use super::cidr::Cidr;
 use super::conflicts::{Claims, Slot};
 use super::diagnosis::{
     FamilyOutcome, FamilySkip, FamilyState, PortHolder, PortOutcome, PortResult, ServiceOutcome,
 };
 use super::endpoints::Selection;
 use super::prepare::{Context, Prepared, PreparedPort, Stage};
-use super::service::{Cidr, ClientIpAffinity, TrafficPolicy};
+use super::service::{ClientIpAffinity, TrafficPolicy};
 use super::slots::{self, Orders};
 use super::table::{self, Action, Part, PortProgram};
 use crate::vocab::IpFamily;

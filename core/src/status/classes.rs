@@ -7,14 +7,14 @@
 use super::heartbeat::{BlockedPorts, Heartbeat};
 use crate::objects::index::Service;
 use crate::plan::addresses::parse_cidrs;
+use crate::plan::addresses::ADDRESS_CIDRS_ANNOTATION;
+use crate::plan::cidr::Cidr;
 use crate::plan::config::Config;
 use crate::plan::conflicts::Slot;
 use crate::plan::listeners::{wildcard, HostListeners};
 use crate::plan::node::{AddressKind, NodeInfo};
 use crate::plan::selector::Selector;
-use crate::plan::service::{
-    self, Cidr, ADDRESS_CIDRS_ANNOTATION, EXCLUDE_LABEL, NODE_SELECTOR_ANNOTATION,
-};
+use crate::plan::service::{self, EXCLUDE_LABEL, NODE_SELECTOR_ANNOTATION};
 use crate::plan::{Context, Objects, Planner};
 use crate::vocab::{Families, IpFamily, Listener, ServiceKey};
 use k8s_openapi::api::core::v1::Node;

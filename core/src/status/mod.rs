@@ -339,9 +339,9 @@ impl Status {
         let classes = &self.classes;
         let mut seen = observed::observe(classes, key, lb.policy, self.local.get(key));
         // Invalid: served nowhere, whatever it publishes.
-        let filter =
-            crate::plan::addresses::address_filter(&lb, &cfg.planner.addresses, &mut Vec::new())
-                .unwrap_or_default();
+        let filter = lb
+            .address_filter(&cfg.planner.addresses, &mut Vec::new())
+            .unwrap_or_default();
         let ingress = self
             .ingresses
             .entry((filter, seen.ingress_key(&lb.families)))

@@ -42,9 +42,9 @@ pub fn desired(
         }
         let mut warnings = Vec::new();
         let lb = service::read(svc, key.clone(), &mut warnings);
-        let filter =
-            crate::plan::addresses::address_filter(&lb, &cfg.planner.addresses, &mut Vec::new())
-                .unwrap_or_default();
+        let filter = lb
+            .address_filter(&cfg.planner.addresses, &mut Vec::new())
+            .unwrap_or_default();
         let mut seen = PerNode::new(candidates.len(), lb.policy);
         for (node, planner) in &planners {
             if let Some(outcome) = planner.outcome(key) {

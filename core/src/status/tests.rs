@@ -209,8 +209,7 @@ fn the_status_lists_only_the_addresses_of_the_services_address_types_and_cidrs()
     assert_eq!(w.ingress("web"), vec!["203.0.113.10"]);
     // The flags' default, for a Service without the annotations.
     let mut w = internal_and_external(lb("web", 80));
-    w.cfg.planner.addresses.cidrs =
-        vec![crate::plan::service::Cidr::parse("203.0.113.8/30").unwrap()];
+    w.cfg.planner.addresses.cidrs = vec![crate::plan::cidr::Cidr::parse("203.0.113.8/30").unwrap()];
     assert_eq!(w.ingress("web"), vec!["203.0.113.9", "203.0.113.10"]);
 }
 

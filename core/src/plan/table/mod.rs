@@ -67,8 +67,9 @@ pub use naming::*;
 pub use part::*;
 pub use skeleton::*;
 
+use super::cidr::Cidr;
 use super::endpoints::EndpointAddr;
-use super::service::{Cidr, ClientIpAffinity, TrafficPolicy};
+use super::service::{ClientIpAffinity, TrafficPolicy};
 use crate::packed::Packed;
 use crate::vocab::IpFamily;
 use crate::vocab::{Protocol, ServiceKey, ServicePortId};

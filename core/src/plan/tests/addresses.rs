@@ -181,7 +181,7 @@ fn address_flags_are_the_default_of_services_without_the_annotations() {
     );
     w.config.addresses = super::super::addresses::AddressFilter {
         types: [AddressKind::ExternalIP].into(),
-        cidrs: vec![super::super::service::Cidr::parse("192.0.2.0/24").unwrap()],
+        cidrs: vec![super::super::cidr::Cidr::parse("192.0.2.0/24").unwrap()],
     };
     let p = w.plan();
     assert_eq!(served_v4(&p, "default/web"), [EXTERNAL]);
