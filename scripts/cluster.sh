@@ -98,7 +98,7 @@ node_monitor_grace=20s
 ns_lan=nodelb-lan
 ns_cp=nodelb-cp
 ns_client=nodelb-client
-packages=(etcd-server containerd runc containernetworking-plugins iptables nftables iproute2 socat openssl
+packages=(etcd-server containerd runc containernetworking-plugins iptables nftables iproute2 socat openssl curl
   mmdebstrap busybox-static gcc libc6-dev)
 
 log() { echo "cluster: $*" >&2; }

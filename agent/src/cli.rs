@@ -65,9 +65,9 @@ pub struct ClearStatusArgs {
           value_name = "DURATION")]
     pub wait: Duration,
 
-    /// First stop the agents: schedule this DaemonSet (in `--lease-namespace`) on no node, as
-    /// `manifests/cleanup/` does, so its agents stop and the leader releases its Lease. For
-    /// an uninstall hook, which cannot patch the DaemonSet any other way.
+    /// First stop the agents: delete this DaemonSet (in `--lease-namespace`), so its agents
+    /// stop and the leader releases its Lease. For the chart's uninstall hook, which may
+    /// delete the DaemonSet but not change it (Helm deletes the rest of the release after).
     #[arg(long, value_name = "DAEMONSET")]
     pub stop_agents: Option<String>,
 
@@ -310,11 +310,16 @@ pub struct RunArgs {
           value_name = "DURATION")]
     pub retry_period: Duration,
 
-    /// Address of `/healthz` and `/readyz`.
-    #[arg(long, default_value = "0.0.0.0:9254", value_name = "ADDR:PORT")]
+    /// Address of `/healthz` and `/readyz`, plain HTTP without authentication: loopback by
+    /// default, where the kubelet's probes reach it (with `host: 127.0.0.1`) and a client of a
+    /// Service does not.
+    #[arg(long, default_value = "127.0.0.1:9254", value_name = "ADDR:PORT")]
     pub health_addr: SocketAddr,
 
-    /// Address of `/metrics` (Prometheus text).
+    /// Address of `/metrics` (Prometheus text). On a loopback address plain HTTP; on any other
+    /// HTTPS (a certificate made at start), answering only a bearer token the API server
+    /// authenticates and allows to `get` the non-resource URL `/metrics` (the ClusterRole
+    /// `nodelb-metrics-reader`); anyone else gets 401 or 403.
     #[arg(long, default_value = "0.0.0.0:9255", value_name = "ADDR:PORT")]
     pub metrics_addr: SocketAddr,
 
@@ -464,7 +469,7 @@ mod tests {
         assert_eq!(r.lease_duration, Duration::from_secs(15));
         assert_eq!(r.renew_deadline, Duration::from_secs(10));
         assert_eq!(r.retry_period, Duration::from_secs(2));
-        assert_eq!(r.health_addr, "0.0.0.0:9254".parse().unwrap());
+        assert_eq!(r.health_addr, "127.0.0.1:9254".parse().unwrap());
         assert_eq!(r.metrics_addr, "0.0.0.0:9255".parse().unwrap());
         assert_eq!(r.log_format, LogFormat::Text);
         assert_eq!(r.kubeconfig, None);

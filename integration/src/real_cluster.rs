@@ -597,14 +597,126 @@ impl RealCluster {
         )
     }
 
-    /// The agent pod's `/metrics`, through the API server's pod proxy (as a Prometheus
-    /// scraping the pod would read it).
+    /// The agent pod's `/metrics`, as a Prometheus inside the cluster reads it: over HTTPS to
+    /// its node's address, with a ServiceAccount token allowed to `get` `/metrics` (from the
+    /// node's own network namespace on `scripts/cluster.sh`'s cluster, from this process's
+    /// elsewhere).
     pub fn agent_metrics(&self, pod: &str) -> Result<String, String> {
-        self.kubectl(&[
-            "get",
-            "--raw",
-            &format!("/api/v1/namespaces/{NODELB_NAMESPACE}/pods/{pod}:9255/proxy/metrics"),
-        ])
+        let pods = self.agent_pods()?;
+        let node = pods
+            .iter()
+            .find(|(p, _)| p == pod)
+            .map(|(_, n)| n.clone())
+            .ok_or_else(|| format!("no agent pod {pod} among {pods:?}"))?;
+        let url = format!(
+            "https://{}/metrics",
+            SocketAddr::new(self.node_address(&node), 9255)
+        );
+        let token = self.scrape_token()?;
+        match self.curl(self.in_cluster(&node), &url, Some(&token))? {
+            (200, body) => Ok(body),
+            (code, body) => Err(format!("GET {url} from node {node}: HTTP {code}: {body}")),
+        }
+    }
+
+    /// A fresh token of the ServiceAccount `default/e2e-metrics-scraper`, created with its
+    /// binding to the ClusterRole `nodelb-metrics-reader` (which the manifests install) when
+    /// missing. Outside nodelb's namespace and names, so that an uninstall neither takes it
+    /// nor counts it as left behind.
+    pub fn scrape_token(&self) -> Result<String, String> {
+        self.apply(
+            "apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: e2e-metrics-scraper
+  namespace: default
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: e2e-metrics-scraper
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: nodelb-metrics-reader
+subjects:
+  - kind: ServiceAccount
+    name: e2e-metrics-scraper
+    namespace: default
+",
+        )?;
+        self.token_of("default", "e2e-metrics-scraper")
+    }
+
+    /// A fresh token of ServiceAccount `ns`/`name` (an hour long).
+    pub fn token_of(&self, ns: &str, name: &str) -> Result<String, String> {
+        self.kubectl(&["-n", ns, "create", "token", name, "--duration=1h"])
+            .map(|t| t.trim().to_string())
+    }
+
+    /// Where a client inside the cluster runs: node `node`'s network namespace on
+    /// `scripts/cluster.sh`'s cluster (a host-network pod there), else this process's own.
+    pub fn in_cluster(&self, node: &str) -> Option<String> {
+        self.managed.then(|| format!("nodelb-{node}"))
+    }
+
+    /// `curl` of `url` from network namespace `netns` (`None`: this process's), trusting any
+    /// certificate, with `token` as the bearer token: the HTTP status and the body, or why
+    /// there was none (curl's exit status and message: 7 is a refused connection).
+    pub fn curl(
+        &self,
+        netns: Option<String>,
+        url: &str,
+        token: Option<&str>,
+    ) -> Result<(u16, String), String> {
+        let mut cmd = match &netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "curl"]);
+                c
+            }
+            None => Command::new("curl"),
+        };
+        cmd.args(["-sS", "-k", "--max-time", "5", "-w", "\n%{http_code}", url]);
+        if token.is_some() {
+            // From standard input, so the token is not on a command line.
+            cmd.args(["-H", "@-"]);
+            cmd.stdin(Stdio::piped());
+        }
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().map_err(|e| format!("running curl: {e}"))?;
+        if let Some(t) = token {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().expect("a piped stdin");
+            writeln!(stdin, "Authorization: Bearer {t}").map_err(|e| e.to_string())?;
+        }
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            return Err(format!(
+                "curl {url} from {}: {} ({})",
+                netns.as_deref().unwrap_or("this namespace"),
+                String::from_utf8_lossy(&out.stderr).trim(),
+                out.status
+            ));
+        }
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        let code = code
+            .trim()
+            .parse()
+            .map_err(|_| format!("curl {url}: no status in {text:?}"))?;
+        Ok((code, body.to_string()))
+    }
+
+    /// `curl` of `url` from the client namespace (a client of a Service, outside the cluster),
+    /// as [`RealCluster::curl`].
+    pub fn curl_from_client(
+        &self,
+        url: &str,
+        token: Option<&str>,
+    ) -> Result<(u16, String), String> {
+        let ns = (!self.client.name().is_empty()).then(|| self.client.name().to_string());
+        self.curl(ns, url, token)
     }
 
     /// A Service.
@@ -629,9 +741,10 @@ impl RealCluster {
         }
     }
 
-    /// One TCP request from the client namespace.
+    /// One TCP request from the client namespace; answered after more than [`SLOW`], it is
+    /// [`Outcome::Slow`].
     pub fn tcp_request(&self, dst: SocketAddr) -> Outcome {
-        traffic::tcp_request(&self.client, dst, Duration::from_secs(3))
+        bounded(|| traffic::tcp_request(&self.client, dst, Duration::from_secs(3)))
     }
 
     /// `nft <args>` run in node `name`'s network namespace (`scripts/cluster.sh`'s nodes only).
@@ -836,8 +949,23 @@ impl LoadReport {
     }
 }
 
+/// How long a load test's connection may take, from its first SYN to the backend's answer,
+/// before it counts as failed: a SYN the network dropped once is sent again after a second,
+/// a stall users feel, so it must not pass as a success.
+pub const SLOW: Duration = Duration::from_millis(900);
+
+/// `exchange`'s outcome, made [`Outcome::Slow`] when its answer took more than [`SLOW`].
+pub fn bounded(exchange: impl FnOnce() -> Outcome) -> Outcome {
+    let sent = Instant::now();
+    match exchange() {
+        Outcome::Answered(r) if sent.elapsed() > SLOW => Outcome::Slow(sent.elapsed(), r),
+        other => other,
+    }
+}
+
 /// Steady client load: new TCP connections from the client namespace to each target in turn,
 /// one every `interval`, each reading the backend's one-line answer; until [`TcpLoad::stop`].
+/// A connection answered after more than [`SLOW`] is a failure ([`Outcome::Slow`]).
 pub struct TcpLoad {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<LoadReport>>,
@@ -867,7 +995,7 @@ impl TcpLoad {
                 while !flag.load(Ordering::Relaxed) {
                     let dst = targets[i % targets.len()];
                     i += 1;
-                    match traffic::tcp_exchange_here(dst, Duration::from_secs(3)) {
+                    match bounded(|| traffic::tcp_exchange_here(dst, Duration::from_secs(3))) {
                         Outcome::Answered(r) => {
                             *report.answered.entry(pod_of(&r).to_string()).or_default() += 1;
                         }

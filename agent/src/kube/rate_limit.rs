@@ -28,14 +28,31 @@ impl TokenBucket {
 
     /// Take a token for a request at `now`: how long the request must wait before it goes.
     pub fn take(&mut self, now: Instant) -> Duration {
-        let refill = now.saturating_duration_since(self.at).as_secs_f64() * self.qps;
+        self.tokens = self.refilled(now) - 1.0;
         self.at = self.at.max(now);
-        self.tokens = (self.tokens + refill).min(self.burst) - 1.0;
         if self.tokens >= 0.0 {
             Duration::ZERO
         } else {
             Duration::from_secs_f64(-self.tokens / self.qps)
         }
+    }
+
+    /// Take a token only if one is there at `now` (a request that would have to wait is
+    /// turned away instead).
+    pub fn try_take(&mut self, now: Instant) -> bool {
+        let tokens = self.refilled(now);
+        if tokens < 1.0 {
+            return false;
+        }
+        self.at = self.at.max(now);
+        self.tokens = tokens - 1.0;
+        true
+    }
+
+    /// The tokens there are at `now`.
+    fn refilled(&self, now: Instant) -> f64 {
+        let refill = now.saturating_duration_since(self.at).as_secs_f64() * self.qps;
+        (self.tokens + refill).min(self.burst)
     }
 }
 

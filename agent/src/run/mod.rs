@@ -11,6 +11,7 @@ pub mod listeners;
 pub mod logging;
 pub mod malloc;
 mod record;
+pub mod scrape_auth;
 pub mod startup;
 pub mod sync;
 pub mod verify;
@@ -172,8 +173,9 @@ pub struct Settings {
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let mut startup = startup::Startup::new(std::time::Instant::now());
     let config = settings.config.clone();
-    let (metrics, readiness, sysctls, _http) = start(&settings).await?;
+    let (metrics, readiness, sysctls, http) = start(&settings).await?;
     let (inputs, client) = crate::kube::clients(settings.kubeconfig.as_deref(), &readiness).await?;
+    http.scrape_client.send_replace(Some(client.clone()));
     startup.client_ready();
     let (tx, rx) = mpsc::unbounded_channel();
     let (caches, _watches) = watches::Caches::start(
@@ -257,7 +259,7 @@ async fn start(
     Arc<metrics::Metrics>,
     crate::readiness::Readiness,
     Sysctls,
-    Vec<tokio::task::JoinHandle<()>>,
+    http::Served,
 )> {
     let config = &settings.config;
     info!(node = %settings.node_name, ipv4 = config.ipv4, ipv6 = config.ipv6,
