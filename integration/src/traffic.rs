@@ -35,6 +35,10 @@ pub enum Outcome {
     Refused { icmp: Option<IcmpError> },
     /// Nothing came back before the deadline.
     TimedOut,
+    /// The reply came, but only after this long: more than a load test forgives (see
+    /// `real_cluster::SLOW`), such as a SYN the network dropped once and the client sent again
+    /// a second later. The reply is kept.
+    Slow(Duration, String),
     /// Any other error, as errno text (e.g. "ENETUNREACH: Network is
     /// unreachable"). UDP errors caused by other ICMP messages (host
     /// unreachable, admin prohibited, ...) end up here with the ICMP origin,

@@ -346,3 +346,46 @@ fn element_watch_reports_what_a_transaction_added_to_its_table() {
     assert_eq!(t.events, 3, "{t:?}");
     assert_eq!(t.process.as_deref(), Some("nft"), "{t:?}");
 }
+
+/// Issue 39: a load test's connection that needed a SYN retransmit (a second of stall) is a
+/// failure, [`Outcome::Slow`], not a success hidden by a 3 s deadline.
+#[test]
+fn a_connection_answered_after_a_syn_retransmit_counts_as_failed_in_a_load() {
+    use nodelb_integration::real_cluster::{TcpLoad, SLOW};
+    if !require_root("a_connection_answered_after_a_syn_retransmit_counts_as_failed_in_a_load") {
+        return;
+    }
+    let topo = Topology::new(1);
+    let dst = SocketAddr::new(topo.backend_v4(0).into(), 8080);
+    let _server = tcp_server(&topo.backends[0], dst, "b0");
+    let load = TcpLoad::start(&topo.node, vec![dst], Duration::from_millis(50));
+    std::thread::sleep(Duration::from_millis(500));
+    // The backend's own namespace drops every SYN for 300 ms: the connections that start then
+    // are answered after the client's retransmit, about a second later.
+    topo.backends[0].sh(
+        "nft 'add table inet t; add chain inet t in { type filter hook input priority 0; }; \
+         add rule inet t in tcp flags & (syn | ack) == syn drop'",
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    topo.backends[0].sh("nft delete table inet t");
+    std::thread::sleep(Duration::from_millis(1500));
+    let report = load.stop();
+    println!(
+        "measured: {} answered in time, failed: {:?}",
+        report.answered.values().sum::<usize>(),
+        report.failed
+    );
+    assert!(
+        report.answered.values().sum::<usize>() >= 10,
+        "the load ran: {report:?}"
+    );
+    assert!(
+        !report.failed.is_empty()
+            && report
+                .failed
+                .iter()
+                .all(|(_, _, o)| matches!(o, Outcome::Slow(t, _) if *t > SLOW)),
+        "the connections that waited for a retransmit are failures, and only those: {:?}",
+        report.failed
+    );
+}
