@@ -8,7 +8,6 @@
 
 use clap::Parser;
 use nodelb_agent::cli::{Cli, Command, RunArgs};
-use nodelb_agent::kube::clear_status::STOP_LABEL;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -118,10 +117,12 @@ fn split_hooks(all: BTreeMap<String, Value>) -> (BTreeMap<String, Value>, BTreeM
             annotations["helm.sh/hook"], "pre-delete",
             "{id}: the uninstall runs before Helm deletes the release"
         );
-        assert_eq!(
-            annotations["helm.sh/hook-delete-policy"], "before-hook-creation,hook-succeeded",
-            "{id}: a failed uninstall keeps its objects to read"
-        );
+        // A failed uninstall keeps its Job and cleanup DaemonSet to read, never its rights.
+        let policy = match id.split(' ').next() {
+            Some("Job" | "DaemonSet") => "before-hook-creation,hook-succeeded",
+            _ => "before-hook-creation,hook-succeeded,hook-failed",
+        };
+        assert_eq!(annotations["helm.sh/hook-delete-policy"], policy, "{id}");
     }
     (plain, hooks)
 }
@@ -286,13 +287,20 @@ fn uninstall_hook_is_the_cleanup_of_manifests_cleanup_run_by_clear_status() {
             .cloned(),
         "the cleanup DaemonSet is manifests/cleanup/'s"
     );
-    let stopped = &cleanup["DaemonSet nodelb-system/nodelb-agent"];
-    let (key, value) = STOP_LABEL;
-    assert_eq!(
-        stopped.pointer("/spec/template/spec/nodeSelector"),
-        Some(&json!({ key: value })),
-        "clear-status --stop-agents schedules the agents where manifests/cleanup/ does"
-    );
+    // The hook stops the agents by deleting their DaemonSet: it may change no DaemonSet.
+    let role = &hooks["Role nodelb-system/nodelb-uninstall"];
+    for rule in role["rules"].as_array().unwrap() {
+        if rule["resources"] == json!(["daemonsets"]) {
+            let verbs = rule["verbs"].as_array().unwrap();
+            assert!(
+                verbs.iter().all(|v| v == "get" || v == "delete"),
+                "the hook reads and deletes DaemonSets, nothing else: {rule}"
+            );
+            if verbs.contains(&json!("delete")) {
+                assert_eq!(rule["resourceNames"], json!(["nodelb-agent"]), "{rule}");
+            }
+        }
+    }
     let job = hooks
         .remove("Job nodelb-system/nodelb-uninstall")
         .expect("the uninstall Job");
@@ -322,4 +330,115 @@ fn uninstall_hook_is_the_cleanup_of_manifests_cleanup_run_by_clear_status() {
     );
     let none = template(&["uninstall.enabled=false"], false);
     assert_eq!(none, plain, "uninstall.enabled=false renders no hook");
+}
+
+/// Every right the manifests and the chart grant, one line each: `<Kind> <namespace>/<name>:
+/// <apiGroup>/<resource>[<names>] <verb>` for a rule (`core/` for the core group) (`<url> <verb>` for a non-resource
+/// URL), `<Kind> <namespace>/<name>: <role> -> <subject>` for a binding.
+fn rights(objects: &BTreeMap<String, Value>) -> std::collections::BTreeSet<String> {
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut out = std::collections::BTreeSet::new();
+    for o in objects.values() {
+        let kind = o["kind"].as_str().unwrap_or("");
+        let at = |p: &str| {
+            o.pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        let who = format!(
+            "{kind} {}/{}",
+            at("/metadata/namespace"),
+            at("/metadata/name")
+        );
+        match kind {
+            "Role" | "ClusterRole" => {
+                for rule in o["rules"].as_array().into_iter().flatten() {
+                    let names = strings(&rule["resourceNames"]);
+                    let names = match names.is_empty() {
+                        true => String::new(),
+                        false => format!("[{}]", names.join(",")),
+                    };
+                    let mut targets: Vec<String> = strings(&rule["nonResourceURLs"]);
+                    for g in strings(&rule["apiGroups"]) {
+                        let g = if g.is_empty() { "core".to_string() } else { g };
+                        for r in strings(&rule["resources"]) {
+                            targets.push(format!("{g}/{r}{names}"));
+                        }
+                    }
+                    for t in &targets {
+                        for v in strings(&rule["verbs"]) {
+                            out.insert(format!("{who}: {t} {v}"));
+                        }
+                    }
+                }
+            }
+            "RoleBinding" | "ClusterRoleBinding" => {
+                for s in o["subjects"].as_array().into_iter().flatten() {
+                    let sub = |k: &str| s[k].as_str().unwrap_or("").to_string();
+                    out.insert(format!(
+                        "{who}: {} {} -> {} {}/{}",
+                        at("/roleRef/kind"),
+                        at("/roleRef/name"),
+                        sub("kind"),
+                        sub("namespace"),
+                        sub("name")
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Issue 39: a new right is a conscious change. Every right of `manifests/` (each overlay) and
+/// of the chart (every toggle on, its uninstall hook included) is in `manifests/rights.txt`,
+/// and every line there is still granted somewhere.
+#[test]
+fn every_right_granted_is_in_the_reviewed_list() {
+    let mut granted = std::collections::BTreeSet::new();
+    for dir in ["", "base", "hardened", "apf", "cleanup", "monitoring"] {
+        granted.extend(rights(&kustomize(dir)));
+    }
+    let all = [
+        "hardened=true",
+        "monitoring.podMonitor.enabled=true",
+        "monitoring.prometheusRule.enabled=true",
+        "monitoring.dashboard.enabled=true",
+        "uninstall.enabled=true",
+    ];
+    granted.extend(rights(&template(&all, false)));
+    let path = repo().join("manifests/rights.txt");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let reviewed: std::collections::BTreeSet<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect();
+    let new: Vec<&String> = granted.difference(&reviewed).collect();
+    let gone: Vec<&String> = reviewed.difference(&granted).collect();
+    assert!(
+        new.is_empty() && gone.is_empty(),
+        "the rights granted differ from manifests/rights.txt (review them, then change the list)\n\
+         granted, not listed:\n{}\nlisted, not granted:\n{}",
+        new.iter()
+            .map(|l| format!("  {l}"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        gone.iter()
+            .map(|l| format!("  {l}"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
 }

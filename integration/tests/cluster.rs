@@ -301,6 +301,80 @@ mod on_real_cluster {
         out
     }
 
+    /// Issue 39's exposure: a client that can reach a Service reads nothing of the agent's
+    /// on any node address (`/readyz` refused: it listens on loopback; `/metrics` 401 without
+    /// a token, with a made-up one, 403 with a token not allowed `/metrics`), while inside the
+    /// cluster the kubelet's probes pass and a scraper with `nodelb-metrics-reader` reads the
+    /// metrics over HTTPS.
+    #[test]
+    fn the_agents_ports_answer_only_inside_the_cluster() {
+        let Some((_turn, c)) = RealCluster::get("the_agents_ports_answer_only_inside_the_cluster")
+        else {
+            return;
+        };
+        c.install("").unwrap_or_else(|e| panic!("{e}"));
+        // The rollout waited for every agent's readiness probe: the kubelet reached /readyz.
+        let pods = c.agent_pods().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            pods.len(),
+            c.nodes().len(),
+            "an agent on every node: {pods:?}"
+        );
+        let token = c.scrape_token().unwrap_or_else(|e| panic!("{e}"));
+        let ns = c.namespace("rc-exposure");
+        c.kubectl(&["-n", ns.name(), "create", "serviceaccount", "no-metrics"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let unbound = c
+            .token_of(ns.name(), "no-metrics")
+            .unwrap_or_else(|e| panic!("{e}"));
+        for (node, addr) in c.nodes() {
+            let health = format!("http://{}/readyz", SocketAddr::new(*addr, 9254));
+            let metrics = format!("https://{}/metrics", SocketAddr::new(*addr, 9255));
+            let readyz = c.curl_from_client(&health, None);
+            println!("measured: from the client, {health}: {readyz:?}");
+            assert!(
+                readyz.as_ref().is_err_and(|e| e.contains("exit status: 7")),
+                "a Service's client is refused /readyz on {node}: {readyz:?}"
+            );
+            for (who, t, want) in [
+                ("no token", None, 401),
+                ("a made-up token", Some("made-up"), 401),
+                (
+                    "a token without nodelb-metrics-reader",
+                    Some(unbound.as_str()),
+                    403,
+                ),
+            ] {
+                let got = c.curl_from_client(&metrics, t);
+                println!(
+                    "measured: from the client with {who}, {metrics}: {:?}",
+                    got.as_ref().map(|(code, body)| (code, body.len()))
+                );
+                let (code, body) = got.unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(code, want, "{who} on {node}: {body}");
+                assert!(!body.contains("nodelb_"), "{who} reads no metric: {body}");
+            }
+            // Inside the cluster: the node itself (where the kubelet probes) and a scraper with
+            // the reader's token, from every node.
+            let probe = c
+                .curl(c.in_cluster(node), "http://127.0.0.1:9254/readyz", None)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(probe.0, 200, "{node}'s own /readyz: {}", probe.1);
+            for (from, _) in c.nodes() {
+                let (code, body) = c
+                    .curl(c.in_cluster(from), &metrics, Some(&token))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                println!(
+                    "measured: from {from} with nodelb-metrics-reader's token, {metrics}: {code}, \
+                     {} bytes",
+                    body.len()
+                );
+                assert_eq!(code, 200, "a scrape of {node} from {from}: {body}");
+                assert!(body.contains("nodelb_build_info"), "{body}");
+            }
+        }
+    }
+
     #[test]
     fn backend_rolling_update_and_scale_down_fail_no_connection_and_keep_draining_udp_flows() {
         const DRAIN: u32 = 6;
@@ -609,6 +683,48 @@ mod on_real_cluster {
             assert!(failed.is_empty(), "through {node}: {failed:?}");
             assert_eq!(answered, backends, "through {node}");
         }
+        // An uninstall that fails (its hook Job outlives Helm's timeout) leaves none of the
+        // hook's rights behind: its ServiceAccount, Roles and bindings are gone; its Job stays
+        // to be read. The next uninstall starts over.
+        let failed = c.helm(&["uninstall", "nodelb", "--wait", "--timeout=2s"]);
+        println!("helm uninstall --timeout=2s: {failed:?}");
+        assert!(failed.is_err(), "the hook outlives 2 s: {failed:?}");
+        let hook_rights = || {
+            let cluster = c.kubectl(&["get", "clusterroles,clusterrolebindings", "-o", "name"]);
+            let here = c.kubectl(&[
+                "-n",
+                "nodelb-system",
+                "get",
+                "roles,rolebindings,serviceaccounts",
+                "-o",
+                "name",
+            ]);
+            [cluster, here]
+                .into_iter()
+                .flat_map(|r| {
+                    r.unwrap_or_else(|e| panic!("{e}"))
+                        .lines()
+                        .map(String::from)
+                        .collect::<Vec<_>>()
+                })
+                .filter(|l| l.ends_with("/nodelb-uninstall"))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            hook_rights(),
+            Vec::<String>::new(),
+            "a failed uninstall's rights"
+        );
+        let job = c.kubectl(&[
+            "-n",
+            "nodelb-system",
+            "get",
+            "job",
+            "nodelb-uninstall",
+            "-o",
+            "name",
+        ]);
+        println!("after the failed uninstall: {job:?}");
         let began = Instant::now();
         c.helm(&["uninstall", "nodelb", "--wait", "--timeout=300s"])
             .unwrap_or_else(|e| panic!("helm uninstall: {e}"));

@@ -22,10 +22,6 @@ const STATUS_LEASE: &str = "nodelb-status";
 /// How often the Lease is read while waiting.
 const POLL: Duration = Duration::from_secs(1);
 
-/// The node selector that stops the agents: a label no node carries (the same as
-/// `manifests/cleanup/stop-agents.yaml`).
-pub const STOP_LABEL: (&str, &str) = ("nodelb.io/uninstalling", "no-node-has-this-label");
-
 /// Services listed per request: the list is read a page at a time.
 const PAGE: u32 = 500;
 
@@ -153,20 +149,22 @@ pub async fn wait_for_quiet_lease(
     }
 }
 
-/// Schedules the agent DaemonSet `name` on no node (a node selector no node matches), so the
-/// DaemonSet controller stops every agent; the leader releases its Lease on SIGTERM.
+/// Deletes the agent DaemonSet `name` (its pods go with it, in the background), so every
+/// agent stops; the leader releases its Lease on SIGTERM. A DaemonSet already gone (an
+/// uninstall run again) is no error. Deleting needs less than changing it: a right to patch the
+/// privileged DaemonSet would be a right to run anything on every node.
 pub async fn stop_agents(client: &kube::Client, namespace: &str, name: &str) -> anyhow::Result<()> {
     let api: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
-    let (key, value) = STOP_LABEL;
-    let patch = serde_json::json!({
-        "spec": {"template": {"spec": {"nodeSelector": {key: value}}}}
-    });
-    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .map_err(|e| {
-            anyhow::anyhow!("cannot stop the agents of DaemonSet {namespace}/{name}: {e}")
-        })?;
-    println!("DaemonSet {namespace}/{name} scheduled on no node: its agents stop");
+    let params = kube::api::DeleteParams::background();
+    match api.delete(name, &params).await {
+        Ok(_) => println!("DaemonSet {namespace}/{name} deleted: its agents stop"),
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            println!("DaemonSet {namespace}/{name} is gone already: no agent of it runs")
+        }
+        Err(e) => {
+            anyhow::bail!("cannot stop the agents: deleting DaemonSet {namespace}/{name}: {e}")
+        }
+    }
     Ok(())
 }
 
