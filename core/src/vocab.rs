@@ -132,18 +132,22 @@ impl fmt::Display for ServiceKey {
     }
 }
 
-/// Whether a key can name nodelb's chains and sets: namespace and name are DNS labels
-/// (lowercase letters, digits and `-`, at most 63), as a real API server guarantees.
+/// Whether a key can name nodelb's chains and sets: namespace and name are DNS labels, as a
+/// real API server guarantees.
 pub fn valid_key(key: &ServiceKey) -> bool {
-    let label = |s: &str| {
-        !s.is_empty()
-            && s.len() <= 63
-            && s.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !s.starts_with('-')
-            && !s.ends_with('-')
-    };
-    label(&key.namespace) && label(&key.name)
+    dns_label(&key.namespace) && dns_label(&key.name)
+}
+
+/// A DNS label (lowercase letters, digits and `-`, at most 63, a letter or digit at each end):
+/// what a real API server allows as a namespace, a Service's name and a Service port's name,
+/// and what nodelb's chain, set and counter names and comments can carry.
+pub fn dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
 }
 
 /// The transport protocols a Service port may have.

@@ -194,6 +194,75 @@ pub fn compare(
     }
 }
 
+/// A table of an `NFT_MSG_NEWTABLE` message.
+fn table_of(m: &Msg<'_>) -> Option<TableRef> {
+    Some(TableRef {
+        family: Family::from_nfproto(m.family())?,
+        name: m.attrs().get_str(1)?,
+    })
+}
+
+/// A counter object of table `table` in an `NFT_MSG_NEWOBJ` message: name, packets, bytes.
+fn counter_of<'m>(m: &Msg<'m>, table: &str) -> Option<(std::borrow::Cow<'m, str>, u64, u64)> {
+    let a = m.attrs();
+    if a.get_str_ref(NFTA_OBJ_TABLE).as_deref() != Some(table)
+        || a.get_be32(NFTA_OBJ_TYPE) != Some(OBJECT_COUNTER)
+    {
+        return None;
+    }
+    let d = Attrs(a.get(NFTA_OBJ_DATA)?);
+    Some((
+        a.get_str_ref(NFTA_OBJ_NAME)?,
+        d.get_be64(NFTA_COUNTER_PACKETS).unwrap_or(0),
+        d.get_be64(NFTA_COUNTER_BYTES).unwrap_or(0),
+    ))
+}
+
+/// The elements of an `NFT_MSG_NEWSETELEM` message: `NFTA_SET_ELEM_LIST_ELEMENTS` holds one
+/// `NFTA_LIST_ELEM` per element.
+fn elements_of<'m>(m: &Msg<'m>) -> impl Iterator<Item = Attrs<'m>> {
+    let list = m.attrs().get(NFTA_SET_ELEM_LIST_ELEMENTS).unwrap_or(&[]);
+    Attrs(list).map(|(_, elem)| Attrs(elem))
+}
+
+/// An element of a dynamic set with the time it has left (none once it expired).
+fn learned_of(e: Attrs<'_>) -> Option<Learned> {
+    let key = Attrs(e.get(NFTA_SET_ELEM_KEY)?).get(NFTA_DATA_VALUE)?;
+    let ms = e.get_be64(NFTA_SET_ELEM_EXPIRATION).filter(|ms| *ms > 0)?;
+    Some(Learned {
+        key: key.to_vec(),
+        expires: Duration::from_millis(ms),
+    })
+}
+
+/// A map element's key and data bytes.
+fn raw_element_of(e: Attrs<'_>) -> Option<RawElement> {
+    let value = |attr| e.get(attr).and_then(|v| Attrs(v).get(NFTA_DATA_VALUE));
+    Some(RawElement {
+        key: value(NFTA_SET_ELEM_KEY)?.to_vec(),
+        data: value(NFTA_SET_ELEM_DATA)?.to_vec(),
+    })
+}
+
+/// Everything the reader takes from a buffer of netlink messages, read as each of its dumps
+/// reads them, for the fuzz target `readback` (`fuzz/`): whatever the bytes, no panic, no
+/// endless loop. Returns how many things were read, so nothing is optimised away.
+pub fn read_any(buf: &[u8]) -> usize {
+    let mut n = 0;
+    for m in crate::netlink::messages(buf) {
+        n += usize::from(m.error().is_some()) + usize::from(m.nft_kind().is_some());
+        n += usize::from(table_of(&m).is_some());
+        n += usize::from(BaseChainInfo::decode(&m).is_some());
+        let table = m.attrs().get_str_ref(NFTA_OBJ_TABLE).unwrap_or_default();
+        n += usize::from(counter_of(&m, &table).is_some());
+        n += usize::from(m.attrs().get_be32(NFTA_SET_FLAGS).is_some());
+        for e in elements_of(&m) {
+            n += usize::from(learned_of(e).is_some()) + usize::from(raw_element_of(e).is_some());
+        }
+    }
+    n
+}
+
 impl Nft {
     /// The ruleset generation: it changes with every committed transaction, anyone's.
     pub fn generation(&mut self) -> Result<u32, Error> {
@@ -215,12 +284,7 @@ impl Nft {
         let fam = family.map_or(0, |f| f.nfproto());
         let req = Request::new(NFT_MSG_GETTABLE, libc::NLM_F_DUMP as u16, fam, seq).finish();
         let mut out = Vec::new();
-        self.request(&req, "tables", true, |m| {
-            if let (Some(f), Some(name)) = (Family::from_nfproto(m.family()), m.attrs().get_str(1))
-            {
-                out.push(TableRef { family: f, name });
-            }
-        })?;
+        self.request(&req, "tables", true, |m| out.extend(table_of(&m)))?;
         Ok(out)
     }
 
@@ -338,22 +402,9 @@ impl Nft {
         .attr_be32(NFTA_OBJ_TYPE, OBJECT_COUNTER)
         .finish();
         let read = self.request(&req, &format!("counters of {t}"), true, |m| {
-            let a = m.attrs();
-            if a.get_str_ref(NFTA_OBJ_TABLE).as_deref() != Some(&t.name)
-                || a.get_be32(NFTA_OBJ_TYPE) != Some(OBJECT_COUNTER)
-            {
-                return;
+            if let Some((name, packets, bytes)) = counter_of(&m, &t.name) {
+                each(&name, packets, bytes);
             }
-            let (Some(name), Some(data)) = (a.get_str_ref(NFTA_OBJ_NAME), a.get(NFTA_OBJ_DATA))
-            else {
-                return;
-            };
-            let d = crate::netlink::Attrs(data);
-            each(
-                &name,
-                d.get_be64(NFTA_COUNTER_PACKETS).unwrap_or(0),
-                d.get_be64(NFTA_COUNTER_BYTES).unwrap_or(0),
-            );
         });
         missing_reads_empty(read)
     }
@@ -368,18 +419,7 @@ impl Nft {
         let mut out = LearnedElements::new();
         for set in sets {
             let mut learned = Vec::new();
-            let read = self.dump_elements(t, set, |e| {
-                let key = e
-                    .get(NFTA_SET_ELEM_KEY)
-                    .and_then(|k| Attrs(k).get(NFTA_DATA_VALUE));
-                let expires = e.get_be64(NFTA_SET_ELEM_EXPIRATION);
-                if let (Some(key), Some(ms)) = (key, expires.filter(|ms| *ms > 0)) {
-                    learned.push(Learned {
-                        key: key.to_vec(),
-                        expires: Duration::from_millis(ms),
-                    });
-                }
-            });
+            let read = self.dump_elements(t, set, |e| learned.extend(learned_of(e)));
             missing_reads_empty(read)?;
             if !learned.is_empty() {
                 out.insert(set.to_string(), learned);
@@ -392,15 +432,7 @@ impl Nft {
     /// A table or map that does not exist reads as none.
     pub fn read_map(&mut self, t: &TableRef, set: &str) -> Result<Vec<RawElement>, Error> {
         let mut out = Vec::new();
-        let read = self.dump_elements(t, set, |e| {
-            let value = |attr| e.get(attr).and_then(|v| Attrs(v).get(NFTA_DATA_VALUE));
-            if let (Some(key), Some(data)) = (value(NFTA_SET_ELEM_KEY), value(NFTA_SET_ELEM_DATA)) {
-                out.push(RawElement {
-                    key: key.to_vec(),
-                    data: data.to_vec(),
-                });
-            }
-        });
+        let read = self.dump_elements(t, set, |e| out.extend(raw_element_of(e)));
         missing_reads_empty(read)?;
         Ok(out)
     }
@@ -423,14 +455,7 @@ impl Nft {
         .attr_str(2, set)
         .finish();
         let what = format!("elements of set {t} {set}");
-        self.request(&req, &what, true, |m| {
-            // NFTA_SET_ELEM_LIST_ELEMENTS holds one NFTA_LIST_ELEM per element.
-            if let Some(list) = m.attrs().get(NFTA_SET_ELEM_LIST_ELEMENTS) {
-                for (_, elem) in Attrs(list) {
-                    each(Attrs(elem));
-                }
-            }
-        })
+        self.request(&req, &what, true, |m| elements_of(&m).for_each(&mut each))
     }
 
     /// Compare the kernel's table with a model.

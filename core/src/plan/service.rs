@@ -11,7 +11,7 @@ use super::node::NodeInfo;
 use super::selector::Selector;
 use super::servicelb::ServiceLb;
 use crate::objects::index::{Service, ServiceSpec, TrafficDistribution};
-use crate::vocab::{IpFamily, Protocol, ServiceKey, ServicePortId, Str};
+use crate::vocab::{dns_label, IpFamily, Protocol, ServiceKey, ServicePortId, Str};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -255,6 +255,10 @@ fn read_port(
         Some(n) => format!("port {n:?} ({port})"),
         None => format!("port {port}"),
     };
+    // A real API server allows only DNS labels; the name goes into counter names and comments.
+    if name.as_deref().is_some_and(|n| !dns_label(n)) {
+        return Err(format!("{what}: the name is not a DNS label; port skipped"));
+    }
     let Some(protocol) = Protocol::parse(protocol) else {
         return Err(format!(
             "{what}: protocol {:?} is not TCP, UDP or SCTP; port skipped",
