@@ -332,9 +332,10 @@ fn uninstall_hook_is_the_cleanup_of_manifests_cleanup_run_by_clear_status() {
     assert_eq!(none, plain, "uninstall.enabled=false renders no hook");
 }
 
-/// Every right the manifests and the chart grant, one line each: `<Kind> <namespace>/<name>:
-/// <apiGroup>/<resource>[<names>] <verb>` for a rule (`core/` for the core group) (`<url> <verb>` for a non-resource
-/// URL), `<Kind> <namespace>/<name>: <role> -> <subject>` for a binding.
+/// Every right the manifests and the chart grant, one line each: `<Kind> [<namespace>/]<name>:
+/// <resource>.<apiGroup>[<names>] <verb>` for a rule (kubectl's spelling: no group for the
+/// core one), `<url> <verb>` for a non-resource URL, `<Kind> [<namespace>/]<name>: <role> ->
+/// <subject>` for a binding.
 fn rights(objects: &BTreeMap<String, Value>) -> std::collections::BTreeSet<String> {
     let strings = |v: &Value| -> Vec<String> {
         v.as_array()
@@ -355,11 +356,10 @@ fn rights(objects: &BTreeMap<String, Value>) -> std::collections::BTreeSet<Strin
                 .unwrap_or("")
                 .to_string()
         };
-        let who = format!(
-            "{kind} {}/{}",
-            at("/metadata/namespace"),
-            at("/metadata/name")
-        );
+        let who = match at("/metadata/namespace") {
+            ns if ns.is_empty() => format!("{kind} {}", at("/metadata/name")),
+            ns => format!("{kind} {ns}/{}", at("/metadata/name")),
+        };
         match kind {
             "Role" | "ClusterRole" => {
                 for rule in o["rules"].as_array().into_iter().flatten() {
@@ -370,9 +370,14 @@ fn rights(objects: &BTreeMap<String, Value>) -> std::collections::BTreeSet<Strin
                     };
                     let mut targets: Vec<String> = strings(&rule["nonResourceURLs"]);
                     for g in strings(&rule["apiGroups"]) {
-                        let g = if g.is_empty() { "core".to_string() } else { g };
                         for r in strings(&rule["resources"]) {
-                            targets.push(format!("{g}/{r}{names}"));
+                            // kubectl's spelling: `leases.coordination.k8s.io`, `services`.
+                            let group = if g.is_empty() {
+                                String::new()
+                            } else {
+                                format!(".{g}")
+                            };
+                            targets.push(format!("{r}{group}{names}"));
                         }
                     }
                     for t in &targets {
