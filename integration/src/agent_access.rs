@@ -102,7 +102,11 @@ const PODS: &str = "agent/src/kube/heartbeat.rs: runs_in_pod gets the agent's ow
 const KUBELET_LEASES: &str = "agent/src/kube/status_writer.rs: the status leader lists and \
      watches the kubelets' node Leases in kube-node-lease (node liveness, read only)";
 
-static EXPECTATIONS: [AgentRequest; 19] = [
+const SCRAPE_REVIEWS: &str = "agent/src/run/scrape_auth.rs: review, for a scrape of /metrics \
+     off loopback: a TokenReview of the bearer token, then a SubjectAccessReview of get on \
+     /metrics for its user (each verdict kept 60 s, unknown tokens at most 5 a second)";
+
+static EXPECTATIONS: [AgentRequest; 21] = [
     req("get", "", "pods", AgentNamespace, PODS),
     req("list", "", "pods", AgentNamespace, PODS),
     req("watch", "", "pods", AgentNamespace, PODS),
@@ -181,6 +185,20 @@ static EXPECTATIONS: [AgentRequest; 19] = [
         "leases",
         AgentNamespace,
         LEASES,
+    ),
+    req(
+        "create",
+        "authentication.k8s.io",
+        "tokenreviews",
+        Cluster,
+        SCRAPE_REVIEWS,
+    ),
+    req(
+        "create",
+        "authorization.k8s.io",
+        "subjectaccessreviews",
+        Cluster,
+        SCRAPE_REVIEWS,
     ),
 ];
 

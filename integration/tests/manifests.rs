@@ -8,7 +8,7 @@
 use clap::{CommandFactory, Parser};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, Probe, ServiceAccount};
+use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, Probe, Secret, ServiceAccount};
 use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -96,6 +96,7 @@ fn decode<K: DeserializeOwned + Serialize>(v: &Value, path: &Path) -> K {
 enum Object {
     Namespace(Box<Namespace>),
     ServiceAccount(Box<ServiceAccount>),
+    Secret(Box<Secret>),
     ClusterRole(Box<ClusterRole>),
     ClusterRoleBinding(Box<ClusterRoleBinding>),
     Role(Box<Role>),
@@ -121,6 +122,7 @@ fn decode_object(v: &Value, path: &Path) -> Object {
         "Job" => Object::Job(decode(v, path)),
         "FlowSchema" => Object::FlowSchema(decode(v, path)),
         "PriorityLevelConfiguration" => Object::PriorityLevelConfiguration(decode(v, path)),
+        "Secret" => Object::Secret(decode(v, path)),
         "PodMonitor" | "PrometheusRule" => {
             assert_eq!(
                 str_at(v, "/apiVersion"),
@@ -302,16 +304,13 @@ fn run_args(c: &Container) -> RunArgs {
     }
 }
 
-/// The container port a probe aims at: by name or by number.
+/// The container port a probe aims at: by name or by number (its host is checked by the
+/// caller).
 fn probe_port(c: &Container, probe: &Probe, what: &str) -> (String, u16) {
     let get = probe
         .http_get
         .as_ref()
         .unwrap_or_else(|| panic!("{what}: an HTTP GET probe"));
-    assert!(
-        get.host.is_none(),
-        "{what}: no host; the kubelet probes the pod (node) address"
-    );
     assert!(matches!(get.scheme.as_deref(), None | Some("HTTP")));
     let ports = c.ports.clone().unwrap_or_default();
     let port = match &get.port {
@@ -430,14 +429,24 @@ fn daemonset_ports_and_probes_are_the_agents_defaults() {
         let spec = pod_spec(&ds);
         let c = the_container(spec, "agent");
         let run = run_args(c);
-        // With host networking the kubelet probes the node's address: the agent must listen on
-        // all of them, not on loopback.
-        assert!(run.health_addr.ip().is_unspecified(), "{}", run.health_addr);
+        // Health on loopback, where the probes ask (`host`) and no Service client reaches;
+        // metrics on every address, behind a token (README, "Security").
+        assert!(run.health_addr.ip().is_loopback(), "{}", run.health_addr);
         assert!(
             run.metrics_addr.ip().is_unspecified(),
             "{}",
             run.metrics_addr
         );
+        for probe in [&c.readiness_probe, &c.liveness_probe] {
+            let host = probe
+                .as_ref()
+                .and_then(|p| p.http_get.as_ref()?.host.clone());
+            assert_eq!(
+                host,
+                Some(run.health_addr.ip().to_string()),
+                "{dir}: the probes ask the health address"
+            );
+        }
         assert_eq!(named_port(c, "health"), run.health_addr.port(), "{dir}");
         assert_eq!(named_port(c, "metrics"), run.metrics_addr.port(), "{dir}");
         let readiness = c.readiness_probe.as_ref().expect("a readiness probe");
@@ -785,6 +794,9 @@ fn rbac_grants_exactly_the_reviewed_requests() {
     let mut roles = BTreeSet::new();
     for o in &objects {
         match o {
+            // Roles for others (nodelb-metrics-reader, for scrapers): manifests/rights.txt.
+            Object::ClusterRole(r)
+                if !bound.contains(&("ClusterRole", r.metadata.name.clone().unwrap())) => {}
             Object::ClusterRole(r) => {
                 let name = r.metadata.name.clone().unwrap();
                 assert!(r.aggregation_rule.is_none());
@@ -806,7 +818,7 @@ fn rbac_grants_exactly_the_reviewed_requests() {
     }
     assert_eq!(
         roles, bound,
-        "every role is bound to the agent's ServiceAccount, and only those"
+        "every Role is bound to the agent's ServiceAccount, and every role bound to it exists"
     );
 
     let expected: BTreeSet<Grant> = rbac_expectations()
