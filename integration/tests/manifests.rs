@@ -96,7 +96,9 @@ fn decode<K: DeserializeOwned + Serialize>(v: &Value, path: &Path) -> K {
 enum Object {
     Namespace(Box<Namespace>),
     ServiceAccount(Box<ServiceAccount>),
-    Secret(Box<Secret>),
+    /// A ServiceAccount token Secret (the monitoring scraper's): the only Secret the manifests
+    /// hold, with no data of their own.
+    Secret,
     ClusterRole(Box<ClusterRole>),
     ClusterRoleBinding(Box<ClusterRoleBinding>),
     Role(Box<Role>),
@@ -122,7 +124,17 @@ fn decode_object(v: &Value, path: &Path) -> Object {
         "Job" => Object::Job(decode(v, path)),
         "FlowSchema" => Object::FlowSchema(decode(v, path)),
         "PriorityLevelConfiguration" => Object::PriorityLevelConfiguration(decode(v, path)),
-        "Secret" => Object::Secret(decode(v, path)),
+        "Secret" => {
+            let secret: Secret = decode(v, path);
+            assert_eq!(
+                secret.type_.as_deref(),
+                Some("kubernetes.io/service-account-token"),
+                "{}: the manifests carry no secret of their own",
+                describe(v)
+            );
+            assert!(secret.data.is_none() && secret.string_data.is_none());
+            Object::Secret
+        }
         "PodMonitor" | "PrometheusRule" => {
             assert_eq!(
                 str_at(v, "/apiVersion"),
