@@ -749,11 +749,11 @@ subjects:
 
     /// `nft <args>` run in node `name`'s network namespace (`scripts/cluster.sh`'s nodes only).
     pub fn nft(&self, node: &str, args: &[&str]) -> Result<String, String> {
-        if !self.managed {
+        let Some(netns) = self.in_cluster(node) else {
             return Err("reading a node's nftables needs scripts/cluster.sh's nodes".into());
-        }
+        };
         let out = Command::new("ip")
-            .args(["netns", "exec", &format!("nodelb-{node}"), "nft"])
+            .args(["netns", "exec", &netns, "nft"])
             .args(args)
             .output()
             .map_err(|e| format!("running nft in node {node}: {e}"))?;
