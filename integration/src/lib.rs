@@ -5,6 +5,7 @@ pub mod control_plane;
 pub mod e2e;
 pub mod element_watch;
 pub mod exported;
+pub mod flood;
 pub mod kwok;
 pub mod lb_services;
 pub mod models;

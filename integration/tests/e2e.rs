@@ -848,7 +848,7 @@ fn client_ip_affinity_keeps_a_client_on_its_endpoint() {
         ),
     ));
     for family in ["ip", "ip6"] {
-        wait_table(&c, family, "update @affinity-", true);
+        wait_table(&c, family, "update @aff-", true);
     }
     for dst in [v4(&c, 8041), v6(&c, 8041)] {
         let seen = backends(dst, 20).unwrap_or_else(|e| panic!("{dst}: {e}"));

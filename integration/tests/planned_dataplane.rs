@@ -16,8 +16,8 @@
 //!
 //! Run as root: `cargo test -p nodelb-integration --test planned_dataplane`.
 
-use std::collections::BTreeSet;
-use std::net::{IpAddr, SocketAddr};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use nodelb_agent::run::kernel::seed_slots;
@@ -27,6 +27,7 @@ use nodelb_core::plan::table::{HAIRPIN_SET, LOCAL_ADDRESSES_SET};
 use nodelb_core::plan::{Context, Objects, Planner, TableChange};
 use nodelb_core::vocab::{Families, IpFamily};
 use nodelb_integration::commit::{replace, sync};
+use nodelb_integration::flood::{self, Spoofed};
 use nodelb_integration::netns::{require_root, Netns, Topology};
 use nodelb_integration::nft::{list_ruleset, nft_f, nodelb_replace};
 use nodelb_integration::planning::*;
@@ -1071,6 +1072,124 @@ fn client_ip_affinity_keeps_a_client_on_one_endpoint_until_its_timeout() {
     // nodelb's tables: nothing to repair.
     let heard = watcher.next(Duration::from_millis(500)).expect("watch");
     assert_eq!(heard, None, "the watch heard traffic as a change");
+}
+
+/// Spoofed sources that flood Service A: each sends a SYN to A's TCP port and a datagram to its
+/// UDP port, so A's ports see 2 x this many new clients: more than a port's own set holds
+/// (65,536), and more than the 262,144 the one set every affinity port of a timeout shared
+/// held (nodelb before issue 39).
+const FLOOD_SOURCES: u64 = 140_000;
+
+/// The clients of every dynamic set in nodelb's tables of `node`: the first 16 bytes of each
+/// element's key (IPv6 tables: the client address), by set.
+fn remembered_v6(node: &Netns, tables: &[Table]) -> BTreeMap<String, Vec<[u8; 16]>> {
+    node.run(|| {
+        let mut nft = Nft::open().expect("netlink socket");
+        let mut out = BTreeMap::new();
+        for t in tables
+            .iter()
+            .filter(|t| t.family == nodelb_netfilter::Family::Ip6)
+        {
+            let names = t.sets.values().filter(|s| s.is_dynamic());
+            let read = nft.read_learned(&TableRef::of(t), names.map(|s| s.name.as_str()));
+            for (set, elements) in read.expect("read the dynamic sets") {
+                let clients = elements
+                    .iter()
+                    .filter_map(|e| e.key.get(..16)?.try_into().ok())
+                    .collect();
+                out.insert(set, clients);
+            }
+        }
+        out
+    })
+}
+
+#[test]
+fn a_flood_of_new_clients_on_one_affinity_service_leaves_another_its_affinity() {
+    if !require_root("a_flood_of_new_clients_on_one_affinity_service_leaves_another_its_affinity") {
+        return;
+    }
+    let topo = Topology::new(4);
+    let _servers = start_backends(&topo);
+    let eps = [(0, NODE), (1, "node-b"), (2, "node-c"), (3, "node-d")];
+    // Same timeout: before issue 39, ports of one timeout shared one set.
+    let services = [
+        service("flooded", "Cluster", &STICKY).client_ip_affinity(600),
+        service("kept", "Cluster", &BRIEF).client_ip_affinity(600),
+    ];
+    let eps = [
+        slices(&topo, "flooded", &STICKY, &eps),
+        slices(&topo, "kept", &BRIEF, &eps),
+    ]
+    .concat();
+    let tables = plan_topology(&topo, &services, &eps);
+    program(&topo.node, &tables);
+    let t = &topo;
+    let f = IpFamily::V6;
+    let IpAddr::V6(node) = node_addr(t, f) else {
+        unreachable!("an IPv6 node address")
+    };
+    let kept = SocketAddr::new(node.into(), 81);
+    let kept_by = |clients: &[IpAddr], what: &str| -> Vec<usize> {
+        clients
+            .iter()
+            .map(|c| tcp_answer_from(t, *c, kept, &format!("{what} {c}")))
+            .collect()
+    };
+    // B's clients from before the flood.
+    let old = more_client_addresses(t, f, 0, 8);
+    let old_endpoints = kept_by(&old, "B's client before the flood");
+
+    // The flood: every source new, TCP and UDP, all at A.
+    let started = std::time::Instant::now();
+    topo.client.run(|| {
+        let sock = flood::raw_socket().expect("raw socket");
+        for k in 0..FLOOD_SOURCES {
+            let src = flood::source(k);
+            for (kind, port) in [(Spoofed::Syn, 80), (Spoofed::Udp, 53)] {
+                flood::send(&sock, &flood::packet(kind, src, node, port), node).expect("send");
+            }
+        }
+    });
+    println!(
+        "{} spoofed packets from {FLOOD_SOURCES} sources in {:?}",
+        2 * FLOOD_SOURCES,
+        started.elapsed()
+    );
+    // The flood reached nodelb's chains: they remembered its sources, as many as they could.
+    let flooders = |m: &BTreeMap<String, Vec<[u8; 16]>>| -> usize {
+        let flooder = |c: &&[u8; 16]| Ipv6Addr::from(**c).segments()[..3] == [0x2001, 0xdb8, 0xf];
+        m.values().map(|v| v.iter().filter(flooder).count()).sum()
+    };
+    let after_flood = remembered_v6(&topo.node, &tables);
+    let remembered = flooders(&after_flood);
+    println!("the flood's sources remembered: {remembered}");
+    assert!(
+        remembered >= 2 * 65_536,
+        "only {remembered} of the flood's clients were remembered: it did not reach the chains"
+    );
+
+    // B's clients from before keep their endpoints; new ones are picked for and kept.
+    assert_eq!(
+        kept_by(&old, "B's client after the flood"),
+        old_endpoints,
+        "B's clients moved"
+    );
+    let new = more_client_addresses(t, f, 8, 8);
+    let first = kept_by(&new, "B's new client");
+    for round in 0..3 {
+        assert_eq!(
+            kept_by(&new, "B's new client again"),
+            first,
+            "round {round}: B's new clients were not kept on their endpoints"
+        );
+    }
+    let now = remembered_v6(&topo.node, &tables);
+    for c in &new {
+        let IpAddr::V6(c) = c else { unreachable!() };
+        let known = now.values().any(|v| v.contains(&c.octets()));
+        assert!(known, "B's new client {c} is in no set: {:?}", now.keys());
+    }
 }
 
 /// A planner and a committer kept between syncs, as the agent keeps them.

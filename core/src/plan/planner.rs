@@ -454,7 +454,7 @@ impl Planner {
             .map(|family| {
                 let skeleton =
                     table::skeleton(family, &ctx.config.table_name, &ctx.local_addresses);
-                (family, table::Assembly::new(family, skeleton))
+                (family, table::Assembly::new(skeleton))
             })
             .collect();
         if !self.no_tables {

@@ -12,7 +12,7 @@
 //! restarts, a rebuild) numbers sorted again, in the commit that replaces the table, unless it
 //! was given the kernel's order first ([`seed`]). For a plain port, which index an endpoint
 //! has changes nothing a packet sees: each is picked as likely. A port with ClientIP affinity
-//! keeps its clients by index (`affinity-T` holds `client . protocol . port . slot`), so there
+//! keeps its clients by index (its set `aff-<hash>` holds `client . slot`), so there
 //! an index that moves moves its clients.
 
 use super::endpoints::{EndpointAddr, Selection};

@@ -9,7 +9,7 @@ use super::*;
 use crate::fixtures::{node, Ep, Slice, Svc};
 use crate::objects::wire::{EndpointSlice, Service};
 use crate::vocab::ServiceKey;
-use nodelb_netfilter::{Chain, Edit, Element, Key, L4Proto, Table, Value};
+use nodelb_netfilter::{Chain, Edit, Element, Key, L4Proto, Stmt, Table, Value};
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -289,22 +289,15 @@ fn incremental_updates_equal_planning_from_scratch() {
                 );
             }
             counter_edits += edit.add_counters.len() + edit.del_counters.len();
-            // `affinity-T` sets, `affinity-T-N` chains.
-            let affinity = |n: &str, dashes: usize| {
-                n.starts_with("affinity-") && n.matches('-').count() == dashes
+            // A port's `aff-<hash>` set; chains that remember clients in one (a port's own).
+            let affinity = |n: &str| n.starts_with("aff-");
+            sets_added += edit.add_sets.iter().filter(|s| affinity(&s.name)).count();
+            sets_deleted += edit.del_sets.iter().filter(|s| affinity(s)).count();
+            let remembers = |c: &&Chain| {
+                let update = |s: &Stmt| matches!(s, Stmt::SetUpdate { .. });
+                c.rules.iter().any(|r| r.stmts.iter().any(update))
             };
-            sets_added += edit
-                .add_sets
-                .iter()
-                .filter(|s| affinity(&s.name, 1))
-                .count();
-            sets_deleted += edit.del_sets.iter().filter(|s| affinity(s, 1)).count();
-            affinity_chains += edit
-                .put_chains
-                .iter()
-                .filter(|c| affinity(&c.name, 2))
-                .count()
-                + edit.del_chains.iter().filter(|c| affinity(c, 2)).count();
+            affinity_chains += edit.put_chains.iter().filter(remembers).count();
             edit.apply(t);
         }
 
@@ -395,7 +388,7 @@ fn incremental_updates_equal_planning_from_scratch() {
     assert!(
         sets_added > 20 && sets_deleted > 20 && affinity_chains > 100,
         "the sequence added {sets_added} and deleted {sets_deleted} affinity sets, and \
-         created or deleted {affinity_chains} affinity chains"
+         put {affinity_chains} chains that remember clients"
     );
 }
 
@@ -568,9 +561,9 @@ fn an_endpoint_added_to_or_removed_from_an_affinity_service_keeps_the_others_slo
     };
     let names = |v: &[Chain]| v.iter().map(|c| c.name.clone()).collect::<Vec<_>>();
 
-    // A third endpoint takes slot 2: the clients of slots 0 and 1 (kept in `affinity-10800`
-    // by slot) stay where they are. The port goes to the chain shared by affinity ports of
-    // three endpoints; the set stays.
+    // A third endpoint takes slot 2: the clients of slots 0 and 1 (kept in the port's set by
+    // slot) stay where they are. The port's chain is replaced to pick among three, with the
+    // shared chains of slot 2 and of three endpoints (its fallback); the set stays.
     let e = step(&[10, 11, 12]);
     assert_eq!(
         (endpoint(&e, 0), endpoint(&e, 1), endpoint(&e, 2)),
@@ -578,8 +571,11 @@ fn an_endpoint_added_to_or_removed_from_an_affinity_service_keeps_the_others_slo
         "{e:?}"
     );
     assert!(e.add_sets.is_empty() && e.del_sets.is_empty(), "{e:?}");
-    assert_eq!(names(&e.put_chains), ["affinity-10800-3"]);
-    assert_eq!(e.del_chains, ["affinity-10800-2"]);
+    assert_eq!(
+        names(&e.put_chains),
+        ["svc-ns/s-tcp-80", "endpoints-3", "slot-2"]
+    );
+    assert_eq!(e.del_chains, ["endpoints-2"]);
 
     // The first one goes: the last takes its slot (its clients are picked for anew, and the
     // first one's clients go to it); the middle one's slot and clients stay.
@@ -590,9 +586,10 @@ fn an_endpoint_added_to_or_removed_from_an_affinity_service_keeps_the_others_slo
         "{e:?}"
     );
     assert!(e.add_sets.is_empty() && e.del_sets.is_empty(), "{e:?}");
-    assert_eq!(names(&e.put_chains), ["affinity-10800-2"]);
-    assert_eq!(e.del_chains, ["affinity-10800-3"]);
-    assert!(one.table.sets["affinity-10800"].is_dynamic());
+    assert_eq!(names(&e.put_chains), ["svc-ns/s-tcp-80", "endpoints-2"]);
+    assert_eq!(e.del_chains, ["endpoints-3", "slot-2"]);
+    let set = one.table.sets.values().find(|s| s.name.starts_with("aff-"));
+    assert!(set.is_some_and(|s| s.is_dynamic()), "{:?}", one.table.sets);
 }
 
 #[test]

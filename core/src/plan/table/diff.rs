@@ -77,11 +77,10 @@ pub(super) fn elem_edit<'e>(edit: &'e mut Edit, set: &str) -> &'e mut ElemEdit {
 }
 
 /// What several Services' Parts share in the tables, with who uses it, per family: the
-/// `endpoints-N` and `affinity-T-N` chains (how many Service ports go to each; an
-/// `affinity-T` set exists while one of its chains does) and the `hairpin` set's elements
-/// (the users of each address). Moving a Part's uses is recorded in a [`SharedBefore`]; the
-/// edits that follow are known once every Part of an update has moved ([`Shared::edits`]), so
-/// an object one Service drops and another takes is left alone.
+/// `endpoints-N` and `slot-I` chains (how many Service ports go to each) and the `hairpin` set's
+/// elements (the users of each address). Moving a Part's uses is recorded in a
+/// [`SharedBefore`]; the edits that follow are known once every Part of an update has moved
+/// ([`Shared::edits`]), so an object one Service drops and another takes is left alone.
 #[derive(Clone, Debug, Default)]
 pub struct Shared {
     chains: BTreeMap<IpFamily, BTreeMap<SharedChain, usize>>,
@@ -154,33 +153,16 @@ impl Shared {
     }
 
     /// The edits the moves since `before` was empty cause, added to each family's edit: the
-    /// shared chains and `affinity-T` sets that came or went, then the hairpin elements whose
-    /// first user changed.
+    /// shared chains that came or went, then the hairpin elements whose first user changed.
     pub fn edits(&self, before: SharedBefore, edits: &mut BTreeMap<IpFamily, Edit>) {
         let none = BTreeMap::new();
         for (family, existed) in &before.chains {
             let uses = self.chains.get(family).unwrap_or(&none);
             let edit = edits.entry(*family).or_default();
-            let ip = IpHeader(*family);
             for (c, existed) in existed {
                 match (existed, uses.contains_key(c)) {
-                    (false, true) => edit.put_chains.push(c.chain(&ip)),
+                    (false, true) => edit.put_chains.push(c.chain()),
                     (true, false) => edit.del_chains.push(c.name()),
-                    _ => {}
-                }
-            }
-            // A set is used before (after) when a chain of its timeout was: one the update
-            // touched, as noted, or one it did not, as it is now.
-            let timeouts: BTreeSet<u32> = existed.keys().filter_map(|c| c.timeout()).collect();
-            for t in timeouts {
-                let of_t = |c: &SharedChain| c.timeout() == Some(t);
-                let untouched = |c: &&SharedChain| !existed.contains_key(*c);
-                let after = uses.keys().any(of_t);
-                let before = existed.iter().any(|(c, e)| *e && of_t(c))
-                    || uses.keys().filter(untouched).any(of_t);
-                match (before, after) {
-                    (false, true) => edit.add_sets.push(affinity_clients(&ip, t)),
-                    (true, false) => edit.del_sets.push(affinity_set(t)),
                     _ => {}
                 }
             }

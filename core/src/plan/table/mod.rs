@@ -20,13 +20,14 @@
 //!   so a DNAT rule per Service port would make a commit's cost grow with Services times
 //!   endpoints, where a few shared chains bind it a few times.
 //! - `sessionAffinity: ClientIP`: the port's endpoints are `map endpoints`' elements as for
-//!   any port, and it goes to the shared chain `affinity-<timeout>-<N>`, which keeps a client
-//!   on the slot the set `affinity-<timeout>` (`client . protocol . port . slot`, `flags
-//!   dynamic,timeout`) holds for it, or picks a slot and remembers it (`part::affinity_chain`).
-//!   Nothing per Service port but elements, so affinity costs a commit what the plain shape
-//!   costs; the shape with a chain and a set per endpoint (kube-proxy's) cost about 100x,
-//!   since the kernel finds a set by walking a list of them by name. A client is kept by its
-//!   endpoint's slot, which the endpoint keeps while it stays (`plan::slots`).
+//!   any port; its own chain keeps a client on the slot its own set `aff-<hash>` (`client .
+//!   slot`, `flags dynamic,timeout`) holds for it, or picks a slot and remembers it
+//!   (`part::affinity_rules`), and goes to the shared chain `slot-<I>` that DNATs to slot I.
+//!   A set per port, so one Service's flood of new clients fills only its own; the cost is
+//!   the kernel's walk of the table's sets by name for each rule that names one, which grows
+//!   with the square of the affinity ports (13x the plain install at 1,000 of them,
+//!   docs/benchmarks.md). A client is kept by its endpoint's slot, which the endpoint keeps
+//!   while it stays (`plan::slots`).
 //! - Services without any endpoint are in `set no-endpoints`, whose new connections (`ct state
 //!   new`: never a reply to the node's own connection from that port) are rejected in filter
 //!   `input` and `filter-output` (TCP reset, ICMP port unreachable): reject is not allowed in
@@ -181,11 +182,10 @@ pub struct Assembly {
     elements: BTreeMap<String, Packed<Key, Element>>,
     counters: Packed<String, Counter>,
     shared_chains: BTreeSet<SharedChain>,
-    ip: IpHeader,
 }
 
 impl Assembly {
-    pub fn new(family: IpFamily, mut skeleton: Table) -> Assembly {
+    pub fn new(mut skeleton: Table) -> Assembly {
         let elements = skeleton
             .sets
             .iter_mut()
@@ -202,7 +202,6 @@ impl Assembly {
             elements,
             counters,
             shared_chains: BTreeSet::new(),
-            ip: IpHeader(family),
         }
     }
 
@@ -226,13 +225,8 @@ impl Assembly {
     }
 
     pub fn finish(mut self, hairpin: &HairpinUsers) -> Table {
-        let chains = std::mem::take(&mut self.shared_chains);
-        let timeouts: BTreeSet<u32> = chains.iter().filter_map(|c| c.timeout()).collect();
-        for t in timeouts {
-            self.table.add_set(affinity_clients(&self.ip, t));
-        }
-        for c in chains {
-            self.table.add_chain(c.chain(&self.ip));
+        for c in std::mem::take(&mut self.shared_chains) {
+            self.table.add_chain(c.chain());
         }
         if let Some(s) = self.elements.get_mut(HAIRPIN_SET) {
             for (addr, users) in hairpin {

@@ -8,6 +8,11 @@ pub(super) fn endpoint_chain_name(n: usize) -> String {
     format!("endpoints-{n}")
 }
 
+/// Name of the shared chain that sends a packet to the endpoint in slot `i`.
+pub(super) fn slot_chain_name(i: usize) -> String {
+    format!("slot-{i}")
+}
+
 /// `namespace/name:port`, the comment on everything a Service port owns.
 pub fn comment(service: &ServiceKey, port: &ServicePortId) -> String {
     format!("{service}:{}", port.label())
@@ -29,16 +34,22 @@ pub fn service_chain(service: &ServiceKey, port: &ServicePortId) -> String {
     format!("svc-{}", port_ident(service, port))
 }
 
-/// The set of the clients that Service ports with ClientIP affinity and this timeout keep:
-/// `client . protocol . port . slot`, the slot being the endpoint's index in `map endpoints`.
-pub fn affinity_set(timeout_seconds: u32) -> String {
-    format!("affinity-{timeout_seconds}")
+/// The set of the clients one Service port with ClientIP affinity keeps (`client . slot`, the
+/// slot being the endpoint's index in `map endpoints`): `aff-<16 hex digits>`, a stable hash
+/// (FNV-1a, 64 bits) of `<namespace>/<name>-<proto>-<port>`; its comment names the port. A set
+/// per port, so a flood of new clients fills only the set of the port it is aimed at. Short
+/// names, because the kernel finds a set a rule names by walking the table's sets and
+/// comparing names: readable ones (30 to 140 characters) made a full install at 1,000
+/// affinity ports 1.7x slower (docs/benchmarks.md).
+pub fn affinity_set(service: &ServiceKey, port: &ServicePortId) -> String {
+    format!("aff-{:016x}", fnv1a(port_ident(service, port).as_bytes()))
 }
 
-/// The shared chain that keeps a client on, or picks for it, one of `n` endpoints of a Service
-/// port with ClientIP affinity and this timeout.
-pub fn affinity_chain_name(timeout_seconds: u32, n: usize) -> String {
-    format!("affinity-{timeout_seconds}-{n}")
+/// FNV-1a, 64 bits: the same on every build and release (std's hasher promises neither).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// What a counter object counts.

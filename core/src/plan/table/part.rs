@@ -45,7 +45,7 @@ pub struct Part {
     /// Elements of the shared sets and maps, by set name and key.
     pub elements: BTreeMap<(&'static str, Key), Element>,
     pub chains: SmallMap<Chain>,
-    /// The Service's own sets: its source-range set.
+    /// The Service's own sets: its source-range set, its affinity ports' client sets.
     pub sets: SmallMap<Set>,
     /// Endpoint addresses for the shared `hairpin` set, with this Service port's comment.
     pub hairpin: BTreeMap<IpAddr, Arc<str>>,
@@ -55,38 +55,44 @@ pub struct Part {
     pub shared_chains: BTreeSet<SharedChain>,
 }
 
-/// A chain Service ports share, made only of what names it.
+/// A chain Service ports share, made only of what names it. Only these bind `map endpoints`:
+/// the kernel walks a map's elements each time a new chain binds it, and checks each element
+/// added against every rule that binds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum SharedChain {
     /// `endpoints-N`: one of N endpoints.
     Endpoints(usize),
-    /// `affinity-T-N`: one of N endpoints, kept for a client for T seconds (it uses the set
-    /// `affinity-T`).
-    Affinity(u32, usize),
+    /// `slot-I`: the endpoint in slot I (a ClientIP affinity port's pick).
+    Slot(usize),
 }
 
 impl SharedChain {
     pub fn name(self) -> String {
         match self {
             SharedChain::Endpoints(n) => endpoint_chain_name(n),
-            SharedChain::Affinity(t, n) => affinity_chain_name(t, n),
+            SharedChain::Slot(i) => slot_chain_name(i),
         }
     }
 
-    pub(super) fn chain(self, ip: &IpHeader) -> Chain {
+    pub(super) fn chain(self) -> Chain {
         match self {
             SharedChain::Endpoints(n) => endpoint_chain(n),
-            SharedChain::Affinity(t, n) => affinity_chain(ip, t, n),
+            SharedChain::Slot(i) => slot_chain(i),
         }
     }
+}
 
-    /// The ClientIP affinity timeout whose set this chain uses.
-    pub(super) fn timeout(self) -> Option<u32> {
-        match self {
-            SharedChain::Endpoints(_) => None,
-            SharedChain::Affinity(t, _) => Some(t),
-        }
-    }
+/// The shared chain that sends a packet to the endpoint in slot `i` of the Service port it is
+/// for.
+pub(super) fn slot_chain(i: usize) -> Chain {
+    Chain::regular(slot_chain_name(i)).rule(
+        Rule::new(vec![Stmt::NatMap {
+            kind: NatKind::Dnat,
+            keys: vec![L4, TH_DPORT, Expr::constant(i as u32)],
+            map: ENDPOINTS_MAP.into(),
+        }])
+        .with_comment(format!("the endpoint in slot {i}")),
+    )
 }
 
 /// The shared chain that picks one of `n` endpoints of the Service port the packet is for.
@@ -101,36 +107,36 @@ pub(super) fn endpoint_chain(n: usize) -> Chain {
     )
 }
 
-/// The shared chain that keeps a client on one of `n` endpoints of a Service port with
-/// ClientIP affinity (`timeout` seconds), or picks one for it and remembers it: the slot a
-/// client was sent to is in `affinity-T` as `client . protocol . port . slot`, and slot `i` is
-/// `map endpoints`' element `protocol . port . i`, as `endpoints-N` picks them. The slot is
-/// written `numgen random mod 1 offset i`: a constant nft prints inside a concatenation.
-pub(super) fn affinity_chain(ip: &IpHeader, timeout: u32, n: usize) -> Chain {
-    let set = affinity_set(timeout);
-    let slot = |i: usize| Expr::constant(i as u32);
-    let client = |i: usize| vec![ip.saddr(), L4, TH_DPORT, slot(i)];
-    let dnat = |i: usize| Stmt::NatMap {
-        kind: NatKind::Dnat,
-        keys: vec![L4, TH_DPORT, slot(i)],
-        map: ENDPOINTS_MAP.into(),
-    };
+/// The rules that keep a client on one of `n` endpoints of a Service port with ClientIP
+/// affinity, or pick one for it and remember it in the port's own set `set`: the slot a
+/// client was sent to is in it as `client . slot`, and the shared chain `slot-I` sends a
+/// packet to `map endpoints`' element `protocol . port . I`, as `endpoints-N` picks them. The
+/// slot is written `numgen random mod 1 offset i`: a constant nft prints inside a
+/// concatenation. Noted in `part`: the shared chains they go to.
+pub(super) fn affinity_rules(
+    part: &mut Part,
+    ip: &IpHeader,
+    set: &str,
+    n: usize,
+    note: &str,
+) -> Vec<Rule> {
+    let client = |i: usize| vec![ip.saddr(), Expr::constant(i as u32)];
     let remember = |i: usize| Stmt::SetUpdate {
         keys: client(i),
-        set: set.clone(),
+        set: set.into(),
         timeout: None,
     };
-    let mut chain = Chain::regular(affinity_chain_name(timeout, n));
-    chain.rules.reserve_exact(2 * n + 1);
+    let to_slot = |i: usize| Stmt::Verdict(Verdict::Goto(slot_chain_name(i)));
+    let mut rules = Vec::with_capacity(2 * n + 1);
     for i in 0..n {
         let known = Stmt::Lookup {
             keys: client(i),
-            set: set.clone(),
+            set: set.into(),
             negate: false,
         };
-        chain.push(
-            Rule::new(vec![known, remember(i), dnat(i)])
-                .with_comment(format!("a client kept on endpoint {i} of {n}")),
+        rules.push(
+            Rule::new(vec![known, remember(i), to_slot(i)])
+                .with_comment(format!("{note}: a client kept on endpoint {i} of {n}")),
         );
     }
     // Endpoint i of n when a draw of n - i comes up 0: each is picked with chance 1/n (the
@@ -142,41 +148,39 @@ pub(super) fn affinity_chain(ip: &IpHeader, timeout: u32, n: usize) -> Chain {
             let draw = Expr::random((n - i) as u32);
             stmts.push(Stmt::cmp(draw, Value::U32(0)));
         }
-        stmts.extend([remember(i), dnat(i)]);
-        chain.push(Rule::new(stmts).with_comment(format!("a new client to endpoint {i} of {n}")));
+        stmts.extend([remember(i), to_slot(i)]);
+        rules.push(
+            Rule::new(stmts).with_comment(format!("{note}: a new client to endpoint {i} of {n}")),
+        );
     }
-    chain.push(
-        Rule::new(vec![Stmt::NatMap {
-            kind: NatKind::Dnat,
-            keys: vec![L4, TH_DPORT, Expr::random(n as u32)],
-            map: ENDPOINTS_MAP.into(),
-        }])
-        .with_comment(format!(
-            "one of {n} endpoints, not remembered: {set} is full"
-        )),
+    rules.push(
+        Rule::new(vec![Stmt::Verdict(Verdict::Goto(endpoint_chain_name(n)))]).with_comment(
+            format!("{note}: one of {n} endpoints, not remembered: {set} is full"),
+        ),
     );
-    chain
+    part.shared_chains.extend((0..n).map(SharedChain::Slot));
+    part.shared_chains.insert(SharedChain::Endpoints(n));
+    rules
 }
 
-/// The most clients one `affinity-T` set holds: 4 x the 65,535 a set a rule fills holds when
-/// it declares no size (kube-proxy's, per endpoint). Each costs the kernel about 165 bytes
-/// (100,000 took 16.5 MB of slab), so a full set about 42 MiB. A multiple of 65,536: the
-/// kernel sizes a set's first hash table from a 16-bit hint, which this leaves at its
-/// smallest, where 65,535 would allocate about 2 MiB up front.
-pub const AFFINITY_CLIENTS: u32 = 1 << 18;
+/// The most clients one Service port's affinity set holds, as many as one of kube-proxy's
+/// per-endpoint sets (a set a rule fills holds 65,535 when it declares no size). Each costs
+/// the kernel about 165 bytes (100,000 took 16.5 MB of slab), so a full set about 10.3 MiB.
+/// A multiple of 65,536: the kernel sizes a set's first hash table from a 16-bit hint, which
+/// this leaves at its smallest, where 65,535 would allocate about 2 MiB up front for every
+/// affinity port.
+pub const AFFINITY_CLIENTS: u32 = 1 << 16;
 
-/// The dynamic set of the clients ClientIP affinity keeps for `timeout` seconds.
-pub(super) fn affinity_clients(ip: &IpHeader, timeout: u32) -> Set {
+/// The dynamic set of the clients one Service port's ClientIP affinity keeps for `timeout`
+/// seconds.
+pub(super) fn affinity_clients(ip: &IpHeader, name: &str, timeout: u32, note: &str) -> Set {
     let slot = Expr::random(1);
-    Set::new(
-        affinity_set(timeout),
-        SetType::Typeof(vec![ip.saddr(), L4, TH_DPORT, slot]),
-    )
-    .dynamic(Duration::from_secs(timeout.into()))
-    .with_size(AFFINITY_CLIENTS)
-    .with_comment(format!(
-        "client . protocol . port . endpoint slot: ClientIP affinity for {timeout} s"
-    ))
+    Set::new(name, SetType::Typeof(vec![ip.saddr(), slot]))
+        .dynamic(Duration::from_secs(timeout.into()))
+        .with_size(AFFINITY_CLIENTS)
+        .with_comment(format!(
+            "{note}: client . endpoint slot, ClientIP affinity for {timeout} s"
+        ))
 }
 
 /// A few named items (a Service's chains or counters: one to three), sorted by name in a
@@ -260,14 +264,6 @@ pub fn add_port(part: &mut Part, family: IpFamily, p: &PortProgram<'_>) {
         Last::Dnat(n) if p.source_ranges.is_none() => {
             part.shared_chains.insert(SharedChain::Endpoints(n));
             endpoint_chain_name(n)
-        }
-        Last::Affinity {
-            timeout,
-            n,
-            local_only: false,
-        } if p.source_ranges.is_none() => {
-            part.shared_chains.insert(SharedChain::Affinity(timeout, n));
-            affinity_chain_name(timeout, n)
         }
         last => service_port_chain(part, &ip, p, &note, last),
     };
@@ -356,9 +352,9 @@ pub(super) enum Last {
     /// `Local` policy without a local endpoint: clients on this node DNAT to one of `n`
     /// endpoints elsewhere, everyone else is dropped.
     DropExceptNode(usize),
-    /// ClientIP affinity (`timeout` seconds) among `n` endpoints, through the shared chain
-    /// `affinity-T-N`; `local_only`: as [`Last::DropExceptNode`], only this node's own
-    /// clients get that far.
+    /// ClientIP affinity (`timeout` seconds) among `n` endpoints, the port's own set
+    /// remembering its clients; `local_only`: as [`Last::DropExceptNode`], only this node's
+    /// own clients get that far.
     Affinity {
         timeout: u32,
         n: usize,
@@ -381,7 +377,7 @@ pub(super) fn service_port_chain(
     if let Some(ranges) = p.source_ranges {
         chain.push(source_range_rule(part, ip, p, ranges, note));
     }
-    chain.rules.extend(last_rules(part, ip, note, last));
+    chain.rules.extend(last_rules(part, ip, p, note, last));
     // The committed table keeps one such chain per Service port: no spare room.
     chain.rules.shrink_to_fit();
     part.chains.insert(name.clone(), chain);
@@ -428,12 +424,19 @@ pub(super) fn source_range_rule(
     .with_comment(format!("{note}: source not in loadBalancerSourceRanges"))
 }
 
-/// The rules that end a Service port's chain (noting the shared chains they go to).
-pub(super) fn last_rules(part: &mut Part, ip: &IpHeader, note: &str, last: Last) -> Vec<Rule> {
-    let from_node = || Stmt::Lookup {
+/// The rules that end a Service port's chain (noting the shared chains they go to, and adding
+/// the port's affinity set).
+pub(super) fn last_rules(
+    part: &mut Part,
+    ip: &IpHeader,
+    p: &PortProgram<'_>,
+    note: &str,
+    last: Last,
+) -> Vec<Rule> {
+    let from_node = |negate| Stmt::Lookup {
         keys: vec![ip.saddr()],
         set: LOCAL_ADDRESSES_SET.into(),
-        negate: false,
+        negate,
     };
     let count_and = |v: Verdict| vec![Stmt::counter(), Stmt::Verdict(v)];
     let drop_note = || format!("{note}: Local policy, no endpoint on this node");
@@ -447,7 +450,7 @@ pub(super) fn last_rules(part: &mut Part, ip: &IpHeader, note: &str, last: Last)
         }
         Last::DropExceptNode(n) => {
             part.shared_chains.insert(SharedChain::Endpoints(n));
-            let mut stmts = vec![from_node()];
+            let mut stmts = vec![from_node(false)];
             stmts.extend(count_and(Verdict::Goto(endpoint_chain_name(n))));
             vec![Rule::new(stmts).with_comment(node_note()), drop_rule()]
         }
@@ -456,21 +459,17 @@ pub(super) fn last_rules(part: &mut Part, ip: &IpHeader, note: &str, last: Last)
             n,
             local_only,
         } => {
-            part.shared_chains.insert(SharedChain::Affinity(timeout, n));
-            let goto = Verdict::Goto(affinity_chain_name(timeout, n));
-            if !local_only {
-                return vec![Rule::new(count_and(goto)).with_comment(note)];
+            let set = affinity_set(p.service, p.port);
+            let mut rules = Vec::with_capacity(2 * n + 2);
+            if local_only {
+                let mut stmts = vec![from_node(true)];
+                stmts.extend(count_and(Verdict::Drop));
+                rules.push(Rule::new(stmts).with_comment(drop_note()));
             }
-            let mut stmts = vec![Stmt::Lookup {
-                keys: vec![ip.saddr()],
-                set: LOCAL_ADDRESSES_SET.into(),
-                negate: true,
-            }];
-            stmts.extend(count_and(Verdict::Drop));
-            vec![
-                Rule::new(stmts).with_comment(drop_note()),
-                Rule::new(count_and(goto)).with_comment(node_note()),
-            ]
+            rules.extend(affinity_rules(part, ip, &set, n, note));
+            part.sets
+                .insert(set.clone(), affinity_clients(ip, &set, timeout, note));
+            rules
         }
         Last::Nothing => Vec::new(),
     }

@@ -1,7 +1,9 @@
 //! Session affinity: ClientIP keeps a client on its endpoint.
 
 use super::*;
-use nodelb_netfilter::{Expr, L4Proto, MetaKey, Payload, SetType, Stmt, TableRef, Value};
+use crate::plan::table::affinity_set;
+use crate::vocab::ServicePortId;
+use nodelb_netfilter::{Expr, Payload, SetType, Stmt, TableRef, Value, Verdict};
 use std::time::Duration;
 
 /// `default/web` with `sessionAffinity: ClientIP` and the given timeout (none: the default).
@@ -21,25 +23,31 @@ fn learned_in(o: &Outcome) -> Vec<&str> {
     o.learned.iter().map(|l| l.set.as_str()).collect()
 }
 
-/// The key of `affinity-T`: client, protocol, port, slot.
+/// The key of a port's affinity set: client, slot.
 fn client_key(saddr: Payload) -> SetType {
-    SetType::Typeof(vec![
-        Expr::Payload(saddr),
-        Expr::Meta(MetaKey::L4Proto),
-        Expr::Payload(Payload::ThDport),
-        Expr::random(1),
-    ])
+    SetType::Typeof(vec![Expr::Payload(saddr), Expr::random(1)])
 }
 
-/// What `affinity-T` holds for a client of TCP port `port` kept on slot `slot`.
-fn kept(client: &str, port: u16, slot: u32) -> [Value; 4] {
+/// What a port's affinity set holds for a client kept on slot `slot`.
+fn kept(client: &str, slot: u32) -> [Value; 2] {
     let client: IpAddr = client.parse().unwrap();
-    [
-        Value::from(client),
-        Value::Proto(L4Proto::Tcp),
-        Value::Port(port),
-        Value::U32(slot),
-    ]
+    [Value::from(client), Value::U32(slot)]
+}
+
+/// The affinity set of TCP port `port` (named `http`) of `default/<service>`.
+fn set_of(service: &str, port: u16) -> String {
+    let port = ServicePortId {
+        name: Some("http".into()),
+        protocol: Protocol::Tcp,
+        port,
+    };
+    affinity_set(&ServiceKey::new("default", service), &port)
+}
+
+/// `default/web`'s port 80: its chain and its affinity set.
+const WEB_CHAIN: &str = "svc-default/web-tcp-80";
+fn web_set() -> String {
+    set_of("web", 80)
 }
 
 /// The affinity set `set` of `t`: how long it remembers a client, and of which type.
@@ -62,8 +70,8 @@ fn client_ip_affinity_keeps_a_client_on_its_endpoint() {
             .unwrap()
     };
     // A new client is drawn to either endpoint, 1/2 each, masqueraded as for any Cluster
-    // Service, through the chain every such port of two endpoints shares; the client's slot
-    // (the endpoint's index in the endpoint map) is remembered in the set of its timeout.
+    // Service, in the port's own chain, then the shared chain of its slot (the endpoint's index
+    // in the endpoint map), which the port's own set remembers for the client.
     let mut tracer = Tracer::new(&p.tables).host(w.local.iter().copied());
     let first = tracer.trace(&to_web()).unwrap();
     assert_eq!(
@@ -75,25 +83,25 @@ fn client_ip_affinity_keeps_a_client_on_its_endpoint() {
     for h in [10, 11] {
         assert_eq!(first.chance_of(ep(h)), Chance::of(1, 2), "{first}");
         let way = first.to(ep(h)).unwrap();
-        assert_eq!(chains(way)[..2], ["prerouting", "affinity-60-2"], "{way}");
-        assert_eq!(learned_in(way), ["affinity-60"], "{way}");
         let slot = u32::from(h - 10);
-        assert_eq!(way.learned[0].key, kept(CLIENT, 80, slot)[..], "{way}");
+        let path = ["prerouting", WEB_CHAIN, &format!("slot-{slot}")];
+        assert_eq!(chains(way)[..3], path, "{way}");
+        assert_eq!(learned_in(way), [web_set()], "{way}");
+        assert_eq!(way.learned[0].key, kept(CLIENT, slot)[..], "{way}");
     }
     // The set remembers each client for the timeout.
     assert_eq!(
-        remembers(t, "affinity-60"),
+        remembers(t, &web_set()),
         (Some(Duration::from_secs(60)), client_key(Payload::IpSaddr))
     );
-    // The chain's last rule DNATs without remembering: a full set must not stop the DNAT
-    // (the tracer does not model a full set).
-    let last = t.chains["affinity-60-2"].rules.last().unwrap();
-    let update = last
-        .stmts
-        .iter()
-        .any(|s| matches!(s, Stmt::SetUpdate { .. }));
-    let dnat = last.stmts.iter().any(|s| matches!(s, Stmt::NatMap { .. }));
-    assert!(dnat && !update, "{last:?}");
+    // The chain's last rule picks an endpoint without remembering: a full set must not stop
+    // the DNAT (the tracer does not model a full set).
+    let last = t.chains[WEB_CHAIN].rules.last().unwrap();
+    assert_eq!(
+        last.stmts,
+        [Stmt::Verdict(Verdict::Goto("endpoints-2".into()))],
+        "{last:?}"
+    );
     // A client the second endpoint remembers goes there, and is remembered again; another
     // client is drawn anew.
     tracer.learn(first.to(ep(11)).unwrap());
@@ -101,7 +109,7 @@ fn client_ip_affinity_keeps_a_client_on_its_endpoint() {
     assert_eq!(again.endpoints(), BTreeSet::from([ep(11)]), "{again}");
     assert!(again.masqueraded(), "{again}");
     assert!(
-        again.iter().all(|o| learned_in(o) == ["affinity-60"]),
+        again.iter().all(|o| learned_in(o) == [web_set()]),
         "{again}"
     );
     let other = tracer
@@ -194,8 +202,8 @@ fn services_without_affinity_keep_the_shared_endpoint_chains() {
     let sticky = mixed.trace(Packet::tcp(CLIENT, NODE_V4, 81));
     let first: SocketAddr = "198.51.100.20:8080".parse().unwrap();
     assert_eq!(sticky.chance_of(first), Chance::of(1, 2), "{sticky}");
-    let path = ["prerouting", "affinity-10800-2"];
-    assert_eq!(chains(sticky.to(first).unwrap())[..2], path, "{sticky}");
+    let path = ["prerouting", "svc-default/sticky-tcp-81", "slot-0"];
+    assert_eq!(chains(sticky.to(first).unwrap())[..3], path, "{sticky}");
 }
 
 #[test]
@@ -206,7 +214,7 @@ fn affinity_timeout_defaults_to_three_hours_and_bad_values_are_warned_about() {
         let set = sets.next().expect("a set of clients");
         assert!(sets.next().is_none());
         let t = set.timeout.map(|t| t.as_secs());
-        assert_eq!(Some(set.name.clone()), t.map(|t| format!("affinity-{t}")));
+        assert_eq!(set.name, web_set());
         (t, p)
     };
     let (t, p) = timeout_of(World::new().service(sticky_web(None)));
@@ -256,11 +264,11 @@ fn client_ip_affinity_in_both_families() {
         let e: SocketAddr = e.parse().unwrap();
         assert_eq!(first.chance_of(e), Chance::of(1, 2), "{first}");
         let way = first.to(e).unwrap();
-        assert_eq!(learned_in(way), ["affinity-10"], "{way}");
-        assert_eq!(chains(way)[1], "affinity-10-2");
+        assert_eq!(learned_in(way), [web_set()], "{way}");
+        assert_eq!(chains(way)[1], WEB_CHAIN);
     }
     assert_eq!(
-        remembers(t6, "affinity-10"),
+        remembers(t6, &web_set()),
         (Some(Duration::from_secs(10)), client_key(Payload::Ip6Saddr))
     );
     let stays: SocketAddr = "[2001:db8:0:1::a]:8080".parse().unwrap();
@@ -274,10 +282,7 @@ fn client_ip_affinity_in_both_families() {
         out.chance_of("198.51.100.10:8080".parse().unwrap()),
         Chance::CERTAIN
     );
-    assert!(
-        out.iter().all(|o| learned_in(o) == ["affinity-10"]),
-        "{out}"
-    );
+    assert!(out.iter().all(|o| learned_in(o) == [web_set()]), "{out}");
 }
 
 #[test]
@@ -290,11 +295,11 @@ fn local_policy_affinity_without_local_endpoint_serves_only_the_nodes_own_client
         p.port("default/web", IpFamily::V4),
         &PortResult::DropsNoLocalEndpoint { elsewhere: 1 }
     );
-    let set = "affinity-10800";
+    let set = &web_set();
     let mut tracer = Tracer::new(&p.tables).host(w.local.iter().copied());
     // Outside clients are dropped, even one the endpoint's set remembers (the drop comes
     // first), and so is the endpoint itself (no hairpin to an endpoint elsewhere).
-    tracer.knows(&TableRef::of(&p.tables[0]), set, kept(CLIENT, 80, 0));
+    tracer.knows(&TableRef::of(&p.tables[0]), set, kept(CLIENT, 0));
     for from in [CLIENT, "198.51.100.11"] {
         let out = tracer.trace(&Packet::tcp(from, NODE_V4, 80)).unwrap();
         assert!(out.dropped(), "{from}: {out}");
