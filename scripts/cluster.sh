@@ -13,6 +13,11 @@
 #   scripts/cluster.sh kwok up N              N simulated nodes (kwok), Ready, beside the real two; print
 #                                             KWOK_NODES=, KWOK_SELECTOR= (see "Simulated nodes" below)
 #   scripts/cluster.sh kwok down              remove the simulated nodes, their pods and Leases, and kwok
+#   scripts/cluster.sh restart etcd|kube-apiserver
+#                                             stop one control-plane process (SIGTERM) and start it again
+#   scripts/cluster.sh restart containerd N   the same for node N's containerd (its containers keep
+#                                             running, as with a node's `systemctl restart containerd`)
+#   scripts/cluster.sh link N down|up         take node N's network link down, or up with its routes
 #
 # What runs (all built from the pinned k8s.io/kubernetes module by scripts/kubernetes.sh, etcd,
 # containerd, runc and the CNI plugins from Debian):
@@ -550,6 +555,18 @@ node_up() {
   start "kube-proxy-$n" ip netns exec "$ns" "$bins/kube-proxy" --config="$nd/kube-proxy.yaml" --v=1
 }
 
+# containerd_restart N: stops node N's containerd and starts it again in the same mount
+# namespace (the kubelet's, which it shares).
+containerd_restart() {
+  local n="$1" nd="$dir/$1" holder
+  alive "kubelet-$n" || die "node $n's kubelet is not running: its mount namespace is containerd's"
+  holder="$(cat "$dir/pids/kubelet-$n")"
+  stop "containerd-$n"
+  start "containerd-$n" nsenter --target "$holder" --mount --net -- \
+    containerd --config "$nd/containerd/config.toml"
+  wait_for "containerd of $n" 30 ctr --address "$nd/containerd.sock" version
+}
+
 kubelet_start() {
   local n="$1" nd="$dir/$1"
   alive "kubelet-$n" && return 0
@@ -905,6 +922,30 @@ case "${1:-}" in
       *) die "usage: $0 kwok up N | kwok down" ;;
     esac
     ;;
+  restart)
+    bins="$("$repo/scripts/kubernetes.sh")"
+    case "${2:-}" in
+      etcd | kube-apiserver)
+        stop "$2"
+        control_plane
+        ;;
+      containerd) containerd_restart "${3:?node}" ;;
+      *) die "usage: $0 restart etcd|kube-apiserver | restart containerd NODE" ;;
+    esac
+    ;;
+  link)
+    node="${2:?node}"
+    [ -n "${node_ip[$node]:-}" ] || die "no node $node"
+    case "${3:-}" in
+      down) ip -n "$(node_ns "$node")" link set eth0 down ;;
+      # Link down took the routes through it; put them back, as a node's network manager does.
+      up)
+        ip -n "$(node_ns "$node")" link set eth0 up
+        network
+        ;;
+      *) die "usage: $0 link NODE down|up" ;;
+    esac
+    ;;
   kube-proxy-mode)
     bins="$("$repo/scripts/kubernetes.sh")"
     proxy_mode="${2:?mode: nftables or iptables}"
@@ -917,7 +958,7 @@ case "${1:-}" in
     done
     ;;
   *)
-    sed -n '2,14p' "$0" >&2
+    sed -n '2,19p' "$0" >&2
     exit 2
     ;;
 esac
