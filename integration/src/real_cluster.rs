@@ -793,6 +793,29 @@ subjects:
     }
 }
 
+/// The nodelb agent processes running on `node` (found by their command line, `nodelb-agent
+/// run`, and the `NODE_NAME` the DaemonSet gives them): one while the node is served.
+pub fn agent_pids(node: &str) -> Vec<i32> {
+    let env = format!("NODE_NAME={node}");
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let read = |f: &str| std::fs::read(format!("/proc/{pid}/{f}")).unwrap_or_default();
+            let fields = |b: Vec<u8>| -> Vec<String> {
+                b.split(|c| *c == 0)
+                    .map(|f| String::from_utf8_lossy(f).into_owned())
+                    .collect()
+            };
+            let cmdline = fields(read("cmdline"));
+            cmdline.first().is_some_and(|c| c.ends_with("nodelb-agent"))
+                && cmdline.get(1).is_some_and(|a| a == "run")
+                && fields(read("environ")).contains(&env)
+        })
+        .collect()
+}
+
 /// A test's namespace. On drop its Services are deleted (waiting, so the next test's Services
 /// find their ports free: a Service in a namespace being deleted still holds its ports until it
 /// is gone, which takes the namespace controller tens of seconds), then the namespace (not

@@ -260,6 +260,11 @@ pub fn tcp_exchange_here(dst: SocketAddr, timeout: Duration) -> Outcome {
     tcp_exchange(None, dst, timeout)
 }
 
+/// One UDP request from the calling thread's own namespace: a datagram, one back.
+pub fn udp_exchange_here(dst: SocketAddr, timeout: Duration) -> Outcome {
+    udp_exchange(dst, timeout)
+}
+
 fn tcp_exchange(src: Option<IpAddr>, dst: SocketAddr, timeout: Duration) -> Outcome {
     let deadline = Instant::now() + timeout;
     let stream = match tcp_connect(src, dst, deadline) {

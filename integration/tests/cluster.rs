@@ -19,8 +19,9 @@ mod on_real_cluster {
     use nodelb_integration::control_plane::AuditRecord;
     use nodelb_integration::e2e::{ingress_ips, metric_value};
     use nodelb_integration::real_cluster::{
-        backend_deployment, backend_service, json, pod_of, serving_condition, write_kustomization,
-        PodWatch, RealCluster, StatusWatch, TcpLoad, TestNamespace, NODELB_NAMESPACE,
+        agent_pids, backend_deployment, backend_service, json, pod_of, serving_condition,
+        write_kustomization, PodWatch, RealCluster, StatusWatch, TcpLoad, TestNamespace,
+        NODELB_NAMESPACE,
     };
     use nodelb_integration::request_budget::{self, BUDGET_NODES, BUDGET_PER_NODE_MINUTE};
     use nodelb_integration::traffic::{Heard, Outcome, TcpSession, UdpFlow};
@@ -1114,23 +1115,7 @@ mod on_real_cluster {
     /// The agent process of `node` (`nodelb-agent run` with `NODE_NAME=<node>`), found in
     /// `/proc`: the cluster's nodes share the machine's process namespace.
     fn agent_pid(node: &str) -> nix::unistd::Pid {
-        let env = format!("NODE_NAME={node}");
-        let found: Vec<i32> = std::fs::read_dir("/proc")
-            .expect("/proc")
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|pid| {
-                let read = |f: &str| std::fs::read(format!("/proc/{pid}/{f}")).unwrap_or_default();
-                let fields = |b: Vec<u8>| -> Vec<String> {
-                    b.split(|c| *c == 0)
-                        .map(|f| String::from_utf8_lossy(f).into_owned())
-                        .collect()
-                };
-                let cmdline = fields(read("cmdline"));
-                cmdline.first().is_some_and(|c| c.ends_with("nodelb-agent"))
-                    && cmdline.get(1).is_some_and(|a| a == "run")
-                    && fields(read("environ")).contains(&env)
-            })
-            .collect();
+        let found = agent_pids(node);
         assert_eq!(found.len(), 1, "one agent process on {node}: {found:?}");
         nix::unistd::Pid::from_raw(found[0])
     }
