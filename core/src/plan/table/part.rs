@@ -85,25 +85,25 @@ impl SharedChain {
 /// The shared chain that sends a packet to the endpoint in slot `i` of the Service port it is
 /// for.
 pub(super) fn slot_chain(i: usize) -> Chain {
-    Chain::regular(slot_chain_name(i)).rule(
-        Rule::new(vec![Stmt::NatMap {
-            kind: NatKind::Dnat,
-            keys: vec![L4, TH_DPORT, Expr::constant(i as u32)],
-            map: ENDPOINTS_MAP.into(),
-        }])
-        .with_comment(format!("the endpoint in slot {i}")),
-    )
+    let comment = format!("the endpoint in slot {i}");
+    dnat_chain(slot_chain_name(i), Expr::constant(i as u32), comment)
 }
 
 /// The shared chain that picks one of `n` endpoints of the Service port the packet is for.
 pub(super) fn endpoint_chain(n: usize) -> Chain {
-    Chain::regular(endpoint_chain_name(n)).rule(
+    let comment = format!("one of {n} endpoints");
+    dnat_chain(endpoint_chain_name(n), Expr::random(n as u32), comment)
+}
+
+/// A chain of one rule: DNAT to `map endpoints`' element `protocol . port . slot`.
+fn dnat_chain(name: String, slot: Expr, comment: String) -> Chain {
+    Chain::regular(name).rule(
         Rule::new(vec![Stmt::NatMap {
             kind: NatKind::Dnat,
-            keys: vec![L4, TH_DPORT, Expr::random(n as u32)],
+            keys: vec![L4, TH_DPORT, slot],
             map: ENDPOINTS_MAP.into(),
         }])
-        .with_comment(format!("one of {n} endpoints")),
+        .with_comment(comment),
     )
 }
 
