@@ -404,12 +404,7 @@ fn conntrack_fill(c: &RealCluster, node: &str) -> Result<(u64, u64), String> {
 /// ports nothing serves (9 and up; each source port a flow), then waits 30 s, as long as the
 /// kernel keeps an unanswered UDP flow: they expire by themselves, nothing is flushed.
 fn fill_conntrack(c: &RealCluster, node: &str) -> Result<String, String> {
-    let addr = c
-        .nodes()
-        .iter()
-        .find(|(n, _)| n == node)
-        .map(|(_, a)| *a)
-        .ok_or("no such node")?;
+    let addr = c.node_address(node);
     let (count, max) = conntrack_fill(c, node)?;
     let want = (max * 95 / 100).saturating_sub(count);
     let sent = c.client().run(move || {
@@ -537,14 +532,9 @@ impl Samples {
         self.last = Some(Instant::now());
         for (node, _) in c.nodes() {
             for pid in agent_pids(node) {
-                let status = std::fs::read_to_string(format!("/proc/{pid}/status"));
-                let rss = status.ok().and_then(|s| {
-                    s.lines()
-                        .find_map(|l| l.strip_prefix("VmRSS:"))
-                        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-                });
+                let rss = nodelb_integration::bench::memory(pid as u32).map(|m| m.rss);
                 let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count());
-                if let (Some(rss), Ok(fds)) = (rss, fds) {
+                if let (Ok(rss), Ok(fds)) = (rss, fds) {
                     self.by_process
                         .entry((node.clone(), pid))
                         .or_default()
