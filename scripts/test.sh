@@ -11,10 +11,14 @@
 # target/release/nodelb-agent, built here (minutes the first time: docs/benchmarks.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each phase's end, on stdout and (CI sets NODELB_CI_TIMES) in CI's log of its times.
+mark() { echo "test: $* after $SECONDS s" | tee -a "${NODELB_CI_TIMES:-/dev/null}"; }
 scripts/deps.sh
+mark "dependencies ready"
 # promtool, unpacked by deps.sh.
 export PATH="${XDG_CACHE_HOME:-$HOME/.cache}/nodelb/promtool/usr/bin:$PATH"
 cargo build --workspace --locked --all-targets
+mark "workspace built"
 # The end-to-end tests run this agent binary (built above with the workspace's features), so
 # they do not rebuild it with the agent crate's own feature set.
 export NODELB_AGENT_BIN="${NODELB_AGENT_BIN:-$PWD/target/debug/nodelb-agent}"
@@ -22,6 +26,7 @@ export NODELB_AGENT_BIN="${NODELB_AGENT_BIN:-$PWD/target/debug/nodelb-agent}"
 # the figures tests print as `measured:` stay in the log. The real-cluster tests run last, on
 # their own (below).
 cargo test --workspace --locked -- --test-threads=2 --show-output --skip on_real_cluster::
+mark "suite done but the real cluster"
 
 if [ -n "${NODELB_IMAGE_AGENT_BIN:-}" ]; then
   waited=$SECONDS
@@ -36,7 +41,7 @@ if [ -n "${NODELB_IMAGE_AGENT_BIN:-}" ]; then
     }
     sleep 5
   done
-  echo "test: waited $((SECONDS - waited)) s for $NODELB_IMAGE_AGENT_BIN"
+  mark "waited $((SECONDS - waited)) s for $NODELB_IMAGE_AGENT_BIN"
 else
   scripts/build-release.sh
   export NODELB_IMAGE_AGENT_BIN="$PWD/target/release/nodelb-agent"
@@ -45,5 +50,6 @@ was_up=false
 if scripts/cluster.sh status 2>/dev/null; then was_up=true; fi
 status=0
 cargo test --locked -p nodelb-integration --test cluster -- --show-output || status=$?
+mark "real-cluster tests done (exit $status)"
 if ! $was_up; then scripts/cluster.sh down; fi
 exit "$status"
