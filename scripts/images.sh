@@ -20,8 +20,18 @@
 #                           packages, COPY destination, ENTRYPOINT and CMD are read from the
 #                           Dockerfile; the binary, stripped with `strip --strip-debug` as there, is
 #                           a layer of its own
-#     base/rootfs-<key>.tar that root file system, keyed by suite and package list (delete it to
-#                           take Debian's newer packages)
+#                           With NODELB_IMAGE_AGENT_BIN_ARM64 (an aarch64 agent, scripts/arm64.sh
+#                           builds one), one image for linux/amd64 and linux/arm64/v8: an image
+#                           index with a manifest per platform, each on its own architecture's
+#                           Debian packages (the arm64 ones installed by mmdebstrap's chrootless
+#                           mode, which runs no arm64 program: no binfmt_misc); the tag is dev-<12
+#                           hex of both binaries'>. The amd64 manifest is the same, digest for
+#                           digest, as the amd64-only image of the same binary's. The agent's
+#                           layers are gzip-compressed, as a registry serves them.
+#                           NODELB_IMAGE_AGENT_NAME=<name>:<tag> names the image otherwise
+#                           (scripts/release.sh: docker.io/nodelb/nodelb-agent:<version>).
+#     base/rootfs-<key>.tar that root file system, per platform, keyed by suite, architecture and
+#                           package list (delete it to take Debian's newer packages)
 # The binary is $NODELB_IMAGE_AGENT_BIN (not NODELB_AGENT_BIN, the binary the end-to-end tests
 # run as processes), else target/release/nodelb-agent (built with
 # scripts/build-release.sh when missing). A first run spends most of its time in mmdebstrap
@@ -33,7 +43,9 @@
 # busybox-static from the installed package or, without installing it (it conflicts with
 # busybox), from `apt-get download`.
 # stdout, per image (PAUSE, BACKEND, AGENT): `<name> <archive> <uncompressed size in MiB>`,
-# <KIND>_IMAGE=<name> and <KIND>_ARCHIVE=<archive>; then IMAGES_DIR=<dir>. Progress: stderr.
+# <KIND>_IMAGE=<name> and <KIND>_ARCHIVE=<archive>; AGENT_PLATFORMS=<os/arch[/variant]>=
+# <uncompressed MiB>/<compressed MiB>/<manifest digest>,... ; then IMAGES_DIR=<dir>. Progress:
+# stderr.
 #   scripts/images.sh                  build what changed, print the lines above
 #   scripts/images.sh --verify         then import the archives into a throwaway containerd (its
 #                                      own root, state, socket and cgroups; needs Debian's
@@ -144,6 +156,8 @@ fi
 [ "$(id -u)" = 0 ] || die "needs root (mmdebstrap builds the agent's root file system as root)"
 needed=(mmdebstrap gcc libc6-dev binutils)
 [ "$mode" = verify ] && needed+=(containerd)
+# The arm64 agent's strip.
+[ -z "${NODELB_IMAGE_AGENT_BIN_ARM64:-}" ] || needed+=(binutils-aarch64-linux-gnu)
 "$repo/scripts/packages.sh" "${needed[@]}"
 
 mkdir -p "$dir/base"
@@ -161,53 +175,92 @@ trap cleanup EXIT
 script_sha="$(sha "$self")"
 start=$(date +%s)
 
-# write_archive <archive> <name> <config: the "config" object> <layer tar>...
-# The OCI image layout, by hand: uncompressed layers (digest = diff_id), one manifest, an index
-# naming it for containerd (io.containerd.image.name: ctr takes the name from there;
-# org.opencontainers.image.ref.name, the tag, is what OCI tools read).
-write_archive() {
-  local archive="$1" name="$2" config="$3" l d s diff_ids="" layers="" total=0 json
-  local config_digest config_size manifest_digest manifest_size oci_t=application/vnd.oci.image
-  shift 3
-  local oci="$tmp/oci"
+# The OCI image layout, by hand. oci_begin starts one; oci_manifest adds an image for one
+# platform (its config, its layers: uncompressed, digest = diff_id, or gzip-compressed with -n,
+# so the same input gives the same blob); oci_write archives it with an index naming the image
+# for containerd (io.containerd.image.name: ctr takes the name from there;
+# org.opencontainers.image.ref.name, the tag, is what skopeo and other OCI tools read). One
+# platform: index.json names its manifest. More: index.json names an image index (its own
+# blob) that lists a manifest per platform, as `docker buildx` and `skopeo copy --all` lay out
+# a multi-platform image.
+oci_begin() {
+  oci="$tmp/oci"
   rm -rf "$oci"
   mkdir -p "$oci/blobs/sha256"
+  oci_manifests=() oci_sizes=()
+}
+# oci_blob <json>: stores it, prints "<digest> <size>"
+oci_blob() {
+  printf '%s' "$1" >"$oci/blob"
+  oci_blob_file "$oci/blob"
+}
+# oci_blob_file <file>: moves it into the layout, prints "<digest> <size>"
+oci_blob_file() {
+  local d s
+  d="$(sha "$1")"
+  s="$(stat -c %s "$1")"
+  mv "$1" "$oci/blobs/sha256/$d"
+  echo "$d $s"
+}
+oci_t=application/vnd.oci.image
+# oci_manifest <arch> <gzip|tar> <config: the "config" object> <layer tar>...
+oci_manifest() {
+  local arch="$1" compress="$2" config="$3" l d s diff_ids="" layers="" total=0 packed=0 json
+  local platform="\"architecture\":\"$arch\",\"os\":\"linux\"" media=$oci_t.layer.v1.tar
+  local config_digest config_size manifest_digest manifest_size
+  shift 3
+  # arm64 images are ARMv8 (the variant every registry and runtime expects for arm64).
+  [ "$arch" != arm64 ] || platform+=',"variant":"v8"'
+  [ "$compress" = tar ] || media+="+gzip"
   for l in "$@"; do
     d="$(sha "$l")"
-    s="$(stat -c %s "$l")"
-    total=$((total + s))
-    ln "$l" "$oci/blobs/sha256/$d" 2>/dev/null || cp "$l" "$oci/blobs/sha256/$d"
+    total=$((total + $(stat -c %s "$l")))
     diff_ids+="${diff_ids:+,}\"sha256:$d\""
-    layers+="${layers:+,}{\"mediaType\":\"$oci_t.layer.v1.tar\",\"digest\":\"sha256:$d\",\"size\":$s}"
+    if [ "$compress" = gzip ]; then
+      # A layer used before (the base, in a later run) is compressed once.
+      [ -f "$l.gz" ] && [ "$(cat "$l.gz.of" 2>/dev/null)" = "$d" ] ||
+        { gzip -n -6 -c "$l" >"$l.gz.new" && mv "$l.gz.new" "$l.gz" && echo "$d" >"$l.gz.of"; }
+      cp "$l.gz" "$oci/layer"
+      read -r d s < <(oci_blob_file "$oci/layer")
+    else
+      s="$(stat -c %s "$l")"
+      ln -f "$l" "$oci/blobs/sha256/$d" 2>/dev/null || cp "$l" "$oci/blobs/sha256/$d"
+    fi
+    packed=$((packed + s))
+    layers+="${layers:+,}{\"mediaType\":\"$media\",\"digest\":\"sha256:$d\",\"size\":$s}"
   done
-  # blob <json>: stores it, prints "<digest> <size>"
-  blob() {
-    printf '%s' "$1" >"$oci/blob"
-    local d s
-    d="$(sha "$oci/blob")"
-    s="$(stat -c %s "$oci/blob")"
-    mv "$oci/blob" "$oci/blobs/sha256/$d"
-    echo "$d $s"
-  }
-  json='{"created":"1970-01-01T00:00:00Z","architecture":"amd64","os":"linux",'
+  json="{\"created\":\"1970-01-01T00:00:00Z\",$platform,"
   json+="\"config\":$config,\"rootfs\":{\"type\":\"layers\",\"diff_ids\":[$diff_ids]}}"
-  read -r config_digest config_size < <(blob "$json")
+  read -r config_digest config_size < <(oci_blob "$json")
   json="{\"schemaVersion\":2,\"mediaType\":\"$oci_t.manifest.v1+json\","
   json+="\"config\":{\"mediaType\":\"$oci_t.config.v1+json\","
   json+="\"digest\":\"sha256:$config_digest\",\"size\":$config_size},\"layers\":[$layers]}"
-  read -r manifest_digest manifest_size < <(blob "$json")
-  json="{\"schemaVersion\":2,\"mediaType\":\"$oci_t.index.v1+json\",\"manifests\":[{"
-  json+="\"mediaType\":\"$oci_t.manifest.v1+json\","
-  json+="\"digest\":\"sha256:$manifest_digest\",\"size\":$manifest_size,"
-  json+='"platform":{"architecture":"amd64","os":"linux"},'
-  json+="\"annotations\":{\"io.containerd.image.name\":\"$name\","
-  json+="\"org.opencontainers.image.ref.name\":\"${name##*:}\"}}]}"
-  printf '%s' "$json" >"$oci/index.json"
+  read -r manifest_digest manifest_size < <(oci_blob "$json")
+  oci_manifests+=("\"mediaType\":\"$oci_t.manifest.v1+json\",\"digest\":\"sha256:$manifest_digest\",\"size\":$manifest_size,\"platform\":{$platform}")
+  oci_sizes+=("linux/$arch$([ "$arch" != arm64 ] || echo /v8)=$total/$packed/sha256:$manifest_digest")
+}
+# oci_write <archive> <name>
+oci_write() {
+  local archive="$1" name="$2" json m top d s
+  local annotations="\"annotations\":{\"io.containerd.image.name\":\"$name\",\"org.opencontainers.image.ref.name\":\"${name##*:}\"}"
+  if [ "${#oci_manifests[@]}" -eq 1 ]; then
+    top="{${oci_manifests[0]},$annotations}"
+  else
+    json="{\"schemaVersion\":2,\"mediaType\":\"$oci_t.index.v1+json\",\"manifests\":["
+    for m in "${oci_manifests[@]}"; do json+="{$m},"; done
+    json="${json%,}]}"
+    read -r d s < <(oci_blob "$json")
+    top="{\"mediaType\":\"$oci_t.index.v1+json\",\"digest\":\"sha256:$d\",\"size\":$s,$annotations}"
+  fi
+  printf '%s' "{\"schemaVersion\":2,\"mediaType\":\"$oci_t.index.v1+json\",\"manifests\":[$top]}" >"$oci/index.json"
   printf '%s' '{"imageLayoutVersion":"1.0.0"}' >"$oci/oci-layout"
   tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$oci" -cf "$archive.new" \
     oci-layout index.json blobs
   mv "$archive.new" "$archive"
-  echo "$total" >"$archive.size"
+  # <platform>=<uncompressed bytes>/<bytes as stored>/<manifest digest>, a line each; the
+  # first platform's uncompressed size is the one `report` prints.
+  printf '%s\n' "${oci_sizes[@]}" >"$archive.platforms"
+  echo "${oci_sizes[0]}" | sed 's/^[^=]*=//; s/\/.*//' >"$archive.size"
   rm -rf "$oci"
 }
 
@@ -269,8 +322,10 @@ if ! fresh "$pause_archive" "$pause_key"; then
   gcc $cflags -o "$tmp/pause$pause_path" "$pausedir/linux/pause.c"
   strip "$tmp/pause$pause_path"
   layer "$tmp/pause" "$tmp/pause.tar"
-  write_archive "$pause_archive" "$pause_image" \
+  oci_begin
+  oci_manifest amd64 tar \
     "{\"User\":\"$pause_user\",\"Env\":[\"PATH=$path\"],\"Entrypoint\":$pause_entrypoint}" "$tmp/pause.tar"
+  oci_write "$pause_archive" "$pause_image"
   echo "$pause_key" >"$pause_archive.key"
 fi
 report PAUSE "$pause_image" "$pause_archive"
@@ -336,100 +391,178 @@ if ! fresh "$backend_archive" "$backend_key"; then
     install -m 755 "$tmp/rustc/nodelb-test-backend" "$r/nodelb-test-backend"
   fi
   layer "$r" "$tmp/backend.tar"
-  write_archive "$backend_archive" "$backend_image" \
-    "{\"Env\":[\"PATH=$path\"],\"Cmd\":[\"/bin/sh\"]}" "$tmp/backend.tar"
+  oci_begin
+  oci_manifest amd64 tar "{\"Env\":[\"PATH=$path\"],\"Cmd\":[\"/bin/sh\"]}" "$tmp/backend.tar"
+  oci_write "$backend_archive" "$backend_image"
   echo "$backend_key" >"$backend_archive.key"
 fi
 keep "$backend_archive" backend
 report BACKEND "$backend_image" "$backend_archive"
 
 # --- nodelb-agent --------------------------------------------------------------------------
-# The base: what `FROM debian:<suite>-slim` + the apt-get install gives. debuerreotype's slim
-# variant drops these paths and keeps a dpkg config that goes on dropping them; so does
-# mmdebstrap's --dpkgopt (left in /etc/dpkg/dpkg.cfg.d/99mmdebstrap).
+# The base: what `FROM debian:<suite>-slim` + the apt-get install gives, for each platform the
+# image is built for. debuerreotype's slim variant drops these paths and keeps a dpkg config
+# that goes on dropping them; so does mmdebstrap's --dpkgopt (left in
+# /etc/dpkg/dpkg.cfg.d/99mmdebstrap). amd64, the machine's own, is built in root mode (dpkg in a
+# chroot); arm64 in chrootless mode, where dpkg runs the packages' scripts from outside with
+# DPKG_ROOT, so no arm64 program runs and no binfmt_misc handler is needed (minbase's
+# packages support it since bookworm).
 mirror="http://deb.debian.org/debian"
-mmdebstrap_args=(
-  --variant=minbase --mode=root --format=directory
-  # merged /usr with the usr-is-merged package, not usrmerge and the perl it pulls in (the way
-  # debuerreotype builds the bookworm images)
-  --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr
-  "--include=$(IFS=,; echo "${packages[*]}")"
-  --dpkgopt='path-exclude=/usr/share/doc/*'
-  --dpkgopt='path-exclude=/usr/share/groff/*'
-  --dpkgopt='path-exclude=/usr/share/info/*'
-  --dpkgopt='path-exclude=/usr/share/linda/*'
-  --dpkgopt='path-exclude=/usr/share/lintian/overrides/*'
-  --dpkgopt='path-exclude=/usr/share/locale/*'
-  --dpkgopt='path-exclude=/usr/share/man/*'
-  --dpkgopt='path-include=/usr/share/doc/*/copyright'
-  --dpkgopt='path-include=/usr/share/doc/kde/HTML/C/*'
-  --dpkgopt='path-include=/usr/share/gnome/help/*/C/*'
-  --dpkgopt='path-include=/usr/share/locale/all_languages'
-  --dpkgopt='path-include=/usr/share/locale/currency/*'
-  --dpkgopt='path-include=/usr/share/locale/l10n/*'
-  --dpkgopt='path-include=/usr/share/locale/languages'
-  --dpkgopt='path-include=/usr/share/locale/locale.alias'
-  --dpkgopt='path-include=/usr/share/omf/*/*-C.emf'
-  "$suite"
-)
-sources=(
-  "deb $mirror $suite main"
-  "deb $mirror $suite-updates main"
-  "deb ${mirror}-security $suite-security main"
-)
-base_key="$(printf '%s\n' "${mmdebstrap_args[@]}" "${sources[@]}" | sha | cut -c1-16)"
-base_tar="$dir/base/rootfs-$base_key.tar"
-if [ ! -f "$base_tar" ]; then
-  log "building the base root file system ($base, ${packages[*]}) with mmdebstrap (under a minute)"
-  mmdebstrap "${mmdebstrap_args[@]}" "$tmp/rootfs" "${sources[@]}" </dev/null >&2
-  r="$tmp/rootfs"
+# base_rootfs <arch>: sets base_tar and base_key for that platform, building it when missing.
+base_rootfs() {
+  local arch="$1" mode=root
+  [ "$arch" = amd64 ] || mode=chrootless
+  local -a args=(
+    --variant=minbase "--mode=$mode" "--arch=$arch" --format=directory
+    # merged /usr with the usr-is-merged package, not usrmerge and the perl it pulls in (the way
+    # debuerreotype builds the bookworm images)
+    --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr
+    "--include=$(IFS=,; echo "${packages[*]}")"
+    --dpkgopt='path-exclude=/usr/share/doc/*'
+    --dpkgopt='path-exclude=/usr/share/groff/*'
+    --dpkgopt='path-exclude=/usr/share/info/*'
+    --dpkgopt='path-exclude=/usr/share/linda/*'
+    --dpkgopt='path-exclude=/usr/share/lintian/overrides/*'
+    --dpkgopt='path-exclude=/usr/share/locale/*'
+    --dpkgopt='path-exclude=/usr/share/man/*'
+    --dpkgopt='path-include=/usr/share/doc/*/copyright'
+    --dpkgopt='path-include=/usr/share/doc/kde/HTML/C/*'
+    --dpkgopt='path-include=/usr/share/gnome/help/*/C/*'
+    --dpkgopt='path-include=/usr/share/locale/all_languages'
+    --dpkgopt='path-include=/usr/share/locale/currency/*'
+    --dpkgopt='path-include=/usr/share/locale/l10n/*'
+    --dpkgopt='path-include=/usr/share/locale/languages'
+    --dpkgopt='path-include=/usr/share/locale/locale.alias'
+    --dpkgopt='path-include=/usr/share/omf/*/*-C.emf'
+    "$suite"
+  )
+  local -a sources=(
+    "deb $mirror $suite main"
+    "deb $mirror $suite-updates main"
+    "deb ${mirror}-security $suite-security main"
+  )
+  base_key="$(printf '%s\n' "${args[@]}" "${sources[@]}" | sha | cut -c1-16)"
+  base_tar="$dir/base/rootfs-$base_key.tar"
+  [ -f "$base_tar" ] && return 0
+  log "building the $arch base root file system ($base, ${packages[*]}) with mmdebstrap --mode=$mode (under a minute)"
+  local r="$tmp/rootfs-$arch"
+  mmdebstrap "${args[@]}" "$r" "${sources[@]}" </dev/null >&2
+  # In chrootless mode the host's dpkg unpacks, and it does not read the target's
+  # dpkg.cfg.d: the path filters are applied here instead, with dpkg's own rule (the last
+  # matching filter wins; `*` matches `/` too).
+  if [ "$mode" = chrootless ]; then
+    local -a filters=()
+    local a f keep
+    for a in "${args[@]}"; do
+      [[ "$a" == --dpkgopt=path-* ]] && filters+=("${a#--dpkgopt=}")
+    done
+    while IFS= read -r -d '' f; do
+      keep=yes
+      for a in "${filters[@]}"; do
+        # shellcheck disable=SC2053 # the filter is a glob
+        [[ "${f#"$r"}" == ${a#path-*=} ]] || continue
+        if [[ "$a" == path-exclude=* ]]; then keep=no; else keep=yes; fi
+      done
+      [ "$keep" = yes ] || rm -f "$f"
+    done < <(find "$r/usr/share" \( -type f -o -type l \) -print0)
+    for a in "${filters[@]}"; do
+      [[ "$a" == path-exclude=* ]] || continue
+      a="$r$(dirname "${a#path-exclude=}")"
+      [ ! -d "$a" ] || find "$a" -mindepth 1 -depth -type d -empty -delete
+    done
+  fi
   # What a container runtime provides, and logs of the build.
   find "$r/dev" "$r/proc" "$r/sys" "$r/run" "$r/tmp" -mindepth 1 -xdev -delete
   rm -f "$r"/var/log/*.log "$r"/var/log/apt/* "$r/var/cache/ldconfig/aux-cache" "$r/etc/machine-id" "$r/etc/hostname" "$r/etc/resolv.conf"
-  layer "$r" "$tmp/rootfs.tar"
+  layer "$r" "$tmp/rootfs-$arch.tar"
   rm -rf --one-file-system "$r"
-  rm -f "$dir"/base/rootfs-*.tar
-  mv "$tmp/rootfs.tar" "$base_tar"
-fi
+  # The newest base of each platform stays.
+  local old
+  for old in "$dir"/base/rootfs-*.tar; do
+    [ -f "$old" ] && [ "$(cat "$old.arch" 2>/dev/null || echo amd64)" = "$arch" ] && rm -f "$old" "$old".*
+  done
+  mv "$tmp/rootfs-$arch.tar" "$base_tar"
+  echo "$arch" >"$base_tar.arch"
+}
 
+# The binaries: amd64 always; arm64 when NODELB_IMAGE_AGENT_BIN_ARM64 names one (then the
+# archive is one image for both platforms, and the amd64 half is the same manifest, layer for
+# layer, as the amd64-only image of the same binary).
 agent_bin="${NODELB_IMAGE_AGENT_BIN:-$repo/target/release/nodelb-agent}"
 if [ ! -x "$agent_bin" ]; then
   [ -z "${NODELB_IMAGE_AGENT_BIN:-}" ] || die "NODELB_IMAGE_AGENT_BIN=$NODELB_IMAGE_AGENT_BIN is not an executable"
   log "no $agent_bin: running scripts/build-release.sh (about 6 minutes on 2 cores)"
   "$repo/scripts/build-release.sh" >&2
 fi
-agent_sha="$(sha "$agent_bin")"
-agent_tag="dev-${agent_sha:0:12}"
-agent_image="nodelb.test/nodelb-agent:$agent_tag"
-agent_archive="$dir/nodelb-agent-$agent_tag.tar"
-agent_key="$(printf '%s\n' "$script_sha" "$base_key" "$agent_sha" "$agent_path" "$entrypoint" "$cmd" "${labels[@]}" | sha256sum)"
+agent_arm64_bin="${NODELB_IMAGE_AGENT_BIN_ARM64:-}"
+agent_arches=(amd64)
+agent_bins=("$agent_bin")
+if [ -n "$agent_arm64_bin" ]; then
+  [ -f "$agent_arm64_bin" ] || die "NODELB_IMAGE_AGENT_BIN_ARM64=$agent_arm64_bin is not a file"
+  [ "$(readelf -h "$agent_arm64_bin" | awk -F: '/Machine:/ {gsub(/^ +/, "", $2); print $2}')" = AArch64 ] ||
+    die "NODELB_IMAGE_AGENT_BIN_ARM64=$agent_arm64_bin is not an AArch64 ELF file"
+  agent_arches+=(arm64)
+  agent_bins+=("$agent_arm64_bin")
+fi
+# What the labels say: the version and commit the amd64 binary prints (an arm64 one cannot run
+# here), which must be what every binary carries.
+agent_version="$("$agent_bin" --version)" || die "$agent_bin --version failed"
+[[ "$agent_version" =~ ^nodelb-agent\ ([^ ]+)\ \(commit\ ([^\)]+)\)$ ]] ||
+  die "unexpected $agent_bin --version: $agent_version"
+agent_ver="${BASH_REMATCH[1]}" agent_commit="${BASH_REMATCH[2]}"
+[ -z "$agent_arm64_bin" ] || grep -qaF "$agent_ver (commit $agent_commit)" "$agent_arm64_bin" ||
+  die "$agent_arm64_bin does not carry \"$agent_ver (commit $agent_commit)\" (built from another commit?)"
+agent_shas="" agent_keys=""
+for i in "${!agent_arches[@]}"; do
+  base_rootfs "${agent_arches[i]}"
+  agent_shas+="$(sha "${agent_bins[i]}")"
+  agent_keys+="${agent_arches[i]} $base_key $(sha "${agent_bins[i]}") "
+done
+agent_tag="dev-${agent_shas:0:12}"
+# Two platforms: the tag names both binaries.
+[ -z "$agent_arm64_bin" ] || agent_tag="dev-$(sha256sum <<<"$agent_shas" | cut -c1-12)"
+agent_image="${NODELB_IMAGE_AGENT_NAME:-nodelb.test/nodelb-agent:$agent_tag}"
+[[ "$agent_image" =~ ^[a-z0-9./-]+:[A-Za-z0-9_][A-Za-z0-9_.-]*$ ]] ||
+  die "NODELB_IMAGE_AGENT_NAME=$agent_image is not <name>:<tag>"
+agent_file="${agent_image##*/}"
+agent_archive="$dir/nodelb-agent-${agent_file#*:}.tar"
+[ -z "${NODELB_IMAGE_AGENT_NAME:-}" ] || agent_archive="$dir/nodelb-agent-named-$(sha256sum <<<"$agent_image" | cut -c1-8)-${agent_file#*:}.tar"
+agent_key="$(printf '%s\n' "$script_sha" "$agent_image" "$agent_keys" "$agent_path" "$entrypoint" "$cmd" "${labels[@]}" | sha256sum)"
 if ! fresh "$agent_archive" "$agent_key"; then
-  log "building $agent_image from $agent_bin"
-  mkdir -p "$tmp/agent$(dirname "$agent_path")"
-  strip --strip-debug -o "$tmp/agent$agent_path" "$agent_bin"
-  chmod 755 "$tmp/agent$agent_path"
-  layer "$tmp/agent" "$tmp/agent.tar"
-  # Dockerfile.agent's labels, its $NODELB_GIT_COMMIT the commit the binary names ("nodelb-agent
-  # 0.1.0 (commit 0123456789ab)"), whose version must be the one the labels give.
-  agent_version="$("$agent_bin" --version)" || die "$agent_bin --version failed"
-  [[ "$agent_version" =~ ^nodelb-agent\ ([^ ]+)\ \(commit\ ([^\)]+)\)$ ]] ||
-    die "unexpected $agent_bin --version: $agent_version"
-  version="${BASH_REMATCH[1]}" commit="${BASH_REMATCH[2]}" label_json=""
+  log "building $agent_image (${agent_arches[*]}) from ${agent_bins[*]}"
+  label_json=""
   for l in "${labels[@]}"; do
     value="${l#*=}"
-    value="${value//\$NODELB_GIT_COMMIT/$commit}"
-    if [ "${l%%=*}" = org.opencontainers.image.version ] && [ "$value" != "$version" ]; then
-      die "Dockerfile.agent labels version $value; $agent_bin is $version"
+    value="${value//\$NODELB_GIT_COMMIT/$agent_commit}"
+    if [ "${l%%=*}" = org.opencontainers.image.version ] && [ "$value" != "$agent_ver" ]; then
+      die "Dockerfile.agent labels version $value; $agent_bin is $agent_ver"
     fi
     label_json+="${label_json:+,}\"${l%%=*}\":\"$value\""
   done
-  write_archive "$agent_archive" "$agent_image" \
-    "{\"Env\":[\"PATH=$path\"],\"Entrypoint\":$entrypoint,\"Cmd\":${cmd:-null},\"Labels\":{$label_json}}" \
-    "$base_tar" "$tmp/agent.tar"
+  oci_begin
+  for i in "${!agent_arches[@]}"; do
+    a="${agent_arches[i]}"
+    base_rootfs "$a"
+    mkdir -p "$tmp/agent-$a$(dirname "$agent_path")"
+    strip=strip
+    [ "$a" = amd64 ] || strip=aarch64-linux-gnu-strip
+    "$strip" --strip-debug -o "$tmp/agent-$a$agent_path" "${agent_bins[i]}"
+    chmod 755 "$tmp/agent-$a$agent_path"
+    layer "$tmp/agent-$a" "$tmp/agent-$a.tar"
+    # Layers gzip-compressed, as a registry serves them (a third the size to pull).
+    oci_manifest "$a" gzip \
+      "{\"Env\":[\"PATH=$path\"],\"Entrypoint\":$entrypoint,\"Cmd\":${cmd:-null},\"Labels\":{$label_json}}" \
+      "$base_tar" "$tmp/agent-$a.tar"
+  done
+  oci_write "$agent_archive" "$agent_image"
   echo "$agent_key" >"$agent_archive.key"
 fi
 keep "$agent_archive" nodelb-agent
 report AGENT "$agent_image" "$agent_archive"
+# Per platform: <os/arch[/variant]>=<uncompressed MiB>/<compressed MiB>/<manifest digest>
+echo "AGENT_PLATFORMS=$(awk '{ n = split($0, p, "="); split(p[2], v, "/");
+  printf "%s%s=%.1f/%.1f/%s", (NR > 1 ? "," : ""), p[1], v[1] / 1048576, v[2] / 1048576, v[3] }' \
+  "$agent_archive.platforms")"
 echo "IMAGES_DIR=$dir"
 log "done in $(($(date +%s) - start)) s"
 
