@@ -18,6 +18,10 @@
 #   scripts/cluster.sh restart containerd N   the same for node N's containerd (its containers keep
 #                                             running, as with a node's `systemctl restart containerd`)
 #   scripts/cluster.sh link N down|up         take node N's network link down, or up with its routes
+#   scripts/cluster.sh import ARCHIVE         `ctr -n k8s.io images import` an OCI archive (as
+#                                             scripts/images.sh and scripts/release.sh write them)
+#                                             into every node's containerd, as an operator without
+#                                             a registry loads an image onto each node
 #
 # What runs (all built from the pinned k8s.io/kubernetes module by scripts/kubernetes.sh, etcd,
 # containerd, runc and the CNI plugins from Debian):
@@ -946,6 +950,15 @@ case "${1:-}" in
       *) die "usage: $0 link NODE down|up" ;;
     esac
     ;;
+  import)
+    archive="${2:?usage: $0 import ARCHIVE}"
+    [ -f "$archive" ] || die "no $archive"
+    for n in "${nodes[@]}"; do
+      ctr --address "$dir/$n/containerd.sock" -n k8s.io images import "$archive" >/dev/null ||
+        die "importing $archive into $n's containerd failed"
+      echo "imported $archive into $n" >&2
+    done
+    ;;
   kube-proxy-mode)
     bins="$("$repo/scripts/kubernetes.sh")"
     proxy_mode="${2:?mode: nftables or iptables}"
@@ -958,7 +971,7 @@ case "${1:-}" in
     done
     ;;
   *)
-    sed -n '2,19p' "$0" >&2
+    sed -n '2,24p' "$0" >&2
     exit 2
     ;;
 esac

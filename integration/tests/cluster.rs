@@ -748,6 +748,102 @@ mod on_real_cluster {
         assert_no_kubelet_lease_role(c);
     }
 
+    /// The release as an operator without a registry takes it (`NODELB_RELEASE_DIR`, the
+    /// directory `scripts/release.sh` fills; CI runs this after it, the suite's own run skips
+    /// it): the multi-platform image archive imported into every node's containerd, the
+    /// packaged chart installed with no values at all (its default image is the release's,
+    /// `nodelb/nodelb-agent:<version>`), a Deployment served through every node address and
+    /// the agents running that image; `helm uninstall` removes it; then the rendered manifests,
+    /// `kubectl apply -f`, serve the same way, and the rendered uninstall (the README's two
+    /// commands, with `-f nodelb-<version>-cleanup.yaml`) removes them.
+    #[test]
+    fn the_release_installs_from_its_image_archive_packaged_chart_and_rendered_manifests() {
+        let name =
+            "the_release_installs_from_its_image_archive_packaged_chart_and_rendered_manifests";
+        let Some(dir) = std::env::var_os("NODELB_RELEASE_DIR").map(std::path::PathBuf::from) else {
+            println!("SKIP {name}: NODELB_RELEASE_DIR names no release directory (scripts/release.sh makes one)");
+            return;
+        };
+        let Some((_turn, c)) = RealCluster::managed(
+            name,
+            "SKIP: importing the image archive onto the nodes needs scripts/cluster.sh's nodes",
+        ) else {
+            return;
+        };
+        let version = nodelb_agent::PACKAGE_VERSION;
+        let file = |f: String| {
+            let p = dir.join(&f);
+            assert!(p.is_file(), "the release has no {f}");
+            p.display().to_string()
+        };
+        let archive = file(format!("nodelb-agent-{version}.oci.tar"));
+        let chart = file(format!("nodelb-{version}.tgz"));
+        let rendered = file(format!("nodelb-{version}.yaml"));
+        let cleanup = file(format!("nodelb-{version}-cleanup.yaml"));
+        let out = c
+            .cluster_sh(&["import", &archive])
+            .unwrap_or_else(|e| panic!("{e}"));
+        println!("scripts/cluster.sh import {archive}: {out}");
+        c.remove_kustomized().unwrap_or_else(|e| panic!("{e}"));
+        let image = format!("nodelb/nodelb-agent:{version}");
+        let running_image = || {
+            c.kubectl(&[
+                "-n",
+                "nodelb-system",
+                "get",
+                "daemonset",
+                "nodelb-agent",
+                "-o",
+                "jsonpath={.spec.template.spec.containers[0].image}",
+            ])
+            .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let serves = |ns: &str| {
+            let backends = pods(c, ns, "web");
+            for (node, addr) in c.nodes() {
+                let (answered, failed) = spread(c, SocketAddr::new(*addr, 80), 20);
+                assert!(failed.is_empty(), "through {node}: {failed:?}");
+                assert_eq!(answered, backends, "through {node}");
+            }
+        };
+        let began = Instant::now();
+        c.helm(&["install", "nodelb", &chart, "--wait", "--timeout=180s"])
+            .unwrap_or_else(|e| panic!("helm install {chart}: {e}"));
+        println!(
+            "measured: helm install {chart} --wait took {:.1?}",
+            began.elapsed()
+        );
+        assert_eq!(running_image(), image, "the chart's default image");
+        let ns = serve(c, "rc-release", 2, 1, &[("web", 80, "")]);
+        serves(ns.name());
+        c.helm(&["uninstall", "nodelb", "--wait", "--timeout=300s"])
+            .unwrap_or_else(|e| panic!("helm uninstall: {e}"));
+        assert_uninstalled(c, ns.name());
+        c.until("nodelb-system deleted", Duration::from_secs(120), || {
+            c.kubectl(&["get", "namespace", "nodelb-system", "--ignore-not-found"])?
+                .is_empty()
+                .then_some(())
+                .ok_or("still there".to_string())
+        });
+        let began = Instant::now();
+        c.kubectl(&["apply", "-f", &rendered])
+            .and_then(|_| c.rollout_status(Duration::from_secs(180)))
+            .unwrap_or_else(|e| panic!("kubectl apply -f {rendered}: {e}"));
+        println!(
+            "measured: kubectl apply -f {rendered} rolled out in {:.1?}",
+            began.elapsed()
+        );
+        assert_eq!(running_image(), image, "the rendered manifests' image");
+        wait_publishing(c, ns.name(), "web", &all_nodes(c), PUBLISH);
+        serves(ns.name());
+        uninstall_first_command(c, "-f", &cleanup)
+            .unwrap_or_else(|e| panic!("kubectl apply -f {cleanup}: {e}"));
+        assert_uninstalled(c, ns.name());
+        c.kubectl(&["delete", "-f", &cleanup, "--wait=true", "--timeout=120s"])
+            .unwrap_or_else(|e| panic!("kubectl delete -f {cleanup}: {e}"));
+        assert_no_kubelet_lease_role(c);
+    }
+
     /// The Role and RoleBinding nodelb has in `kube-node-lease` are gone.
     fn assert_no_kubelet_lease_role(c: &RealCluster) {
         let left = c.kubectl(&[
@@ -783,23 +879,7 @@ mod on_real_cluster {
             .kustomization("cleanup", &[])
             .unwrap_or_else(|e| panic!("{e}"));
         let dir = dir.display().to_string();
-        c.kubectl(&["apply", "-k", &dir])
-            .unwrap_or_else(|e| panic!("{e}"));
-        c.kubectl(&[
-            "-n",
-            "nodelb-system",
-            "wait",
-            "--for=condition=complete",
-            "job/nodelb-clear-status",
-            "--timeout=300s",
-        ])
-        .unwrap_or_else(|e| panic!("{e}"));
-        c.rollout_of(
-            "nodelb-system",
-            "ds/nodelb-cleanup",
-            Duration::from_secs(300),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        uninstall_first_command(c, "-k", &dir).unwrap_or_else(|e| panic!("{e}"));
         println!(
             "measured: the uninstall's first command finished in {:.1?}",
             began.elapsed()
@@ -815,6 +895,27 @@ mod on_real_cluster {
         );
         assert_no_kubelet_lease_role(c);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The uninstall's first command (README, "Uninstall"): `kubectl apply` of the cleanup
+    /// (`-k DIR` or `-f FILE`), then the status Job's completion and the cleanup DaemonSet's
+    /// rollout.
+    fn uninstall_first_command(c: &RealCluster, how: &str, what: &str) -> Result<(), String> {
+        c.kubectl(&["apply", how, what])?;
+        c.kubectl(&[
+            "-n",
+            "nodelb-system",
+            "wait",
+            "--for=condition=complete",
+            "job/nodelb-clear-status",
+            "--timeout=300s",
+        ])?;
+        c.rollout_of(
+            "nodelb-system",
+            "ds/nodelb-cleanup",
+            Duration::from_secs(300),
+        )
+        .map(|_| ())
     }
 
     /// The addresses of every node but `node`.

@@ -153,7 +153,7 @@ fn root() -> PathBuf {
 }
 
 /// Every text file of the repository, by its path from the top, with its text (build output
-/// and git's own files left out, and files that are not UTF-8).
+/// (target/, dist/) and git's own files left out, and files that are not UTF-8).
 fn repository() -> Vec<(String, String)> {
     fn walk(dir: &std::path::Path, rel: &str, out: &mut Vec<(String, String)>) {
         let mut entries: Vec<_> = std::fs::read_dir(dir)
@@ -170,7 +170,8 @@ fn repository() -> Vec<(String, String)> {
             };
             let kind = e.file_type().unwrap();
             if kind.is_dir() {
-                if name != "target" && name != ".git" {
+                // Build output: cargo's, and scripts/release.sh's dist/.
+                if name != "target" && name != ".git" && path != "dist" {
                     walk(&e.path(), &path, out);
                 }
             } else if kind.is_file() {
@@ -394,10 +395,13 @@ fn every_file_the_repository_names_exists() {
                     && stem.chars().all(is_path_char)
                     && ["rs", "sh", "md", "yaml", "toml", "json", "nft"].contains(&ext)
             });
-            // A link (the chart's files/) is not in `files`, and exists.
-            let known = files
-                .iter()
-                .any(|(p, _)| p == quoted || p.ends_with(&format!("/{quoted}")))
+            // A link (the chart's files/) is not in `files`, and exists. The files of a
+            // release (scripts/release.sh's directory) are named for the version.
+            let release = quoted.starts_with(&format!("nodelb-{}", nodelb_agent::PACKAGE_VERSION));
+            let known = release
+                || files
+                    .iter()
+                    .any(|(p, _)| p == quoted || p.ends_with(&format!("/{quoted}")))
                 || root().join(quoted).exists();
             if named && !known {
                 missing.push(format!("{doc}: `{quoted}`"));
@@ -448,7 +452,8 @@ fn the_design_is_docs_design_md() {
 
 /// One version everywhere: the agent crate's, the image tag every manifest, the README and
 /// Dockerfile.agent name, the image's version label, the newest CHANGELOG.md entry, and what
-/// `nodelb-agent --version` prints.
+/// `nodelb-agent --version` prints; and, given a release directory (`NODELB_RELEASE_DIR`: CI
+/// runs this test again after `scripts/release.sh`), every file in it.
 #[test]
 fn one_version_everywhere() {
     let version = nodelb_agent::PACKAGE_VERSION;
@@ -515,5 +520,42 @@ fn one_version_everywhere() {
         commit == "unknown"
             || (commit.len() == 12 && commit.chars().all(|c| c.is_ascii_hexdigit())),
         "the commit is a short hash or unknown: {commit}"
+    );
+    // The release: each file named for the version, and `scripts/release.sh --verify` finds
+    // that version inside each (the binaries' --version, the image's tag and labels, the
+    // packaged chart's version and appVersion, the rendered manifests' image, the SBOMs'
+    // component) and checks the checksums.
+    let Some(dir) = std::env::var_os("NODELB_RELEASE_DIR") else {
+        println!("the release directory is not checked: NODELB_RELEASE_DIR is not set");
+        return;
+    };
+    let mut files = 0;
+    for entry in std::fs::read_dir(&dir).expect("NODELB_RELEASE_DIR is a directory") {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(
+            name == "SHA256SUMS"
+                || name.starts_with(&format!("nodelb-{version}."))
+                || name.starts_with(&format!("nodelb-{version}-"))
+                || name.starts_with(&format!("nodelb-agent-{version}."))
+                || name.starts_with(&format!("nodelb-agent-{version}-")),
+            "the release's {name} is not named for version {version}"
+        );
+        files += 1;
+    }
+    let out = std::process::Command::new("bash")
+        .arg(root().join("scripts/release.sh"))
+        .arg("--verify")
+        .arg(&dir)
+        .output()
+        .expect("running scripts/release.sh --verify");
+    assert!(
+        out.status.success(),
+        "scripts/release.sh --verify {}: {}",
+        std::path::Path::new(&dir).display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!(
+        "the release's {files} files carry version {version}: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
     );
 }
