@@ -239,7 +239,7 @@ for s in check apply apply-again cleanup; do
   grep -q "^vm: $s exit 0" "$cache/vm.log" || { echo "arm64: $s failed in the VM ($cache/vm.log)" >&2; exit 1; }
 done
 step vm "$began" "kernel=$kver services=$services initrd-bytes=$(stat -c %s "$cache/initrd.gz")"
-[ "${#skipped[@]}" -eq 0 ] || echo "arm64 vm-tests left out (they fail there, see the script's head): ${skipped[*]}"
+[ "${#skipped[@]}" -eq 0 ] || echo "arm64 vm-tests left out (NODELB_ARM64_SKIP; the script's head says why its default is): ${skipped[*]}"
 for t in "${test_bins[@]}"; do
   t="$(basename "$t" | sed 's/-[0-9a-f]*$//')"
   line="$(grep "^vm: test $t exit" "$cache/vm.log" || true)"
