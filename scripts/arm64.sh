@@ -27,7 +27,7 @@
 #   scripts/arm64.sh --build-only  the agent's build only; stdout is one line,
 #                                  ARM64_AGENT=<the binary> (scripts/release.sh takes it from
 #                                  there), the rest stderr
-#   scripts/arm64.sh --build       the agent's and the tests' builds, nothing run (CI builds them
+#   scripts/arm64.sh --build       the agent's and the tests' builds, nothing run (to build them
 #                                  in the background; the run after finds them built)
 #   NODELB_ARM64_TESTS="transactions planned_dataplane"   the test targets run in the VM
 #   NODELB_ARM64_SKIP="..."        tests left out there (default: the one below; "" runs all)

@@ -28,8 +28,8 @@
 # every file carries V, the image index names both platforms and carries the two binaries, the
 # arm64 binary is an AArch64 ELF file, the checksums verify. Prints a summary line per file.
 #
-# The binaries: NODELB_RELEASE_AGENT_BIN and NODELB_RELEASE_AGENT_BIN_ARM64 when set (CI builds
-# them in the background), else built here (minutes each: docs/benchmarks.md). Both must say
+# The binaries: NODELB_RELEASE_AGENT_BIN and NODELB_RELEASE_AGENT_BIN_ARM64 when set (built
+# elsewhere, in the background), else built here (minutes each: docs/benchmarks.md). Both must say
 # the same version and commit.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"

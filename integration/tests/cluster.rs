@@ -749,9 +749,9 @@ mod on_real_cluster {
     }
 
     /// The release as an operator without a registry takes it (`NODELB_RELEASE_DIR`, the
-    /// directory `scripts/release.sh` fills; CI runs this after it, the suite's own run skips
-    /// it): the multi-platform image archive imported into every node's containerd, the
-    /// packaged chart installed with no values at all (its default image is the release's,
+    /// directory `scripts/release.sh` fills; run this after it, by hand: CI does not build the
+    /// release yet, and the suite's own run skips it): the multi-platform image archive
+    /// imported into every node's containerd, the packaged chart installed with no values at all (its default image is the release's,
     /// `nodelb/nodelb-agent:<version>`), a Deployment served through every node address and
     /// the agents running that image; `helm uninstall` removes it; then the rendered manifests,
     /// `kubectl apply -f`, serve the same way, and the rendered uninstall (the README's two

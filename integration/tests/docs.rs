@@ -452,8 +452,8 @@ fn the_design_is_docs_design_md() {
 
 /// One version everywhere: the agent crate's, the image tag every manifest, the README and
 /// Dockerfile.agent name, the image's version label, the newest CHANGELOG.md entry, and what
-/// `nodelb-agent --version` prints; and, given a release directory (`NODELB_RELEASE_DIR`: CI
-/// runs this test again after `scripts/release.sh`), every file in it.
+/// `nodelb-agent --version` prints; and, given a release directory (`NODELB_RELEASE_DIR`: run
+/// this test again with it after `scripts/release.sh`), every file in it.
 #[test]
 fn one_version_everywhere() {
     let version = nodelb_agent::PACKAGE_VERSION;
