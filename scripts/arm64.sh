@@ -42,6 +42,7 @@
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
+. "$repo/scripts/elf.sh"
 build_only=false build=false
 case "${1:-}" in
   "") ;;
@@ -109,7 +110,7 @@ cross=(env LIBNFTNL_LIB_DIR="$libdir" LIBMNL_LIB_DIR="$libdir"
   CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar)
 "${cross[@]}" cargo build --release --locked -p nodelb-agent --target "$target"
 bin="${CARGO_TARGET_DIR:-$repo/target}/$target/release/nodelb-agent"
-machine="$(readelf -h "$bin" | awk -F: '/Machine:/ {gsub(/^ +/, "", $2); print $2}')"
+machine="$(elf_machine "$bin")"
 [ "$machine" = "AArch64" ] || { echo "arm64: $bin is for $machine, not AArch64" >&2; exit 1; }
 step build "$began" "elf=$machine bytes=$(stat -c %s "$bin")"
 if $build_only; then
@@ -173,7 +174,7 @@ for f in usr/sbin/nft bin/ip sbin/ip usr/bin/ip usr/sbin/ip bin/kmod usr/bin/kmo
     cp "$sysroot/$f" "$root/usr/bin/"
 done
 for f in nft ip kmod; do
-  [ "$(readelf -h "$root/usr/bin/$f" 2>/dev/null | awk -F: '/Machine:/ {gsub(/^ +/, "", $2); print $2}')" = AArch64 ] ||
+  [ "$(elf_machine "$root/usr/bin/$f")" = AArch64 ] ||
     { echo "arm64: no AArch64 $f in the arm64 packages" >&2; exit 1; }
 done
 # iproute2's configuration (rt_tables, ...), which ip reads.
@@ -240,8 +241,7 @@ for s in check apply apply-again cleanup; do
 done
 step vm "$began" "kernel=$kver services=$services initrd-bytes=$(stat -c %s "$cache/initrd.gz")"
 [ "${#skipped[@]}" -eq 0 ] || echo "arm64 vm-tests left out (NODELB_ARM64_SKIP; the script's head says why its default is): ${skipped[*]}"
-for t in "${test_bins[@]}"; do
-  t="$(basename "$t" | sed 's/-[0-9a-f]*$//')"
+for t in "${tests[@]}"; do
   line="$(grep "^vm: test $t exit" "$cache/vm.log" || true)"
   result="$(awk -v t="$t" '/^test result:/ {r = $0} index($0, "vm: test " t " exit") == 1 {print r; exit}' "$cache/vm.log")"
   echo "arm64 vm-test $t: ${line#vm: test } ($result)"

@@ -54,6 +54,7 @@
 #                                      and exit (no root, nothing built)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
+. "$repo/scripts/elf.sh"
 self="$repo/scripts/$(basename "$0")"
 dockerfile="${NODELB_DOCKERFILE:-$repo/Dockerfile.agent}"
 dir="${NODELB_IMAGES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nodelb/images}"
@@ -207,10 +208,10 @@ oci_t=application/vnd.oci.image
 oci_manifest() {
   local arch="$1" compress="$2" config="$3" l d s diff_ids="" layers="" total=0 packed=0 json
   local platform="\"architecture\":\"$arch\",\"os\":\"linux\"" media=$oci_t.layer.v1.tar
-  local config_digest config_size manifest_digest manifest_size
+  local os_arch="linux/$arch" config_digest config_size manifest_digest manifest_size
   shift 3
   # arm64 images are ARMv8 (the variant every registry and runtime expects for arm64).
-  [ "$arch" != arm64 ] || platform+=',"variant":"v8"'
+  if [ "$arch" = arm64 ]; then platform+=',"variant":"v8"' os_arch+=/v8; fi
   [ "$compress" = tar ] || media+="+gzip"
   for l in "$@"; do
     d="$(sha "$l")"
@@ -237,7 +238,7 @@ oci_manifest() {
   json+="\"digest\":\"sha256:$config_digest\",\"size\":$config_size},\"layers\":[$layers]}"
   read -r manifest_digest manifest_size < <(oci_blob "$json")
   oci_manifests+=("\"mediaType\":\"$oci_t.manifest.v1+json\",\"digest\":\"sha256:$manifest_digest\",\"size\":$manifest_size,\"platform\":{$platform}")
-  oci_sizes+=("linux/$arch$([ "$arch" != arm64 ] || echo /v8)=$total/$packed/sha256:$manifest_digest")
+  oci_sizes+=("$os_arch=$total/$packed/sha256:$manifest_digest")
 }
 # oci_write <archive> <name>
 oci_write() {
@@ -499,24 +500,19 @@ agent_arches=(amd64)
 agent_bins=("$agent_bin")
 if [ -n "$agent_arm64_bin" ]; then
   [ -f "$agent_arm64_bin" ] || die "NODELB_IMAGE_AGENT_BIN_ARM64=$agent_arm64_bin is not a file"
-  [ "$(readelf -h "$agent_arm64_bin" | awk -F: '/Machine:/ {gsub(/^ +/, "", $2); print $2}')" = AArch64 ] ||
+  [ "$(elf_machine "$agent_arm64_bin")" = AArch64 ] ||
     die "NODELB_IMAGE_AGENT_BIN_ARM64=$agent_arm64_bin is not an AArch64 ELF file"
   agent_arches+=(arm64)
   agent_bins+=("$agent_arm64_bin")
 fi
-# What the labels say: the version and commit the amd64 binary prints (an arm64 one cannot run
-# here), which must be what every binary carries.
-agent_version="$("$agent_bin" --version)" || die "$agent_bin --version failed"
-[[ "$agent_version" =~ ^nodelb-agent\ ([^ ]+)\ \(commit\ ([^\)]+)\)$ ]] ||
-  die "unexpected $agent_bin --version: $agent_version"
-agent_ver="${BASH_REMATCH[1]}" agent_commit="${BASH_REMATCH[2]}"
-[ -z "$agent_arm64_bin" ] || grep -qaF "$agent_ver (commit $agent_commit)" "$agent_arm64_bin" ||
-  die "$agent_arm64_bin does not carry \"$agent_ver (commit $agent_commit)\" (built from another commit?)"
-agent_shas="" agent_keys=""
+# Each platform's base (built when missing) and binary, once.
+agent_bases=() agent_shas="" agent_keys=""
 for i in "${!agent_arches[@]}"; do
   base_rootfs "${agent_arches[i]}"
-  agent_shas+="$(sha "${agent_bins[i]}")"
-  agent_keys+="${agent_arches[i]} $base_key $(sha "${agent_bins[i]}") "
+  agent_bases+=("$base_tar")
+  s="$(sha "${agent_bins[i]}")"
+  agent_shas+="$s"
+  agent_keys+="${agent_arches[i]} $base_key $s "
 done
 agent_tag="dev-${agent_shas:0:12}"
 # Two platforms: the tag names both binaries.
@@ -530,6 +526,15 @@ agent_archive="$dir/nodelb-agent-${agent_file#*:}.tar"
 agent_key="$(printf '%s\n' "$script_sha" "$agent_image" "$agent_keys" "$agent_path" "$entrypoint" "$cmd" "${labels[@]}" | sha256sum)"
 if ! fresh "$agent_archive" "$agent_key"; then
   log "building $agent_image (${agent_arches[*]}) from ${agent_bins[*]}"
+  # Dockerfile.agent's labels, its $NODELB_GIT_COMMIT the commit the binary names ("nodelb-agent
+  # 0.1.0 (commit 0123456789ab)"), whose version must be the one the labels give: what the amd64
+  # binary prints (an arm64 one cannot run here), which every binary must carry.
+  agent_version="$("$agent_bin" --version)" || die "$agent_bin --version failed"
+  [[ "$agent_version" =~ ^nodelb-agent\ ([^ ]+)\ \(commit\ ([^\)]+)\)$ ]] ||
+    die "unexpected $agent_bin --version: $agent_version"
+  agent_ver="${BASH_REMATCH[1]}" agent_commit="${BASH_REMATCH[2]}"
+  [ -z "$agent_arm64_bin" ] || grep -qaF "$agent_ver (commit $agent_commit)" "$agent_arm64_bin" ||
+    die "$agent_arm64_bin does not carry \"$agent_ver (commit $agent_commit)\" (built from another commit?)"
   label_json=""
   for l in "${labels[@]}"; do
     value="${l#*=}"
@@ -542,7 +547,6 @@ if ! fresh "$agent_archive" "$agent_key"; then
   oci_begin
   for i in "${!agent_arches[@]}"; do
     a="${agent_arches[i]}"
-    base_rootfs "$a"
     mkdir -p "$tmp/agent-$a$(dirname "$agent_path")"
     strip=strip
     [ "$a" = amd64 ] || strip=aarch64-linux-gnu-strip
@@ -552,7 +556,7 @@ if ! fresh "$agent_archive" "$agent_key"; then
     # Layers gzip-compressed, as a registry serves them (a third the size to pull).
     oci_manifest "$a" gzip \
       "{\"Env\":[\"PATH=$path\"],\"Entrypoint\":$entrypoint,\"Cmd\":${cmd:-null},\"Labels\":{$label_json}}" \
-      "$base_tar" "$tmp/agent-$a.tar"
+      "${agent_bases[i]}" "$tmp/agent-$a.tar"
   done
   oci_write "$agent_archive" "$agent_image"
   echo "$agent_key" >"$agent_archive.key"

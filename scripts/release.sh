@@ -33,6 +33,7 @@
 # the same version and commit.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
+. "$repo/scripts/elf.sh"
 cd "$repo"
 log() { echo "release: $*" >&2; }
 die() { echo "release: $*" >&2; exit 1; }
@@ -42,6 +43,8 @@ image="docker.io/nodelb/nodelb-agent:$version"
 cyclonedx_version=0.5.9
 tools="${XDG_CACHE_HOME:-$HOME/.cache}/nodelb/tools"
 
+# An image index's platforms, as os/architecture[/variant],...
+platforms_jq='[.manifests[].platform | .os + "/" + .architecture + (if .variant then "/" + .variant else "" end)] | join(",")'
 # verify DIR: what --verify checks, and what a build ends with.
 verify() {
   local d="$1" f n arch
@@ -57,9 +60,10 @@ verify() {
   n="$(wc -l <"$d/SHA256SUMS")"
   [ "$n" -eq "${#want[@]}" ] || die "$d/SHA256SUMS has $n lines, not ${#want[@]}"
   # The binaries: their ELF machines, and the version (and commit) each carries.
-  for arch in "amd64:Advanced Micro Devices X86-64" arm64:AArch64; do
-    f="$d/nodelb-agent-$version-linux-${arch%%:*}"
-    [ "$(elf_machine "$f")" = "${arch#*:}" ] || die "$f is not an ${arch#*:} ELF file: $(elf_machine "$f")"
+  for arch in amd64 arm64; do
+    f="$d/nodelb-agent-$version-linux-$arch"
+    [ "$(elf_machine "$f")" = "$(elf_machine_of "$arch")" ] ||
+      die "$f is not an $(elf_machine_of "$arch") ELF file: $(elf_machine "$f")"
   done
   local says
   says="$("$d/nodelb-agent-$version-linux-amd64" --version)"
@@ -79,7 +83,7 @@ verify() {
   [ "$(jq -r '.manifests[0].annotations["org.opencontainers.image.ref.name"]' "$x/index.json")" = "$version" ] ||
     die "the image archive's tag is not $version"
   index="$x/blobs/sha256/$(jq -r '.manifests[0].digest | ltrimstr("sha256:")' "$x/index.json")"
-  platform="$(jq -r '[.manifests[].platform | .os + "/" + .architecture + (if .variant then "/" + .variant else "" end)] | join(",")' "$index")"
+  platform="$(jq -r "$platforms_jq" "$index")"
   [ "$platform" = "linux/amd64,linux/arm64/v8" ] || die "the image index names $platform"
   for arch in amd64 arm64; do
     m="$x/blobs/sha256/$(jq -r --arg a "$arch" '.manifests[] | select(.platform.architecture == $a) | .digest | ltrimstr("sha256:")' "$index")"
@@ -97,14 +101,13 @@ verify() {
     tar -xzf "$layer" -C "$x/$arch" usr/lib
     f="$(find "$x/$arch/usr/lib" -name 'libnftnl.so.*' -type f | head -1)"
     [ -n "$f" ] || die "the $arch image has no libnftnl"
-    [ "$(elf_machine "$f")" = "$( [ "$arch" = amd64 ] && echo "Advanced Micro Devices X86-64" || echo AArch64)" ] ||
+    [ "$(elf_machine "$f")" = "$(elf_machine_of "$arch")" ] ||
       die "the $arch image's $f is $(elf_machine "$f")"
   done
   # skopeo (Debian's) copies it whole, every platform, as a copy to a registry reads it.
   skopeo copy --quiet --all "oci-archive:$d/nodelb-agent-$version.oci.tar:$version" \
     "oci:$x/skopeo:$version" >&2 || die "skopeo cannot copy the image archive"
-  [ "$(skopeo inspect --raw "oci:$x/skopeo:$version" | jq -r '[.manifests[].platform |
-    .os + "/" + .architecture + (if .variant then "/" + .variant else "" end)] | join(",")')" = "$platform" ] ||
+  [ "$(skopeo inspect --raw "oci:$x/skopeo:$version" | jq -r "$platforms_jq")" = "$platform" ] ||
     die "skopeo's copy of the image does not name $platform"
   # The chart, the manifests and the SBOM.
   tar -xzf "$d/nodelb-$version.tgz" -C "$x" nodelb/Chart.yaml
@@ -128,7 +131,6 @@ verify() {
   done
   log "verified $d: checksums, version $version throughout, $platform, ELF machines"
 }
-elf_machine() { readelf -h "$1" 2>/dev/null | awk -F: '/Machine:/ {gsub(/^ +/, "", $2); print $2}'; }
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
