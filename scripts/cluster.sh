@@ -536,6 +536,12 @@ cgroups_make() {
   done
 }
 
+# image_import N ARCHIVE: imports the OCI archive into node N's containerd, unpacked for the
+# kubelet.
+image_import() {
+  ctr --address "$dir/$1/containerd.sock" -n k8s.io images import --no-unpack=false "$2" >/dev/null
+}
+
 node_up() {
   local n="$1" nd="$dir/$1" ns
   ns="$(node_ns "$n")"
@@ -552,7 +558,7 @@ node_up() {
     local name="${img%%=*}" file="${img#*=}"
     if ! ctr --address "$nd/containerd.sock" -n k8s.io images check "name==$name" 2>/dev/null |
       grep -q "$name"; then
-      ctr --address "$nd/containerd.sock" -n k8s.io images import --no-unpack=false "$file" >/dev/null
+      image_import "$n" "$file"
     fi
   done
   kubelet_start "$n"
@@ -954,8 +960,7 @@ case "${1:-}" in
     archive="${2:?usage: $0 import ARCHIVE}"
     [ -f "$archive" ] || die "no $archive"
     for n in "${nodes[@]}"; do
-      ctr --address "$dir/$n/containerd.sock" -n k8s.io images import "$archive" >/dev/null ||
-        die "importing $archive into $n's containerd failed"
+      image_import "$n" "$archive" || die "importing $archive into $n's containerd failed"
       echo "imported $archive into $n" >&2
     done
     ;;
