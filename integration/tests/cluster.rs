@@ -664,26 +664,24 @@ mod on_real_cluster {
             return;
         };
         c.remove_kustomized().unwrap_or_else(|e| panic!("{e}"));
-        let gone = || c.kubectl(&["get", "namespace", "nodelb-system", "--ignore-not-found"]);
         for values in [&[][..], &["hardened=true", "ipv6=true"]] {
             let out = c
                 .helm_install(values, true)
                 .unwrap_or_else(|e| panic!("helm install --dry-run=server {values:?}: {e}"));
             let status = out.lines().find(|l| l.starts_with("STATUS:"));
             println!("helm install --dry-run=server {values:?}: {status:?}");
-            assert_eq!(gone().as_deref(), Ok(""), "a dry run creates nothing");
+            assert_eq!(
+                nodelb_system(c).as_deref(),
+                Ok(""),
+                "a dry run creates nothing"
+            );
         }
         let began = Instant::now();
         c.helm_install(&[], false)
             .unwrap_or_else(|e| panic!("helm install: {e}"));
         println!("measured: helm install --wait took {:.1?}", began.elapsed());
         let ns = serve(c, "rc-helm", 2, 1, &[("web", 80, "")]);
-        let backends = pods(c, ns.name(), "web");
-        for (node, addr) in c.nodes() {
-            let (answered, failed) = spread(c, SocketAddr::new(*addr, 80), 20);
-            assert!(failed.is_empty(), "through {node}: {failed:?}");
-            assert_eq!(answered, backends, "through {node}");
-        }
+        assert_every_node_reaches_every_pod(c, ns.name());
         // An uninstall that fails (its hook Job outlives Helm's timeout) leaves none of the
         // hook's rights behind: its ServiceAccount, Roles and bindings are gone; its Job stays
         // to be read. The next uninstall starts over.
@@ -734,12 +732,7 @@ mod on_real_cluster {
             began.elapsed()
         );
         assert_uninstalled(c, ns.name());
-        c.until("nodelb-system deleted", Duration::from_secs(120), || {
-            gone()?
-                .is_empty()
-                .then_some(())
-                .ok_or("still there".to_string())
-        });
+        wait_nodelb_system_deleted(c);
         let left = c.kubectl(&["get", "clusterroles,clusterrolebindings", "-o", "name"]);
         assert!(
             !left.as_deref().unwrap_or_default().contains("/nodelb"),
@@ -751,8 +744,8 @@ mod on_real_cluster {
     /// The release as an operator without a registry takes it (`NODELB_RELEASE_DIR`, the
     /// directory `scripts/release.sh` fills; run this after it, by hand: CI does not build the
     /// release yet, and the suite's own run skips it): the multi-platform image archive
-    /// imported into every node's containerd, the packaged chart installed with no values at all (its default image is the release's,
-    /// `nodelb/nodelb-agent:<version>`), a Deployment served through every node address and
+    /// imported into every node's containerd, the packaged chart installed with no values at
+    /// all (its default image is the release's, `nodelb/nodelb-agent:<version>`), a Deployment served through every node address and
     /// the agents running that image; `helm uninstall` removes it; then the rendered manifests,
     /// `kubectl apply -f`, serve the same way, and the rendered uninstall (the README's two
     /// commands, with `-f nodelb-<version>-cleanup.yaml`) removes them.
@@ -798,14 +791,6 @@ mod on_real_cluster {
             ])
             .unwrap_or_else(|e| panic!("{e}"))
         };
-        let serves = |ns: &str| {
-            let backends = pods(c, ns, "web");
-            for (node, addr) in c.nodes() {
-                let (answered, failed) = spread(c, SocketAddr::new(*addr, 80), 20);
-                assert!(failed.is_empty(), "through {node}: {failed:?}");
-                assert_eq!(answered, backends, "through {node}");
-            }
-        };
         let began = Instant::now();
         c.helm(&["install", "nodelb", &chart, "--wait", "--timeout=180s"])
             .unwrap_or_else(|e| panic!("helm install {chart}: {e}"));
@@ -815,16 +800,11 @@ mod on_real_cluster {
         );
         assert_eq!(running_image(), image, "the chart's default image");
         let ns = serve(c, "rc-release", 2, 1, &[("web", 80, "")]);
-        serves(ns.name());
+        assert_every_node_reaches_every_pod(c, ns.name());
         c.helm(&["uninstall", "nodelb", "--wait", "--timeout=300s"])
             .unwrap_or_else(|e| panic!("helm uninstall: {e}"));
         assert_uninstalled(c, ns.name());
-        c.until("nodelb-system deleted", Duration::from_secs(120), || {
-            c.kubectl(&["get", "namespace", "nodelb-system", "--ignore-not-found"])?
-                .is_empty()
-                .then_some(())
-                .ok_or("still there".to_string())
-        });
+        wait_nodelb_system_deleted(c);
         let began = Instant::now();
         c.kubectl(&["apply", "-f", &rendered])
             .and_then(|_| c.rollout_status(Duration::from_secs(180)))
@@ -835,7 +815,7 @@ mod on_real_cluster {
         );
         assert_eq!(running_image(), image, "the rendered manifests' image");
         wait_publishing(c, ns.name(), "web", &all_nodes(c), PUBLISH);
-        serves(ns.name());
+        assert_every_node_reaches_every_pod(c, ns.name());
         uninstall_first_command(c, "-f", &cleanup)
             .unwrap_or_else(|e| panic!("kubectl apply -f {cleanup}: {e}"));
         assert_uninstalled(c, ns.name());
@@ -895,6 +875,32 @@ mod on_real_cluster {
         );
         assert_no_kubelet_lease_role(c);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Twenty requests through each node's address to Service `web` (port 80) of `ns`: none
+    /// fails, and every backend pod of `web` answers.
+    fn assert_every_node_reaches_every_pod(c: &RealCluster, ns: &str) {
+        let backends = pods(c, ns, "web");
+        for (node, addr) in c.nodes() {
+            let (answered, failed) = spread(c, SocketAddr::new(*addr, 80), 20);
+            assert!(failed.is_empty(), "through {node}: {failed:?}");
+            assert_eq!(answered, backends, "through {node}");
+        }
+    }
+
+    /// `kubectl get namespace nodelb-system`: empty once it is gone.
+    fn nodelb_system(c: &RealCluster) -> Result<String, String> {
+        c.kubectl(&["get", "namespace", "nodelb-system", "--ignore-not-found"])
+    }
+
+    /// Waits (2 minutes at most) until namespace `nodelb-system` is gone.
+    fn wait_nodelb_system_deleted(c: &RealCluster) {
+        c.until("nodelb-system deleted", Duration::from_secs(120), || {
+            nodelb_system(c)?
+                .is_empty()
+                .then_some(())
+                .ok_or("still there".to_string())
+        });
     }
 
     /// The uninstall's first command (README, "Uninstall"): `kubectl apply` of the cleanup
