@@ -6,7 +6,8 @@
 #   extra DIR           optional: run in the module's directory after the build, to add files
 #                       to DIR (the build's temporary directory)
 # go_tool NAME MODULE PACKAGE VERSION_VAR: NAME's module path in its go.mod (MODULE), the
-# package of its command, and the variable the upstream release stamps the version into.
+# package of its command (or several, separated by spaces: a binary each, as MetalLB's
+# controller and speaker), and the variable the upstream release stamps the version into.
 go_tool() {
   local name="$1" module_path="$2" package="$3" version_var="$4"
   local module version dir start f
@@ -35,7 +36,7 @@ go_tool() {
   (
     cd "$module"
     GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath \
-      -ldflags "-s -w -X $version_var=$version" -o "$go_tool_tmp/" "$package"
+      -ldflags "-s -w -X $version_var=$version" -o "$go_tool_tmp/" $package
     if declare -F extra >/dev/null; then extra "$go_tool_tmp"; fi
   )
   for f in "$go_tool_tmp"/*; do mv "$f" "$dir/"; done
