@@ -32,6 +32,10 @@
 #                           (scripts/release.sh: docker.io/nodelb/nodelb-agent:<version>).
 #     base/rootfs-<key>.tar that root file system, per platform, keyed by suite, architecture and
 #                           package list (delete it to take Debian's newer packages)
+#     metallb-{controller,speaker}-<version>.tar
+#                           nodelb.test/metallb-<name>:<version>, only with
+#                           NODELB_IMAGE_METALLB_DIR (scripts/metallb.sh's directory): MetalLB's
+#                           binary at /<name> as its Dockerfiles put it, for `cluster.sh peers up`
 # The binary is $NODELB_IMAGE_AGENT_BIN (not NODELB_AGENT_BIN, the binary the end-to-end tests
 # run as processes), else target/release/nodelb-agent (built with
 # scripts/build-release.sh when missing). A first run spends most of its time in mmdebstrap
@@ -42,7 +46,7 @@
 # fetched through its proxy); installs mmdebstrap, gcc, libc6-dev and binutils when missing; takes
 # busybox-static from the installed package or, without installing it (it conflicts with
 # busybox), from `apt-get download`.
-# stdout, per image (PAUSE, BACKEND, AGENT): `<name> <archive> <uncompressed size in MiB>`,
+# stdout, per image (PAUSE, BACKEND, AGENT, METALLB_CONTROLLER, METALLB_SPEAKER): `<name> <archive> <uncompressed size in MiB>`,
 # <KIND>_IMAGE=<name> and <KIND>_ARCHIVE=<archive>; AGENT_PLATFORMS=<os/arch[/variant]>=
 # <uncompressed MiB>/<compressed MiB>/<manifest digest>,... ; then IMAGES_DIR=<dir>. Progress:
 # stderr.
@@ -567,6 +571,36 @@ report AGENT "$agent_image" "$agent_archive"
 echo "AGENT_PLATFORMS=$(awk '{ n = split($0, p, "="); split(p[2], v, "/");
   printf "%s%s=%.1f/%.1f/%s", (NR > 1 ? "," : ""), p[1], v[1] / 1048576, v[2] / 1048576, v[3] }' \
   "$agent_archive.platforms")"
+# --- MetalLB (only with NODELB_IMAGE_METALLB_DIR) ----------------------------------------------
+# The peer scripts/cluster.sh's `peers up` installs: scripts/metallb.sh's controller and
+# speaker (static Go binaries), each an image as MetalLB's Dockerfiles make it: the binary at
+# /<name>, the ENTRYPOINT, on a base of nothing but what distroless/static gives a static binary
+# that reads no file of its own (/etc/passwd and /etc/group with root, nobody and nonroot, /tmp).
+if [ -n "${NODELB_IMAGE_METALLB_DIR:-}" ]; then
+  metallb_version="$(cat "$NODELB_IMAGE_METALLB_DIR/version")"
+  for m in controller speaker; do
+    [ -x "$NODELB_IMAGE_METALLB_DIR/$m" ] || die "no $m in $NODELB_IMAGE_METALLB_DIR (scripts/metallb.sh)"
+    m_image="nodelb.test/metallb-$m:$metallb_version"
+    m_archive="$dir/metallb-$m-$metallb_version.tar"
+    m_key="$(printf '%s\n' "$script_sha" "$(sha "$NODELB_IMAGE_METALLB_DIR/$m")" | sha256sum)"
+    if ! fresh "$m_archive" "$m_key"; then
+      log "building $m_image from $NODELB_IMAGE_METALLB_DIR/$m"
+      r="$tmp/metallb-$m"
+      mkdir -p "$r/etc" "$r/tmp"
+      chmod 1777 "$r/tmp"
+      printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' 'nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin' \
+        'nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin' >"$r/etc/passwd"
+      printf '%s\n' 'root:x:0:' 'nobody:x:65534:' 'nonroot:x:65532:' >"$r/etc/group"
+      install -m 755 "$NODELB_IMAGE_METALLB_DIR/$m" "$r/$m"
+      layer "$r" "$tmp/metallb-$m.tar"
+      oci_begin
+      oci_manifest amd64 tar "{\"Env\":[\"PATH=$path\"],\"Entrypoint\":[\"/$m\"]}" "$tmp/metallb-$m.tar"
+      oci_write "$m_archive" "$m_image"
+      echo "$m_key" >"$m_archive.key"
+    fi
+    report "METALLB_${m^^}" "$m_image" "$m_archive"
+  done
+fi
 echo "IMAGES_DIR=$dir"
 log "done in $(($(date +%s) - start)) s"
 
