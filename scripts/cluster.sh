@@ -18,6 +18,11 @@
 #   scripts/cluster.sh restart containerd N   the same for node N's containerd (its containers keep
 #                                             running, as with a node's `systemctl restart containerd`)
 #   scripts/cluster.sh link N down|up         take node N's network link down, or up with its routes
+#   scripts/cluster.sh peers up|down|env      MetalLB (L2, its own manifests) beside nodelb, answering to
+#                                             Services of class nodelb.test/metallb, with a pool on the
+#                                             nodes' network, and the client's routes to it and to the
+#                                             pods (scripts/peers.sh compares them); prints
+#                                             METALLB_CLASS=, METALLB_POOL=
 #   scripts/cluster.sh import ARCHIVE         `ctr -n k8s.io images import` an OCI archive (as
 #                                             scripts/images.sh and scripts/release.sh write them)
 #                                             into every node's containerd, as an operator without
@@ -320,8 +325,9 @@ control_plane() {
     --listen-peer-urls=http://127.0.0.1:2380 --initial-advertise-peer-urls=http://127.0.0.1:2380 \
     --initial-cluster=nodelb-cluster=http://127.0.0.1:2380 --listen-metrics-urls= \
     --log-level=warn --logger=zap
-  # Every request of nodelb's ServiceAccounts, whatever its verb (get, list and watch too), and
-  # every write of anyone else, at Metadata (who asked for what, when), nothing else: the
+  # Every request of nodelb's ServiceAccounts, whatever its verb (get, list and watch too)
+  # (and of MetalLB's and kube-proxy's, which scripts/peers.sh compares), and every write of
+  # anyone else, at Metadata (who asked for what, when), nothing else: the
   # real-cluster tests count nodelb's requests at steady state from it (issue 38's request
   # budget) and read the kubelets' node Lease renewals.
   put "$dir/audit-policy.yaml" <<EOF
@@ -331,6 +337,11 @@ omitStages: [RequestReceived]
 rules:
   - level: Metadata
     userGroups: [system:serviceaccounts:nodelb-system]
+  # MetalLB's and kube-proxy's every request too, for scripts/peers.sh's cost rows.
+  - level: Metadata
+    userGroups: [system:serviceaccounts:metallb-system]
+  - level: Metadata
+    users: [system:kube-proxy]
   - level: Metadata
     verbs: [create, update, patch, delete, deletecollection]
   - level: None
@@ -343,7 +354,11 @@ EOF
   # kwok's Lease renewals, written over its cache, fail with 409 half the time. The
   # Kubernetes components and nodelb's agents watch from a list's resourceVersion and see
   # no difference.
+  # --enable-aggregator-routing: the server calls admission webhooks (MetalLB's, `peers up`) at
+  # their pods' addresses, which this namespace routes to the nodes, rather than at their
+  # ClusterIP, which only a kube-proxy would translate and none runs here.
   start kube-apiserver ip netns exec "$ns_cp" "$k/kube-apiserver" \
+    --enable-aggregator-routing=true \
     --etcd-servers=http://127.0.0.1:2379 --bind-address=0.0.0.0 --secure-port="$api_port" \
     --advertise-address="$cp_service_ip" --tls-cert-file="$p/apiserver.crt" \
     --tls-private-key-file="$p/apiserver.key" --client-ca-file="$p/ca.crt" \
@@ -887,6 +902,83 @@ down() {
   log "down"
 }
 
+# --- peers: MetalLB beside nodelb, for scripts/peers.sh -----------------------------------
+# MetalLB v<module> (scripts/metallb.sh builds it) from its own native manifest, in L2 mode:
+# its images are scripts/images.sh's builds of its binaries, imported into every node; its
+# controller and speaker answer only to Services of class $metallb_class (MetalLB's
+# --lb-class), so nodelb (which takes class-less Services by default) and MetalLB never both
+# serve one Service. Its pool: $metallb_pool, on the nodes' network, which the LAN namespace
+# reaches as a router would (it ARPs for the address and the speaker of the node that holds it
+# answers). For the comparison's direct path, the client also gets a route to the pods (the LAN
+# namespace routes each node's pod range to that node); `peers down` takes all of it away.
+metallb_class=nodelb.test/metallb
+metallb_pool=192.0.2.192/28
+metallb_manifest() {
+  local mdir="$1" controller="$2" speaker="$3"
+  # The images, and --lb-class after each component's --port (its first argument).
+  sed -e "s#image: quay.io/metallb/controller:.*#image: $controller#" \
+    -e "s#image: quay.io/metallb/speaker:.*#image: $speaker#" \
+    -e "s#^\(  *\)- --port=7472\$#&\n\1- --lb-class=$metallb_class#" \
+    "$mdir/metallb-native.yaml"
+}
+peers_routes() {
+  local verb="$1" n
+  ip -n "$ns_client" route "$verb" "$metallb_pool" via "$client_gw"
+  ip -n "$ns_client" route "$verb" "$cluster_cidr" via "$client_gw"
+  for n in "${nodes[@]}"; do
+    ip -n "$ns_lan" route "$verb" "${pod_cidr[$n]}" via "${node_ip[$n]}"
+  done
+}
+peers_up() {
+  status || die "the cluster is not running (scripts/cluster.sh up)"
+  bins="$("$repo/scripts/kubernetes.sh")"
+  local mdir out controller speaker kind archive n began=$SECONDS
+  mdir="$("$repo/scripts/metallb.sh")"
+  out="$(NODELB_IMAGE_METALLB_DIR="$mdir" "$repo/scripts/images.sh")"
+  for kind in CONTROLLER SPEAKER; do
+    archive="$(sed -n "s/^METALLB_${kind}_ARCHIVE=//p" <<<"$out")"
+    [ -f "$archive" ] || die "scripts/images.sh gave no MetalLB ${kind,,} image: $out"
+    for n in "${nodes[@]}"; do image_import "$n" "$archive"; done
+  done
+  controller="$(sed -n 's/^METALLB_CONTROLLER_IMAGE=//p' <<<"$out")"
+  speaker="$(sed -n 's/^METALLB_SPEAKER_IMAGE=//p' <<<"$out")"
+  metallb_manifest "$mdir" "$controller" "$speaker" >"$dir/metallb-native.yaml"
+  kubectl apply -f "$dir/metallb-native.yaml" >/dev/null
+  kubectl -n metallb-system rollout status deploy/controller --timeout=180s >/dev/null
+  kubectl -n metallb-system rollout status ds/speaker --timeout=180s >/dev/null
+  # Its webhook serves once the controller has made its certificate: until then the pool is
+  # refused.
+  local pool
+  pool="apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {name: nodelb-peers, namespace: metallb-system}
+spec: {addresses: [$metallb_pool]}
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata: {name: nodelb-peers, namespace: metallb-system}
+spec: {ipAddressPools: [nodelb-peers]}"
+  wait_for "MetalLB's webhook taking the address pool" 120 sh -c \
+    "printf '%s\n' \"\$1\" | \"$bins/kubectl\" --kubeconfig=$dir/admin.kubeconfig apply -f -" sh "$pool"
+  peers_routes replace
+  touch "$dir/peers"
+  log "MetalLB $(cat "$mdir/version") up in $((SECONDS - began)) s"
+  peers_env
+}
+peers_env() {
+  echo "METALLB_CLASS=$metallb_class"
+  echo "METALLB_POOL=$metallb_pool"
+}
+peers_down() {
+  bins="$("$repo/scripts/kubernetes.sh")"
+  [ -f "$dir/metallb-native.yaml" ] &&
+    kubectl delete --ignore-not-found --wait=true -f "$dir/metallb-native.yaml" >/dev/null
+  rm -f "$dir/metallb-native.yaml"
+  if have_ns "$ns_client"; then peers_routes del 2>/dev/null || true; fi
+  rm -f "$dir/peers"
+  log "MetalLB down"
+}
+
 # status: every process `up` starts is running.
 status() {
   local name
@@ -964,6 +1056,14 @@ case "${1:-}" in
       echo "imported $archive into $n" >&2
     done
     ;;
+  peers)
+    case "${2:-}" in
+      up) peers_up ;;
+      down) peers_down ;;
+      env) peers_env ;;
+      *) die "usage: $0 peers up|down|env" ;;
+    esac
+    ;;
   kube-proxy-mode)
     bins="$("$repo/scripts/kubernetes.sh")"
     proxy_mode="${2:?mode: nftables or iptables}"
@@ -976,7 +1076,7 @@ case "${1:-}" in
     done
     ;;
   *)
-    sed -n '2,24p' "$0" >&2
+    sed -n '2,29p' "$0" >&2
     exit 2
     ;;
 esac
