@@ -796,7 +796,14 @@ subjects:
 /// The nodelb agent processes running on `node` (found by their command line, `nodelb-agent
 /// run`, and the `NODE_NAME` the DaemonSet gives them): one while the node is served.
 pub fn agent_pids(node: &str) -> Vec<i32> {
-    let env = format!("NODE_NAME={node}");
+    pids_of("nodelb-agent", Some("run"), &format!("NODE_NAME={node}"))
+}
+
+/// The processes of this machine whose program's path ends with `program`, whose first
+/// argument is `arg` (when given) and whose environment holds `env` (`NAME=value`): how a test
+/// finds a container's process (a pod's `POD_NAME`, a DaemonSet's `NODE_NAME`) on
+/// `scripts/cluster.sh`'s nodes, which share the machine's process table.
+pub fn pids_of(program: &str, arg: Option<&str>, env: &str) -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -809,9 +816,9 @@ pub fn agent_pids(node: &str) -> Vec<i32> {
                     .collect()
             };
             let cmdline = fields(read("cmdline"));
-            cmdline.first().is_some_and(|c| c.ends_with("nodelb-agent"))
-                && cmdline.get(1).is_some_and(|a| a == "run")
-                && fields(read("environ")).contains(&env)
+            cmdline.first().is_some_and(|c| c.ends_with(program))
+                && arg.is_none_or(|arg| cmdline.get(1).is_some_and(|a| a == arg))
+                && fields(read("environ")).iter().any(|e| e == env)
         })
         .collect()
 }
@@ -859,6 +866,21 @@ pub fn backend_deployment(
     replicas: u32,
     drain_seconds: u32,
 ) -> String {
+    backend_deployment_on(ns, name, image, replicas, drain_seconds, None)
+}
+
+/// [`backend_deployment`], its pods on node `node` only when given (`kubernetes.io/hostname`).
+pub fn backend_deployment_on(
+    ns: &str,
+    name: &str,
+    image: &str,
+    replicas: u32,
+    drain_seconds: u32,
+    node: Option<&str>,
+) -> String {
+    let node_selector = node
+        .map(|n| format!("      nodeSelector: {{kubernetes.io/hostname: {n}}}\n"))
+        .unwrap_or_default();
     format!(
         r#"apiVersion: apps/v1
 kind: Deployment
@@ -871,7 +893,7 @@ spec:
     metadata: {{labels: {{app: {name}}}}}
     spec:
       terminationGracePeriodSeconds: {grace}
-      topologySpreadConstraints:
+{node_selector}      topologySpreadConstraints:
         - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule,
             labelSelector: {{matchLabels: {{app: {name}}}}}, matchLabelKeys: [pod-template-hash]}}
       containers:
