@@ -55,10 +55,11 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use nodelb_integration::e2e::ingress_ips;
 use nodelb_integration::netns::{self, Netns};
 use nodelb_integration::real_cluster::{
-    backend_deployment_on, backend_service, json, pids_of, pod_of, RealCluster, TcpLoad,
-    BACKEND_TCP_PORT, BACKEND_UDP_PORT,
+    backend_deployment_on, backend_service, json, keyed_lines, pids_of, pod_of, RealCluster,
+    TcpLoad, BACKEND_TCP_PORT, BACKEND_UDP_PORT,
 };
 use nodelb_integration::traffic::{self, Outcome};
 
@@ -165,7 +166,7 @@ fn run(c: &'static RealCluster) -> Result<(), String> {
     );
     let began = Instant::now();
     c.install("")?;
-    let peers = keyed(&c.cluster_sh(&["peers", "up"])?);
+    let peers = keyed_lines(&c.cluster_sh(&["peers", "up"])?);
     let class = peers
         .get("METALLB_CLASS")
         .ok_or("scripts/cluster.sh peers up printed no METALLB_CLASS=")?
@@ -173,14 +174,7 @@ fn run(c: &'static RealCluster) -> Result<(), String> {
     set_mode(c, "nftables")?;
     // An earlier run's namespace, gone first: at 10,000 Services its deletion takes minutes,
     // longer than the harness's own wait.
-    c.kubectl(&[
-        "delete",
-        "namespace",
-        NAMESPACE,
-        "--ignore-not-found",
-        "--wait=true",
-        "--timeout=900s",
-    ])?;
+    c.delete_namespace(NAMESPACE, Duration::from_secs(900))?;
     let ns = c.namespace(NAMESPACE);
     let ns = ns.name();
     for (app, replicas) in [("web", BACKENDS), ("web2", BACKENDS), ("iperf", 1)] {
@@ -218,12 +212,9 @@ fn run(c: &'static RealCluster) -> Result<(), String> {
             &format!("MetalLB's address for {svc}"),
             Duration::from_secs(120),
             || {
-                let s = c.service(ns, svc)?;
-                s.status
-                    .and_then(|s| s.load_balancer)
-                    .and_then(|l| l.ingress)
-                    .and_then(|i| i.first().and_then(|i| i.ip.clone()))
-                    .and_then(|ip| ip.parse().ok())
+                ingress(c, ns, svc)
+                    .first()
+                    .copied()
                     .ok_or_else(|| format!("{svc} has no address yet"))
             },
         );
@@ -435,10 +426,13 @@ fn kube_proxy_target(t: &Targets) -> SocketAddr {
     t.tcp[0]
 }
 
-fn keyed(out: &str) -> std::collections::BTreeMap<String, String> {
-    out.lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
+/// The addresses Service `ns/svc` publishes (none while it cannot be read).
+fn ingress(c: &RealCluster, ns: &str, svc: &str) -> Vec<IpAddr> {
+    c.service(ns, svc)
+        .map(|s| ingress_ips(&s))
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|ip| ip.parse().ok())
         .collect()
 }
 
@@ -726,15 +720,8 @@ fn created_to_answer(
         })
     } else {
         let vip = loop {
-            let s = c.service(ns, name)?;
-            if let Some(ip) = s
-                .status
-                .and_then(|s| s.load_balancer)
-                .and_then(|l| l.ingress)
-                .and_then(|i| i.first().and_then(|i| i.ip.clone()))
-                .and_then(|ip| ip.parse::<IpAddr>().ok())
-            {
-                break ip;
+            if let Some(ip) = ingress(c, ns, name).first() {
+                break *ip;
             }
             if began.elapsed() > Duration::from_secs(120) {
                 return Err(format!("{name}: MetalLB gave no address within 120 s"));
@@ -1319,16 +1306,14 @@ fn node_failure(c: &RealCluster, ns: &str, class: &str) -> Result<(), String> {
         PORT,
         &format!("  loadBalancerClass: {class}\n{local}"),
     ))?;
-    let ingress = |svc: &str| -> Vec<IpAddr> {
-        c.service(ns, svc)
-            .ok()
-            .and_then(|s| s.status)
-            .and_then(|s| s.load_balancer)
-            .and_then(|l| l.ingress)
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|i| i.ip.and_then(|ip| ip.parse().ok()))
-            .collect()
+    let ingress = |svc: &str| ingress(c, ns, svc);
+    let both_published = || {
+        let now = ingress("spread");
+        if now.len() == 2 {
+            Ok(())
+        } else {
+            Err(format!("{now:?}"))
+        }
     };
     let (vip, _) = c.until(
         "MetalLB's address for spread-metallb",
@@ -1343,13 +1328,7 @@ fn node_failure(c: &RealCluster, ns: &str, class: &str) -> Result<(), String> {
     c.until(
         "nodelb publishing both nodes for spread",
         Duration::from_secs(120),
-        || {
-            if ingress("spread").len() == 2 {
-                Ok(())
-            } else {
-                Err(format!("{:?}", ingress("spread")))
-            }
-        },
+        both_published,
     );
     answered_within(c, SocketAddr::new(vip, PORT), Duration::from_secs(60))?;
     let cut = arp_owner(c, vip)?;
@@ -1430,13 +1409,7 @@ fn node_failure(c: &RealCluster, ns: &str, class: &str) -> Result<(), String> {
     c.until(
         "both nodes published again after the link came back",
         Duration::from_secs(180),
-        || {
-            if ingress("spread").len() == 2 {
-                Ok(())
-            } else {
-                Err(format!("{:?}", ingress("spread")))
-            }
-        },
+        both_published,
     );
     let secs = |d: Option<f64>| d.map(|d| format!("{d:.1} s")).unwrap_or_else(|| "–".into());
     let none_failed = |d: Option<f64>| {

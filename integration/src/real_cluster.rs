@@ -81,7 +81,7 @@ pub fn write_kustomization(body: &str) -> Result<PathBuf, String> {
 }
 
 /// Lines `KEY=value` of a script's output.
-fn keyed_lines(text: &str) -> BTreeMap<String, String> {
+pub fn keyed_lines(text: &str) -> BTreeMap<String, String> {
     text.lines()
         .filter_map(|l| l.split_once('='))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
@@ -729,10 +729,23 @@ subjects:
         })
     }
 
+    /// Deletes namespace `name` if it exists and waits up to `limit` for it to be gone (a
+    /// namespace of thousands of objects takes minutes).
+    pub fn delete_namespace(&self, name: &str, limit: Duration) -> Result<String, String> {
+        self.kubectl(&[
+            "delete",
+            "namespace",
+            name,
+            "--ignore-not-found",
+            "--wait=true",
+            &format!("--timeout={}s", limit.as_secs()),
+        ])
+    }
+
     /// A namespace of the test's own, created now (deleted by the guard's drop, without
     /// waiting for it to be gone).
     pub fn namespace(&'static self, name: &str) -> TestNamespace {
-        let _ = self.kubectl(&["delete", "namespace", name, "--wait=true", "--timeout=120s"]);
+        let _ = self.delete_namespace(name, Duration::from_secs(120));
         self.kubectl(&["create", "namespace", name])
             .unwrap_or_else(|e| panic!("{e}"));
         TestNamespace {

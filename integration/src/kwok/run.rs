@@ -201,14 +201,8 @@ impl Sim<'_> {
     /// at two thirds of that pace); then the agent Pods on the simulated nodes and their
     /// heartbeats, and the watch's layout.
     fn populate(&mut self, watch: &StatusWatch) -> Result<Vec<FakeNode>, String> {
-        self.c.kubectl(&[
-            "delete",
-            "namespace",
-            NAMESPACE,
-            "--ignore-not-found",
-            "--wait=true",
-            "--timeout=900s",
-        ])?;
+        self.c
+            .delete_namespace(NAMESPACE, Duration::from_secs(900))?;
         self.c.kubectl(&["create", "namespace", NAMESPACE])?;
         let ports = services::ports(self.s.services);
         let pools = self.s.pools();
