@@ -20,8 +20,9 @@
 //! node, sampled every 30 s).
 //!
 //! Prints the figures; fails only when a fault is not recovered from within 180 s (nodelb's
-//! promise is that it recovers, the figures say how well). Env: `NODELB_SOAK_SECONDS` (600).
-//! Run it with `scripts/soak.sh --duration D` (as root).
+//! promise is that it recovers, the figures say how well). Env: `NODELB_SOAK_SECONDS` (600),
+//! `NODELB_SOAK_SLOT_SECONDS` (60, at least 40: the conntrack fill lasts 30 s). Run it with
+//! `scripts/soak.sh --duration D [--slot S]` (as root).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -50,8 +51,10 @@ const NAMESPACE: &str = "soak";
 const SERVICE: &str = "soak";
 const FIRST_PORT: u16 = 18_000;
 const BACKENDS: u32 = 4;
-/// Each fault's slot: the next fault comes no sooner than this after the last one.
-const SLOT: Duration = Duration::from_secs(60);
+/// Each fault's slot by default: the next fault comes no sooner than this after the last one.
+const SLOT_SECONDS: u64 = 60;
+/// The shortest slot: the conntrack fill's 30 s and a few seconds of steady load after it.
+const MIN_SLOT_SECONDS: u64 = 40;
 /// A fault not recovered from within this fails the run.
 const RECOVERY_LIMIT: Duration = Duration::from_secs(180);
 /// One exchange every this long, over the four targets (two nodes, TCP and UDP).
@@ -140,15 +143,30 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(c: &'static RealCluster) -> Result<bool, String> {
-    let seconds: u64 = match std::env::var("NODELB_SOAK_SECONDS") {
+/// `name`'s number of seconds, or `default` when it is not set.
+fn env_seconds(name: &str, default: u64) -> Result<u64, String> {
+    match std::env::var(name) {
         Ok(v) => v
             .parse()
-            .map_err(|_| format!("NODELB_SOAK_SECONDS={v:?} is not a number of seconds"))?,
-        Err(_) => 600,
-    };
+            .map_err(|_| format!("{name}={v:?} is not a number of seconds")),
+        Err(_) => Ok(default),
+    }
+}
+
+fn run(c: &'static RealCluster) -> Result<bool, String> {
+    let seconds = env_seconds("NODELB_SOAK_SECONDS", 600)?;
+    let slot_seconds = env_seconds("NODELB_SOAK_SLOT_SECONDS", SLOT_SECONDS)?;
+    if slot_seconds < MIN_SLOT_SECONDS {
+        return Err(format!(
+            "NODELB_SOAK_SLOT_SECONDS={slot_seconds}: a slot needs {MIN_SLOT_SECONDS} s at least \
+             (the conntrack fill alone lasts 30 s)"
+        ));
+    }
     let duration = Duration::from_secs(seconds);
-    println!("nodelb fault soak on the real cluster: NODELB_SOAK_SECONDS={seconds}");
+    let slot = Duration::from_secs(slot_seconds);
+    println!(
+        "nodelb fault soak on the real cluster: NODELB_SOAK_SECONDS={seconds}, a fault every {slot_seconds} s"
+    );
     let began_setup = Instant::now();
     c.install("")?;
     let ns = c.namespace(NAMESPACE);
@@ -184,7 +202,7 @@ fn run(c: &'static RealCluster) -> Result<bool, String> {
     let mut round = 0usize;
     'soak: loop {
         for fault in FAULTS {
-            if load_began.elapsed() + SLOT > duration {
+            if load_began.elapsed() + slot > duration {
                 break 'soak;
             }
             let node = fault.on_a_node().then(|| {
@@ -234,7 +252,7 @@ fn run(c: &'static RealCluster) -> Result<bool, String> {
                 healthy_after,
                 note,
             });
-            while t0.elapsed() < SLOT {
+            while t0.elapsed() < slot {
                 samples.take(c, load_began);
                 std::thread::sleep(Duration::from_secs(1));
             }
