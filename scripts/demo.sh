@@ -14,9 +14,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 began=$SECONDS
 scripts/deps.sh
+# The Kubernetes components (minutes the first time on a machine) build beside the agent.
+scripts/kubernetes.sh >/dev/null &
+kubernetes=$!
 if [ -z "${NODELB_IMAGE_AGENT_BIN:-}" ]; then
   scripts/build-release.sh
 fi
+wait "$kubernetes" || { echo "demo: scripts/kubernetes.sh failed (its error is above)" >&2; exit 1; }
 env_lines="$(scripts/cluster.sh up)"
 kubeconfig="$(sed -n 's/^KUBECONFIG=//p' <<<"$env_lines")"
 nodes="$(sed -n 's/^NODES=//p' <<<"$env_lines")"

@@ -6,8 +6,9 @@
 # listening on a node's port, for the host-listener tests). Runs apt-get only when
 # something is missing. promtool (the monitoring test checks the alert rules with it) is
 # unpacked from Debian's prometheus package into the cache, not installed: installing would
-# start a Prometheus server on the machine. Then builds that kube-apiserver once per machine
-# (scripts/kubernetes.sh; needs Go).
+# start a Prometheus server on the machine. The kube-apiserver and the other Kubernetes
+# components are scripts/kubernetes.sh's (needs Go): scripts/test.sh and scripts/demo.sh build
+# them beside their Rust builds.
 set -euo pipefail
 packages=(libnftnl-dev libmnl-dev pkg-config nftables iproute2 gcc etcd-server faketime socat)
 "$(dirname "$0")/packages.sh" "${packages[@]}"
@@ -23,4 +24,3 @@ if [ ! -x "$cache/promtool/usr/bin/promtool" ]; then
   rm -rf "$tmp"
 fi
 command -v cargo >/dev/null || { echo "deps: cargo not found; install a Rust toolchain (rustup) first" >&2; exit 1; }
-"$(dirname "$0")/kubernetes.sh" >/dev/null

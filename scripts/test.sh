@@ -17,8 +17,14 @@ scripts/deps.sh
 mark "dependencies ready"
 # promtool, unpacked by deps.sh.
 export PATH="${XDG_CACHE_HOME:-$HOME/.cache}/nodelb/promtool/usr/bin:$PATH"
+# The Kubernetes components (minutes the first time on a machine) build beside the workspace:
+# the end-to-end tests run them.
+scripts/kubernetes.sh >/dev/null &
+kubernetes=$!
 cargo build --workspace --locked --all-targets
 mark "workspace built"
+wait "$kubernetes" || { echo "test: scripts/kubernetes.sh failed (its error is above)" >&2; exit 1; }
+mark "Kubernetes components built"
 # The end-to-end tests run this agent binary (built above with the workspace's features), so
 # they do not rebuild it with the agent crate's own feature set.
 export NODELB_AGENT_BIN="${NODELB_AGENT_BIN:-$PWD/target/debug/nodelb-agent}"
