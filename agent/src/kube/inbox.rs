@@ -6,6 +6,10 @@
 //! its kind whole and asks for a full replan. A Service whose only change is what a status
 //! write changes (see [`index::Service::plans_like`]) is kept for the status writer but not
 //! handed to the planner: every status the leader writes comes back to every agent that way.
+//! Nor is a change that touches no Service nodelb handles (`handled`, the planner's
+//! [`nodelb_core::plan::service::is_handled`]): the EndpointSlices of a cluster's ClusterIP
+//! Services, and of other load balancers' Services, change far more often than nodelb's, and
+//! every agent watches them all.
 
 use kube::core::DeserializeGuard;
 use kube::runtime::watcher::Event;
@@ -79,17 +83,22 @@ impl Inbox {
     }
 
     /// Apply one event; returns whether the planner must look at what it changed (a Service
-    /// whose change only a status write could have made, or a re-list still in progress, need
-    /// not). An object that did not deserialize changes nothing: the last good version (if
-    /// any) stays planned, and the watch task has already reported it.
-    pub fn apply(&mut self, ev: ObjectEvent) -> bool {
+    /// whose change only a status write could have made, a change of no Service `handled`
+    /// says nodelb handles, before or after, or a re-list still in progress, need not). An
+    /// object that did not deserialize changes nothing: the last good version (if any) stays
+    /// planned, and the watch task has already reported it.
+    pub fn apply(&mut self, ev: ObjectEvent, handled: &dyn Fn(&index::Service) -> bool) -> bool {
         match ev {
-            ObjectEvent::Service(ev) => {
-                self.on_event(*ev, |i| (&mut i.relist_services, &mut i.services_synced))
-            }
-            ObjectEvent::Slice(ev) => {
-                self.on_event(*ev, |i| (&mut i.relist_slices, &mut i.slices_synced))
-            }
+            ObjectEvent::Service(ev) => self.on_event(
+                *ev,
+                |i| (&mut i.relist_services, &mut i.services_synced),
+                handled,
+            ),
+            ObjectEvent::Slice(ev) => self.on_event(
+                *ev,
+                |i| (&mut i.relist_slices, &mut i.slices_synced),
+                handled,
+            ),
         }
     }
 
@@ -99,6 +108,7 @@ impl Inbox {
         &mut self,
         ev: Event<DeserializeGuard<W>>,
         relist: Relist<K>,
+        handled: &dyn Fn(&index::Service) -> bool,
     ) -> bool {
         let keys = match ev {
             Event::Init => {
@@ -120,8 +130,12 @@ impl Inbox {
                 self.full = true;
                 return true;
             }
-            Event::Apply(DeserializeGuard(Ok(o))) => K::put(self.objects_mut(), Arc::new(o.into())),
-            Event::Delete(DeserializeGuard(Ok(o))) => K::delete(self.objects_mut(), &o.into()),
+            Event::Apply(DeserializeGuard(Ok(o))) => {
+                K::put(self.objects_mut(), Arc::new(o.into()), handled)
+            }
+            Event::Delete(DeserializeGuard(Ok(o))) => {
+                K::delete(self.objects_mut(), &o.into(), handled)
+            }
             Event::InitApply(_) | Event::Apply(_) | Event::Delete(_) => return false,
         };
         let replan = !keys.is_empty();
@@ -130,27 +144,64 @@ impl Inbox {
     }
 }
 
+/// Of the Services a slice change touched, those nodelb handles now. One it does not handle
+/// (or that has not arrived) has nothing planned from its slices; its own event, when it
+/// becomes nodelb's, replans it with the slices it has by then.
+fn handled_keys(
+    objects: &Objects,
+    keys: Vec<ServiceKey>,
+    handled: &dyn Fn(&index::Service) -> bool,
+) -> Vec<ServiceKey> {
+    keys.into_iter()
+        .filter(|k| objects.service(k).is_some_and(handled))
+        .collect()
+}
+
 /// Picks one kind's re-list in progress and whether that kind has listed once.
 type Relist<K> = fn(&mut Inbox) -> (&mut Option<Vec<Arc<K>>>, &mut bool);
 
-/// A kind the index keeps, as the inbox changes it.
+/// A kind the index keeps, as the inbox changes it. `put` and `delete` return the Services
+/// the planner must look at again.
 trait Kept: Sized {
-    fn put(objects: &mut Objects, o: Arc<Self>) -> Vec<ServiceKey>;
-    fn delete(objects: &mut Objects, o: &Self) -> Vec<ServiceKey>;
+    fn put(
+        objects: &mut Objects,
+        o: Arc<Self>,
+        handled: &dyn Fn(&index::Service) -> bool,
+    ) -> Vec<ServiceKey>;
+    fn delete(
+        objects: &mut Objects,
+        o: &Self,
+        handled: &dyn Fn(&index::Service) -> bool,
+    ) -> Vec<ServiceKey>;
     fn replace(objects: &mut Objects, all: Vec<Arc<Self>>);
 }
 
 impl Kept for index::Service {
-    /// The key, unless the planner would plan the new version as the one it replaces.
-    fn put(objects: &mut Objects, o: Arc<Self>) -> Vec<ServiceKey> {
-        let replan = ServiceKey::of(&o)
-            .and_then(|k| objects.service(&k))
-            .is_none_or(|before| !o.plans_like(before));
+    /// The key, unless the planner would plan the new version as the one it replaces, or
+    /// nodelb handles neither.
+    fn put(
+        objects: &mut Objects,
+        o: Arc<Self>,
+        handled: &dyn Fn(&index::Service) -> bool,
+    ) -> Vec<ServiceKey> {
+        let before = ServiceKey::of(&o).and_then(|k| objects.service(&k));
+        let replan = match before {
+            Some(before) => !o.plans_like(before) && (handled(before) || handled(&o)),
+            None => handled(&o),
+        };
         let key = objects.put_service(o);
         key.filter(|_| replan).into_iter().collect()
     }
-    fn delete(objects: &mut Objects, o: &Self) -> Vec<ServiceKey> {
-        objects.delete_service(o).into_iter().collect()
+    fn delete(
+        objects: &mut Objects,
+        o: &Self,
+        handled: &dyn Fn(&index::Service) -> bool,
+    ) -> Vec<ServiceKey> {
+        // What was planned is the version kept, not the one the deletion carries.
+        let kept = ServiceKey::of(o).and_then(|k| objects.service(&k));
+        let replan = kept.is_some_and(handled) || handled(o);
+        let key = objects.delete_service(o);
+        key.filter(|_| replan).into_iter().collect()
     }
     fn replace(objects: &mut Objects, all: Vec<Arc<Self>>) {
         objects.replace_services(all)
@@ -158,11 +209,21 @@ impl Kept for index::Service {
 }
 
 impl Kept for index::EndpointSlice {
-    fn put(objects: &mut Objects, o: Arc<Self>) -> Vec<ServiceKey> {
-        objects.put_slice(o)
+    fn put(
+        objects: &mut Objects,
+        o: Arc<Self>,
+        handled: &dyn Fn(&index::Service) -> bool,
+    ) -> Vec<ServiceKey> {
+        let keys = objects.put_slice(o);
+        handled_keys(objects, keys, handled)
     }
-    fn delete(objects: &mut Objects, o: &Self) -> Vec<ServiceKey> {
-        objects.delete_slice(o)
+    fn delete(
+        objects: &mut Objects,
+        o: &Self,
+        handled: &dyn Fn(&index::Service) -> bool,
+    ) -> Vec<ServiceKey> {
+        let keys = objects.delete_slice(o);
+        handled_keys(objects, keys, handled)
     }
     fn replace(objects: &mut Objects, all: Vec<Arc<Self>>) {
         objects.replace_slices(all)
@@ -201,6 +262,11 @@ mod tests {
         assert_eq!(invalid.metadata.namespace.as_deref(), Some("shop"));
     }
 
+    /// The planner's test, with its defaults (no class is nodelb's).
+    fn handled(s: &index::Service) -> bool {
+        nodelb_core::plan::service::is_handled(s, &nodelb_core::plan::config::Config::default())
+    }
+
     /// Service `ns/<name>` on port 80, as the watch delivers it.
     fn svc(name: &str) -> DeserializeGuard<Service> {
         DeserializeGuard(Ok(Svc::lb("ns", name).bare_port(80).wire()))
@@ -225,15 +291,18 @@ mod tests {
         let mut inbox = Inbox::default();
         let service = |ev| ObjectEvent::Service(Box::new(ev));
         for ev in [Event::Init, Event::InitApply(svc("a")), Event::InitDone] {
-            inbox.apply(service(ev));
+            inbox.apply(service(ev), &handled);
         }
         for ev in [Event::Init, Event::InitDone] {
-            inbox.apply(ObjectEvent::Slice(Box::new(ev)));
+            inbox.apply(ObjectEvent::Slice(Box::new(ev)), &handled);
         }
         assert_eq!(inbox.take_dirty(), None);
         let version = inbox.objects().version();
         // The leader's status write comes back: kept, not for the planner.
-        assert!(!inbox.apply(service(Event::Apply(with_status("a", "203.0.113.1", "2")))));
+        assert!(!inbox.apply(
+            service(Event::Apply(with_status("a", "203.0.113.1", "2"))),
+            &handled
+        ));
         assert_eq!(inbox.take_dirty(), Some(BTreeSet::new()));
         let a = ServiceKey::new("ns", "a");
         let kept = inbox.objects().service(&a).unwrap();
@@ -249,9 +318,9 @@ mod tests {
         if let DeserializeGuard(Ok(s)) = &mut ports {
             s.spec.as_mut().unwrap().ports = Some(Vec::new());
         }
-        assert!(inbox.apply(service(Event::Apply(ports))));
-        assert!(inbox.apply(service(Event::Apply(svc("b")))));
-        assert!(inbox.apply(service(Event::Delete(svc("b")))));
+        assert!(inbox.apply(service(Event::Apply(ports)), &handled));
+        assert!(inbox.apply(service(Event::Apply(svc("b"))), &handled));
+        assert!(inbox.apply(service(Event::Delete(svc("b"))), &handled));
         assert_eq!(
             inbox.take_dirty(),
             Some([a, ServiceKey::new("ns", "b")].into())
@@ -267,15 +336,19 @@ mod tests {
             Event::InitApply(svc("b")),
             Event::InitDone,
         ] {
-            inbox.apply(ObjectEvent::Service(Box::new(ev)));
+            inbox.apply(ObjectEvent::Service(Box::new(ev)), &handled);
         }
         assert!(inbox.services_synced && !inbox.synced());
         assert_eq!(inbox.take_dirty(), None);
         // Changes after the list name their Service.
-        inbox.apply(ObjectEvent::Slice(Box::new(Event::Apply(slice(
-            "a-1", "a",
-        )))));
-        inbox.apply(ObjectEvent::Service(Box::new(Event::Delete(svc("b")))));
+        inbox.apply(
+            ObjectEvent::Slice(Box::new(Event::Apply(slice("a-1", "a")))),
+            &handled,
+        );
+        inbox.apply(
+            ObjectEvent::Service(Box::new(Event::Delete(svc("b")))),
+            &handled,
+        );
         let dirty = inbox.take_dirty().unwrap();
         assert_eq!(
             dirty,
@@ -284,7 +357,7 @@ mod tests {
         assert_eq!(inbox.take_dirty(), Some(BTreeSet::new()));
         // A re-list without `a` forgets it (the watch never said it was deleted).
         for ev in [Event::Init, Event::InitApply(svc("c")), Event::InitDone] {
-            inbox.apply(ObjectEvent::Service(Box::new(ev)));
+            inbox.apply(ObjectEvent::Service(Box::new(ev)), &handled);
         }
         assert_eq!(inbox.take_dirty(), None);
         assert!(inbox
@@ -295,5 +368,86 @@ mod tests {
             .objects()
             .service(&ServiceKey::new("ns", "c"))
             .is_some());
+    }
+
+    /// Every agent watches every EndpointSlice and Service: those of ClusterIP Services and
+    /// of other load balancers' change far more often than nodelb's, and wake no sync.
+    #[test]
+    fn changes_of_services_nodelb_does_not_handle_wake_no_sync() {
+        let mut inbox = Inbox::default();
+        let service = |ev| ObjectEvent::Service(Box::new(ev));
+        let slice_ev = |ev| ObjectEvent::Slice(Box::new(ev));
+        let cluster_ip = |name: &str| {
+            DeserializeGuard(Ok(Svc::lb("ns", name)
+                .bare_port(80)
+                .spec("type", "ClusterIP")
+                .wire()))
+        };
+        let other_class = DeserializeGuard(Ok(Svc::lb("ns", "metallb")
+            .bare_port(80)
+            .spec("loadBalancerClass", "metallb.io/metallb")
+            .wire()));
+        let initial = [
+            Event::Init,
+            Event::InitApply(svc("ours")),
+            Event::InitApply(cluster_ip("web")),
+            Event::InitApply(other_class),
+            Event::InitDone,
+        ];
+        for ev in initial {
+            inbox.apply(service(ev), &handled);
+        }
+        for ev in [Event::Init, Event::InitDone] {
+            inbox.apply(slice_ev(ev), &handled);
+        }
+        assert_eq!(inbox.take_dirty(), None);
+        // Slices of a ClusterIP Service, of another class's and of a Service not seen yet.
+        for (name, of) in [
+            ("web-1", "web"),
+            ("metallb-1", "metallb"),
+            ("later-1", "later"),
+        ] {
+            assert!(
+                !inbox.apply(slice_ev(Event::Apply(slice(name, of))), &handled),
+                "{name}"
+            );
+            assert!(
+                !inbox.apply(slice_ev(Event::Delete(slice(name, of))), &handled),
+                "{name}"
+            );
+        }
+        // A ClusterIP Service's own change, and its deletion.
+        let mut web = cluster_ip("web");
+        if let DeserializeGuard(Ok(s)) = &mut web {
+            s.spec.as_mut().unwrap().ports = Some(Vec::new());
+        }
+        assert!(!inbox.apply(service(Event::Apply(web)), &handled));
+        assert!(!inbox.apply(service(Event::Delete(cluster_ip("web"))), &handled));
+        assert_eq!(inbox.take_dirty(), Some(BTreeSet::new()));
+        // nodelb's Service's slice is planned; the slices kept for the others are planned once
+        // their Service becomes nodelb's, by its own event.
+        assert!(inbox.apply(slice_ev(Event::Apply(slice("ours-1", "ours"))), &handled));
+        inbox.apply(slice_ev(Event::Apply(slice("later-1", "later"))), &handled);
+        assert!(inbox.apply(service(Event::Apply(svc("later"))), &handled));
+        assert_eq!(
+            inbox.take_dirty(),
+            Some(
+                [
+                    ServiceKey::new("ns", "ours"),
+                    ServiceKey::new("ns", "later")
+                ]
+                .into()
+            )
+        );
+        let later = ServiceKey::new("ns", "later");
+        assert_eq!(inbox.objects().slices_of(&later).len(), 1);
+        // A Service that stops being nodelb's is planned once more (its rules go), then no
+        // longer.
+        let mut ours = cluster_ip("ours");
+        if let DeserializeGuard(Ok(s)) = &mut ours {
+            s.metadata.resource_version = Some("9".into());
+        }
+        assert!(inbox.apply(service(Event::Apply(ours)), &handled));
+        assert!(!inbox.apply(slice_ev(Event::Apply(slice("ours-1", "ours"))), &handled));
     }
 }

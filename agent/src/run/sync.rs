@@ -205,7 +205,9 @@ impl SyncLoop {
                 }
                 self.state.relisted.extend(ev.list_end());
                 wake.objects = true;
-                if self.state.inbox.apply(ev) {
+                let config = &self.ctx.config;
+                let handled = |s: &_| nodelb_core::plan::service::is_handled(s, config);
+                if self.state.inbox.apply(ev, &handled) {
                     wake.sync = true;
                     wake.first_event.get_or_insert(received);
                 }
