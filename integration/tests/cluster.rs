@@ -2233,7 +2233,7 @@ mod on_real_cluster {
     /// kwok bench's row and figures.
     ///
     /// This is the short form, which CI runs: 1,000 simulated nodes, 500 Services, 90 s of churn
-    /// (node-a's address changed away and back twice, node-b's agent restarted twice). The long
+    /// (node-a's address changed away and back twice, node-b's agent restarted every 60 s). The long
     /// form, 10,000 Services and 10 minutes of churn (about 30 minutes on a 2-core machine):
     /// `NODELB_KWOK_SERVICES=10000 NODELB_KWOK_CHURN_SECONDS=600`; docs/benchmarks.md, "kwok",
     /// has its figures.
