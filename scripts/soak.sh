@@ -29,26 +29,21 @@ while [ $# -gt 0 ]; do
 done
 # seconds_of D: D (90s, 10m, 2h or plain seconds) in seconds, or nothing when it is no duration.
 seconds_of() {
-  local n
+  local n=$1 unit=1
   case "$1" in
-    *h) n=${1%h} ;;
-    *m) n=${1%m} ;;
+    *h) n=${1%h} unit=3600 ;;
+    *m) n=${1%m} unit=60 ;;
     *s) n=${1%s} ;;
-    *) n=$1 ;;
   esac
   [[ "$n" =~ ^[0-9]+$ ]] || return 0
-  case "$1" in
-    *h) echo $((n * 3600)) ;;
-    *m) echo $((n * 60)) ;;
-    *) echo "$n" ;;
-  esac
+  echo $((n * unit))
 }
 seconds="$(seconds_of "$duration")"
 [ -n "$seconds" ] && [ "$seconds" -ge 60 ] ||
   { echo "soak: --duration $duration is not 60 s or more" >&2; exit 2; }
+# The bench says when a slot is too short.
 slot_seconds="$(seconds_of "$slot")"
-[ -n "$slot_seconds" ] && [ "$slot_seconds" -ge 40 ] ||
-  { echo "soak: --slot $slot is not 40 s or more (the conntrack fill alone lasts 30 s)" >&2; exit 2; }
+[ -n "$slot_seconds" ] || { echo "soak: --slot $slot is not a duration" >&2; exit 2; }
 [ "$(id -u)" -eq 0 ] || { echo "soak: run it as root (it starts a cluster of network namespaces)" >&2; exit 2; }
 began=$SECONDS
 NODELB_SOAK_SECONDS="$seconds" NODELB_SOAK_SLOT_SECONDS="$slot_seconds" cargo bench --locked -p nodelb-integration --bench cluster_soak

@@ -127,13 +127,21 @@ struct Struck {
 }
 
 fn main() -> ExitCode {
+    // Read before the cluster comes up: a bad setting costs no cluster.
+    let timing = match Timing::from_env() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("cluster_soak: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let Some((_turn, c)) = RealCluster::managed(
         "cluster_soak",
         "SKIP cluster_soak: it injects faults into scripts/cluster.sh's own cluster",
     ) else {
         return ExitCode::SUCCESS;
     };
-    match run(c) {
+    match run(c, &timing) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
@@ -153,19 +161,36 @@ fn env_seconds(name: &str, default: u64) -> Result<u64, String> {
     }
 }
 
-fn run(c: &'static RealCluster) -> Result<bool, String> {
-    let seconds = env_seconds("NODELB_SOAK_SECONDS", 600)?;
-    let slot_seconds = env_seconds("NODELB_SOAK_SLOT_SECONDS", SLOT_SECONDS)?;
-    if slot_seconds < MIN_SLOT_SECONDS {
-        return Err(format!(
-            "NODELB_SOAK_SLOT_SECONDS={slot_seconds}: a slot needs {MIN_SLOT_SECONDS} s at least \
-             (the conntrack fill alone lasts 30 s)"
-        ));
+/// How long the soak runs, and each fault's slot.
+struct Timing {
+    duration: Duration,
+    slot: Duration,
+}
+
+impl Timing {
+    /// `NODELB_SOAK_SECONDS` (600) and `NODELB_SOAK_SLOT_SECONDS` (60, at least 40).
+    fn from_env() -> Result<Timing, String> {
+        let seconds = env_seconds("NODELB_SOAK_SECONDS", 600)?;
+        let slot_seconds = env_seconds("NODELB_SOAK_SLOT_SECONDS", SLOT_SECONDS)?;
+        if slot_seconds < MIN_SLOT_SECONDS {
+            return Err(format!(
+                "NODELB_SOAK_SLOT_SECONDS={slot_seconds}: a slot needs {MIN_SLOT_SECONDS} s at \
+                 least (the conntrack fill alone lasts 30 s)"
+            ));
+        }
+        Ok(Timing {
+            duration: Duration::from_secs(seconds),
+            slot: Duration::from_secs(slot_seconds),
+        })
     }
-    let duration = Duration::from_secs(seconds);
-    let slot = Duration::from_secs(slot_seconds);
+}
+
+fn run(c: &'static RealCluster, timing: &Timing) -> Result<bool, String> {
+    let Timing { duration, slot } = *timing;
     println!(
-        "nodelb fault soak on the real cluster: NODELB_SOAK_SECONDS={seconds}, a fault every {slot_seconds} s"
+        "nodelb fault soak on the real cluster: NODELB_SOAK_SECONDS={}, a fault every {} s",
+        duration.as_secs(),
+        slot.as_secs()
     );
     let began_setup = Instant::now();
     c.install("")?;
