@@ -7,7 +7,7 @@
 //!    API ([`lb_services`]: one TCP port each outside the reserved ports, no NodePorts; endpoint
 //!    `k` on node `k mod 3`). The three agents start; the bench waits until each programs every
 //!    Service, every Service lists the three nodes' addresses, and the status writer is quiet:
-//!    converged. From here on nothing should change any status: every node serves throughout.
+//!    converged. From here on nothing should change any status but the kill (3.).
 //! 2. Churn: `NODELB_BENCH_SOAK_RATE` (default 20) EndpointSlice PUTs a second for
 //!    `NODELB_BENCH_SOAK_SECONDS` (default 300), on a fixed schedule, Services round robin,
 //!    each moving one endpoint to an address the slice does not hold. An [`ElementWatch`] in
@@ -29,8 +29,12 @@
 //!    slices; and every Service's status.
 //!
 //! Goals, printed PASS/MISS beside the number and never asserted: no sync error; RSS growth
-//! from minute 1 to minute 5 at most 10% (more is a leak to find); no status write and no
-//! Event after convergence; no Service with a wrong status at the end; every update in every
+//! from minute 1 to minute 5 at most 10% (more is a leak to find; for the agent that took
+//! `nodelb-status` over, from its first sample as the leader); no status write and no
+//! Event after convergence but the killed node's leaving and return (the new leader judges the
+//! silent holder's node from its last renewal, so an agent down about a lease duration may be
+//! dropped from every status and added back: at most two writes per Service, Events that list
+//! every node or every node but that one); no Service with a wrong status at the end; every update in every
 //! kernel; and the project's event-to-kernel goal, p99 < 100 ms, outside the agent's downtime.
 //! Errors (an agent that never programs, a cluster that does not converge) fail the run.
 //!
@@ -696,7 +700,10 @@ struct AgentReport {
     lost: usize,
     sync_errors: f64,
     syncs_ok: f64,
+    /// The first sample growth is read from: minute 1, or for the agent that took
+    /// nodelb-status over, its first as the leader (`took_lead`: when it took it, s).
     minute1: Option<(f64, Memory)>,
+    took_lead: Option<f64>,
     end: Option<(f64, Memory)>,
     /// `VmRSS` every `TIMELINE_EVERY` seconds of the churn, and at its end.
     timeline: Vec<(f64, Memory)>,
@@ -721,6 +728,12 @@ struct Report {
     /// Status writes and Events after convergence by anyone, Events' reasons.
     status_writes_total: usize,
     events_after: Vec<String>,
+    /// What the kill may change in the statuses: the killed node's address (its agent silent
+    /// for about a lease duration, the new leader may drop it and add it back), the addresses
+    /// every Service lists, and how many Services.
+    victim_addr: Option<String>,
+    want: Vec<String>,
+    services: usize,
     wrong_status: Vec<String>,
     settle: Duration,
 }
@@ -741,10 +754,16 @@ fn assess(
         let killed = ch.kill.as_ref().filter(|k| k.victim == i);
         let lat = latencies(&ch, i, ports, killed);
         let memory = &ch.memory[i];
-        let minute1 = memory
-            .iter()
-            .find(|(s, _)| *s >= (cfg.duration / 5).as_secs_f64())
-            .copied();
+        // The agent that took nodelb-status over grows by the leader's state then: its growth
+        // is read from its first sample as the leader.
+        let took_lead = ch
+            .kill
+            .as_ref()
+            .and_then(|k| k.new_holder)
+            .filter(|(holder, _)| *holder == i)
+            .map(|(_, at)| at.saturating_duration_since(ch.started).as_secs_f64());
+        let from = took_lead.unwrap_or((cfg.duration / 5).as_secs_f64());
+        let minute1 = memory.iter().find(|(s, _)| *s >= from).copied();
         let src = std::net::IpAddr::V4(c.node_api_addr(i));
         let by_agent = after.iter().filter(|r| r.source == src);
         agents.push(AgentReport {
@@ -759,6 +778,7 @@ fn assess(
             syncs_ok: metric_value(&m, "nodelb_syncs_total{result=\"ok\"}").unwrap_or(0.0)
                 + killed.map_or(0.0, |k| k.syncs_ok),
             minute1,
+            took_lead,
             end: memory.last().copied(),
             timeline: memory
                 .iter()
@@ -790,6 +810,9 @@ fn assess(
         status_writes_total: after.iter().filter(|r| r.is_status_write()).count(),
         events_after: events_after(c, conv)?,
         wrong_status: wrong_status(c, &conv.want)?,
+        victim_addr: ch.kill.as_ref().map(|k| c.node_v4(k.victim).to_string()),
+        want: conv.want.clone(),
+        services: ports.len(),
         settle: ch.settle,
     })
 }
@@ -1084,8 +1107,14 @@ fn print_goals(r: &Report) {
         );
         match growth(a) {
             Some(g) => println!(
-                "  {} {n}: VmRSS growth from minute 1 to the end <= {:.0}%: {:+.1}% ({:.1} -> {:.1} MiB{})",
+                "  {} {n}: VmRSS growth from {} to the end <= {:.0}%: {:+.1}% ({:.1} -> {:.1} MiB{})",
                 goal(g <= GOAL_RSS_GROWTH),
+                match (a.took_lead, a.minute1) {
+                    (Some(t), Some((at, _))) => format!(
+                        "its first sample as the leader ({at:.0} s; it took nodelb-status at {t:.1} s)"
+                    ),
+                    _ => "minute 1".to_string(),
+                },
                 GOAL_RSS_GROWTH * 100.0,
                 g * 100.0,
                 a.minute1.map_or(0.0, |(_, m)| mib(m.rss)),
@@ -1112,16 +1141,35 @@ fn print_goals(r: &Report) {
             a.kernel_mismatches.len()
         );
     }
-    println!(
-        "  {} no status write after convergence: {}",
-        goal(r.status_writes_total == 0),
-        r.status_writes_total
-    );
-    println!(
-        "  {} no Event after convergence: {}",
-        goal(r.events_after.is_empty()),
-        r.events_after.len()
-    );
+    let after = AfterConvergence::of(r);
+    match &r.victim_addr {
+        None => {
+            println!(
+                "  {} no status write after convergence: {}",
+                goal(after.writes_ok),
+                r.status_writes_total
+            );
+            println!(
+                "  {} no Event after convergence: {}",
+                goal(after.events_ok),
+                r.events_after.len()
+            );
+        }
+        Some(a) => {
+            println!(
+                "  {} no status write after convergence but the killed node's leaving and return ({a}: its agent silent about a lease duration; at most 2 per Service, {}): {}",
+                goal(after.writes_ok),
+                2 * r.services,
+                r.status_writes_total
+            );
+            println!(
+                "  {} no Event after convergence but UpdatedLoadBalancer with or without {a}: {} such, {} others",
+                goal(after.events_ok),
+                r.events_after.len() - after.other_events,
+                after.other_events
+            );
+        }
+    }
     println!(
         "  {} Services with a wrong status at the end = 0: {}",
         goal(r.wrong_status.is_empty()),
@@ -1132,6 +1180,7 @@ fn print_goals(r: &Report) {
 }
 
 fn print_bench_lines(r: &Report) {
+    let after = AfterConvergence::of(r);
     for a in &r.agents {
         let s = |s: &Option<Stats>, f: fn(&Stats) -> f64| s.as_ref().map_or(f64::NAN, f);
         println!(
@@ -1164,9 +1213,9 @@ fn print_bench_lines(r: &Report) {
     println!(
         "bench soak status_writes_after_convergence={} {} events_after_convergence={} {} wrong_status={} {}",
         r.status_writes_total,
-        goal(r.status_writes_total == 0),
+        goal(after.writes_ok),
         r.events_after.len(),
-        goal(r.events_after.is_empty()),
+        goal(after.events_ok),
         r.wrong_status.len(),
         goal(r.wrong_status.is_empty())
     );
@@ -1177,6 +1226,49 @@ fn print_bench_lines(r: &Report) {
         r.puts.p50,
         r.puts.p99
     );
+}
+
+/// The status writes and Events after convergence against the goal: none without a kill. With
+/// one, the new leader judges the killed holder's node from its last renewal, not from the
+/// takeover (`heartbeat::Liveness::after`), so an agent down about a lease duration may be
+/// dropped from every status and added back: at most two writes per Service, and only Events
+/// that list every node or every node but the killed one.
+struct AfterConvergence {
+    writes_ok: bool,
+    events_ok: bool,
+    other_events: usize,
+}
+
+impl AfterConvergence {
+    fn of(r: &Report) -> AfterConvergence {
+        let Some(victim) = &r.victim_addr else {
+            return AfterConvergence {
+                writes_ok: r.status_writes_total == 0,
+                events_ok: r.events_after.is_empty(),
+                other_events: r.events_after.len(),
+            };
+        };
+        let survivors: Vec<&str> = r
+            .want
+            .iter()
+            .map(String::as_str)
+            .filter(|a| a != victim)
+            .collect();
+        let lists = [r.want.join(", "), survivors.join(", ")]
+            .map(|l| format!(": Updated load balancer: {l}"));
+        let other_events = r
+            .events_after
+            .iter()
+            .filter(|e| {
+                !(e.starts_with("UpdatedLoadBalancer ") && lists.iter().any(|l| e.ends_with(l)))
+            })
+            .count();
+        AfterConvergence {
+            writes_ok: r.status_writes_total <= 2 * r.services,
+            events_ok: other_events == 0,
+            other_events,
+        }
+    }
 }
 
 // ---- small helpers -------------------------------------------------------------------------
