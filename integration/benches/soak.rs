@@ -34,8 +34,8 @@
 //! Event after convergence but the killed node's leaving and return (the new leader judges the
 //! silent holder's node from its last renewal, so an agent down about a lease duration may be
 //! dropped from every status and added back: at most two writes per Service, Events that list
-//! every node or every node but that one); no Service with a wrong status at the end; every update in every
-//! kernel; and the project's event-to-kernel goal, p99 < 100 ms, outside the agent's downtime.
+//! every node or every node but that one); no Service with a wrong status at the end; every
+//! update in every kernel; and the project's event-to-kernel goal, p99 < 100 ms, outside the agent's downtime.
 //! Errors (an agent that never programs, a cluster that does not converge) fail the run.
 //!
 //! The agent is `NODELB_AGENT_BIN`, else `target/release/nodelb-agent` (build it with
