@@ -461,6 +461,10 @@ pub struct AuditRecord {
     /// When the server logged it (RFC 3339, microseconds): its first line's `stageTimestamp`
     /// (for a watch, when its response started).
     pub time: String,
+    /// When the server received it (RFC 3339, microseconds: `requestReceivedTimestamp`). A
+    /// request sent after another's effect was seen is received after that one, whatever order
+    /// their records reach the log in (a write's record can follow a read that saw it).
+    pub received: String,
     /// When its response was complete (for a watch, when the stream ended); `None` while a
     /// watch still runs.
     pub ended: Option<String>,
@@ -560,6 +564,7 @@ pub fn parse_audit(text: &str) -> Vec<AuditRecord> {
             let o = &e["objectRef"];
             AuditRecord {
                 time: s(&e["stageTimestamp"]),
+                received: s(&e["requestReceivedTimestamp"]),
                 ended: complete,
                 verb: s(&e["verb"]),
                 uri: s(&e["requestURI"]),
@@ -581,6 +586,17 @@ pub fn parse_audit(text: &str) -> Vec<AuditRecord> {
         });
     }
     out
+}
+
+/// The records the server received after `mark` (`Cluster::audit_mark`), in log order. The
+/// timestamps are one server's clock in one format (RFC 3339, UTC, microseconds), so they
+/// compare as text; a record without one is kept (nothing is hidden from an assertion).
+pub fn received_after(records: &[AuditRecord], mark: &str) -> Vec<AuditRecord> {
+    records
+        .iter()
+        .filter(|r| r.received.is_empty() || r.received.as_str() > mark)
+        .cloned()
+        .collect()
 }
 
 /// A kube client from kubeconfig text.

@@ -1018,6 +1018,41 @@ impl Cluster {
         }
     }
 
+    /// A point in the audit log: when the server received a request made now (a GET of a
+    /// ConfigMap that does not exist), read back from that request's own record. A request made
+    /// after this returns, or caused by something that happens after it, is received later
+    /// (`control_plane::received_after`). Counting the records past the log's length instead
+    /// would also count a write the test has already seen take effect, when its record reaches
+    /// the log after the read that saw it. `None` against an external cluster (no audit log).
+    pub fn audit_mark(&self) -> Option<String> {
+        static MARKS: AtomicUsize = AtomicUsize::new(0);
+        self.audit()?;
+        let name = format!(
+            "nodelb-e2e-audit-mark-{}",
+            MARKS.fetch_add(1, Ordering::Relaxed)
+        );
+        let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(self.admin.clone(), &self.namespace);
+        let got = self.block_on(api.get_opt(&name));
+        assert!(
+            matches!(got, Ok(None)),
+            "{name} exists or is refused: {got:?}"
+        );
+        let path = format!("/configmaps/{name}");
+        Some(wait_for(
+            &format!("the audit record of the GET of {name}"),
+            Duration::from_secs(10),
+            || {
+                self.audit()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find(|r| r.verb == "get" && r.uri.ends_with(&path))
+                    .map(|r| r.received)
+                    .ok_or_else(|| "not logged yet".to_string())
+            },
+        ))
+    }
+
     /// Asserts that every node's agent made requests, from its own link address, as the
     /// ServiceAccount, and that none of them was refused with 401 or 403 (a verb the agent
     /// uses but `manifests/` does not grant). Skipped in external cluster mode.

@@ -163,6 +163,7 @@ mod tests {
     fn request(verb: &str, uri: &str, pod: &str, time: i64, ended: Option<i64>) -> AuditRecord {
         AuditRecord {
             time: at(time),
+            received: at(time),
             ended: ended.map(at),
             verb: verb.into(),
             uri: uri.into(),

@@ -27,7 +27,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use nix::sys::signal::Signal;
-use nodelb_integration::control_plane::AuditRecord;
+use nodelb_integration::control_plane::{received_after, AuditRecord};
 use nodelb_integration::e2e::{
     external_cluster, metric_sum, wait_for, Cluster, ClusterOptions, AGENT_NAMESPACE,
 };
@@ -418,7 +418,7 @@ fn status_lists_both_nodes_sorted_and_a_restart_within_the_lease_writes_nothing(
     let leader = wait_leader(&c, 2, CHANGE);
 
     // Restart the other agent, then the leader, each at once after a SIGKILL.
-    let mark = c.audit().map_or(0, |a| a.len());
+    let mark = c.audit_mark();
     let t0 = Instant::now();
     for i in [1 - leader, leader] {
         let killed = Instant::now();
@@ -436,8 +436,8 @@ fn status_lists_both_nodes_sorted_and_a_restart_within_the_lease_writes_nothing(
     eprintln!("measured: restart window {:?}", t0.elapsed());
     wait_leader(&c, 2, CHANGE);
     assert_eq!(ips(&c, "web"), want, "status after the restarts");
-    if let Some(records) = c.audit() {
-        let window = &records[mark..];
+    if let (Some(records), Some(mark)) = (c.audit(), &mark) {
+        let window = &received_after(&records, mark);
         let writes = status_writes(&c, 2, window);
         let fresh = heartbeats_stayed_fresh(&c, 2, window);
         assert!(
@@ -641,7 +641,7 @@ fn conflict_loser_stays_empty_and_disjoint_selectors_share_a_port() {
     let m = wait_condition(&c, "conflict-b", "False", "PortConflict");
     assert!(m.contains(&winner), "{m}");
 
-    let mark = c.audit().map_or(0, |a| a.len());
+    let mark = c.audit_mark();
     std::thread::sleep(2 * RESYNC);
     assert_eq!(ips(&c, "conflict-a"), both);
     assert!(ips(&c, "conflict-b").is_empty(), "the loser has no ingress");
@@ -653,8 +653,8 @@ fn conflict_loser_stays_empty_and_disjoint_selectors_share_a_port() {
             "{name} has no conflict"
         );
     }
-    if let Some(records) = c.audit() {
-        let to_loser: Vec<(usize, String)> = status_writes(&c, 2, &records[mark..])
+    if let (Some(records), Some(mark)) = (c.audit(), mark) {
+        let to_loser: Vec<(usize, String)> = status_writes(&c, 2, &received_after(&records, &mark))
             .into_iter()
             .filter(|(_, s)| s == "conflict-b")
             .collect();
@@ -696,7 +696,7 @@ fn thousand_steady_services_see_no_write_through_resyncs_renewals_and_a_failover
     );
     // Converged: writes still in flight when the last status landed are not counted.
     std::thread::sleep(Duration::from_secs(1));
-    let mark = c.audit().map_or(0, |a| a.len());
+    let mark = c.audit_mark();
     if let Some(records) = c.audit() {
         eprintln!(
             "measured: {} status writes until convergence for {N} Services",
@@ -737,8 +737,8 @@ fn thousand_steady_services_see_no_write_through_resyncs_renewals_and_a_failover
     all_publish(&c, &both, usize::from(N)).expect("every Service still publishes both nodes");
     let span = window.elapsed();
 
-    if let Some(records) = c.audit() {
-        let w = &records[mark..];
+    if let (Some(records), Some(mark)) = (c.audit(), &mark) {
+        let w = &received_after(&records, mark);
         let writes = status_writes(&c, 2, w);
         let beats = renewals(&c, 2, w);
         eprintln!(
@@ -879,7 +879,7 @@ fn old_server_gets_no_ip_mode_and_foreign_services_are_never_written() {
     apply(&c, service("mine", 8007));
     wait_ips(&c, "mine", &[addr(&c, 0), addr(&c, 1)], CHANGE);
     wait_event(&c, "owned", "IngressOwnedElsewhere");
-    let mark = c.audit().map_or(0, |a| a.len());
+    let mark = c.audit_mark().expect("the control plane's audit log");
     // A change of the Service makes the leader compare its status again (a write it just
     // made is not redone until the object changes): the stored status, as the agents read
     // it through the proxy, equals what it wants, so it writes nothing.
@@ -937,12 +937,13 @@ fn old_server_gets_no_ip_mode_and_foreign_services_are_never_written() {
         writes.iter().all(|(_, s)| s == "mine"),
         "only mine is written: {writes:?}"
     );
-    let after = status_writes(&c, 2, &records[mark..]);
-    let fresh = heartbeats_stayed_fresh(&c, 2, &records[mark..]);
+    let since = received_after(&records, &mark);
+    let after = status_writes(&c, 2, &since);
+    let fresh = heartbeats_stayed_fresh(&c, 2, &since);
     assert!(
         after.is_empty(),
         "no write loop:\n{}\n{}",
-        describe_writes(&c, 2, &records[mark..]),
+        describe_writes(&c, 2, &since),
         fresh.err().unwrap_or_default()
     );
     assert_rbac(&c);
@@ -1486,7 +1487,7 @@ fn a_service_labelled_for_another_proxy_is_left_alone() {
     wait_ips(&c, "later", &ip, CHANGE);
     assert!(has_rules("later"));
     assert!(!has_rules("other"), "{:?}", c.nft_table(0, "ip"));
-    let mark = c.audit().map_or(0, |a| a.len());
+    let mark = c.audit_mark();
 
     apply(&c, labelled(service("later", 8021)));
     wait_for("later's rules gone", CHANGE, || match has_rules("later") {
@@ -1514,7 +1515,8 @@ fn a_service_labelled_for_another_proxy_is_left_alone() {
                 !writes.iter().any(|(_, s)| s == "other"),
                 "other's status was written: {writes:?}"
             );
-            let since = status_writes(&c, 1, &records[mark..]);
+            let mark = mark.expect("a mark where the audit log is");
+            let since = status_writes(&c, 1, &received_after(&records, &mark));
             assert!(
                 since.iter().all(|(_, s)| s == "after"),
                 "only after's status is written once later is labelled: {since:?}"
