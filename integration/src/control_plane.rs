@@ -647,4 +647,60 @@ mod tests {
         );
         assert_eq!(r[2].source, "192.0.2.6".parse::<IpAddr>().unwrap());
     }
+
+    /// The order of a failed CI run's log: the agent's status patch, received before the test
+    /// saw its effect and marked the log, reached the log after the mark.
+    #[test]
+    fn records_received_after_a_mark_leave_out_a_write_logged_late() {
+        let line = |id: &str, verb: &str, uri: &str, received: &str, done: &str| {
+            format!(
+                r#"{{"kind":"Event","auditID":"{id}","stage":"ResponseComplete","requestURI":"{uri}","verb":"{verb}","user":{{"username":"u"}},"sourceIPs":["192.0.2.6"],"responseStatus":{{"code":200}},"requestReceivedTimestamp":"{received}","stageTimestamp":"{done}"}}"#
+            )
+        };
+        let text = [
+            line(
+                "get",
+                "get",
+                "/api/v1/namespaces/e2e/services/mine",
+                "2026-12-03T11:05:44.095000Z",
+                "2026-12-03T11:05:44.097955Z",
+            ),
+            line(
+                "mark",
+                "get",
+                "/api/v1/namespaces/e2e/configmaps/m",
+                "2026-12-03T11:05:44.101000Z",
+                "2026-12-03T11:05:44.101500Z",
+            ),
+            line(
+                "patch",
+                "patch",
+                "/api/v1/namespaces/e2e/services/mine/status",
+                "2026-12-03T11:05:44.096000Z",
+                "2026-12-03T11:05:44.102483Z",
+            ),
+            line(
+                "later",
+                "patch",
+                "/api/v1/namespaces/e2e/services/mine/status",
+                "2026-12-03T11:05:45.000000Z",
+                "2026-12-03T11:05:45.001000Z",
+            ),
+        ]
+        .join("\n");
+        let r = parse_audit(&text);
+        assert!(
+            r[2].uri.ends_with("/status") && r[2].received < r[1].received,
+            "logged after the mark, received before it: {r:#?}"
+        );
+        let after: Vec<String> = received_after(&r, &r[1].received)
+            .into_iter()
+            .map(|r| r.time)
+            .collect();
+        assert_eq!(
+            after,
+            ["2026-12-03T11:05:45.001000Z"],
+            "only the later write"
+        );
+    }
 }
