@@ -50,7 +50,7 @@ use nodelb_integration::bench::{
     command_output, env_usize, goal, loadavg, memory, mib, ms, release_agent_binary, stats, tail,
     wait_until, Memory, Stats,
 };
-use nodelb_integration::control_plane::AuditRecord;
+use nodelb_integration::control_plane::{received_after, AuditRecord};
 use nodelb_integration::e2e::{
     agent_pod_name, ingress_ips, metric_sum, metric_value, Cluster, ClusterOptions,
 };
@@ -195,8 +195,8 @@ fn run() -> Res<()> {
 struct Converged {
     /// The three nodes' addresses, as every Service's status lists them.
     want: Vec<String>,
-    /// Audit records before convergence, agent log lengths then.
-    audit_mark: usize,
+    /// Where convergence is in the audit log (`Cluster::audit_mark`), agent log lengths then.
+    audit_mark: String,
     log_marks: Vec<usize>,
     at: k8s_openapi::jiff::Timestamp,
     leader: usize,
@@ -252,7 +252,9 @@ fn converge(c: &mut Cluster, n: usize) -> Res<Converged> {
     );
     Ok(Converged {
         want,
-        audit_mark: audit(c)?.len(),
+        audit_mark: c
+            .audit_mark()
+            .ok_or("no audit log: the soak needs the harness's own kube-apiserver")?,
         log_marks: (0..NODES).map(|i| c.agent_log(i).len()).collect(),
         at: k8s_openapi::jiff::Timestamp::now(),
         leader,
@@ -732,8 +734,9 @@ struct Report {
     /// for about a lease duration, the new leader may drop it and add it back), the addresses
     /// every Service lists, and how many Services.
     victim_addr: Option<String>,
-    want: Vec<String>,
     services: usize,
+    /// The status writes and Events after convergence against the goal.
+    after: AfterConvergence,
     wrong_status: Vec<String>,
     settle: Duration,
 }
@@ -747,7 +750,7 @@ fn assess(
     ch: Churned,
 ) -> Res<Report> {
     let records = audit(c)?;
-    let after = &records[conv.audit_mark.min(records.len())..];
+    let after = &received_after(&records, &conv.audit_mark);
     let mut agents = Vec::new();
     for i in 0..NODES {
         let m = metrics(c, i)?;
@@ -799,6 +802,16 @@ fn assess(
         });
     }
     let rtt: Vec<f64> = ch.puts.iter().map(|p| ms(p.answered - p.sent)).collect();
+    let status_writes_total = after.iter().filter(|r| r.is_status_write()).count();
+    let events_after = events_after(c, conv)?;
+    let victim_addr = ch.kill.as_ref().map(|k| c.node_v4(k.victim).to_string());
+    let after = AfterConvergence::of(
+        victim_addr.as_deref(),
+        &conv.want,
+        ports.len(),
+        status_writes_total,
+        &events_after,
+    );
     Ok(Report {
         agents,
         puts: stats(&rtt).ok_or("no update was sent")?,
@@ -807,12 +820,12 @@ fn assess(
         late: ch.late,
         kill: ch.kill.clone(),
         names: (0..NODES).map(|i| c.node_name(i).to_string()).collect(),
-        status_writes_total: after.iter().filter(|r| r.is_status_write()).count(),
-        events_after: events_after(c, conv)?,
+        status_writes_total,
+        events_after,
         wrong_status: wrong_status(c, &conv.want)?,
-        victim_addr: ch.kill.as_ref().map(|k| c.node_v4(k.victim).to_string()),
-        want: conv.want.clone(),
+        victim_addr,
         services: ports.len(),
+        after,
         settle: ch.settle,
     })
 }
@@ -1141,7 +1154,7 @@ fn print_goals(r: &Report) {
             a.kernel_mismatches.len()
         );
     }
-    let after = AfterConvergence::of(r);
+    let after = &r.after;
     match &r.victim_addr {
         None => {
             println!(
@@ -1180,7 +1193,7 @@ fn print_goals(r: &Report) {
 }
 
 fn print_bench_lines(r: &Report) {
-    let after = AfterConvergence::of(r);
+    let after = &r.after;
     for a in &r.agents {
         let s = |s: &Option<Stats>, f: fn(&Stats) -> f64| s.as_ref().map_or(f64::NAN, f);
         println!(
@@ -1240,31 +1253,38 @@ struct AfterConvergence {
 }
 
 impl AfterConvergence {
-    fn of(r: &Report) -> AfterConvergence {
-        let Some(victim) = &r.victim_addr else {
+    /// `victim`: the killed node's address, if one was killed; `want`: the addresses every
+    /// Service lists; `services`: how many Services; then the writes and Events (`reason: note`)
+    /// after convergence.
+    fn of(
+        victim: Option<&str>,
+        want: &[String],
+        services: usize,
+        status_writes: usize,
+        events: &[String],
+    ) -> AfterConvergence {
+        let Some(victim) = victim else {
             return AfterConvergence {
-                writes_ok: r.status_writes_total == 0,
-                events_ok: r.events_after.is_empty(),
-                other_events: r.events_after.len(),
+                writes_ok: status_writes == 0,
+                events_ok: events.is_empty(),
+                other_events: events.len(),
             };
         };
-        let survivors: Vec<&str> = r
-            .want
+        let survivors: Vec<&str> = want
             .iter()
             .map(String::as_str)
-            .filter(|a| a != victim)
+            .filter(|a| *a != victim)
             .collect();
-        let lists = [r.want.join(", "), survivors.join(", ")]
+        let lists = [want.join(", "), survivors.join(", ")]
             .map(|l| format!(": Updated load balancer: {l}"));
-        let other_events = r
-            .events_after
+        let other_events = events
             .iter()
             .filter(|e| {
                 !(e.starts_with("UpdatedLoadBalancer ") && lists.iter().any(|l| e.ends_with(l)))
             })
             .count();
         AfterConvergence {
-            writes_ok: r.status_writes_total <= 2 * r.services,
+            writes_ok: status_writes <= 2 * services,
             events_ok: other_events == 0,
             other_events,
         }
