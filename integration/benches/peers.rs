@@ -55,6 +55,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use nodelb_integration::bench::cpu_seconds;
 use nodelb_integration::e2e::ingress_ips;
 use nodelb_integration::netns::{self, Netns};
 use nodelb_integration::real_cluster::{
@@ -983,18 +984,6 @@ fn report(
     );
 }
 
-/// A process's CPU time so far (user + system), in seconds.
-fn cpu_seconds(pid: i32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command's closing parenthesis: state is field 3, utime 14, stime 15.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-    // SAFETY: sysconf reads a constant of the system.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (hz > 0).then(|| ticks / hz as f64)
-}
-
 fn rss_mib(pid: i32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kib: f64 = status
@@ -1144,7 +1133,7 @@ fn cost(c: &RealCluster, ns: &str, class: &str, window: Duration) -> Result<(), 
     for phase in ["idle", "20 EndpointSlice changes/s to each"] {
         let cpu0: Vec<f64> = procs
             .iter()
-            .map(|p| cpu_seconds(p.pid).unwrap_or(f64::NAN))
+            .map(|p| cpu_seconds(p.pid as u32).unwrap_or(f64::NAN))
             .collect();
         let recs0 = c.audit_records().unwrap_or_default();
         let began = Instant::now();
@@ -1172,7 +1161,7 @@ fn cost(c: &RealCluster, ns: &str, class: &str, window: Duration) -> Result<(), 
         let ran = began.elapsed().as_secs_f64();
         let recs1 = c.audit_records().unwrap_or_default();
         for (i, p) in procs.iter().enumerate() {
-            let cpu = cpu_seconds(p.pid).map(|x| (x - cpu0[i]) / ran * 3600.0);
+            let cpu = cpu_seconds(p.pid as u32).map(|x| (x - cpu0[i]) / ran * 3600.0);
             let requests = (audit(p, &recs1).saturating_sub(audit(p, &recs0))) as f64 / ran * 60.0;
             lines.push(format!(
                 "| {} | {phase} | {:.1} | {:.1} | {:.0} |",

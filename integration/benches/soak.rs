@@ -23,7 +23,9 @@
 //!    event-to-kernel latency (PUT sent -> transaction seen) over the run and excluding the
 //!    agent's own downtime (updates sent before it was ready again and not in its kernel
 //!    before the kill), `nodelb_syncs_total{result="error"}` (the killed process's read just
-//!    before the kill), `VmRSS` at one fifth of the run (minute 1) and at its end (minute 5),
+//!    before the kill), its CPU seconds an hour over the churn (`/proc/<pid>/stat`, for an
+//!    agent not restarted meanwhile; a figure, no goal), `VmRSS` at one fifth of the run
+//!    (minute 1) and at its end (minute 5),
 //!    Service status writes and Events after convergence (kube-apiserver's audit log, by the
 //!    agent's source address), warnings in its log; the kernel's endpoint map against the
 //!    slices; and every Service's status.
@@ -47,8 +49,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, PostParams};
 use nix::sys::signal::Signal;
 use nodelb_integration::bench::{
-    command_output, env_usize, goal, loadavg, memory, mib, ms, release_agent_binary, stats, tail,
-    wait_until, Memory, Stats,
+    command_output, cpu_seconds, env_usize, goal, loadavg, memory, mib, ms, release_agent_binary,
+    stats, tail, wait_until, Memory, Stats,
 };
 use nodelb_integration::control_plane::{received_after, AuditRecord};
 use nodelb_integration::e2e::{
@@ -341,6 +343,9 @@ struct Churned {
     /// The PUTs sent more than 100 ms after their slot (the bench or the server fell behind).
     late: usize,
     settle: Duration,
+    /// Per node: its agent's CPU seconds an hour over the churn (user + system); `None` for one
+    /// restarted meanwhile.
+    cpu: Vec<Option<f64>>,
 }
 
 fn churn(
@@ -367,7 +372,10 @@ fn churn(
         memory: vec![Vec::new(); NODES],
         late: 0,
         settle: Duration::ZERO,
+        cpu: vec![None; NODES],
     };
+    let first_pids: Vec<Option<u32>> = (0..NODES).map(|i| c.agent_pid(i)).collect();
+    let cpu0: Vec<Option<f64>> = first_pids.iter().map(|p| p.and_then(cpu_seconds)).collect();
     let t0 = out.started;
     let mut kill = if cfg.kill {
         KillState::Due(t0 + cfg.duration / 2)
@@ -420,6 +428,14 @@ fn churn(
     // The end of the run: the last memory mark, the kill finished.
     std::thread::sleep((t0 + cfg.duration).saturating_duration_since(Instant::now()));
     out.ended = Instant::now();
+    let ran = (out.ended - t0).as_secs_f64();
+    for i in 0..NODES {
+        let pid = c.agent_pid(i).filter(|p| Some(*p) == first_pids[i]);
+        out.cpu[i] = pid
+            .and_then(cpu_seconds)
+            .zip(cpu0[i])
+            .map(|(end, start)| (end - start) / ran * 3600.0);
+    }
     for m in marks {
         sample_memory(c, &mut out.memory, m);
     }
@@ -710,6 +726,8 @@ struct AgentReport {
     /// `VmRSS` every `TIMELINE_EVERY` seconds of the churn, and at its end.
     timeline: Vec<(f64, Memory)>,
     restarted: bool,
+    /// CPU seconds an hour over the churn (`None`: restarted meanwhile).
+    cpu_per_hour: Option<f64>,
     status_writes: usize,
     events: usize,
     warnings: (usize, Vec<String>),
@@ -792,6 +810,7 @@ fn assess(
                 .map(|(_, m)| *m)
                 .collect(),
             restarted: killed.is_some(),
+            cpu_per_hour: ch.cpu[i],
             status_writes: by_agent.clone().filter(|r| r.is_status_write()).count(),
             events: by_agent.filter(|r| r.is_event_create()).count(),
             warnings: warnings(&c.agent_log(i), conv.log_marks[i]),
@@ -1076,9 +1095,11 @@ fn print_agent(cfg: &Config, a: &AgentReport) {
         a.during_downtime, a.lost, a.transactions, a.foreign, a.overruns
     );
     println!(
-        "    syncs ok {}, errors {}; VmRSS {} -> {} ({}); status writes {} and Events {} after convergence",
+        "    syncs ok {}, errors {}; CPU {} s an hour over the churn; VmRSS {} -> {} ({}); status writes {} and Events {} after convergence",
         a.syncs_ok,
         a.sync_errors,
+        a.cpu_per_hour
+            .map_or("? (restarted)".into(), |c| format!("{c:.1}")),
         mem(a.minute1),
         mem(a.end),
         growth(a).map_or("?".into(), |g| format!("{:+.1}%", g * 100.0)),
@@ -1211,10 +1232,11 @@ fn print_bench_lines(r: &Report) {
             a.restarted
         );
         println!(
-            "bench soak node={} sync_errors={} {} rss_minute1_mib={:.1} rss_end_mib={:.1} rss_growth_pct={:.1} {} status_writes={} events={}",
+            "bench soak node={} sync_errors={} {} cpu_s_per_hour={:.1} rss_minute1_mib={:.1} rss_end_mib={:.1} rss_growth_pct={:.1} {} status_writes={} events={}",
             a.node,
             a.sync_errors,
             goal(a.sync_errors == 0.0),
+            a.cpu_per_hour.unwrap_or(f64::NAN),
             a.minute1.map_or(f64::NAN, |(_, m)| mib(m.rss)),
             a.end.map_or(f64::NAN, |(_, m)| mib(m.rss)),
             growth(a).map_or(f64::NAN, |g| g * 100.0),

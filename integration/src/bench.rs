@@ -91,6 +91,18 @@ pub fn memory(pid: u32) -> Result<Memory, String> {
     })
 }
 
+/// Process `pid`'s CPU time so far (user + system, from `/proc/<pid>/stat`), in seconds.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command's closing parenthesis: state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf reads a constant of the system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| ticks / hz as f64)
+}
+
 /// Polls `f` every `every` until it returns `Some`, for at most `timeout`.
 pub fn wait_until<T>(
     what: &str,
