@@ -27,7 +27,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 use tracing::{debug, info};
+
+/// How often `/proc/net/protocols` is read again to see whether the kernel has SCTP (its
+/// module loads on first use, and may be unloaded): not at every read, which is every sync.
+const SCTP_RECHECK: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -331,6 +336,14 @@ struct Inner {
     sctp_unreadable: bool,
     /// The sockets of the last read worth a name: not the agent's, not on loopback.
     worth: Vec<ListeningSocket>,
+    /// The inodes of the last read's sockets, this process's and the others'. `/proc/self/fd`
+    /// is read again only for a read that holds a socket in neither: a socket's inode is not
+    /// given to another while it lives, and a read holds both sets to its own sockets.
+    own: BTreeSet<u32>,
+    others: BTreeSet<u32>,
+    /// The kernel had SCTP at the last look at `/proc/net/protocols`; when that was.
+    sctp: bool,
+    sctp_looked: Option<Instant>,
 }
 
 impl Reader {
@@ -342,12 +355,13 @@ impl Reader {
     pub fn sockets(&self) -> Result<Vec<ListeningSocket>, Error> {
         let mut inner = self.inner.lock().expect("listener reader");
         let inner = &mut *inner;
+        let sctp = inner.kernel_has_sctp();
         let dumper = match inner.dumper.as_mut() {
             Some(d) => d,
             None => inner.dumper.insert(Dumper::open()?),
         };
         let mut out = Vec::new();
-        for ask in asks(kernel_has_sctp()) {
+        for ask in asks(sctp) {
             match dumper.dump(ask) {
                 Ok(s) => out.extend(s),
                 Err(Error::Refused { source, .. })
@@ -377,8 +391,19 @@ impl Reader {
     /// read that names them, or [`Reader::process_of`].
     pub fn read(&self, name_new: bool) -> Result<BTreeSet<Listener>, Error> {
         let sockets = self.sockets()?;
-        let own: BTreeSet<u32> = socket_inodes(Path::new("/proc/self/fd")).collect();
         let mut inner = self.inner.lock().expect("listener reader");
+        let inodes: BTreeSet<u32> = sockets.iter().map(|s| s.inode).collect();
+        if inodes
+            .iter()
+            .any(|i| !inner.own.contains(i) && !inner.others.contains(i))
+        {
+            let mine: BTreeSet<u32> = socket_inodes(Path::new("/proc/self/fd")).collect();
+            (inner.own, inner.others) = inodes.into_iter().partition(|i| mine.contains(i));
+        } else {
+            inner.own.retain(|i| inodes.contains(i));
+            inner.others.retain(|i| inodes.contains(i));
+        }
+        let own = inner.own.clone();
         // Loopback sockets never hold a node address's port: not worth a name.
         inner.worth = sockets
             .iter()
@@ -417,6 +442,15 @@ impl Reader {
 }
 
 impl Inner {
+    /// Whether the kernel has SCTP, as `/proc/net/protocols` said at most [`SCTP_RECHECK`] ago.
+    fn kernel_has_sctp(&mut self) -> bool {
+        if self.sctp_looked.is_none_or(|t| t.elapsed() >= SCTP_RECHECK) {
+            self.sctp = kernel_has_sctp();
+            self.sctp_looked = Some(Instant::now());
+        }
+        self.sctp
+    }
+
     /// Name the sockets of the last read that have not been looked for: one walk over
     /// `/proc`. A socket `/proc` does not name is not looked for again.
     fn name_unknown(&mut self) {
@@ -517,7 +551,7 @@ mod tests {
     /// In a fresh network namespace (this thread only): listening TCP sockets, bound and not
     /// connected UDP ones, in both families, are read as listeners; connections, connected
     /// UDP sockets and bound-but-not-listening TCP sockets are not. Our own sockets are left
-    /// out of `read`; another process's are named by it; the kernel's own socket of a VXLAN
+    /// out of `read`, those opened after a read too; another process's are named by it; the kernel's own socket of a VXLAN
     /// tunnel is a listener without a process.
     #[test]
     fn reads_the_listening_sockets_of_a_fresh_network_namespace() {
@@ -609,6 +643,14 @@ mod tests {
                     "UDP 0.0.0.0:4790".into()
                 ]
                 .into()
+            );
+            // A socket of ours opened after those reads is ours too (a socket not seen before
+            // has this process's files looked at again), and socat's is gone with it.
+            let _t7 = TcpListener::bind("0.0.0.0:7011").unwrap();
+            assert_eq!(
+                set(&r.read(false).unwrap()),
+                tunnel,
+                "a socket of ours opened later blocks nothing"
             );
         })
         .join()
