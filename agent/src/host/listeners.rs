@@ -392,6 +392,7 @@ impl Reader {
     pub fn read(&self, name_new: bool) -> Result<BTreeSet<Listener>, Error> {
         let sockets = self.sockets()?;
         let mut inner = self.inner.lock().expect("listener reader");
+        let inner = &mut *inner;
         let inodes: BTreeSet<u32> = sockets.iter().map(|s| s.inode).collect();
         if inodes
             .iter()
@@ -403,11 +404,10 @@ impl Reader {
             inner.own.retain(|i| inodes.contains(i));
             inner.others.retain(|i| inodes.contains(i));
         }
-        let own = inner.own.clone();
         // Loopback sockets never hold a node address's port: not worth a name.
         inner.worth = sockets
             .iter()
-            .filter(|s| !own.contains(&s.inode) && !s.address.is_loopback())
+            .filter(|s| !inner.own.contains(&s.inode) && !s.address.is_loopback())
             .cloned()
             .collect();
         let keep: BTreeSet<u32> = inner.worth.iter().map(|s| s.inode).collect();
@@ -415,7 +415,7 @@ impl Reader {
         if name_new {
             inner.name_unknown();
         }
-        Ok(listeners(&sockets, &own, &inner.names))
+        Ok(listeners(&sockets, &inner.own, &inner.names))
     }
 
     /// The process of a listener of the last read, naming the sockets not named yet first
@@ -551,8 +551,8 @@ mod tests {
     /// In a fresh network namespace (this thread only): listening TCP sockets, bound and not
     /// connected UDP ones, in both families, are read as listeners; connections, connected
     /// UDP sockets and bound-but-not-listening TCP sockets are not. Our own sockets are left
-    /// out of `read`, those opened after a read too; another process's are named by it; the kernel's own socket of a VXLAN
-    /// tunnel is a listener without a process.
+    /// out of `read`, those opened after a read too; another process's are named by it; the
+    /// kernel's own socket of a VXLAN tunnel is a listener without a process.
     #[test]
     fn reads_the_listening_sockets_of_a_fresh_network_namespace() {
         if !root_or_skip("reads_the_listening_sockets_of_a_fresh_network_namespace") {
