@@ -1026,7 +1026,9 @@ impl Cluster {
     /// the log after the read that saw it. `None` against an external cluster (no audit log).
     pub fn audit_mark(&self) -> Option<String> {
         static MARKS: AtomicUsize = AtomicUsize::new(0);
-        self.audit()?;
+        if self.is_external() {
+            return None;
+        }
         let name = format!(
             "nodelb-e2e-audit-mark-{}",
             MARKS.fetch_add(1, Ordering::Relaxed)
