@@ -374,8 +374,11 @@ fn churn(
         settle: Duration::ZERO,
         cpu: vec![None; NODES],
     };
-    let first_pids: Vec<Option<u32>> = (0..NODES).map(|i| c.agent_pid(i)).collect();
-    let cpu0: Vec<Option<f64>> = first_pids.iter().map(|p| p.and_then(cpu_seconds)).collect();
+    let cpu0: Vec<Option<f64>> = out
+        .pids
+        .iter()
+        .map(|p| p.first().copied().and_then(cpu_seconds))
+        .collect();
     let t0 = out.started;
     let mut kill = if cfg.kill {
         KillState::Due(t0 + cfg.duration / 2)
@@ -429,13 +432,16 @@ fn churn(
     std::thread::sleep((t0 + cfg.duration).saturating_duration_since(Instant::now()));
     out.ended = Instant::now();
     let ran = (out.ended - t0).as_secs_f64();
-    for i in 0..NODES {
-        let pid = c.agent_pid(i).filter(|p| Some(*p) == first_pids[i]);
-        out.cpu[i] = pid
-            .and_then(cpu_seconds)
-            .zip(cpu0[i])
-            .map(|(end, start)| (end - start) / ran * 3600.0);
-    }
+    out.cpu = cpu0
+        .iter()
+        .enumerate()
+        .map(|(i, start)| {
+            // The agent that ran the whole churn: still its first process, which still runs.
+            let pid = c.agent_pid(i).filter(|p| out.pids[i] == [*p]);
+            let end = pid.and_then(cpu_seconds)?;
+            Some((end - (*start)?) / ran * 3600.0)
+        })
+        .collect();
     for m in marks {
         sample_memory(c, &mut out.memory, m);
     }
@@ -749,8 +755,8 @@ struct Report {
     status_writes_total: usize,
     events_after: Vec<String>,
     /// What the kill may change in the statuses: the killed node's address (its agent silent
-    /// for about a lease duration, the new leader may drop it and add it back), the addresses
-    /// every Service lists, and how many Services.
+    /// for about a lease duration, the new leader may drop it and add it back), and how many
+    /// Services.
     victim_addr: Option<String>,
     services: usize,
     /// The status writes and Events after convergence against the goal.
